@@ -1,0 +1,1 @@
+"""accel-migrate: rewrite single-device PyTorch training scripts for distributed training."""

@@ -1,0 +1,1 @@
+"""The migration rules, one module per rule; the ordered list lives in migrate/registry.py."""

@@ -1,0 +1,1 @@
+"""Bundled distributed runtime with the Accelerate API."""
