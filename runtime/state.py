@@ -1,0 +1,132 @@
+"""Who am I: rank and world from torchrun's environment, and process-group setup.
+
+``ProcessState.from_env`` is the only place the runtime reads torchrun's variables or creates the
+default process group. The state is a frozen value; nothing is cached in module-level dicts, so a
+second ``Accelerator()`` in the same process simply reads the environment again and reuses the
+already-initialised group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .errors import DistributedEnvironmentError
+
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+"""Collective timeout: a rank that waits longer than this fails instead of hanging forever."""
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """This process's place in the job: its ranks, the job's size, the backend and its device."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    backend: str | None = None
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def distributed(self) -> bool:
+        """True when more than one process takes part (and a process group exists)."""
+        return self.world_size > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_rank == 0
+
+    @classmethod
+    def from_env(
+        cls,
+        cpu: bool = False,
+        backend: str | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        environ: Mapping[str, str] | None = None,
+    ) -> ProcessState:
+        """Read torchrun's variables, pick the device and, for world_size > 1, join the group.
+
+        No torchrun variables means one process. ``cpu=True`` forces the CPU (and gloo) even
+        where CUDA is available.
+        """
+        env = os.environ if environ is None else environ
+        world_size = _int_env(env, "WORLD_SIZE", 1)
+        rank = _int_env(env, "RANK", 0)
+        local_rank = _int_env(env, "LOCAL_RANK", 0)
+        local_world_size = _int_env(env, "LOCAL_WORLD_SIZE", world_size)
+        if not 0 <= rank < world_size:
+            raise DistributedEnvironmentError(
+                f"RANK={rank} is outside WORLD_SIZE={world_size}.",
+                "0 <= RANK < WORLD_SIZE, as torchrun sets them.",
+                "launch with `accel launch` (or torchrun) instead of setting the variables by hand.",
+            )
+
+        use_cuda = not cpu and torch.cuda.is_available()
+        device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+        if use_cuda:
+            torch.cuda.set_device(device)
+
+        if world_size == 1:
+            return cls(rank, local_rank, 1, local_world_size, None, device)
+
+        if dist.is_initialized():
+            group_size = dist.get_world_size()
+            if group_size != world_size or dist.get_rank() != rank:
+                raise DistributedEnvironmentError(
+                    f"a process group already exists with rank {dist.get_rank()} of "
+                    f"{group_size}, but the environment says RANK={rank}, WORLD_SIZE={world_size}.",
+                    "the existing default process group to match torchrun's environment.",
+                    "create the group with the environment's rank and world size, or let the "
+                    "Accelerator create it.",
+                )
+            return cls(rank, local_rank, world_size, local_world_size, dist.get_backend(), device)
+
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in env]
+        if missing:
+            raise DistributedEnvironmentError(
+                f"WORLD_SIZE={world_size} is set but {', '.join(missing)} is not.",
+                "the rendezvous variables torchrun sets (MASTER_ADDR and MASTER_PORT).",
+                "launch with `accel launch --nproc-per-node N script.py` (or torchrun).",
+            )
+        chosen = backend or ("nccl" if use_cuda else "gloo")
+        dist.init_process_group(
+            backend=chosen,
+            init_method="env://",
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+        )
+        # gloo processes sometimes abort at interpreter exit when the group is still alive.
+        atexit.register(destroy_process_group)
+        return cls(rank, local_rank, world_size, local_world_size, chosen, device)
+
+
+def destroy_process_group() -> None:
+    """Destroy the default process group if one exists (idempotent, safe at exit)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedEnvironmentError(
+            f"environment variable {name}={raw!r} is not an integer.",
+            f"{name} to be a non-negative integer, as torchrun sets it.",
+            f"unset {name} or launch with `accel launch`.",
+        ) from None

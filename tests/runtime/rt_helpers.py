@@ -1,0 +1,43 @@
+"""Helpers for runtime tests that start real torchrun jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKERS = Path(__file__).parent / "workers"
+TIMEOUT_S = 120
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def run_cmd(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` with a timeout, so that a hang fails the test instead of stalling it."""
+    try:
+        return subprocess.run(
+            cmd, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"{cmd} hung for {TIMEOUT_S}s:\n{error.stdout}\n{error.stderr}")
+
+
+def torchrun(script: Path, *args: str, cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N script args``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(nproc), str(script), *args]
+    return run_cmd(cmd, cwd)
+
+
+def read_ranks(out_dir: Path, nproc: int = 2) -> list[dict]:
+    """Every rank's JSON result, in rank order."""
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
