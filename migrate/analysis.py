@@ -1,0 +1,487 @@
+"""One read-only pass over a module that records the raw facts the rules work from.
+
+The pass keeps, per scope (the module, each function, each class body), the names it binds, the
+loops it runs and what they iterate, the device moves, `.backward()` and `.step()` calls, and the
+calls to other functions of the same module. It decides nothing: `migrate/roles.py` turns these
+facts into roles (which names are the model, the optimizer, the training loader...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import libcst as cst
+
+from migrate.names import ImportAliases, dotted_name, root_name, target_names
+
+ACCELERATOR_CLASSES = frozenset({"runtime.Accelerator", "accelerate.Accelerator"})
+# Wrappers a training loop puts around its loader: `for i, batch in enumerate(tqdm(loader))`.
+LOOP_WRAPPERS = frozenset({"enumerate", "iter", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "trange"})
+
+Block = Union[cst.Module, cst.IndentedBlock]
+ScopeNode = Union[cst.Module, cst.FunctionDef, cst.ClassDef]
+
+
+@dataclass(eq=False)
+class StmtRef:
+    """Where a statement sits: its block, its document order, and its enclosing statements."""
+
+    stmt: cst.BaseStatement
+    block: Block
+    order: int
+    path: tuple["StmtRef", ...]
+    in_loop: bool
+
+
+@dataclass(eq=False)
+class Binding:
+    """`name = value` (value is None when the target is part of a tuple or a for target)."""
+
+    name: str
+    value: cst.BaseExpression | None
+    where: StmtRef
+    is_loop_target: bool = False
+
+
+@dataclass(eq=False)
+class Loop:
+    """A `for` loop, the name it iterates (after unwrapping enumerate/tqdm) and its batch names."""
+
+    node: cst.For
+    source: str | None
+    batch_names: set[str]
+    where: StmtRef
+    has_backward: bool = False
+    callees: set[str] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class Move:
+    """`receiver.to(...)` or `receiver.cuda(...)`: a device move when its device resolves to one."""
+
+    call: cst.Call
+    receiver: cst.BaseExpression
+    device_arg: cst.BaseExpression | None  # None for `.cuda()`
+    kept_args: tuple[cst.Arg, ...]  # what stays once the device (and non_blocking) is dropped
+    where: StmtRef
+    loops: tuple[Loop, ...]
+
+
+@dataclass(eq=False)
+class CallSite:
+    """A call of a plain name, `f(a, b=c)`, that may target a function of this module."""
+
+    callee: str
+    call: cst.Call
+    where: StmtRef
+    loops: tuple[Loop, ...]
+
+
+@dataclass(eq=False)
+class Site:
+    """A call worth rewriting (`x.backward()`) or classifying (`sched.step()`), with context."""
+
+    call: cst.Call
+    receiver: cst.BaseExpression
+    where: StmtRef
+    loops: tuple[Loop, ...]
+
+
+@dataclass(eq=False)
+class DeviceBinding:
+    """A statement that chooses the device: `device = torch.device(...)` or an if/else doing so."""
+
+    name: str
+    where: StmtRef
+    value: cst.BaseExpression | None
+
+
+@dataclass(eq=False)
+class Scope:
+    node: ScopeNode
+    name: str
+    parent: "Scope | None"
+    params: list[str] = field(default_factory=list)
+    simple_signature: bool = True  # only plain positional parameters without defaults
+    bindings: dict[str, list[Binding]] = field(default_factory=dict)
+    loops: list[Loop] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)
+    backwards: list[Site] = field(default_factory=list)
+    steps: list[Site] = field(default_factory=list)
+    calls: list[CallSite] = field(default_factory=list)
+    devices: list[DeviceBinding] = field(default_factory=list)
+    accelerators: list[Binding] = field(default_factory=list)
+    prepared: set[str] = field(default_factory=set)
+
+    @property
+    def is_function(self) -> bool:
+        return isinstance(self.node, cst.FunctionDef)
+
+    @property
+    def is_method(self) -> bool:
+        return self.parent is not None and isinstance(self.parent.node, cst.ClassDef)
+
+    def binds(self, name: str) -> bool:
+        return name in self.bindings or name in self.params
+
+
+@dataclass(eq=False)
+class Facts:
+    module: cst.Module
+    aliases: ImportAliases
+    scopes: list[Scope]
+    functions: dict[str, Scope]  # plain (non-method) functions by name
+    module_scope: Scope
+    import_block_end: StmtRef | None  # first module statement after the leading imports
+
+
+@dataclass(eq=False)
+class _Frame:
+    scope: Scope
+    stmts: list[StmtRef] = field(default_factory=list)
+    loops: list[Loop] = field(default_factory=list)
+
+
+class _Collector(cst.CSTVisitor):
+    def __init__(self, module: cst.Module) -> None:
+        self.aliases = ImportAliases()
+        self.module_scope = Scope(node=module, name="<module>", parent=None)
+        self.scopes: list[Scope] = [self.module_scope]
+        self.frames: list[_Frame] = [_Frame(self.module_scope)]
+        self.blocks: list[Block] = []
+        self.order = 0
+        self.import_block_end: StmtRef | None = None
+        self.leading_imports = True
+        self._elifs: set[int] = set()
+
+    # -- structure -------------------------------------------------------------------------
+
+    @property
+    def frame(self) -> _Frame:
+        return self.frames[-1]
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.Module, cst.IndentedBlock)):
+            self.blocks.append(node)
+        elif isinstance(node, cst.BaseStatement) and id(node) not in self._elifs:
+            if isinstance(node, cst.If) and isinstance(node.orelse, cst.If):
+                self._mark_elifs(node.orelse)
+            self._enter_statement(node)
+        return super().on_visit(node)
+
+    def _mark_elifs(self, node: cst.If) -> None:
+        self._elifs.add(id(node))
+        if isinstance(node.orelse, cst.If):
+            self._mark_elifs(node.orelse)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if isinstance(original_node, (cst.Module, cst.IndentedBlock)):
+            self.blocks.pop()
+        elif isinstance(original_node, cst.BaseStatement) and id(original_node) not in self._elifs:
+            frame = self.frame
+            if isinstance(original_node, (cst.FunctionDef, cst.ClassDef)) and len(self.frames) > 1:
+                if frame.scope.node is original_node:
+                    self.frames.pop()
+                    frame = self.frame
+            frame.stmts.pop()
+            if isinstance(original_node, cst.For) and frame.loops and frame.loops[-1].node is original_node:
+                frame.loops.pop()
+
+    def _enter_statement(self, node: cst.BaseStatement) -> None:
+        frame = self.frame
+        self.order += 1
+        ref = StmtRef(
+            stmt=node,
+            block=self.blocks[-1],
+            order=self.order,
+            path=tuple(frame.stmts),
+            in_loop=any(isinstance(s.stmt, (cst.For, cst.While)) for s in frame.stmts),
+        )
+        frame.stmts.append(ref)
+        if not frame.stmts[:-1] and frame.scope is self.module_scope:
+            self._track_import_block(node, ref)
+
+    def _track_import_block(self, node: cst.BaseStatement, ref: StmtRef) -> None:
+        if not self.leading_imports:
+            return
+        if isinstance(node, cst.SimpleStatementLine) and all(
+            isinstance(s, (cst.Import, cst.ImportFrom))
+            or (isinstance(s, cst.Expr) and isinstance(s.value, cst.SimpleString))
+            for s in node.body
+        ):
+            return
+        self.leading_imports = False
+        self.import_block_end = ref
+
+    @property
+    def here(self) -> StmtRef:
+        return self.frame.stmts[-1]
+
+    def _new_scope(self, node: ScopeNode, name: str) -> Scope:
+        scope = Scope(node=node, name=name, parent=self.frame.scope)
+        self.scopes.append(scope)
+        # The def statement itself belongs to the enclosing frame; its body to the new one.
+        self.frames.append(_Frame(scope, stmts=[]))
+        return scope
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._bind(node.name.value, None)
+        scope = self._new_scope(node, node.name.value)
+        params = node.params
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+            scope.params.append(param.name.value)
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                scope.params.append(star.name.value)
+        scope.simple_signature = (
+            not params.posonly_params
+            and not params.kwonly_params
+            and not isinstance(params.star_arg, cst.Param)
+            and params.star_kwarg is None
+            and all(p.default is None for p in params.params)
+        )
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._bind(node.name.value, None)
+        self._new_scope(node, node.name.value)
+
+    # -- imports and bindings ---------------------------------------------------------------
+
+    def visit_Import(self, node: cst.Import) -> None:
+        self.aliases.record_import(node)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self.aliases.record_import_from(node)
+
+    def _bind(self, name: str, value: cst.BaseExpression | None, loop_target: bool = False) -> Binding:
+        binding = Binding(name, value, self.here, loop_target)
+        self.frame.scope.bindings.setdefault(name, []).append(binding)
+        return binding
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        single = len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)
+        for target in node.targets:
+            for name in target_names(target.target):
+                binding = self._bind(name, node.value if single else None)
+                if single and self._is_accelerator_call(node.value):
+                    self.frame.scope.accelerators.append(binding)
+        if single and isinstance(node.targets[0].target, cst.Name):
+            name = node.targets[0].target.value
+            if is_device_choice(node.value, self.aliases):
+                self.frame.scope.devices.append(DeviceBinding(name, self.here, node.value))
+        self._extend_batch_names(node)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        for name in target_names(node.target):
+            self._bind(name, node.value)
+
+    def visit_If(self, node: cst.If) -> None:
+        # Only the if-statement at the head of an if/elif chain counts, not a nested `elif`.
+        if self.here.stmt is not node:
+            return
+        name = device_if_target(node, self.aliases)
+        if name is not None:
+            self.frame.scope.devices.append(DeviceBinding(name, self.here, None))
+
+    def _extend_batch_names(self, node: cst.Assign) -> None:
+        """`x, y = batch` or `inputs = batch["x"]` inside a loop: x, y and inputs are batch data."""
+        loops = self.frame.loops
+        if not loops or _contains_call(node.value):
+            return
+        root = _value_root(node.value)
+        for loop in loops:
+            if root in loop.batch_names:
+                for target in node.targets:
+                    loop.batch_names.update(target_names(target.target))
+
+    def _is_accelerator_call(self, value: cst.BaseExpression) -> bool:
+        return isinstance(value, cst.Call) and self.aliases.qualify(value.func) in ACCELERATOR_CLASSES
+
+    # -- loops ---------------------------------------------------------------------------
+
+    def visit_For(self, node: cst.For) -> None:
+        names = target_names(node.target)
+        for name in names:
+            self._bind(name, None, loop_target=True)
+        loop = Loop(node=node, source=self._loop_source(node.iter), batch_names=set(names), where=self.here)
+        self.frame.scope.loops.append(loop)
+        self.frame.loops.append(loop)
+
+    def _loop_source(self, expr: cst.BaseExpression) -> str | None:
+        while isinstance(expr, cst.Call) and expr.args:
+            name = dotted_name(expr.func)
+            qualified = self.aliases.qualify(expr.func) or name
+            if name not in LOOP_WRAPPERS and qualified not in LOOP_WRAPPERS:
+                return None
+            expr = expr.args[0].value
+        return expr.value if isinstance(expr, cst.Name) else None
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not self.frame.stmts:
+            return  # decorators and default values of a def: not code of this scope
+        func = node.func
+        scope = self.frame.scope
+        loops = tuple(self.frame.loops)
+        if isinstance(func, cst.Name):
+            scope.calls.append(CallSite(func.value, node, self.here, loops))
+            for loop in loops:
+                loop.callees.add(func.value)
+            return
+        if not isinstance(func, cst.Attribute):
+            return
+        method = func.attr.value
+        receiver = func.value
+        if method == "backward" and self._is_tensor_backward(receiver):
+            scope.backwards.append(Site(node, receiver, self.here, loops))
+            for loop in loops:
+                loop.has_backward = True
+        elif method == "step" and not node.args:
+            scope.steps.append(Site(node, receiver, self.here, loops))
+        elif method in ("to", "cuda"):
+            self._record_move(node, receiver, method, loops)
+        elif method == "prepare" and isinstance(receiver, cst.Name) and self._is_accelerator_name(receiver.value):
+            for arg in node.args:
+                if isinstance(arg.value, cst.Name):
+                    scope.prepared.add(arg.value.value)
+
+    def _is_accelerator_name(self, name: str) -> bool:
+        scope: Scope | None = self.frame.scope
+        while scope is not None:
+            if any(b.name == name for b in scope.accelerators) or (name == "accelerator" and name in scope.params):
+                return True
+            scope = scope.parent
+        return name == "accelerator"
+
+    def _is_tensor_backward(self, receiver: cst.BaseExpression) -> bool:
+        if isinstance(receiver, cst.Name) and self._is_accelerator_name(receiver.value):
+            return False
+        qualified = self.aliases.qualify(receiver)
+        return qualified is None or not qualified.startswith("torch")  # torch.autograd.backward
+
+    def _record_move(self, node: cst.Call, receiver: cst.BaseExpression, method: str, loops: tuple[Loop, ...]) -> None:
+        if method == "cuda":
+            kept = tuple(a for a in node.args if a.keyword is not None and a.keyword.value not in ("non_blocking",))
+            if kept or any(a.keyword is None for a in node.args[1:]):
+                return
+            device_arg = None
+        else:
+            device_arg = None
+            kept_list: list[cst.Arg] = []
+            for index, arg in enumerate(node.args):
+                keyword = arg.keyword.value if arg.keyword is not None else None
+                if keyword == "device" or (keyword is None and index == 0 and device_arg is None):
+                    device_arg = arg.value
+                elif keyword in ("non_blocking", "copy") or (keyword is None and index > 0 and _is_bool(arg.value)):
+                    continue
+                else:
+                    kept_list.append(arg)
+            if device_arg is None:
+                return
+            kept = tuple(kept_list)
+        self.frame.scope.moves.append(Move(node, receiver, device_arg, kept, self.here, loops))
+
+
+def _is_bool(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value in ("True", "False")
+
+
+def _contains_call(expr: cst.BaseExpression) -> bool:
+    finder = _CallFinder()
+    expr.visit(finder)
+    return finder.found
+
+
+class _CallFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        self.found = True
+        return False
+
+
+def _value_root(expr: cst.BaseExpression) -> str | None:
+    if isinstance(expr, (cst.Tuple, cst.List)) and expr.elements:
+        roots = {_value_root(e.value) for e in expr.elements}
+        return roots.pop() if len(roots) == 1 else None
+    return root_name(expr)
+
+
+# -- device choice ------------------------------------------------------------------------
+
+_DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
+_AVAILABILITY_CHECKS = ("torch.cuda.is_available", "torch.backends.mps.is_available", "torch.xpu.is_available")
+
+
+def is_device_choice(expr: cst.BaseExpression, aliases: ImportAliases) -> bool:
+    """`torch.device(...)`, `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0"`,
+    `torch.accelerator.current_accelerator()` (optionally `.type`)."""
+    if isinstance(expr, cst.Call):
+        qualified = aliases.qualify(expr.func)
+        return qualified in ("torch.device", "torch.accelerator.current_accelerator")
+    if isinstance(expr, cst.Attribute) and expr.attr.value == "type":
+        return is_device_choice(expr.value, aliases)
+    if isinstance(expr, cst.IfExp):
+        return is_device_choice(expr.body, aliases) and is_device_choice(expr.orelse, aliases)
+    if isinstance(expr, cst.SimpleString):
+        text = expr.evaluated_value
+        return isinstance(text, str) and text.split(":", 1)[0] in _DEVICE_STRINGS
+    return False
+
+
+def device_if_target(node: cst.If, aliases: ImportAliases) -> str | None:
+    """The device name of `if torch.cuda.is_available(): device = ... else: device = ...`."""
+    if not _mentions_availability(node.test, aliases):
+        return None
+    names: set[str] = set()
+    branch: cst.If | cst.Else | None = node
+    while branch is not None:
+        body = branch.body
+        if not isinstance(body, cst.IndentedBlock):
+            return None
+        for stmt in body.body:
+            if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+                return None
+            small = stmt.body[0]
+            if not (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)
+                and is_device_choice(small.value, aliases)
+            ):
+                return None
+            names.add(small.targets[0].target.value)
+        branch = branch.orelse if isinstance(branch, cst.If) else None
+    return names.pop() if len(names) == 1 else None
+
+
+def _mentions_availability(expr: cst.BaseExpression, aliases: ImportAliases) -> bool:
+    if isinstance(expr, cst.Call):
+        return aliases.qualify(expr.func) in _AVAILABILITY_CHECKS
+    if isinstance(expr, cst.UnaryOperation):
+        return _mentions_availability(expr.expression, aliases)
+    if isinstance(expr, cst.BooleanOperation):
+        return _mentions_availability(expr.left, aliases) or _mentions_availability(expr.right, aliases)
+    return False
+
+
+def analyze(module: cst.Module) -> Facts:
+    collector = _Collector(module)
+    module.visit(collector)
+    functions = {
+        s.name: s
+        for s in collector.scopes
+        if s.is_function and not s.is_method
+    }
+    return Facts(
+        module=module,
+        aliases=collector.aliases,
+        scopes=collector.scopes,
+        functions=functions,
+        module_scope=collector.module_scope,
+        import_block_end=collector.import_block_end,
+    )

@@ -1,0 +1,57 @@
+"""The edit plan: what the rules want changed, keyed by the original nodes.
+
+Rules never transform the tree themselves. They read the roles and record edits here; the single
+rewriter pass (`migrate/rewriter.py`) applies all of them in one traversal. Nodes are keyed by
+identity (libcst nodes hash by identity), so two equal-looking statements stay distinct.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate.analysis import Scope
+from migrate.roles import Finding
+
+ExprEdit = Callable[[cst.Call], cst.BaseExpression]
+
+
+@dataclass(eq=False)
+class Record:
+    code: str
+    node: cst.CSTNode
+    message: str
+
+
+@dataclass(eq=False)
+class EditPlan:
+    target: str = "runtime"  # which package provides Accelerator: runtime or accelerate
+    calls: dict[cst.Call, ExprEdit] = field(default_factory=dict)
+    replace_stmt: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)
+    insert_before: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)
+    insert_after: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)
+    drop_if_trivial: set[cst.BaseStatement] = field(default_factory=set)
+    new_params: dict[cst.FunctionDef, bool] = field(default_factory=dict)  # value: keyword-only
+    new_args: dict[cst.Call, bool] = field(default_factory=dict)  # value: pass by keyword
+    imports: set[tuple[str, str]] = field(default_factory=set)
+    uses_accelerator: list[Scope] = field(default_factory=list)
+    changes: list[Record] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    def change(self, code: str, node: cst.CSTNode, message: str) -> None:
+        self.changes.append(Record(code, node, message))
+
+    def report(self, code: str, node: cst.CSTNode, message: str) -> None:
+        self.findings.append(Finding(code, node, message))
+
+    def use_accelerator(self, scope: Scope) -> None:
+        if scope not in self.uses_accelerator:
+            self.uses_accelerator.append(scope)
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.calls or self.replace_stmt or self.insert_before or self.insert_after or self.new_params
+        )

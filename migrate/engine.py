@@ -1,0 +1,97 @@
+"""Migrate one file's text: a pure function of text and options, with no I/O.
+
+Pipeline: text pre-filter (no "torch": untouched, not parsed) -> one parse -> one analysis pass ->
+roles -> each selected rule records edits -> one rewrite pass -> imports added -> the output must
+compile, or the file is reported as failed and left untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from migrate.analysis import analyze
+from migrate.edits import EditPlan
+from migrate.registry import RULES
+from migrate.results import Change, Diagnostic, FileError, FileResult
+from migrate.rewriter import Rewriter
+from migrate.roles import find_roles
+
+TARGETS = ("runtime", "accelerate")
+
+
+@dataclass(frozen=True)
+class Options:
+    target: str = "runtime"
+    select: frozenset[str] = frozenset()  # empty: every rule
+    ignore: frozenset[str] = frozenset()
+
+    def enabled(self, code: str) -> bool:
+        return (not self.select or code in self.select) and code not in self.ignore
+
+
+def mentions_torch(text: str) -> bool:
+    return "torch" in text
+
+
+def migrate_source(text: str, path: str = "<string>", options: Options = Options()) -> FileResult:
+    result = FileResult(path=path, old_text=text)
+    if not mentions_torch(text):
+        return result
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as error:
+        result.error = FileError(error.raw_line, error.raw_column + 1, _syntax_message(error))
+        return result
+    result.parsed = True
+
+    facts = analyze(module)
+    roles = find_roles(facts)
+    plan = EditPlan(target=options.target)
+    plan.findings.extend(f for f in roles.findings if options.enabled(f.code))
+    for rule in RULES:
+        if options.enabled(rule.code):
+            rule.apply(roles, plan)
+
+    if plan.changes or plan.findings:
+        positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        result.changes = sorted(
+            {Change(r.code, positions[r.node].start.line, r.message) for r in plan.changes},
+            key=lambda c: (c.line, c.code),
+        )
+        result.diagnostics = sorted(
+            {Diagnostic(f.code, positions[f.node].start.line, f.message) for f in plan.findings},
+            key=lambda d: (d.line, d.code),
+        )
+    if plan.empty:
+        return result
+
+    new_module = module.visit(Rewriter(plan))
+    if plan.imports:
+        context = CodemodContext()
+        for module_name, obj in sorted(plan.imports):
+            AddImportsVisitor.add_needed_import(context, module_name, obj)
+        new_module = AddImportsVisitor(context).transform_module(new_module)
+    new_text = new_module.code
+    try:
+        compile(new_text, path, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        result.error = FileError(
+            error.lineno or 0,
+            error.offset or 0,
+            f"internal error: the rewrite produced invalid Python ({error.msg}); the file was left "
+            "untouched, please report this with the file",
+        )
+        return result
+    if new_text != text:
+        result.new_text = new_text
+    return result
+
+
+def _syntax_message(error: cst.ParserSyntaxError) -> str:
+    first = str(error.message).strip().splitlines()[0] if error.message else "syntax error"
+    return f"cannot parse: {first}; fix the syntax error (the file was left untouched)"

@@ -1,0 +1,98 @@
+"""Resolve dotted names through a module's import aliases.
+
+`import torch as th`, `from torch import nn, optim`, `import torch.nn as nn` and
+`from torch.utils.data import DataLoader` all bind local names to torch objects. The analysis only
+needs to know, for a handful of call targets, which qualified name they refer to; a full
+ScopeProvider/QualifiedNameProvider costs 6-8 parses, so this resolves the few aliases itself.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+
+class ImportAliases:
+    """Map local names to the qualified names their imports bind."""
+
+    def __init__(self) -> None:
+        self._aliases: dict[str, str] = {}
+
+    def record_import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            dotted = dotted_name(alias.name)
+            if dotted is None:
+                continue
+            if alias.asname is not None:
+                local = alias.asname.name
+                if isinstance(local, cst.Name):
+                    self._aliases[local.value] = dotted
+            else:
+                # `import torch.nn` binds `torch`, which resolves to itself.
+                head = dotted.split(".", 1)[0]
+                self._aliases[head] = head
+
+    def record_import_from(self, node: cst.ImportFrom) -> None:
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return
+        module = dotted_name(node.module)
+        if module is None:
+            return
+        for alias in node.names:
+            if not isinstance(alias.name, cst.Name):
+                continue
+            local = alias.name.value
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+            self._aliases[local] = f"{module}.{alias.name.value}"
+
+    def qualify(self, expr: cst.BaseExpression) -> str | None:
+        """The qualified name `expr` refers to, or None when it is not an imported name."""
+        dotted = dotted_name(expr)
+        if dotted is None:
+            return None
+        head, _, rest = dotted.partition(".")
+        target = self._aliases.get(head)
+        if target is None:
+            return None
+        return f"{target}.{rest}" if rest else target
+
+    def local_names_for(self, qualified: str) -> list[str]:
+        """Local names bound directly to `qualified` (e.g. every alias of `torch`)."""
+        return [local for local, target in self._aliases.items() if target == qualified]
+
+
+def dotted_name(expr: cst.BaseExpression) -> str | None:
+    """`a.b.c` for a chain of Name/Attribute nodes, else None."""
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        base = dotted_name(expr.value)
+        return None if base is None else f"{base}.{expr.attr.value}"
+    return None
+
+
+def root_name(expr: cst.BaseExpression) -> str | None:
+    """The Name at the root of `a.b[0].c(...)`-style chains (`a`), or None."""
+    while True:
+        if isinstance(expr, cst.Name):
+            return expr.value
+        if isinstance(expr, cst.Attribute):
+            expr = expr.value
+        elif isinstance(expr, cst.Subscript):
+            expr = expr.value
+        else:
+            return None
+
+
+def target_names(target: cst.BaseExpression) -> list[str]:
+    """Every plain name bound by an assignment/for target (`x`, `(a, (b, c))`, `[a, *b]`)."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        names: list[str] = []
+        for element in target.elements:
+            names.extend(target_names(element.value))
+        return names
+    if isinstance(target, cst.StarredElement):
+        return target_names(target.value)
+    return []

@@ -1,0 +1,143 @@
+"""Apply an EditPlan to a module in one traversal.
+
+Statement-level edits (remove, replace, insert) are applied where the statement's block is rebuilt,
+pairing original and updated statements, so edits keyed by original nodes find their statement
+even after its children were rewritten. Comments of a removed statement move to the next statement
+of its block (or the block's footer): the rewrite never deletes a comment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+from migrate.edits import EditPlan
+
+ACCELERATOR = "accelerator"
+
+
+class Rewriter(cst.CSTTransformer):
+    def __init__(self, plan: EditPlan) -> None:
+        super().__init__()
+        self.plan = plan
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self.plan.new_args:
+            updated_node = _append_argument(updated_node, keyword=self.plan.new_args[original_node])
+        edit = self.plan.calls.get(original_node)
+        return edit(updated_node) if edit is not None else updated_node
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        if original_node in self.plan.new_params:
+            return updated_node.with_changes(
+                params=_append_parameter(updated_node.params, keyword_only=self.plan.new_params[original_node])
+            )
+        return updated_node
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        body, footer = self._rebuild(original_node.body, updated_node.body)
+        if not body:
+            body = [cst.SimpleStatementLine([cst.Pass()])]
+        return updated_node.with_changes(body=body, footer=[*footer, *updated_node.footer])
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        body, footer = self._rebuild(original_node.body, updated_node.body)
+        return updated_node.with_changes(body=body, footer=[*footer, *updated_node.footer])
+
+    def _rebuild(
+        self, originals: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
+    ) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+        plan = self.plan
+        out: list[cst.BaseStatement] = []
+        carried: list[cst.EmptyLine] = []
+        for original, new in zip(originals, updated):
+            out.extend(plan.insert_before.get(original, []))
+            if original in plan.replace_stmt:
+                replacement = list(plan.replace_stmt[original])
+            elif original in plan.drop_if_trivial:
+                replacement = _drop_trivial(new)
+            else:
+                replacement = [new]
+            if replacement:
+                if carried:
+                    replacement[0] = _prepend_lines(replacement[0], carried)
+                    carried = []
+                out.extend(replacement)
+            else:
+                carried.extend(_comments_of(new))
+            out.extend(plan.insert_after.get(original, []))
+        if carried and out:
+            # A removed last statement: its comments stay at the end of the block.
+            return out, carried
+        return out, carried
+
+
+def _comments_of(stmt: cst.BaseStatement) -> list[cst.EmptyLine]:
+    lines = [line for line in stmt.leading_lines if line.comment is not None]
+    if isinstance(stmt, cst.SimpleStatementLine) and stmt.trailing_whitespace.comment is not None:
+        lines.append(cst.EmptyLine(comment=stmt.trailing_whitespace.comment))
+    return lines
+
+
+def _prepend_lines(stmt: cst.BaseStatement, lines: list[cst.EmptyLine]) -> cst.BaseStatement:
+    return stmt.with_changes(leading_lines=[*lines, *stmt.leading_lines])
+
+
+def _drop_trivial(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+    """Remove `x` / `x = x` / `a, b = a, b` left behind once a device move was stripped."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return [stmt]
+    kept = [small for small in stmt.body if not _is_trivial(small)]
+    if len(kept) == len(stmt.body):
+        return [stmt]
+    if not kept:
+        return []
+    last = kept[-1]
+    if isinstance(last, (cst.Expr, cst.Assign)) and last.semicolon is not cst.MaybeSentinel.DEFAULT:
+        kept[-1] = last.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+    return [stmt.with_changes(body=kept)]
+
+
+def _is_trivial(small: cst.BaseSmallStatement) -> bool:
+    module = cst.Module(body=[])
+    if isinstance(small, cst.Expr):
+        return isinstance(small.value, (cst.Name, cst.Attribute))
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = module.code_for_node(small.targets[0].target).replace(" ", "").strip("()")
+        value = module.code_for_node(small.value).replace(" ", "").strip("()")
+        return target == value
+    return False
+
+
+def _append_argument(call: cst.Call, keyword: bool) -> cst.Call:
+    value = cst.Name(ACCELERATOR)
+    arg = cst.Arg(value=value, keyword=cst.Name(ACCELERATOR), equal=cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+    )) if keyword else cst.Arg(value=value)
+    args = list(call.args)
+    if args:
+        last = args[-1]
+        if last.comma is cst.MaybeSentinel.DEFAULT:
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        else:
+            arg = arg.with_changes(comma=last.comma)
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, arg])
+
+
+def _append_parameter(params: cst.Parameters, keyword_only: bool) -> cst.Parameters:
+    new = cst.Param(name=cst.Name(ACCELERATOR))
+    if keyword_only:
+        star = params.star_arg
+        if star is cst.MaybeSentinel.DEFAULT:
+            star = cst.ParamStar()
+        return params.with_changes(star_arg=star, kwonly_params=[*_with_commas(params.kwonly_params), new])
+    return params.with_changes(params=[*_with_commas(params.params), new])
+
+
+def _with_commas(params: Sequence[cst.Param]) -> list[cst.Param]:
+    out = list(params)
+    if out and out[-1].comma is cst.MaybeSentinel.DEFAULT:
+        out[-1] = out[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return out

@@ -1,0 +1,471 @@
+"""Turn the analysis facts into roles: who is the model, the optimizer, the training loader.
+
+Names are followed through assignments, function parameters (via the module's own call sites)
+and enclosing scopes, so `train(model, loader, optimizer)` called from `main()` is understood as
+working on main's prepared objects. Everything the rules decide is derived here once.
+
+Key terms:
+- home: the scope that builds the optimizer; `accelerator.prepare(...)` goes there.
+- accelerator scope: where `accelerator = Accelerator()` lives (the device choice, or home).
+- reach: whether a scope can see `accelerator` (same or nested scope, a module-level accelerator,
+  or a function every caller of which can pass it in as a new parameter).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate.analysis import Binding, DeviceBinding, Facts, Scope, StmtRef, is_device_choice
+from migrate.names import root_name
+
+_OPTIMIZER = re.compile(r"^torch\.optim\.[A-Z]\w*$|^transformers\.(optimization\.)?(AdamW|Adafactor)$")
+_SCHEDULER = re.compile(r"^torch\.optim\.lr_scheduler\.\w+$|^transformers\.(optimization\.)?get_\w*schedule\w*$")
+_DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+
+Origin = tuple[Scope, str]
+
+
+@dataclass(eq=False)
+class Finding:
+    """Something a rule must report rather than rewrite."""
+
+    code: str
+    node: cst.CSTNode
+    message: str
+
+
+@dataclass(eq=False)
+class Roles:
+    facts: Facts
+    home: Scope | None = None
+    models: list[str] = field(default_factory=list)
+    optimizers: list[str] = field(default_factory=list)
+    loaders: list[str] = field(default_factory=list)
+    schedulers: list[str] = field(default_factory=list)
+    accelerator_scope: Scope | None = None
+    accelerator_exists: bool = False
+    device_binding: DeviceBinding | None = None  # replaced by `accelerator.device` (AM001)
+    create_before: cst.BaseStatement | None = None  # where `accelerator = Accelerator()` goes otherwise
+    prepare_after: StmtRef | None = None
+    findings: list[Finding] = field(default_factory=list)
+    _training_functions: set[str] = field(default_factory=set)
+
+    # -- name resolution ---------------------------------------------------------------------
+
+    def origins(self, scope: Scope, name: str, _seen: frozenset[tuple[int, str]] = frozenset()) -> set[Origin] | None:
+        """Bindings `name` can refer to in `scope`, or None when one of them cannot be known."""
+        key = (id(scope), name)
+        if key in _seen:
+            return set()
+        seen = _seen | {key}
+        current: Scope | None = scope
+        while current is not None:
+            if current.binds(name):
+                found: set[Origin] = set()
+                for binding in current.bindings.get(name, []):
+                    if not _is_self_move(binding):
+                        found.add((current, name))
+                if name in current.params:
+                    from_callers = self._param_origins(current, name, seen)
+                    if from_callers is None:
+                        return None
+                    found |= from_callers
+                    if not from_callers and not current.bindings.get(name):
+                        found.add((current, name))  # a parameter nobody here passes: itself
+                return found
+            current = _enclosing_function_or_module(current)
+        return None
+
+    def _param_origins(self, scope: Scope, name: str, seen: frozenset[tuple[int, str]]) -> set[Origin] | None:
+        if self.facts.functions.get(scope.name) is not scope:
+            return None
+        index = scope.params.index(name)
+        found: set[Origin] = set()
+        for caller, call in self.call_sites(scope):
+            arg = _argument_for(call, index, name)
+            if not isinstance(arg, cst.Name):
+                return None
+            sub = self.origins(caller, arg.value, seen)
+            if sub is None:
+                return None
+            found |= sub
+        return found
+
+    def call_sites(self, function: Scope) -> list[tuple[Scope, cst.Call]]:
+        return [
+            (scope, site.call)
+            for scope in self.facts.scopes
+            for site in scope.calls
+            if site.callee == function.name and self.facts.functions.get(function.name) is function
+        ]
+
+    def is_device(self, scope: Scope, expr: cst.BaseExpression) -> bool:
+        if is_device_choice(expr, self.facts.aliases) or _is_accelerator_device(expr):
+            return True
+        if not isinstance(expr, cst.Name):
+            return False
+        found = self.origins(scope, expr.value)
+        if not found:
+            return False
+        return all(_binds_device(s, n) for s, n in found)
+
+    def all_in(self, scope: Scope, name: str, names: list[str]) -> bool:
+        """True when every binding `name` may refer to is one of home's `names`."""
+        found = self.origins(scope, name)
+        return bool(found) and all(s is self.home and n in names for s, n in found)
+
+    # -- reach -----------------------------------------------------------------------------
+
+    def can_reach(self, scope: Scope, _pending: frozenset[int] = frozenset()) -> bool:
+        target = self.accelerator_scope
+        if target is None:
+            return False
+        if target is self.facts.module_scope or _nested_in(scope, target):
+            return True
+        if id(scope) in _pending:
+            return True
+        if not scope.is_function or self.facts.functions.get(scope.name) is not scope:
+            return False
+        callers = self.call_sites(scope)
+        pending = _pending | {id(scope)}
+        return bool(callers) and all(self.can_reach(caller, pending) for caller, _ in callers)
+
+    def needs_parameter(self, scope: Scope) -> bool:
+        target = self.accelerator_scope
+        return target is not None and target is not self.facts.module_scope and not _nested_in(scope, target)
+
+    # -- training loops --------------------------------------------------------------------
+
+    def is_training_loop(self, loop) -> bool:  # type: ignore[no-untyped-def]
+        return loop.has_backward or bool(loop.callees & self._training_functions)
+
+
+def find_roles(facts: Facts) -> Roles:
+    roles = Roles(facts)
+    roles._training_functions = _training_functions(facts)
+    _find_home_and_optimizers(roles)
+    _find_existing_accelerator(roles)
+    if roles.home is None:
+        return roles
+    _find_models(roles)
+    _find_loaders(roles)
+    _find_schedulers(roles)
+    _place_accelerator(roles)
+    _place_prepare(roles)
+    return roles
+
+
+def _training_functions(facts: Facts) -> set[str]:
+    training = {name for name, scope in facts.functions.items() if scope.backwards}
+    changed = True
+    while changed:
+        changed = False
+        for name, scope in facts.functions.items():
+            if name not in training and any(site.callee in training for site in scope.calls):
+                training.add(name)
+                changed = True
+    return training
+
+
+def _find_home_and_optimizers(roles: Roles) -> None:
+    found: list[tuple[Scope, Binding]] = []
+    for scope in roles.facts.scopes:
+        for bindings in scope.bindings.values():
+            for binding in bindings:
+                if _call_name(roles, binding.value, _OPTIMIZER):
+                    found.append((scope, binding))
+    if not found:
+        return
+    found.sort(key=lambda pair: pair[1].where.order)
+    roles.home = found[0][0]
+    for scope, binding in found:
+        if scope is roles.home:
+            if binding.name not in roles.optimizers:
+                roles.optimizers.append(binding.name)
+        else:
+            roles.findings.append(
+                Finding(
+                    "AM004",
+                    binding.where.stmt,
+                    f"optimizer `{binding.name}` is built in `{scope.name}`, not in `{roles.home.name}` "
+                    "where the other training objects are prepared; pass it to `accelerator.prepare(...)` yourself",
+                )
+            )
+
+
+def _find_existing_accelerator(roles: Roles) -> None:
+    for scope in roles.facts.scopes:
+        if scope.accelerators:
+            roles.accelerator_scope = scope
+            roles.accelerator_exists = True
+            return
+
+
+def _find_models(roles: Roles) -> None:
+    home = roles.home
+    assert home is not None
+    for name in roles.optimizers:
+        for binding in home.bindings[name]:
+            if not _call_name(roles, binding.value, _OPTIMIZER):
+                continue
+            assert isinstance(binding.value, cst.Call)
+            for model in _parameter_owners(home, binding.value):
+                if model == "self":
+                    roles.findings.append(
+                        Finding("AM004", binding.where.stmt, "model is an attribute (`self...`); prepare it yourself")
+                    )
+                elif not home.binds(model):
+                    roles.findings.append(
+                        Finding(
+                            "AM004",
+                            binding.where.stmt,
+                            f"model `{model}` is not bound in `{home.name}`; prepare it where it is created",
+                        )
+                    )
+                elif model not in roles.models:
+                    roles.models.append(model)
+
+
+def _parameter_owners(home: Scope, call: cst.Call) -> list[str]:
+    """Root names of `X.parameters()` inside an optimizer's arguments (one assignment deep)."""
+    owners: list[str] = []
+    finder = _ParametersFinder()
+    for arg in call.args:
+        arg.value.visit(finder)
+        if isinstance(arg.value, cst.Name):
+            for binding in home.bindings.get(arg.value.value, []):
+                if binding.value is not None:
+                    binding.value.visit(finder)
+    for owner in finder.owners:
+        if owner not in owners:
+            owners.append(owner)
+    return owners
+
+
+class _ParametersFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.owners: list[str] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
+            owner = root_name(func.value)
+            if owner is not None:
+                self.owners.append(owner)
+
+
+def _find_loaders(roles: Roles) -> None:
+    home = roles.home
+    assert home is not None
+    for scope in roles.facts.scopes:
+        for loop in scope.loops:
+            if loop.source is None or not roles.is_training_loop(loop):
+                continue
+            found = roles.origins(scope, loop.source)
+            for origin_scope, name in found or ():
+                if origin_scope is not home:
+                    roles.findings.append(
+                        Finding(
+                            "AM004",
+                            loop.node,
+                            f"training loop iterates `{loop.source}`, which is not bound in `{home.name}` "
+                            "(where the model and optimizer are prepared); prepare it yourself",
+                        )
+                    )
+                elif name in roles.loaders:
+                    continue
+                elif name in home.params or any(
+                    _call_name(roles, b.value, _DATALOADER) for b in home.bindings.get(name, [])
+                ):
+                    roles.loaders.append(name)
+                else:
+                    roles.findings.append(
+                        Finding(
+                            "AM004",
+                            loop.node,
+                            f"training loop iterates `{name}`, which is not a recognised DataLoader; "
+                            "it is not prepared, so every process would see all the data: "
+                            "build it with torch.utils.data.DataLoader or prepare it yourself",
+                        )
+                    )
+
+
+def _find_schedulers(roles: Roles) -> None:
+    home = roles.home
+    assert home is not None
+    candidates = [
+        name
+        for name, bindings in home.bindings.items()
+        if any(_call_name(roles, b.value, _SCHEDULER) for b in bindings)
+    ]
+    for name in candidates:
+        per_batch = False
+        for scope in roles.facts.scopes:
+            for site in scope.steps:
+                if not (isinstance(site.receiver, cst.Name) and roles.all_in(scope, site.receiver.value, [name])):
+                    continue
+                per_batch = per_batch or any(
+                    loop.source is not None
+                    and roles.is_training_loop(loop)
+                    and roles.all_in(scope, loop.source, roles.loaders)
+                    for loop in site.loops
+                )
+        # A scheduler stepped per epoch stays unprepared: prepared, it would advance per optimizer
+        # step times the number of processes.
+        if per_batch:
+            roles.schedulers.append(name)
+
+
+def _place_accelerator(roles: Roles) -> None:
+    if roles.accelerator_exists:
+        return
+    home = roles.home
+    assert home is not None
+    module = roles.facts.module_scope
+    local = [d for d in home.devices if not d.where.in_loop]
+    if local:
+        roles.device_binding = local[0]
+        roles.accelerator_scope = home
+        return
+    globals_ = [d for d in module.devices if not d.where.in_loop and not (home is not module and home.binds(d.name))]
+    if globals_:
+        roles.device_binding = globals_[0]
+        roles.accelerator_scope = module
+        return
+    roles.accelerator_scope = home
+    roles.create_before = _first_code_statement(roles.facts, home)
+
+
+def _first_code_statement(facts: Facts, scope: Scope) -> cst.BaseStatement | None:
+    """The first statement of `scope` that is not its docstring (module: not an import)."""
+    if scope is facts.module_scope:
+        return facts.import_block_end.stmt if facts.import_block_end else None
+    node = scope.node
+    assert isinstance(node, cst.FunctionDef)
+    if not isinstance(node.body, cst.IndentedBlock):
+        return None
+    for stmt in node.body.body:
+        is_docstring = (
+            isinstance(stmt, cst.SimpleStatementLine)
+            and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+        )
+        if not is_docstring:
+            return stmt
+    return None
+
+
+def _place_prepare(roles: Roles) -> None:
+    home = roles.home
+    assert home is not None
+    names = [n for n in (*roles.models, *roles.optimizers, *roles.loaders, *roles.schedulers) if n not in home.prepared]
+    if not names or home.prepared:
+        return
+    refs = [b.where for n in names for b in home.bindings.get(n, []) if not b.is_loop_target]
+    if roles.device_binding is not None and roles.accelerator_scope is home:
+        refs.append(roles.device_binding.where)
+    if not refs:
+        roles.prepare_after = None  # everything is a parameter: prepare right after the accelerator
+        return
+    inside_loop = [r for r in refs if r.in_loop]
+    if inside_loop:
+        roles.findings.append(
+            Finding(
+                "AM004",
+                inside_loop[0].stmt,
+                "a training object is created inside a loop; `accelerator.prepare(...)` must run once, "
+                "so it was not inserted: prepare the objects yourself after they are built",
+            )
+        )
+        roles.models.clear()
+        roles.optimizers.clear()
+        roles.loaders.clear()
+        roles.schedulers.clear()
+        return
+    roles.prepare_after = _common_insertion_point(refs)
+
+
+def _common_insertion_point(refs: list[StmtRef]) -> StmtRef:
+    """The statement after which every ref has been executed, in the deepest shared block."""
+    chains = [(*r.path, r) for r in refs]
+    depth = 0
+    while all(len(c) > depth + 1 for c in chains) and len({id(c[depth]) for c in chains}) == 1:
+        depth += 1
+    candidates = [c[min(depth, len(c) - 1)] for c in chains]
+    if len({id(c.block) for c in candidates}) > 1 and depth > 0:
+        candidates = [c[depth - 1] for c in chains]
+    return max(candidates, key=lambda r: r.order)
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+
+def _call_name(roles: Roles, value: cst.BaseExpression | None, pattern) -> bool:  # type: ignore[no-untyped-def]
+    if not isinstance(value, cst.Call):
+        return False
+    qualified = roles.facts.aliases.qualify(value.func)
+    if qualified is None:
+        return False
+    if isinstance(pattern, frozenset):
+        return qualified in pattern
+    return bool(pattern.match(qualified))
+
+
+def _is_self_move(binding: Binding) -> bool:
+    """`model = model.to(device)` rebinds a name to itself: it adds no origin of its own."""
+    value = binding.value
+    return (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in ("to", "cuda")
+        and root_name(value.func.value) == binding.name
+    )
+
+
+def _is_accelerator_device(expr: cst.BaseExpression) -> bool:
+    return (
+        isinstance(expr, cst.Attribute)
+        and expr.attr.value == "device"
+        and isinstance(expr.value, cst.Name)
+        and expr.value.value == "accelerator"
+    )
+
+
+def _binds_device(scope: Scope, name: str) -> bool:
+    if any(d.name == name for d in scope.devices):
+        return True
+    return any(b.value is not None and _is_accelerator_device(b.value) for b in scope.bindings.get(name, []))
+
+
+def _argument_for(call: cst.Call, index: int, name: str) -> cst.BaseExpression | None:
+    positional = 0
+    for arg in call.args:
+        if arg.star:
+            return None
+        if arg.keyword is None:
+            if positional == index:
+                return arg.value
+            positional += 1
+        elif arg.keyword.value == name:
+            return arg.value
+    return None
+
+
+def _enclosing_function_or_module(scope: Scope) -> Scope | None:
+    parent = scope.parent
+    while parent is not None and isinstance(parent.node, cst.ClassDef):
+        parent = parent.parent
+    return parent
+
+
+def _nested_in(scope: Scope, target: Scope) -> bool:
+    current: Scope | None = scope
+    while current is not None:
+        if current is target:
+            return True
+        current = current.parent
+    return False

@@ -1,0 +1,56 @@
+"""What every rule module provides, and helpers they share for building statements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import libcst as cst
+
+from migrate.analysis import Scope, StmtRef
+from migrate.edits import EditPlan
+from migrate.roles import Roles
+
+MAX_LINE = 88
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule as the registry and the CLI see it; built from the rule's module."""
+
+    code: str
+    name: str
+    apply: Callable[[Roles, EditPlan], None]
+    doc: str
+
+    @property
+    def summary(self) -> str:
+        return self.doc.strip().splitlines()[0]
+
+    @classmethod
+    def from_module(cls, module: ModuleType) -> "Rule":
+        return cls(code=module.CODE, name=module.NAME, apply=module.apply, doc=module.__doc__ or "")
+
+
+def statement(code: str) -> cst.BaseStatement:
+    return cst.parse_statement(code)
+
+
+def assignment(targets: list[str], call: str, args: list[str], indent: int) -> cst.BaseStatement:
+    """`a, b = call(a, b)`, wrapped black-style when it would pass MAX_LINE columns."""
+    left = ", ".join(targets)
+    one_line = f"{left} = {call}({', '.join(args)})"
+    if indent + len(one_line) <= MAX_LINE:
+        return statement(one_line + "\n")
+    return statement(f"{left} = {call}(\n    {', '.join(args)}\n)\n")
+
+
+def indent_of(scope: Scope, where: StmtRef | None) -> int:
+    """Approximate indentation (columns) of a statement: 4 per enclosing block."""
+    depth = len(where.path) if where is not None else 0
+    parent = scope
+    while parent.parent is not None:
+        depth += 1
+        parent = parent.parent
+    return 4 * depth

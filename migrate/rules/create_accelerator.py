@@ -1,0 +1,100 @@
+"""Create the Accelerator where the device is chosen, and bind the device to `accelerator.device`.
+
+What it does:
+    Adds `from runtime import Accelerator` (or `from accelerate import Accelerator` with
+    `--target accelerate`) and `accelerator = Accelerator()` in the place the script chose its
+    device: `device = torch.device("cuda" if torch.cuda.is_available() else "cpu")` and its
+    variants (`"cuda"`, `torch.device("cuda:0")`, an `if torch.cuda.is_available():` block,
+    `torch.accelerator.current_accelerator()`) become
+    `accelerator = Accelerator()` + `device = accelerator.device`. Without a device choice the
+    Accelerator is created at the top of the function that builds the optimizer (or after the
+    imports for a module-level loop). Helpers of this file that now use `accelerator` receive it
+    as a new trailing parameter, and their call sites in this file pass it.
+
+Why:
+    One Accelerator per process owns the device, the process group and the precision; the rest of
+    the migration calls it.
+
+Example:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ->
+    accelerator = Accelerator()
+    device = accelerator.device
+
+Leaves alone:
+    Files that already create an Accelerator (only missing parameters are threaded), files with no
+    training step, and device choices inside loops.
+
+Fix safety:
+    Safe: the device name is kept, so `torch.zeros(..., device=device)` still lands on the right
+    device for each process.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.edits import EditPlan
+from migrate.roles import Roles
+from migrate.rules.base import statement
+
+CODE = "AM001"
+NAME = "create-accelerator"
+
+TARGET_MODULES = {"runtime": "runtime", "accelerate": "accelerate"}
+
+
+def apply(roles: Roles, plan: EditPlan) -> None:
+    if not plan.uses_accelerator:
+        return
+    if not roles.accelerator_exists:
+        _create(roles, plan, plan.target)
+    _thread_parameter(roles, plan)
+
+
+def _create(roles: Roles, plan: EditPlan, target: str) -> None:
+    create = statement("accelerator = Accelerator()\n")
+    binding = roles.device_binding
+    if binding is not None:
+        original = binding.where.stmt
+        device = statement(f"{binding.name} = accelerator.device\n")
+        if isinstance(original, cst.SimpleStatementLine):
+            device = device.with_changes(trailing_whitespace=original.trailing_whitespace)
+        plan.replace_stmt[original] = [create.with_changes(leading_lines=original.leading_lines), device]
+        anchor: cst.CSTNode = original
+        message = f"`{binding.name}` is now `accelerator.device`"
+    else:
+        anchor = roles.create_before  # type: ignore[assignment]
+        if anchor is None:
+            return
+        plan.insert_before[anchor] = [create, *plan.insert_before.get(anchor, [])]  # type: ignore[index]
+        message = "created the Accelerator"
+    plan.imports.add((TARGET_MODULES[target], "Accelerator"))
+    plan.change(CODE, anchor, message)
+
+
+def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
+    """Give every function that now uses `accelerator` (and its callers, as needed) a parameter."""
+    threaded: set[int] = set()
+    pending = [s for s in plan.uses_accelerator if roles.needs_parameter(s)]
+    while pending:
+        scope = pending.pop()
+        if id(scope) in threaded:
+            continue
+        threaded.add(id(scope))
+        if "accelerator" in scope.params:
+            continue
+        assert isinstance(scope.node, cst.FunctionDef)
+        keyword_only = not scope.simple_signature
+        plan.new_params[scope.node] = keyword_only
+        plan.change(CODE, scope.node, f"`{scope.name}` takes `accelerator` as a new parameter")
+        for caller, call in roles.call_sites(scope):
+            plan.new_args[call] = keyword_only or _has_keywords(call)
+            if roles.needs_parameter(caller):
+                pending.append(caller)
+
+
+def _has_keywords(call: cst.Call) -> bool:
+    return any(arg.keyword is not None or arg.star == "**" for arg in call.args)
+
+

@@ -1,0 +1,63 @@
+"""Pass the model(s), optimizer(s), training loader(s) and scheduler(s) to `accelerator.prepare`.
+
+What it does:
+    Inserts one `model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer,
+    loader, scheduler)` in the function (or module) that builds the optimizer, right after the last
+    of those objects is bound and before the training loop uses them. Models are the owners of the
+    parameters given to a `torch.optim` optimizer; loaders are the `DataLoader`s a training loop
+    (one that calls `.backward()`, directly or through a helper of this file) iterates; schedulers
+    are prepared only when they are stepped inside that per-batch loop.
+
+Why:
+    `prepare` places the model on the device and wraps it for data parallelism, shards each loader
+    so every sample reaches exactly one process, and makes optimizer and scheduler steps respect
+    gradient accumulation.
+
+Example:
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters())
+    +model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
+
+Leaves alone:
+    Evaluation loaders (their batches keep their `.to(device)`), schedulers stepped once per epoch
+    (prepared, they would advance once per optimizer step and process), frozen models that feed
+    no optimizer. Objects created inside a loop, in another function, or as attributes
+    (`self.model`) are reported instead.
+
+Fix safety:
+    Safe on one process: the prepared loader yields the same batches in the same order.
+"""
+
+from __future__ import annotations
+
+from migrate.edits import EditPlan
+from migrate.roles import Roles
+from migrate.rules.base import assignment, indent_of
+
+CODE = "AM004"
+NAME = "prepare-training-objects"
+
+
+def apply(roles: Roles, plan: EditPlan) -> None:
+    home = roles.home
+    if home is None or not (roles.models or roles.optimizers):
+        return
+    names = [
+        n
+        for n in (*roles.models, *roles.optimizers, *roles.loaders, *roles.schedulers)
+        if n not in home.prepared
+    ]
+    if not names or home.prepared:
+        return
+    where = roles.prepare_after
+    stmt = assignment(names, "accelerator.prepare", names, indent_of(home, where))
+    if where is not None:
+        plan.insert_after.setdefault(where.stmt, []).append(stmt)
+        anchor = where.stmt
+    else:
+        anchor = roles.create_before
+        if anchor is None:
+            return
+        plan.insert_before.setdefault(anchor, []).append(stmt)
+    plan.use_accelerator(home)
+    plan.change(CODE, anchor, f"prepare {', '.join(names)}")

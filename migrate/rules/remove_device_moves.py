@@ -1,0 +1,97 @@
+"""Remove `.to(device)` / `.cuda()` moves that the Accelerator now does.
+
+What it does:
+    Drops the device move of every prepared model (`model.to(device)`, `model.cuda()`,
+    `model = Net().to(device)` -> `model = Net()`) and of the batches that come out of a prepared
+    loader (`x, y = x.to(device), y.to(device)` disappears; `batch["x"].to(device)` becomes
+    `batch["x"]`), including in helpers of this file that receive them as parameters. A move that
+    also converts (`x.to(device, torch.float16)`) keeps its conversion.
+
+Why:
+    `accelerator.prepare` puts the model on the right device for each process, and a prepared
+    loader yields batches already on it; a hard-coded move would be redundant at best.
+
+Example:
+    model = Net().to(device)           ->  model = Net()
+    for x, y in loader:                    for x, y in loader:
+        x, y = x.to(device), y.to(device)      (removed)
+
+Leaves alone:
+    Moves of freshly created tensors (`torch.zeros(3).to(device)`): `device` is now
+    `accelerator.device`, so they stay correct. Moves of evaluation batches, of frozen models and
+    of anything whose device is not known to be the chosen device.
+
+Fix safety:
+    Safe: a removed move only ever targeted the device the Accelerator uses.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.analysis import Move, Scope
+from migrate.edits import EditPlan
+from migrate.names import root_name
+from migrate.roles import Roles
+
+CODE = "AM002"
+NAME = "remove-device-moves"
+
+
+def apply(roles: Roles, plan: EditPlan) -> None:
+    if roles.home is None or not (roles.models or roles.loaders):
+        return
+    for scope in roles.facts.scopes:
+        for move in scope.moves:
+            if move.device_arg is not None and not roles.is_device(scope, move.device_arg):
+                continue
+            what = _moved_object(roles, scope, move)
+            if what is None:
+                continue
+            kept = [i for i, arg in enumerate(move.call.args) if arg in move.kept_args]
+            plan.calls[move.call] = lambda call, kept=kept: _strip(call, kept)
+            plan.drop_if_trivial.add(move.where.stmt)
+            plan.change(CODE, move.call, f"removed device move of {what}")
+
+
+def _moved_object(roles: Roles, scope: Scope, move: Move) -> str | None:
+    """'model `m`' / 'batch `x`' when the move is one the Accelerator now makes, else None."""
+    receiver = move.receiver
+    if isinstance(receiver, cst.Name) and roles.all_in(scope, receiver.value, roles.models):
+        return f"model `{receiver.value}`"
+    if isinstance(receiver, cst.Call) and scope is roles.home:
+        target = _assigned_name(move)
+        if target is not None and target in roles.models:
+            return f"model `{target}`"
+    root = root_name(receiver)
+    if root is None:
+        return None
+    for loop in move.loops:
+        if root in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, roles.loaders):
+            return f"batch `{root}`"
+    return None
+
+
+def _assigned_name(move: Move) -> str | None:
+    stmt = move.where.stmt
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return None
+    for small in stmt.body:
+        if (
+            isinstance(small, cst.Assign)
+            and small.value is move.call
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+        ):
+            return small.targets[0].target.value
+    return None
+
+
+def _strip(call: cst.Call, kept: list[int]) -> cst.BaseExpression:
+    assert isinstance(call.func, cst.Attribute)
+    if not kept:
+        return call.func.value
+    args = [call.args[i] for i in kept]
+    args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    func = call.func if call.func.attr.value == "to" else call.func.with_changes(attr=cst.Name("to"))
+    return call.with_changes(func=func, args=args)
