@@ -1,0 +1,113 @@
+"""``accel`` CLI: help, argument translation to torchrun, and a real 2-process launch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from rt_helpers import run_cmd
+from runtime.cli import build_parser
+from runtime.launch import shadowing_module, torchrun_argv
+
+ACCEL = shutil.which("accel") or str(Path(sys.executable).with_name("accel"))
+
+
+def _launch_args(*argv: str):
+    return build_parser().parse_args(["launch", *argv])
+
+
+def test_accel_without_command_prints_help_and_exits_2(tmp_path) -> None:
+    proc = run_cmd([ACCEL], tmp_path)
+    assert proc.returncode == 2
+    assert "launch" in proc.stderr and "usage: accel" in proc.stderr
+
+
+def test_accel_help_lists_commands(tmp_path) -> None:
+    proc = run_cmd([ACCEL, "--help"], tmp_path)
+    assert proc.returncode == 0
+    assert "launch" in proc.stdout
+
+
+def test_accel_launch_help_describes_every_option(tmp_path) -> None:
+    proc = run_cmd([ACCEL, "launch", "--help"], tmp_path)
+    assert proc.returncode == 0
+    for option in ("--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank",
+                   "--rdzv-endpoint", "--master-addr", "--master-port", "--module", "script_args"):
+        assert option in proc.stdout, option
+
+
+def test_one_node_uses_standalone_and_keeps_script_args() -> None:
+    args = _launch_args("--nproc_per_node", "2", "train.py", "--nproc-per-node", "9", "-m", "x")
+    argv = torchrun_argv(args)
+    assert "--standalone" in argv
+    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert argv[-5:] == ["train.py", "--nproc-per-node", "9", "-m", "x"]
+    assert "--module" not in argv
+
+
+def test_rendezvous_options_are_forwarded() -> None:
+    argv = torchrun_argv(_launch_args("--nnodes", "2", "--node-rank", "1",
+                                      "--rdzv-endpoint", "host:29400", "-m", "pkg.train", "a"))
+    assert "--standalone" not in argv
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "host:29400"
+    assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
+    assert argv[argv.index("--node-rank") + 1] == "1"
+    assert argv[-3:] == ["--module", "pkg.train", "a"]
+    static = torchrun_argv(_launch_args("--master-addr", "10.0.0.1", "--master-port", "1234", "t.py"))
+    assert "--standalone" not in static
+    assert static[static.index("--master-addr") + 1] == "10.0.0.1"
+    assert static[static.index("--master-port") + 1] == "1234"
+
+
+def test_shadowing_runtime_module_is_detected(tmp_path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert shadowing_module(str(script)) is None
+    (tmp_path / "runtime.py").write_text("")
+    assert shadowing_module(str(script)) == tmp_path / "runtime.py"
+
+
+SCRIPT = """
+import json, os, sys
+from pathlib import Path
+from runtime import Accelerator
+accelerator = Accelerator()
+out = Path(os.environ["ACCEL_TEST_OUT"])
+(out / f"rank{accelerator.process_index}.json").write_text(json.dumps(
+    {"argv": sys.argv[1:], "world": accelerator.num_processes, "rank": accelerator.process_index}))
+if "--fail-on-rank-1" in sys.argv and accelerator.process_index == 1:
+    raise SystemExit(3)
+accelerator.end_training()
+"""
+
+
+def test_accel_launch_runs_two_ranks_and_passes_script_args(tmp_path, monkeypatch) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    monkeypatch.setenv("ACCEL_TEST_OUT", str(tmp_path))
+    proc = run_cmd([ACCEL, "launch", "--nproc-per-node", "2", str(script), "--some-arg", "x",
+                    "--nnodes", "7"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world"] == 2 for r in results)
+    assert all(r["argv"] == ["--some-arg", "x", "--nnodes", "7"] for r in results)
+
+
+def test_accel_launch_reports_a_failing_rank(tmp_path, monkeypatch) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    monkeypatch.setenv("ACCEL_TEST_OUT", str(tmp_path))
+    proc = run_cmd([ACCEL, "launch", "--nproc-per-node", "2", str(script), "--fail-on-rank-1"], tmp_path)
+    assert proc.returncode != 0
+    assert "rank" in proc.stderr and "1" in proc.stderr
+
+
+def test_accel_launch_missing_script(tmp_path) -> None:
+    proc = run_cmd([ACCEL, "launch", str(tmp_path / "nope.py")], tmp_path)
+    assert proc.returncode == 2
+    assert "not found" in proc.stderr
