@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from . import ops
 from .config import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs
-from .data import PreparedDataLoader, prepare_data_loader
+from .data import ActiveLoaders, PreparedDataLoader, prepare_data_loader
 from .errors import PrepareError, UnsupportedOptionError
 from .optim import AcceleratedScheduler
 from .state import ProcessState, destroy_process_group
@@ -99,6 +99,7 @@ class Accelerator:
         self.even_batches = config.even_batches if even_batches is None else even_batches
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self._models: list[nn.Module] = []
+        self._active_loaders = ActiveLoaders()
 
     # -- who am I -------------------------------------------------------------------------------
 
@@ -176,7 +177,9 @@ class Accelerator:
 
     def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
         """Shard the loader for this process and make it yield batches on the device."""
-        return prepare_data_loader(data_loader, self.state, self.device, self.even_batches)
+        return prepare_data_loader(
+            data_loader, self.state, self.device, self.even_batches, self._active_loaders
+        )
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Optimizers need no wrapper yet: model placement keeps the same Parameter objects."""
@@ -231,6 +234,18 @@ class Accelerator:
     def gather(self, tensor: Any) -> Any:
         """Concatenate tensors (or nested structures of them) from all processes along dim 0."""
         return ops.gather(tensor, self.state)
+
+    def gather_for_metrics(self, input_data: Any) -> Any:
+        """``gather``, minus the samples even-batches padding added on the loader's last batch.
+
+        Over a whole epoch of a prepared loader this returns exactly ``len(dataset)`` items.
+        """
+        gathered = self.gather(input_data)
+        active = self._active_loaders.current
+        if active is None or not active.end_of_dataloader or active.loader.remainder <= 0:
+            return gathered
+        keep = active.loader.remainder
+        return ops.apply_to_tensors(gathered, lambda t: t[:keep])
 
     def save(self, obj: Any, f: str | Path, safe_serialization: bool = False) -> None:
         """``torch.save(obj, f)`` on the main process only."""

@@ -154,19 +154,60 @@ class ShardSampler(Sampler[Any]):
             yield flat[start : start + self.batch_size]
 
 
-class _DeviceIterator:
-    """Wraps a DataLoader iterator and places each batch on the device."""
+class ActiveLoaders:
+    """The prepared loaders' iterators in progress, innermost last (owned by an Accelerator).
 
-    def __init__(self, iterator: Iterator[Any], device: torch.device, non_blocking: bool) -> None:
+    ``gather_for_metrics`` asks the innermost one whether it is on its last batch, to drop the
+    samples ``even_batches`` padding added.
+    """
+
+    def __init__(self) -> None:
+        self._stack: list[_DeviceIterator] = []
+
+    def push(self, iterator: _DeviceIterator) -> None:
+        # An iterator abandoned by a `break` is replaced by its loader's next one.
+        self._stack = [it for it in self._stack if it.loader is not iterator.loader]
+        self._stack.append(iterator)
+
+    def remove(self, iterator: _DeviceIterator) -> None:
+        if iterator in self._stack:
+            self._stack.remove(iterator)
+
+    @property
+    def current(self) -> _DeviceIterator | None:
+        return self._stack[-1] if self._stack else None
+
+
+class _DeviceIterator:
+    """Wraps a DataLoader iterator, places each batch on the device and counts batches."""
+
+    def __init__(self, loader: PreparedDataLoader, iterator: Iterator[Any], non_blocking: bool) -> None:
+        self.loader = loader
         self._iterator = iterator
-        self._device = device
+        self._device = loader.device
         self._non_blocking = non_blocking
+        self._yielded = 0
+        self._total = len(loader)
+        if loader.active_loaders is not None:
+            loader.active_loaders.push(self)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True once the last batch of the epoch has been handed out."""
+        return self._yielded >= self._total
 
     def __iter__(self) -> _DeviceIterator:
         return self
 
     def __next__(self) -> Any:
-        return send_to_device(next(self._iterator), self._device, self._non_blocking)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            if self.loader.active_loaders is not None:
+                self.loader.active_loaders.remove(self)
+            raise
+        self._yielded += 1
+        return send_to_device(batch, self._device, self._non_blocking)
 
     def __len__(self) -> int:
         return len(self._iterator)  # type: ignore[arg-type]
@@ -179,9 +220,19 @@ class PreparedDataLoader(DataLoader):
     ``device``.
     """
 
-    def __init__(self, *args: Any, device: torch.device, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        device: torch.device,
+        remainder: int = 0,
+        active_loaders: ActiveLoaders | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.device = device
+        # Real samples in the last gathered round (0: the last round holds no padding).
+        self.remainder = remainder
+        self.active_loaders = active_loaders
         self._next_epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -196,7 +247,7 @@ class PreparedDataLoader(DataLoader):
         # Create the underlying iterator now, not lazily: DataLoader draws its base seed when
         # iter() is called, and the RNG sequence must match the original loader's.
         non_blocking = self.pin_memory and self.device.type != "cpu"
-        return _DeviceIterator(super().__iter__(), self.device, non_blocking)
+        return _DeviceIterator(self, super().__iter__(), non_blocking)
 
 
 def _shared_random(sampler: Any, state: ProcessState) -> Any:
@@ -217,6 +268,7 @@ def prepare_data_loader(
     state: ProcessState,
     device: torch.device,
     even_batches: bool = True,
+    active_loaders: ActiveLoaders | None = None,
 ) -> PreparedDataLoader:
     """Rebuild ``loader`` for this process: same dataset, collation and workers, sharded sampling.
 
@@ -234,6 +286,8 @@ def prepare_data_loader(
         persistent_workers=loader.persistent_workers,
         pin_memory_device=loader.pin_memory_device,
         in_order=getattr(loader, "in_order", True),
+        device=device,
+        active_loaders=active_loaders,
     )
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
@@ -247,21 +301,24 @@ def prepare_data_loader(
                 "accelerator.process_index and do not prepare its loader.",
             )
         return PreparedDataLoader(
-            dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, device=device, **common
+            dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, **common
         )
 
     batch_sampler = loader.batch_sampler
     if not state.distributed:
         if batch_sampler is None:
             return PreparedDataLoader(
-                dataset, sampler=loader.sampler, batch_size=None, device=device, **common
+                dataset, sampler=loader.sampler, batch_size=None, **common
             )
-        return PreparedDataLoader(dataset, batch_sampler=batch_sampler, device=device, **common)
+        return PreparedDataLoader(dataset, batch_sampler=batch_sampler, **common)
 
     n, rank = state.world_size, state.rank
     if batch_sampler is None:  # automatic batching off: shard single indices
         shard = ShardSampler(_shared_random(loader.sampler, state), n, rank, even_batches)
-        return PreparedDataLoader(dataset, sampler=shard, batch_size=None, device=device, **common)
+        remainder = len(loader.sampler) % n if even_batches else 0
+        return PreparedDataLoader(
+            dataset, sampler=shard, batch_size=None, remainder=remainder, **common
+        )
     if type(batch_sampler) is BatchSampler:
         batch_sampler = BatchSampler(
             _shared_random(batch_sampler.sampler, state),
@@ -276,4 +333,9 @@ def prepare_data_loader(
         drop_last=bool(getattr(batch_sampler, "drop_last", False)),
         batch_size=getattr(batch_sampler, "batch_size", None),
     )
-    return PreparedDataLoader(dataset, batch_sampler=shard, device=device, **common)
+    remainder = 0
+    if even_batches and not shard.drop_last and shard.batch_size is not None:
+        sampler = getattr(batch_sampler, "sampler", None)
+        if isinstance(sampler, Sized):
+            remainder = len(sampler) % (n * shard.batch_size)
+    return PreparedDataLoader(dataset, batch_sampler=shard, remainder=remainder, **common)

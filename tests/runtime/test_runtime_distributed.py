@@ -160,3 +160,11 @@ def test_second_accelerator_reuses_the_group(ranks) -> None:
 def test_saved_file_written_by_rank_0(ranks) -> None:
     _, _, out = ranks
     assert torch.load(out / "saved.pt") == {"rank": 0}
+
+
+def test_gather_for_metrics_returns_exactly_the_dataset(ranks) -> None:
+    results, _, _ = ranks
+    for r in results:
+        assert r["gfm_batched"] == [list(range(70))] * 2
+        assert r["gfm_per_sample"] == [list(range(7))] * 2
+        assert r["gfm_after_break"] == list(range(70))

@@ -173,6 +173,8 @@ def test_single_process_gather_print_save(tmp_path, capsys) -> None:
     accelerator = Accelerator()
     t = torch.arange(3)
     assert accelerator.gather(t) is t
+    loader = accelerator.prepare(DataLoader(_dataset(10), batch_size=4))
+    assert torch.cat([accelerator.gather_for_metrics(y) for _, y in loader]).tolist() == list(range(10))
     accelerator.print("hello", 1)
     assert capsys.readouterr().out == "hello 1\n"
     accelerator.save({"a": 1}, tmp_path / "x.pt")

@@ -104,6 +104,21 @@ result["gather"] = accelerator.gather(torch.tensor([rank, 10 * rank])).tolist()
 nested = accelerator.gather({"a": torch.tensor(rank), "b": [torch.ones(1, 2) * rank]})
 result["gather_nested"] = {"a": nested["a"].tolist(), "b": nested["b"][0].tolist()}
 
+# -- gather_for_metrics drops the even-batches padding ------------------------------------------
+for name, size, bs in (("gfm_batched", 70, 8), ("gfm_per_sample", 7, None)):
+    eval_loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(size)), batch_size=bs))
+    seen = []
+    for _ in range(2):  # twice: the second epoch must not inherit the first one's state
+        seen.append(torch.cat([accelerator.gather_for_metrics(b[0]).reshape(-1) for b in eval_loader]).tolist())
+    result[name] = seen
+broken = accelerator.prepare(DataLoader(TensorDataset(torch.arange(70)), batch_size=8))
+for i, (b,) in enumerate(broken):
+    if i == 1:
+        break  # an abandoned iterator must not confuse the next gather_for_metrics
+result["gfm_after_break"] = torch.cat(
+    [accelerator.gather_for_metrics(b) for (b,) in broken]
+).tolist()
+
 # -- print / save / barrier -----------------------------------------------------------------------
 accelerator.print(f"PRINT-MARKER from rank {rank}")
 
