@@ -45,7 +45,7 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
-        result.error = FileError(error.raw_line, error.raw_column + 1, _syntax_message(error))
+        result.error = _syntax_error(text, path, error)
         return result
     result.parsed = True
 
@@ -92,6 +92,12 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
     return result
 
 
-def _syntax_message(error: cst.ParserSyntaxError) -> str:
-    first = str(error.message).strip().splitlines()[0] if error.message else "syntax error"
-    return f"cannot parse: {first}; fix the syntax error (the file was left untouched)"
+def _syntax_error(text: str, path: str, error: cst.ParserSyntaxError) -> FileError:
+    """Python's own message and position when it has one: they are more precise than libcst's."""
+    try:
+        compile(text, path, "exec", dont_inherit=True)
+    except SyntaxError as python_error:
+        line, column, message = python_error.lineno or 0, python_error.offset or 0, python_error.msg
+    else:  # valid for this interpreter but not for libcst's grammar
+        line, column, message = error.raw_line, error.raw_column + 1, str(error.message).splitlines()[0]
+    return FileError(line, column, f"cannot parse: {message}; fix it and run again (the file was left untouched)")

@@ -265,6 +265,16 @@ def _find_loaders(roles: Roles) -> None:
             if loop.source is None or not roles.is_training_loop(loop):
                 continue
             found = roles.origins(scope, loop.source)
+            if found is None:
+                roles.findings.append(
+                    Finding(
+                        "AM004",
+                        loop.node,
+                        f"training loop iterates `{loop.source}`, but not every caller passes a named loader "
+                        "from this file; it is not prepared, so every process would see all the data: "
+                        "prepare the loader where it is built",
+                    )
+                )
             for origin_scope, name in found or ():
                 if origin_scope is not home:
                     roles.findings.append(
