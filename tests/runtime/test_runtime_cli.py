@@ -7,7 +7,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
 
 from rt_helpers import run_cmd
 from runtime.cli import build_parser
