@@ -1,0 +1,5 @@
+"""`python -m migrate` is `accel-migrate`."""
+
+from migrate.cli import main
+
+main()
