@@ -1,21 +1,43 @@
 """Bundled distributed runtime with the Accelerate API.
 
 Importing this package costs torch plus the standard library: it never imports libcst, typer,
-rich or ``migrate``.
+rich or ``migrate``. The public names are loaded on first access (PEP 562), so ``accel --help``
+and ``accel launch`` argument errors answer without importing torch.
 """
 
-from .accelerator import Accelerator, DistributedType
-from .config import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs
-from .errors import AccelError, UnsupportedOptionError
-from .state import ProcessState
+from __future__ import annotations
 
-__all__ = [
-    "AccelError",
-    "Accelerator",
-    "DataLoaderConfiguration",
-    "DistributedDataParallelKwargs",
-    "DistributedType",
-    "InitProcessGroupKwargs",
-    "ProcessState",
-    "UnsupportedOptionError",
-]
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "AccelError": ".errors",
+    "Accelerator": ".accelerator",
+    "DataLoaderConfiguration": ".config",
+    "DistributedDataParallelKwargs": ".config",
+    "DistributedType": ".accelerator",
+    "InitProcessGroupKwargs": ".config",
+    "ProcessState": ".state",
+    "UnsupportedOptionError": ".errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .accelerator import Accelerator, DistributedType
+    from .config import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from .errors import AccelError, UnsupportedOptionError
+    from .state import ProcessState
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

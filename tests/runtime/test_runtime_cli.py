@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -110,3 +111,17 @@ def test_accel_launch_missing_script(tmp_path) -> None:
     proc = run_cmd([ACCEL, "launch", str(tmp_path / "nope.py")], tmp_path)
     assert proc.returncode == 2
     assert "not found" in proc.stderr
+
+
+def test_accel_cli_answers_without_importing_torch() -> None:
+    # `accel --help` and option errors must be instant: the package loads torch lazily.
+    code = (
+        "import sys\n"
+        "from runtime.cli import main\n"
+        "import runtime\n"
+        "assert 'torch' not in sys.modules, 'runtime.cli imported torch'\n"
+        "from runtime import Accelerator\n"
+        "assert 'torch' in sys.modules and Accelerator.__name__ == 'Accelerator'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
