@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -107,8 +108,7 @@ class ProcessState:
             world_size=world_size,
             timeout=timeout,
         )
-        # gloo processes sometimes abort at interpreter exit when the group is still alive.
-        atexit.register(destroy_process_group)
+        _install_exit_handler()
         return cls(rank, local_rank, world_size, local_world_size, chosen, device)
 
 
@@ -116,6 +116,44 @@ def destroy_process_group() -> None:
     """Destroy the default process group if one exists (idempotent, safe at exit)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+_exit_handler_installed = False
+_failed = False
+
+
+def _install_exit_handler() -> None:
+    """Tear the group down at interpreter exit, after every rank got there.
+
+    A gloo rank whose peer closes its sockets first dies with SIGABRT ("terminate called without
+    an active exception"). So on a normal exit the ranks meet at a barrier, then destroy the group.
+    After an uncaught exception there is no barrier: the other ranks are still training, and
+    torchrun stops them once this process is gone.
+    """
+    global _exit_handler_installed
+    if _exit_handler_installed:
+        return
+    _exit_handler_installed = True
+    previous_hook = sys.excepthook
+
+    def record_failure(*exc_info) -> None:  # type: ignore[no-untyped-def]
+        global _failed
+        _failed = True
+        previous_hook(*exc_info)
+
+    sys.excepthook = record_failure
+    atexit.register(_leave_process_group)
+
+
+def _leave_process_group() -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if not _failed:
+        if dist.get_backend() == "nccl" and torch.cuda.is_available():
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            dist.barrier()
+    dist.destroy_process_group()
 
 
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
