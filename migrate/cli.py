@@ -2,6 +2,9 @@
 
 Exit codes: 0 nothing to change or all changes written; 1 changes would be made (--check or
 --diff); 2 a file could not be processed (the others still are); 123 internal error.
+
+Start-up matters (pre-commit runs this on every commit): this module imports only typer; libcst,
+the engine, the rules and rich are imported when a run needs them.
 """
 
 from __future__ import annotations
@@ -15,16 +18,25 @@ from typing import Optional
 import typer
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_FAILED, EXIT_INTERNAL = 0, 1, 2, 123
+PROGRESS_MIN_FILES = 8  # a progress bar only for more files than this, on a terminal
+SUBCOMMANDS = ("rules", "explain")
 
 HELP = (
     "Rewrite single-device PyTorch training scripts to run distributed through an Accelerator.\n\n"
-    "PATHS are files or directories (searched recursively for *.py). By default files are rewritten "
-    "in place; use --diff to preview or --check in CI. Files that never mention torch are not touched.\n\n"
+    "PATHS are files or directories (searched recursively for *.py and *.ipynb, honouring .gitignore "
+    "and the excludes), or - to read a script from stdin and write the result to stdout. By default "
+    "files are rewritten in place; use --diff to preview or --check in CI. Files that never mention "
+    "torch are not parsed and never written. Settings are read from [tool.accel-migrate] in the "
+    "nearest pyproject.toml; command-line options override them.\n\n"
+    "Other commands: `accel-migrate rules` lists the rules, `accel-migrate explain CODE` documents "
+    "one (a file named rules or explain is migrated as ./rules).\n\n"
     "Exit codes: 0 nothing to change or changes written; 1 changes would be made (--check, --diff); "
-    "2 a file could not be processed (the others still are); 123 internal error (please report)."
+    "2 a file could not be processed (the others still are), or a usage/configuration error; "
+    "123 internal error (please report)."
 )
 
 app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
+commands = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
 
 
 def _version(value: bool) -> None:
@@ -35,31 +47,100 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-def _codes(value: Optional[str]) -> frozenset[str]:
-    return frozenset(c.strip().upper() for c in (value or "").split(",") if c.strip())
+def _codes(values: Optional[list[str] | str]) -> frozenset[str]:
+    if values is None:
+        return frozenset()
+    if isinstance(values, str):
+        values = [values]
+    return frozenset(c.strip().upper() for value in values for c in value.split(",") if c.strip())
+
+
+def _patterns(values: Optional[list[str]]) -> Optional[list[str]]:
+    if values is None:
+        return None
+    return [p.strip() for value in values for p in value.split(",") if p.strip()]
 
 
 @app.command(help=HELP)
 def migrate(
     paths: list[Path] = typer.Argument(
-        ..., help="Files or directories to migrate.", show_default=False, metavar="PATHS"
+        ..., help="Files or directories to migrate, or - for stdin.", show_default=False, metavar="PATHS"
     ),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff of the changes and write nothing."),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if any file would change."),
-    target: str = typer.Option(
-        "runtime", "--target", help="Where Accelerator comes from: runtime (bundled) or accelerate (HF)."
+    target: Optional[str] = typer.Option(
+        None,
+        "--target",
+        help="Where Accelerator comes from: runtime (bundled, the default) or accelerate (HF).",
+        show_default=False,
     ),
     select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes, comma-separated."),
     ignore: Optional[str] = typer.Option(None, "--ignore", help="Skip these rule codes, comma-separated."),
+    mixed_precision: Optional[str] = typer.Option(
+        None, "--mixed-precision", help="Default precision for Accelerator(): no (default), fp16 or bf16."
+    ),
+    output_dir: Optional[Path] = typer.Option(
+        None,
+        "--output-dir",
+        help="Write migrated copies under this folder (mirroring the inputs' layout) instead of in place; "
+        "only files that change are written.",
+    ),
+    force: bool = typer.Option(False, "--force", help="Allow an --output-dir that exists and is not empty."),
+    exclude: Optional[list[str]] = typer.Option(
+        None,
+        "--exclude",
+        help="Gitignore-style patterns (comma-separated, repeatable) to skip in directories; replaces the "
+        "defaults (.git, .venv, venv, build, dist, site-packages, __pycache__, ...).",
+    ),
+    extend_exclude: Optional[list[str]] = typer.Option(
+        None, "--extend-exclude", help="Patterns to skip in addition to the excludes."
+    ),
+    force_exclude: Optional[bool] = typer.Option(
+        None, "--force-exclude/--no-force-exclude", help="Apply the excludes to files named explicitly too."
+    ),
+    jobs: Optional[int] = typer.Option(
+        None, "--jobs", "-j", min=1, help="Worker processes (default: the number of CPUs).", show_default=False
+    ),
+    output_format: Optional[str] = typer.Option(
+        None, "--output-format", help="Report format: text (default), json, github or sarif (on stdout)."
+    ),
+    stdin_filename: Optional[str] = typer.Option(
+        None, "--stdin-filename", help="The name of the file read from stdin, for messages and config matching."
+    ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", help="Read settings from this pyproject.toml instead of searching for one."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="List every change made, with its line."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and the diff."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors, the diff and the report."),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    options = _build_options(target, select, ignore)
     try:
-        code = _run(paths, options, diff=diff, check=check, verbose=verbose, quiet=quiet)
+        code = _main(
+            paths,
+            diff=diff,
+            check=check,
+            cli={
+                "target": target,
+                "select": select,
+                "ignore": ignore,
+                "mixed_precision": mixed_precision,
+                "exclude": _patterns(exclude),
+                "extend_exclude": _patterns(extend_exclude),
+                "force_exclude": force_exclude,
+                "jobs": jobs,
+                "output_format": output_format,
+            },
+            output_dir=output_dir,
+            force=force,
+            stdin_filename=stdin_filename,
+            config_path=config,
+            verbose=verbose,
+            quiet=quiet,
+        )
+    except typer.Exit:
+        raise
     except Exception:  # noqa: BLE001 - the contract is exit 123 with a report request
         typer.echo("accel-migrate: internal error; please report it with the file that triggered it.", err=True)
         if verbose:
@@ -70,16 +151,28 @@ def migrate(
     raise typer.Exit(code)
 
 
-def _build_options(target: str, select: Optional[str], ignore: Optional[str]):  # type: ignore[no-untyped-def]
-    from migrate.engine import TARGETS, Options
-    from migrate.registry import BY_CODE
+def _build_options(target, select, ignore, mixed_precision="no"):  # type: ignore[no-untyped-def]
+    from migrate.config import MIXED_PRECISION, TARGETS
+    from migrate.engine import Options
 
+    known = _known_codes()
+    target = target or "runtime"
     if target not in TARGETS:
         _fail_usage(f"--target must be one of {', '.join(TARGETS)}, not {target!r}")
-    unknown = sorted((_codes(select) | _codes(ignore)) - BY_CODE.keys())
+    mixed_precision = mixed_precision or "no"
+    if mixed_precision not in MIXED_PRECISION:
+        _fail_usage(f"--mixed-precision must be one of {', '.join(MIXED_PRECISION)}, not {mixed_precision!r}")
+    unknown = sorted((_codes(select) | _codes(ignore)) - known)
     if unknown:
-        _fail_usage(f"unknown rule code(s) {', '.join(unknown)}; known: {', '.join(sorted(BY_CODE))}")
-    return Options(target=target, select=_codes(select), ignore=_codes(ignore))
+        _fail_usage(f"unknown rule code(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return Options(target=target, select=_codes(select), ignore=_codes(ignore), mixed_precision=mixed_precision)
+
+
+def _known_codes() -> set[str]:
+    from migrate.registry import BY_CODE
+    from migrate.runner import SHADOW_CODE
+
+    return {*BY_CODE, SHADOW_CODE}
 
 
 def options_from_flags(flags: list[str]):  # type: ignore[no-untyped-def]
@@ -87,7 +180,7 @@ def options_from_flags(flags: list[str]):  # type: ignore[no-untyped-def]
     command = typer.main.get_command(app)
     with command.make_context("accel-migrate", [*flags, "-"]) as context:
         params = context.params
-    return _build_options(params["target"], params["select"], params["ignore"])
+    return _build_options(params["target"], params["select"], params["ignore"], params["mixed_precision"])
 
 
 def _fail_usage(message: str) -> None:
@@ -95,66 +188,276 @@ def _fail_usage(message: str) -> None:
     raise typer.Exit(EXIT_FAILED)
 
 
-def _run(paths: list[Path], options, diff: bool, check: bool, verbose: bool, quiet: bool) -> int:  # type: ignore[no-untyped-def]
-    from migrate import runner
-    from migrate.diff import colourize, unified_diff
+def _settings(cli: dict, config_path: Optional[Path], config_paths: list[Path]):  # type: ignore[no-untyped-def]
+    """Command line over [tool.accel-migrate] over the defaults."""
+    from migrate.config import OUTPUT_FORMATS, ConfigError, discover_config
 
-    write = not (diff or check)
-    report = runner.run(paths, options, write=write)
-    colour = _use_colour(sys.stdout)
-    for result in report.results:
-        if result.error is not None:
-            where = f"{result.path}:{result.error.line}:{result.error.column}" if result.error.line else result.path
-            typer.echo(f"{where}: error: {result.error.message}", err=True)
-            continue
-        if diff and result.changed:
-            text = unified_diff(result.path, result.old_text, result.new_text or "")
-            sys.stdout.write(colourize(text) if colour else text)
-        if quiet:
-            continue
-        if result.changed:
-            verb = "migrated" if write else "would migrate"
-            typer.echo(f"{verb} {result.path}", err=True)
-        if verbose:
-            for change in result.changes:
-                typer.echo(f"{result.path}:{change.line}: {change.code} {change.message}", err=True)
-        for diagnostic in result.diagnostics:
-            typer.echo(
-                f"{result.path}:{diagnostic.line}: {diagnostic.code} {diagnostic.severity}: {diagnostic.message}",
-                err=True,
-            )
-    if not quiet:
-        typer.echo(_summary(report, write), err=True)
+    try:
+        file_config = discover_config(config_paths, config_path)
+    except ConfigError as error:
+        _fail_usage(str(error))
+        raise AssertionError from error  # unreachable: _fail_usage raises
+    merged = dict(file_config.values)
+    merged.update({key: value for key, value in cli.items() if value is not None})
+    output_format = merged.get("output_format") or "text"
+    if output_format not in OUTPUT_FORMATS:
+        _fail_usage(f"--output-format must be one of {', '.join(OUTPUT_FORMATS)}, not {output_format!r}")
+    merged["output_format"] = output_format
+    return merged, file_config.root
+
+
+def _main(
+    paths: list[Path],
+    *,
+    diff: bool,
+    check: bool,
+    cli: dict,
+    output_dir: Optional[Path],
+    force: bool,
+    stdin_filename: Optional[str],
+    config_path: Optional[Path],
+    verbose: bool,
+    quiet: bool,
+) -> int:
+    stdin = [p for p in paths if str(p) == "-"]
+    if stdin and len(paths) > 1:
+        _fail_usage("- (stdin) cannot be combined with other paths")
+    if stdin and output_dir is not None:
+        _fail_usage("--output-dir cannot be used with - (stdin)")
+    config_paths = [Path(stdin_filename)] if stdin and stdin_filename else [p for p in paths if str(p) != "-"]
+    settings, root = _settings(cli, config_path, config_paths)
+    options = _build_options(
+        settings.get("target"), settings.get("select"), settings.get("ignore"), settings.get("mixed_precision")
+    )
+    mode = "diff" if diff else "check" if check else "write"
+    if stdin:
+        return _run_stdin(stdin_filename or "-", options, settings, root, mode, verbose, quiet)
+
+    from migrate import runner
+
+    if output_dir is not None and mode == "write":
+        problem = runner.check_output_dir(output_dir, paths, force)
+        if problem:
+            _fail_usage(problem)
+    bar = _ProgressBar(enabled=not quiet and _is_terminal(sys.stderr))
+    try:
+        report = runner.run(
+            paths,
+            options,
+            write=mode == "write",
+            exclude=settings.get("exclude"),
+            extend_exclude=settings.get("extend_exclude") or (),
+            force_exclude=bool(settings.get("force_exclude")),
+            root=root,
+            output_dir=output_dir if mode == "write" else None,
+            jobs=settings.get("jobs") or os.cpu_count() or 1,
+            progress=bar.advance,
+            on_start=bar.total,
+        )
+    finally:
+        bar.stop()
+    code = exit_code(report, mode)
+    _report(report, mode, code, settings["output_format"], verbose, quiet)
+    return code
+
+
+def exit_code(report, mode: str) -> int:  # type: ignore[no-untyped-def]
+    if report.internal_errors:
+        return EXIT_INTERNAL
     if report.failed:
         return EXIT_FAILED
-    if not write and report.changed:
+    if mode != "write" and report.changed:
         return EXIT_WOULD_CHANGE
     return EXIT_OK
 
 
-def _summary(report, write: bool) -> str:  # type: ignore[no-untyped-def]
-    changed = len(report.changed)
-    failed = len(report.failed)
-    unchanged = len(report.results) - changed - failed
-    diagnostics = sum(len(r.diagnostics) for r in report.results)
-    verb = "migrated" if write else "would be migrated"
-    parts = [f"{changed} file{'s' if changed != 1 else ''} {verb}", f"{unchanged} unchanged"]
-    if failed:
-        parts.append(f"{failed} failed")
-    line = ", ".join(parts) + f"; {diagnostics} diagnostic{'s' if diagnostics != 1 else ''}."
-    counts = report.rule_counts()
-    if counts:
-        line += " Changes by rule: " + ", ".join(f"{code} x{n}" for code, n in counts.items()) + "."
-    return line
+def _report(report, mode: str, code: int, output_format: str, verbose: bool, quiet: bool) -> None:  # type: ignore[no-untyped-def]
+    from migrate import output
+    from migrate.diff import colourize, result_diff
+
+    write = mode == "write"
+    if output_format == "json":
+        sys.stdout.write(output.to_json(report, mode, code, with_diff=mode == "diff"))
+    elif output_format == "sarif":
+        sys.stdout.write(output.to_sarif(report, write, _rule_table(), code))
+    else:
+        colour_out, colour_err = _use_colour(sys.stdout), _use_colour(sys.stderr)
+        for result in report.results:
+            if mode == "diff" and result.changed:
+                text = result_diff(result)
+                sys.stdout.write(colourize(text) if colour_out else text)
+            if output_format == "text":
+                for style, line in output.text_lines(result, write, verbose, quiet):
+                    typer.echo(_style(line, style) if colour_err else line, err=True)
+        if output_format == "github":
+            sys.stdout.write(output.to_github(report, write))
+        if not quiet:
+            typer.echo(output.summary(report, write), err=True)
+    if verbose:
+        for result in report.internal_errors:
+            typer.echo(f"{result.path}: internal error traceback:\n{result.traceback}", err=True)
+    elif report.internal_errors:
+        typer.echo("Internal error(s): please report them; run again with --verbose for the traceback.", err=True)
+
+
+def _run_stdin(display: str, options, settings: dict, root, mode: str, verbose: bool, quiet: bool) -> int:  # type: ignore[no-untyped-def]
+    from migrate import runner
+    from migrate.diff import colourize, result_diff
+    from migrate.discovery import discover
+
+    data = sys.stdin.buffer.read()
+    if display != "-" and settings.get("force_exclude"):
+        found = discover(
+            [Path(display)],
+            settings.get("exclude"),
+            settings.get("extend_exclude") or (),
+            force_exclude=True,
+            root=root,
+            must_exist=False,
+        )
+        if found.excluded:  # as black does: an excluded file is echoed unchanged
+            if mode == "write":
+                sys.stdout.buffer.write(data)
+            return EXIT_OK
+    result, out = runner.migrate_stdin(data, display, options)
+    report = runner.Report(results=[result])
+    code = exit_code(report, mode)
+    if mode == "write":
+        sys.stdout.buffer.write(out)
+        sys.stdout.flush()
+    elif mode == "diff" and result.changed and settings["output_format"] in ("text", "github"):
+        text = result_diff(result)
+        sys.stdout.write(colourize(text) if _use_colour(sys.stdout) else text)
+    from migrate import output
+
+    fmt = settings["output_format"]
+    stream = sys.stderr if mode == "write" else sys.stdout  # stdout carries the code in write mode
+    if fmt == "json":
+        stream.write(output.to_json(report, mode, code, with_diff=mode == "diff"))
+    elif fmt == "sarif":
+        stream.write(output.to_sarif(report, mode == "write", _rule_table(), code))
+    elif fmt == "github":
+        stream.write(output.to_github(report, mode == "write"))
+    else:
+        for style, line in output.text_lines(result, mode == "write", verbose, quiet):
+            typer.echo(_style(line, style) if _use_colour(sys.stderr) else line, err=True)
+    if verbose and result.traceback:
+        typer.echo(result.traceback, err=True)
+    return code
+
+
+def _rule_table() -> list[tuple[str, str, str, str]]:
+    from migrate.registry import documented_rules
+    from migrate.runner import SHADOW_CODE, SHADOW_DOC
+
+    table = [(r.code, r.name, r.summary, r.doc) for r in documented_rules()]
+    table.append((SHADOW_CODE, "shadowed-runtime", SHADOW_DOC.strip().splitlines()[0], SHADOW_DOC))
+    return table
+
+
+_STYLES = {"error": "\033[31m", "warning": "\033[33m", "info": "\033[1m", "change": "\033[36m"}
+
+
+def _style(line: str, style: str) -> str:
+    return f"{_STYLES.get(style, '')}{line}\033[0m" if style in _STYLES else line
+
+
+def _is_terminal(stream) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def _use_colour(stream) -> bool:  # type: ignore[no-untyped-def]
+    """NO_COLOR (https://no-color.org) wins, then FORCE_COLOR, then: only on a terminal."""
     if os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
-    return hasattr(stream, "isatty") and stream.isatty()
+    return _is_terminal(stream)
 
 
-def main() -> None:
-    app()
+class _ProgressBar:
+    """A rich progress bar on stderr, for more than PROGRESS_MIN_FILES files on a terminal.
+
+    Started at the first file done, not before: the runner submits every task to its process pool
+    first, so the bar's refresh thread never exists while workers are forked.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.files = 0
+        self._progress = None
+        self._task = None
+
+    def total(self, files: int) -> None:
+        self.files = files
+
+    @property
+    def wanted(self) -> bool:
+        return self.enabled and self.files > PROGRESS_MIN_FILES
+
+    def advance(self, done: int) -> None:
+        if not self.wanted:
+            return
+        if self._progress is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("accel-migrate"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(file=sys.stderr),
+                transient=True,
+            )
+            self._task = self._progress.add_task("files", total=self.files)
+            self._progress.start()
+        self._progress.advance(self._task, done)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+# -- subcommands -------------------------------------------------------------------------------
+
+
+@commands.command("rules", help="List the rules: code, name and what each does.")
+def rules_command() -> None:
+    rows = _rule_table()
+    width = max(len(name) for _, name, _, _ in rows)
+    for code, name, summary, _ in rows:
+        typer.echo(f"{code}  {name:<{width}}  {summary}")
+
+
+@commands.command("explain", help="Print the documentation of one rule, e.g. `accel-migrate explain AM003`.")
+def explain_command(code: str = typer.Argument(..., help="A rule code such as AM003.", metavar="CODE")) -> None:
+    rows = {row[0]: row for row in _rule_table()}
+    row = rows.get(code.strip().upper())
+    if row is None:
+        typer.echo(f"accel-migrate: error: unknown rule code {code!r}; known: {', '.join(sorted(rows))}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    _, name, _, doc = row
+    typer.echo(f"{row[0]} ({name})\n\n{_dedent(doc)}")
+
+
+def _dedent(doc: str) -> str:
+    import inspect
+
+    return inspect.cleandoc(doc)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """`accel-migrate rules`, `accel-migrate explain CODE`, else `accel-migrate [OPTIONS] PATHS...`.
+
+    Dispatched here, before typer parses, so that PATHS keeps working as the default command.
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in SUBCOMMANDS:
+        commands(args=args, prog_name="accel-migrate")
+    else:
+        app(args=args, prog_name="accel-migrate")

@@ -24,6 +24,13 @@ def unified_diff(path: str, old: str, new: str) -> str:
     return "".join(out)
 
 
+def result_diff(result) -> str:  # type: ignore[no-untyped-def]
+    """The diff of one FileResult: the whole file, or a notebook's changed cells, each labelled."""
+    if result.parts:
+        return "".join(unified_diff(f"{result.path}:{label}", old, new) for label, old, new in result.parts)
+    return unified_diff(result.path, result.old_text, result.new_text or "")
+
+
 def colourize(diff: str) -> str:
     out = []
     for line in diff.splitlines(keepends=True):

@@ -29,6 +29,7 @@ class Options:
     target: str = "runtime"
     select: frozenset[str] = frozenset()  # empty: every rule
     ignore: frozenset[str] = frozenset()
+    mixed_precision: str = "no"  # default for the mixed-precision rule: no, fp16 or bf16
 
     def enabled(self, code: str) -> bool:
         return (not self.select or code in self.select) and code not in self.ignore

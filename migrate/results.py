@@ -12,6 +12,7 @@ class Change:
     code: str
     line: int
     message: str
+    cell: int | None = None  # notebooks: the cell (1-based position in the notebook); line is in it
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class Diagnostic:
     line: int
     message: str
     severity: str = "warning"
+    cell: int | None = None
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class FileError:
     line: int
     column: int
     message: str
+    cell: int | None = None
 
 
 @dataclass
@@ -42,7 +45,21 @@ class FileResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     error: FileError | None = None
     parsed: bool = False
+    kind: str = "python"  # or "notebook"
+    # notebooks: (label, old, new) for each changed cell, so diffs show cell numbers
+    parts: list[tuple[str, str, str]] = field(default_factory=list)
+    traceback: str | None = None  # an internal error (a bug): the traceback, for --verbose
+    written_to: str | None = None  # where the new text was written (the file, or its --output-dir copy)
 
     @property
     def changed(self) -> bool:
         return self.new_text is not None and self.new_text != self.old_text
+
+    @property
+    def status(self) -> str:
+        """changed, unchanged (parsed, nothing to do), skipped (not parsed: no torch) or failed."""
+        if self.error is not None:
+            return "failed"
+        if self.changed:
+            return "changed"
+        return "unchanged" if self.parsed else "skipped"

@@ -1,19 +1,52 @@
-"""Migrate a set of paths: discover, read, migrate, write. Returns results; never prints."""
+"""Migrate a set of paths: discover, read, migrate, write. Returns results; never prints.
+
+Files are processed in a process pool (`jobs` workers; in this process for one file or one job),
+each worker reading, migrating and writing its own files. Results come back sorted by path, so the
+output does not depend on the scheduling. A file is written only when a rule changed it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+import math
+import os
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from migrate.engine import Options, migrate_source
-from migrate.files import UnreadableFile, discover, read_source, write_atomic
+from migrate.discovery import discover
+from migrate.files import SourceFile, UnreadableFile, decode_source, read_source, write_atomic
 from migrate.results import FileError, FileResult
+
+SHADOW_CODE = "AM900"
+SHADOW_DOC = """Warn when a migrated script's folder has its own `runtime.py` or `runtime/`.
+
+What it does: after a file is migrated for `--target runtime`, looks for `runtime.py` or a
+`runtime/` package next to it (where the converted copy is written, with `--output-dir`).
+Why: `python train.py` puts the script's folder first on `sys.path`, so `from runtime import
+Accelerator` would import that local module instead of the bundled runtime, and fail or misbehave.
+Fix: rename the local module, or migrate with `--target accelerate`.
+"""
+_BUNDLED_RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a worker needs to process one file (picklable)."""
+
+    options: object  # migrate.engine.Options
+    write: bool = True
+    output_dir: Path | None = None
+    base: Path | None = None  # input paths are mirrored under output_dir relative to this
 
 
 @dataclass
 class Report:
     results: list[FileResult] = field(default_factory=list)
+    excluded: list[Path] = field(default_factory=list)
 
     @property
     def changed(self) -> list[FileResult]:
@@ -23,6 +56,17 @@ class Report:
     def failed(self) -> list[FileResult]:
         return [r for r in self.results if r.error is not None]
 
+    @property
+    def internal_errors(self) -> list[FileResult]:
+        return [r for r in self.results if r.traceback is not None]
+
+    def count(self, status: str) -> int:
+        return sum(1 for r in self.results if r.status == status)
+
+    @property
+    def diagnostics(self) -> int:
+        return sum(len(r.diagnostics) for r in self.results)
+
     def rule_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for result in self.results:
@@ -31,25 +75,215 @@ class Report:
         return dict(sorted(counts.items()))
 
 
-def run(paths: Iterable[Path], options: Options, write: bool) -> Report:
-    report = Report()
-    for path in discover(paths):
-        report.results.append(_migrate_file(path, options, write))
+def run(
+    paths: Iterable[Path],
+    options,  # type: ignore[no-untyped-def]
+    write: bool,
+    *,
+    exclude: Iterable[str] | None = None,
+    extend_exclude: Iterable[str] = (),
+    force_exclude: bool = False,
+    root: Path | None = None,
+    output_dir: Path | None = None,
+    jobs: int = 1,
+    progress: Progress | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> Report:
+    """Discover the files under `paths` and migrate them; `on_start(n)` is told how many there are."""
+    paths = list(paths)
+    found = discover(paths, exclude, extend_exclude, force_exclude, root=root)
+    base = output_base(paths) if output_dir is not None else None
+    settings = Settings(options=options, write=write, output_dir=output_dir, base=base)
+    report = Report(excluded=found.excluded)
+    report.results = [
+        FileResult(str(path), "", error=FileError(0, 0, "no such file or directory")) for path in found.missing
+    ]
+    if on_start is not None:
+        on_start(len(found.files))
+    report.results += _execute(found.files, settings, jobs, progress)
+    report.results.sort(key=lambda r: Path(r.path).parts)
     return report
 
 
-def _migrate_file(path: Path, options: Options, write: bool) -> FileResult:
+def output_base(paths: list[Path]) -> Path:
+    """The folder whose layout --output-dir mirrors: the common parent of the inputs."""
+    from migrate.config import common_parent
+
+    return common_parent(paths)
+
+
+def check_output_dir(output_dir: Path, paths: list[Path], force: bool) -> str | None:
+    """Why output_dir cannot be used (None: it can)."""
+    out = Path(os.path.abspath(output_dir))
+    for path in paths:
+        absolute = Path(os.path.abspath(path))
+        if path.is_dir() and (out == absolute or absolute in out.parents):
+            return f"--output-dir {output_dir} is inside the input directory {path}; choose a folder outside it"
+        if not path.is_dir() and out == absolute:
+            return f"--output-dir {output_dir} is an input file"
+    if out.exists() and not out.is_dir():
+        return f"--output-dir {output_dir} exists and is not a directory"
+    if out.is_dir() and any(out.iterdir()) and not force:
+        return f"--output-dir {output_dir} exists and is not empty; use --force to write into it anyway"
+    return None
+
+
+def _execute(files: list[Path], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
+    if jobs <= 1 or len(files) <= 1:
+        results = []
+        for path in files:
+            results.append(process_file(path, settings))
+            if progress is not None:
+                progress(1)
+        return results
+    size = max(1, min(16, math.ceil(len(files) / (jobs * 4))))
+    chunks = [files[i : i + size] for i in range(0, len(files), size)]
+    results = []
+    # every task is submitted (and, with fork, every worker started) before the first progress
+    # callback, so a progress display's thread never exists when a worker is forked
+    with ProcessPoolExecutor(max_workers=min(jobs, len(chunks))) as pool:
+        futures = {pool.submit(_process_chunk, chunk, settings): len(chunk) for chunk in chunks}
+        for future in as_completed(futures):
+            results.extend(future.result())
+            if progress is not None:
+                progress(futures[future])
+    return results
+
+
+def _process_chunk(paths: list[Path], settings: Settings) -> list[FileResult]:
+    return [process_file(path, settings) for path in paths]
+
+
+def process_file(path: Path, settings: Settings) -> FileResult:
+    """Read, migrate and (when asked and a rule changed it) write one file; never raises."""
     display = str(path)
-    if not path.exists():
-        return FileResult(display, "", error=FileError(0, 0, "no such file or directory"))
     try:
         source = read_source(path)
     except UnreadableFile as error:
         return FileResult(display, "", error=FileError(1, 1, str(error)))
     except OSError as error:
         return FileResult(display, "", error=FileError(0, 0, f"cannot read: {error.strerror}"))
-    result = migrate_source(source.text, display, options)
-    if write and result.changed and result.error is None:
-        assert result.new_text is not None
-        write_atomic(source, result.new_text)
+    try:
+        result = migrate_text(source.text, display, settings.options)
+        target = _destination(path, settings)
+        _check_shadowing(result, target.parent, settings.options)
+        if settings.write and result.changed and result.error is None:
+            assert result.new_text is not None
+            write_atomic(source, result.new_text, None if target == path else target)
+            result.written_to = str(target)
+    except Exception:  # noqa: BLE001 - a bug must not stop the other files; reported as exit 123
+        return _internal_error(display, source)
     return result
+
+
+def _destination(path: Path, settings: Settings) -> Path:
+    if settings.output_dir is None or settings.base is None:
+        return path
+    relative = Path(os.path.abspath(path)).relative_to(settings.base)
+    return settings.output_dir / relative
+
+
+def _internal_error(display: str, source: SourceFile) -> FileResult:
+    return FileResult(
+        display,
+        source.text,
+        error=FileError(0, 0, "internal error while migrating this file; please report it with the file"),
+        traceback=traceback.format_exc(),
+    )
+
+
+def migrate_text(text: str, display: str, options) -> FileResult:  # type: ignore[no-untyped-def]
+    """One file's text -> FileResult (pure). Notebooks (by name) are migrated as one script."""
+    if display.endswith(".ipynb"):
+        return _migrate_notebook(text, display, options)
+    from migrate.engine import migrate_source
+
+    return _zero_touch(migrate_source(text, display, options))
+
+
+def _zero_touch(result: FileResult) -> FileResult:
+    """A file no rule changed is never rewritten, whatever the round-trip produced."""
+    if result.new_text is not None and not result.changes:
+        result.new_text = None
+    return result
+
+
+def _migrate_notebook(text: str, display: str, options) -> FileResult:  # type: ignore[no-untyped-def]
+    from migrate import notebooks
+    from migrate.engine import mentions_torch, migrate_source
+
+    result = FileResult(display, text, kind="notebook")
+    if not mentions_torch(text):
+        return result
+    try:
+        notebook = notebooks.load(text)
+    except notebooks.NotebookError as error:
+        result.error = FileError(0, 0, str(error))
+        return result
+    inner = _zero_touch(migrate_source(notebook.script, display, options))
+    result.parsed = inner.parsed
+
+    def place(item):  # type: ignore[no-untyped-def]
+        cell, line = notebooks.locate(notebook, item.line)
+        return replace(item, line=line, cell=cell)
+
+    result.changes = [place(c) for c in inner.changes]
+    result.diagnostics = [place(d) for d in inner.diagnostics]
+    if inner.error is not None:
+        result.error = place(inner.error) if inner.error.line else inner.error
+        return result
+    if inner.new_text is None:
+        return result
+    try:
+        sources = notebooks.split(notebook, inner.new_text)
+    except notebooks.NotebookError as error:
+        result.error = FileError(0, 0, str(error))
+        return result
+    result.parts = [
+        (f"cell {index + 1}", notebook.texts[index], new)
+        for index, new in sources.items()
+        if new != notebook.texts[index]
+    ]
+    if result.parts:
+        result.new_text = notebooks.dump(notebook, sources)
+    return result
+
+
+def _check_shadowing(result: FileResult, directory: Path, options) -> None:  # type: ignore[no-untyped-def]
+    if not result.changed or getattr(options, "target", "runtime") != "runtime" or not options.enabled(SHADOW_CODE):
+        return
+    for name in ("runtime.py", "runtime"):
+        candidate = directory / name
+        if name == "runtime" and not candidate.is_dir():
+            continue
+        if not candidate.exists() or Path(os.path.abspath(candidate)).resolve() == _BUNDLED_RUNTIME:
+            continue
+        from migrate.results import Diagnostic
+
+        result.diagnostics.append(
+            Diagnostic(
+                SHADOW_CODE,
+                1,
+                f"{candidate} would shadow the bundled runtime (`from runtime import Accelerator` would "
+                "import it): rename it, or migrate with --target accelerate",
+            )
+        )
+        return
+
+
+def migrate_stdin(data: bytes, display: str, options) -> tuple[FileResult, bytes]:  # type: ignore[no-untyped-def]
+    """Migrate a script given as bytes; returns the result and the bytes to print (the input when unchanged)."""
+    try:
+        source = decode_source(data, Path(display))
+    except UnreadableFile as error:
+        return FileResult(display, "", error=FileError(1, 1, str(error))), data
+    try:
+        result = migrate_text(source.text, display, options)
+        if display != "-":  # with --stdin-filename: the folder the script lives in
+            _check_shadowing(result, Path(display).parent, options)
+    except Exception:  # noqa: BLE001
+        return _internal_error(display, source), data
+    if not result.changed or result.error is not None:
+        return result, data
+    assert result.new_text is not None
+    return result, result.new_text.encode(source.encoding)
