@@ -54,6 +54,8 @@ class Loop:
     where: StmtRef
     has_backward: bool = False
     callees: set[str] = field(default_factory=set)
+    accumulating: bool = False  # body is already `with accelerator.accumulate(...)`
+    gathers: bool = False  # calls `accelerator.gather_for_metrics` (already migrated)
 
 
 @dataclass(eq=False)
@@ -89,6 +91,16 @@ class Site:
 
 
 @dataclass(eq=False)
+class LibraryCall:
+    """A call of an imported function, by qualified name (`torch.save`, `tqdm.tqdm`, ...)."""
+
+    qualified: str
+    call: cst.Call
+    where: StmtRef
+    loops: tuple[Loop, ...]
+
+
+@dataclass(eq=False)
 class DeviceBinding:
     """A statement that chooses the device: `device = torch.device(...)` or an if/else doing so."""
 
@@ -110,6 +122,7 @@ class Scope:
     backwards: list[Site] = field(default_factory=list)
     steps: list[Site] = field(default_factory=list)
     calls: list[CallSite] = field(default_factory=list)
+    library_calls: list[LibraryCall] = field(default_factory=list)
     devices: list[DeviceBinding] = field(default_factory=list)
     accelerators: list[Binding] = field(default_factory=list)
     prepared: set[str] = field(default_factory=set)
@@ -134,6 +147,7 @@ class Facts:
     functions: dict[str, Scope]  # plain (non-method) functions by name
     module_scope: Scope
     import_block_end: StmtRef | None  # first module statement after the leading imports
+    patches_print: bool = False  # assigns `builtins.print` (a rank-0 print patch)
 
 
 @dataclass(eq=False)
@@ -154,6 +168,7 @@ class _Collector(cst.CSTVisitor):
         self.import_block_end: StmtRef | None = None
         self.leading_imports = True
         self._elifs: set[int] = set()
+        self.patches_print = False
 
     # -- structure -------------------------------------------------------------------------
 
@@ -261,6 +276,9 @@ class _Collector(cst.CSTVisitor):
         return binding
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if dotted_name(target.target) in ("builtins.print", "__builtin__.print"):
+                self.patches_print = True
         single = len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)
         for target in node.targets:
             for name in target_names(target.target):
@@ -306,6 +324,7 @@ class _Collector(cst.CSTVisitor):
         for name in names:
             self._bind(name, None, loop_target=True)
         loop = Loop(node=node, source=self._loop_source(node.iter), batch_names=set(names), where=self.here)
+        loop.accumulating = _is_accumulate_block(node.body)
         self.frame.scope.loops.append(loop)
         self.frame.loops.append(loop)
 
@@ -326,6 +345,9 @@ class _Collector(cst.CSTVisitor):
         func = node.func
         scope = self.frame.scope
         loops = tuple(self.frame.loops)
+        qualified = self.aliases.qualify(func)
+        if qualified is not None:
+            scope.library_calls.append(LibraryCall(qualified, node, self.here, loops))
         if isinstance(func, cst.Name):
             scope.calls.append(CallSite(func.value, node, self.here, loops))
             for loop in loops:
@@ -337,16 +359,27 @@ class _Collector(cst.CSTVisitor):
         receiver = func.value
         if method == "backward" and self._is_tensor_backward(receiver):
             scope.backwards.append(Site(node, receiver, self.here, loops))
-            for loop in loops:
-                loop.has_backward = True
+            self._mark_training_loops()
+        elif method == "backward" and isinstance(receiver, cst.Name) and self._is_accelerator_name(receiver.value):
+            self._mark_training_loops()  # already migrated: still a training loop
         elif method == "step" and not node.args:
             scope.steps.append(Site(node, receiver, self.here, loops))
         elif method in ("to", "cuda"):
             self._record_move(node, receiver, method, loops)
+        elif method == "gather_for_metrics" and isinstance(receiver, cst.Name):
+            for loop in loops:
+                loop.gathers = True
         elif method == "prepare" and isinstance(receiver, cst.Name) and self._is_accelerator_name(receiver.value):
             for arg in node.args:
                 if isinstance(arg.value, cst.Name):
                     scope.prepared.add(arg.value.value)
+
+    def _mark_training_loops(self) -> None:
+        # Enclosing functions' loops too: a closure defined in a loop (`optimizer.step(closure)`,
+        # LBFGS) trains in that loop.
+        for frame in self.frames:
+            for loop in frame.loops:
+                loop.has_backward = True
 
     def _is_accelerator_name(self, name: str) -> bool:
         scope: Scope | None = self.frame.scope
@@ -383,6 +416,20 @@ class _Collector(cst.CSTVisitor):
                 return
             kept = tuple(kept_list)
         self.frame.scope.moves.append(Move(node, receiver, device_arg, kept, self.here, loops))
+
+
+def _is_accumulate_block(body: cst.BaseSuite) -> bool:
+    if not isinstance(body, cst.IndentedBlock) or len(body.body) != 1:
+        return False
+    stmt = body.body[0]
+    if not isinstance(stmt, cst.With):
+        return False
+    return any(
+        isinstance(item.item, cst.Call)
+        and isinstance(item.item.func, cst.Attribute)
+        and item.item.func.attr.value == "accumulate"
+        for item in stmt.items
+    )
 
 
 def _is_bool(expr: cst.BaseExpression) -> bool:
@@ -484,4 +531,5 @@ def analyze(module: cst.Module) -> Facts:
         functions=functions,
         module_scope=collector.module_scope,
         import_block_end=collector.import_block_end,
+        patches_print=collector.patches_print,
     )

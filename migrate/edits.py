@@ -35,6 +35,9 @@ class EditPlan:
     drop_if_trivial: set[cst.BaseStatement] = field(default_factory=set)
     new_params: dict[cst.FunctionDef, bool] = field(default_factory=dict)  # value: keyword-only
     new_args: dict[cst.Call, bool] = field(default_factory=dict)  # value: pass by keyword
+    wrap_loop_body: dict[cst.For, cst.BaseExpression] = field(default_factory=dict)  # `with <expr>:`
+    accelerator_kwargs: dict[str, str] = field(default_factory=dict)  # Accelerator(name=code)
+    eval_loaders: list[str] = field(default_factory=list)  # prepared because their metrics are gathered
     imports: set[tuple[str, str]] = field(default_factory=set)
     uses_accelerator: list[Scope] = field(default_factory=list)
     changes: list[Record] = field(default_factory=list)
@@ -53,5 +56,10 @@ class EditPlan:
     @property
     def empty(self) -> bool:
         return not (
-            self.calls or self.replace_stmt or self.insert_before or self.insert_after or self.new_params
+            self.calls
+            or self.replace_stmt
+            or self.insert_before
+            or self.insert_after
+            or self.new_params
+            or self.wrap_loop_body
         )

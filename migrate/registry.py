@@ -1,19 +1,33 @@
 """The single ordered list of rules.
 
-Order matters: rules that decide where `accelerator` is used (prepare, backward) run before
-create-accelerator, which creates it only when something uses it and threads it as a parameter
+Order matters: rules that decide where `accelerator` is used (prepare, backward, accumulate,
+clipping) run before checkpoints-and-output (which converts prints only where the accelerator is
+already in use) and before create-accelerator, which creates it only when something uses it and threads it as a parameter
 into exactly those functions. Device-move removal is independent of the others.
 """
 
 from __future__ import annotations
 
-from migrate.rules import create_accelerator, prepare_training_objects, remove_device_moves, replace_loss_backward
+from migrate.rules import (
+    accumulate_gradients,
+    checkpoints_and_output,
+    clip_gradients,
+    create_accelerator,
+    gather_eval_metrics,
+    prepare_training_objects,
+    remove_device_moves,
+    replace_loss_backward,
+)
 from migrate.rules.base import Rule
 
 RULES: list[Rule] = [
+    Rule.from_module(gather_eval_metrics),  # decides which evaluation loaders prepare includes
     Rule.from_module(prepare_training_objects),
     Rule.from_module(remove_device_moves),
     Rule.from_module(replace_loss_backward),
+    Rule.from_module(accumulate_gradients),  # before clipping: clipping inside it is guarded
+    Rule.from_module(clip_gradients),
+    Rule.from_module(checkpoints_and_output),  # after the rules that decide who uses accelerator
     Rule.from_module(create_accelerator),
 ]
 

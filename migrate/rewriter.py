@@ -35,6 +35,17 @@ class Rewriter(cst.CSTTransformer):
             )
         return updated_node
 
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+        header = self.plan.wrap_loop_body.get(original_node)
+        if header is None or not isinstance(updated_node.body, cst.IndentedBlock):
+            return updated_node
+        inner = updated_node.body
+        wrapped = cst.With(
+            items=[cst.WithItem(item=header)],
+            body=cst.IndentedBlock(body=inner.body, footer=inner.footer),
+        )
+        return updated_node.with_changes(body=inner.with_changes(body=[wrapped], footer=[]))
+
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
         body, footer = self._rebuild(original_node.body, updated_node.body)
         if not body:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate.analysis import Binding, DeviceBinding, Facts, Scope, StmtRef, is_device_choice
+from migrate.analysis import Binding, DeviceBinding, Facts, Loop, Scope, StmtRef, is_device_choice
 from migrate.names import root_name
 
 _OPTIMIZER = re.compile(r"^torch\.optim\.[A-Z]\w*$|^transformers\.(optimization\.)?(AdamW|Adafactor)$")
@@ -45,6 +45,8 @@ class Roles:
     optimizers: list[str] = field(default_factory=list)
     loaders: list[str] = field(default_factory=list)
     schedulers: list[str] = field(default_factory=list)
+    epoch_schedulers: list[str] = field(default_factory=list)  # stepped per epoch: not prepared
+    eval_loops: list[tuple[Scope, Loop, str]] = field(default_factory=list)  # (scope, loop, home loader)
     accelerator_scope: Scope | None = None
     accelerator_exists: bool = False
     device_binding: DeviceBinding | None = None  # replaced by `accelerator.device` (AM001)
@@ -139,7 +141,7 @@ class Roles:
 
     # -- training loops --------------------------------------------------------------------
 
-    def is_training_loop(self, loop) -> bool:  # type: ignore[no-untyped-def]
+    def is_training_loop(self, loop: Loop) -> bool:
         return loop.has_backward or bool(loop.callees & self._training_functions)
 
 
@@ -153,6 +155,7 @@ def find_roles(facts: Facts) -> Roles:
     _find_models(roles)
     _find_loaders(roles)
     _find_schedulers(roles)
+    _find_eval_loops(roles)
     _place_accelerator(roles)
     _place_prepare(roles)
     return roles
@@ -287,6 +290,16 @@ def _find_loaders(roles: Roles) -> None:
                     )
                 elif name in roles.loaders:
                     continue
+                elif _shards_by_rank(roles, home, name):
+                    roles.findings.append(
+                        Finding(
+                            "AM004",
+                            loop.node,
+                            f"`{name}` already shards the data by rank (DistributedSampler); preparing it "
+                            "would shard twice, so it was not prepared: drop the sampler (keep its shuffle "
+                            "on the DataLoader) and add the loader to `accelerator.prepare(...)`",
+                        )
+                    )
                 elif name in home.params or any(
                     _call_name(roles, b.value, _DATALOADER) for b in home.bindings.get(name, [])
                 ):
@@ -301,6 +314,28 @@ def _find_loaders(roles: Roles) -> None:
                             "build it with torch.utils.data.DataLoader or prepare it yourself",
                         )
                     )
+
+
+_DISTRIBUTED_SAMPLER = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
+
+
+def _shards_by_rank(roles: Roles, home: Scope, loader: str) -> bool:
+    """A DataLoader built with a DistributedSampler (inline or through a name) shards itself."""
+    for binding in home.bindings.get(loader, []):
+        value = binding.value
+        if not isinstance(value, cst.Call):
+            continue
+        for arg in value.args:
+            if arg.keyword is None or arg.keyword.value not in ("sampler", "batch_sampler"):
+                continue
+            sampler = arg.value
+            if isinstance(sampler, cst.Name):
+                values = [b.value for b in home.bindings.get(sampler.value, [])]
+            else:
+                values = [sampler]
+            if any(_call_name(roles, v, _DISTRIBUTED_SAMPLER) for v in values):
+                return True
+    return False
 
 
 def _find_schedulers(roles: Roles) -> None:
@@ -327,6 +362,26 @@ def _find_schedulers(roles: Roles) -> None:
         # step times the number of processes.
         if per_batch:
             roles.schedulers.append(name)
+        else:
+            roles.epoch_schedulers.append(name)
+
+
+def _find_eval_loops(roles: Roles) -> None:
+    """Loops without backward over a DataLoader built in home: candidates for gather_for_metrics."""
+    home = roles.home
+    assert home is not None
+    for scope in roles.facts.scopes:
+        for loop in scope.loops:
+            if loop.source is None or roles.is_training_loop(loop):
+                continue
+            found = roles.origins(scope, loop.source)
+            if not found or len(found) != 1:
+                continue
+            (origin_scope, name), = found
+            if origin_scope is not home or name in roles.loaders:
+                continue
+            if any(_call_name(roles, b.value, _DATALOADER) for b in home.bindings.get(name, [])):
+                roles.eval_loops.append((scope, loop, name))
 
 
 def _place_accelerator(roles: Roles) -> None:
@@ -376,6 +431,17 @@ def _place_prepare(roles: Roles) -> None:
     if not names or home.prepared:
         return
     refs = [b.where for n in names for b in home.bindings.get(n, []) if not b.is_loop_target]
+    # Evaluation loaders and epoch-level schedulers built before training starts belong to the same
+    # setup block: prepare after them too. Ones built later (a final test loader) are left out.
+    first_use = _first_training_use(roles)
+    late: set[str] = set()
+    for name in (*{loader for _, _, loader in roles.eval_loops}, *roles.epoch_schedulers):
+        bound = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target]
+        if bound and all(_top(r).order < first_use for r in bound):
+            refs.extend(bound)
+        else:
+            late.add(name)
+    roles.eval_loops = [entry for entry in roles.eval_loops if entry[2] not in late]
     if roles.device_binding is not None and roles.accelerator_scope is home:
         refs.append(roles.device_binding.where)
     if not refs:
@@ -397,6 +463,19 @@ def _place_prepare(roles: Roles) -> None:
         roles.schedulers.clear()
         return
     roles.prepare_after = _common_insertion_point(refs)
+
+
+def _top(ref: StmtRef) -> StmtRef:
+    return ref.path[0] if ref.path else ref
+
+
+def _first_training_use(roles: Roles) -> int:
+    """Document order of home's first statement that trains (a training loop or a call into one)."""
+    home = roles.home
+    assert home is not None
+    orders = [_top(loop.where).order for loop in home.loops if roles.is_training_loop(loop)]
+    orders += [_top(site.where).order for site in home.calls if site.callee in roles._training_functions]
+    return min(orders, default=1 << 60)
 
 
 def _common_insertion_point(refs: list[StmtRef]) -> StmtRef:

@@ -54,3 +54,31 @@ def indent_of(scope: Scope, where: StmtRef | None) -> int:
         depth += 1
         parent = parent.parent
     return 4 * depth
+
+
+class _NameCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value not in self.names:
+            self.names.append(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # `x.attr`: only `x` is a name read here
+        return False
+
+
+def names_read(node: cst.CSTNode) -> list[str]:
+    """Names read in `node`, in first-seen order (attribute names excluded)."""
+    collector = _NameCollector()
+    node.visit(collector)
+    return collector.names
+
+
+def accelerator_call(method: str, args: list[cst.Arg]) -> cst.Call:
+    """`accelerator.<method>(args...)` with fresh commas."""
+    return cst.Call(
+        func=cst.Attribute(cst.Name("accelerator"), cst.Name(method)),
+        args=[a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in args],
+    )

@@ -44,7 +44,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         return
     names = [
         n
-        for n in (*roles.models, *roles.optimizers, *roles.loaders, *roles.schedulers)
+        for n in (*roles.models, *roles.optimizers, *roles.loaders, *plan.eval_loaders, *roles.schedulers)
         if n not in home.prepared
     ]
     if not names or home.prepared:

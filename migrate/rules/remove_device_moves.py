@@ -39,13 +39,13 @@ NAME = "remove-device-moves"
 
 
 def apply(roles: Roles, plan: EditPlan) -> None:
-    if roles.home is None or not (roles.models or roles.loaders):
+    if roles.home is None or not (roles.models or roles.loaders or plan.eval_loaders):
         return
     for scope in roles.facts.scopes:
         for move in scope.moves:
             if move.device_arg is not None and not roles.is_device(scope, move.device_arg):
                 continue
-            what = _moved_object(roles, scope, move)
+            what = _moved_object(roles, scope, move, plan.eval_loaders)
             if what is None:
                 continue
             kept = [i for i, arg in enumerate(move.call.args) if arg in move.kept_args]
@@ -54,7 +54,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             plan.change(CODE, move.call, f"removed device move of {what}")
 
 
-def _moved_object(roles: Roles, scope: Scope, move: Move) -> str | None:
+def _moved_object(roles: Roles, scope: Scope, move: Move, plan_eval_loaders: list[str]) -> str | None:
     """'model `m`' / 'batch `x`' when the move is one the Accelerator now makes, else None."""
     receiver = move.receiver
     if isinstance(receiver, cst.Name) and roles.all_in(scope, receiver.value, roles.models):
@@ -67,7 +67,8 @@ def _moved_object(roles: Roles, scope: Scope, move: Move) -> str | None:
     if root is None:
         return None
     for loop in move.loops:
-        if root in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, roles.loaders):
+        prepared_loaders = [*roles.loaders, *plan_eval_loaders]
+        if root in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, prepared_loaders):
             return f"batch `{root}`"
     return None
 

@@ -69,5 +69,5 @@ def test_every_rule_has_rewrite_and_leave_alone_cases() -> None:
         cases = list(folder.glob("*.in.py"))
         rewritten = [c for c in cases if c.with_name(c.name.replace(".in.py", ".out.py")).exists()]
         left_alone = [c for c in cases if c not in rewritten]
-        assert rewritten, f"{rule.code} has no rewrite case in {folder}"
-        assert left_alone, f"{rule.code} has no leave-alone case in {folder}"
+        assert len(rewritten) >= 3, f"{rule.code} needs at least 3 rewrite cases in {folder}"
+        assert len(left_alone) >= 2, f"{rule.code} needs at least 2 leave-alone cases in {folder}"

@@ -1,0 +1,156 @@
+"""Save checkpoints, print and show progress bars once, from the main process.
+
+What it does:
+    `torch.save(model.state_dict(), path)` (also inside a checkpoint dict, and `model.module`)
+    becomes `accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`;
+    `print(...)` becomes `accelerator.print(...)`; `tqdm(...)` gets
+    `disable=not accelerator.is_local_main_process`. Only in code that can reach the accelerator:
+    the function that creates it, nested functions, and functions that already receive it.
+
+Why:
+    Every process runs the script: without this, each of N processes writes the same checkpoint
+    file at once, prints every line N times and draws N progress bars. After `prepare` the model
+    may be wrapped (DistributedDataParallel): its state dict would carry a `module.` prefix that
+    the single-device script cannot load.
+
+Example:
+    torch.save(model.state_dict(), "net.pt")
+    -> accelerator.save(accelerator.unwrap_model(model).state_dict(), "net.pt")
+    print(f"loss {loss:.3f}")  ->  accelerator.print(f"loss {loss:.3f}")
+
+Leaves alone:
+    `torch.save(model, path)` of a whole prepared module (reported: it would pickle the wrapper;
+    save `accelerator.unwrap_model(model)` or its state dict), prints when the script patches
+    `builtins.print` for rank 0 itself (reported), tqdm calls that already pass `disable=`.
+
+Fix safety:
+    Safe: on one process the main process is the only process.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.analysis import Scope
+from migrate.edits import EditPlan
+from migrate.roles import Roles
+from migrate.rules.base import accelerator_call
+
+CODE = "AM009"
+NAME = "checkpoints-and-output"
+
+_TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.trange", "tqdm.auto.trange"})
+
+
+def apply(roles: Roles, plan: EditPlan) -> None:
+    if roles.home is None or not roles.models:
+        return
+    for scope in roles.facts.scopes:
+        if not roles.can_reach(scope):
+            continue
+        reached = scope in plan.uses_accelerator or not roles.needs_parameter(scope)
+        for call in scope.library_calls:
+            if call.qualified == "torch.save":
+                _checkpoint(roles, plan, scope, call.call)
+            elif call.qualified in _TQDM and reached:
+                _quiet_progress_bar(plan, scope, call.call)
+        if reached:
+            _prints(roles, plan, scope)
+
+
+def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> None:
+    if not call.args:
+        return
+    saved = call.args[0].value
+    if isinstance(saved, cst.Name) and roles.all_in(scope, saved.value, roles.models):
+        plan.report(
+            CODE,
+            call,
+            f"`torch.save({saved.value}, ...)` saves the whole module; after `prepare` that would pickle "
+            f"the distributed wrapper: save `accelerator.unwrap_model({saved.value}).state_dict()` instead",
+        )
+        return
+    state_dicts = [c for c in _state_dict_calls(saved) if _model_root(roles, scope, c) is not None]
+    if not state_dicts:
+        return
+    for state_call in state_dicts:
+        model = _model_root(roles, scope, state_call)
+        plan.calls[state_call] = lambda updated, model=model: updated.with_changes(
+            func=cst.Attribute(accelerator_call("unwrap_model", [cst.Arg(cst.Name(model))]), cst.Name("state_dict"))
+        )
+    plan.calls[call] = lambda updated: updated.with_changes(func=cst.Attribute(cst.Name("accelerator"), cst.Name("save")))
+    plan.use_accelerator(scope)
+    plan.change(CODE, call, "checkpoint saved once, from the unwrapped model, by `accelerator.save`")
+
+
+def _state_dict_calls(expr: cst.BaseExpression) -> list[cst.Call]:
+    if isinstance(expr, cst.Call):
+        func = expr.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "state_dict" and not expr.args:
+            return [expr]
+        return []
+    if isinstance(expr, cst.IfExp):
+        return [*_state_dict_calls(expr.body), *_state_dict_calls(expr.orelse)]
+    if isinstance(expr, cst.Dict):
+        found: list[cst.Call] = []
+        for element in expr.elements:
+            if isinstance(element, cst.DictElement):
+                found.extend(_state_dict_calls(element.value))
+        return found
+    return []
+
+
+def _model_root(roles: Roles, scope: Scope, state_call: cst.Call) -> str | None:
+    """`m` for `m.state_dict()` / `m.module.state_dict()` when `m` is a prepared model."""
+    assert isinstance(state_call.func, cst.Attribute)
+    owner = state_call.func.value
+    if isinstance(owner, cst.Attribute) and owner.attr.value == "module":
+        owner = owner.value
+    if isinstance(owner, cst.Name) and roles.all_in(scope, owner.value, roles.models):
+        return owner.value
+    return None
+
+
+def _quiet_progress_bar(plan: EditPlan, scope: Scope, call: cst.Call) -> None:
+    if any(arg.keyword is not None and arg.keyword.value == "disable" for arg in call.args):
+        return
+    if any(arg.star == "**" for arg in call.args):
+        return
+    disable = cst.Arg(
+        keyword=cst.Name("disable"),
+        value=cst.UnaryOperation(
+            cst.Not(), cst.Attribute(cst.Name("accelerator"), cst.Name("is_local_main_process"))
+        ),
+        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+    )
+
+    def add_disable(updated: cst.Call) -> cst.Call:
+        args = list(updated.args)
+        if args and args[-1].comma is cst.MaybeSentinel.DEFAULT:
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return updated.with_changes(args=[*args, disable])
+
+    previous = plan.calls.get(call)
+    plan.calls[call] = add_disable if previous is None else (lambda updated: add_disable(previous(updated)))
+    plan.use_accelerator(scope)
+    plan.change(CODE, call, "progress bar shown by the local main process only")
+
+
+def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    sites = [site for site in scope.calls if site.callee == "print" and not scope.binds("print")]
+    if not sites:
+        return
+    if roles.facts.patches_print:
+        plan.report(
+            CODE,
+            sites[0].call,
+            "the script patches `builtins.print` itself (a rank-0 print guard), so prints were left as "
+            "they are; remove the patch and use `accelerator.print`",
+        )
+        return
+    for site in sites:
+        plan.calls[site.call] = lambda updated: updated.with_changes(
+            func=cst.Attribute(cst.Name("accelerator"), cst.Name("print"))
+        )
+        plan.change(CODE, site.call, "`print` -> `accelerator.print` (main process only)")
+    plan.use_accelerator(scope)
