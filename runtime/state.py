@@ -9,8 +9,10 @@ already-initialised group.
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import sys
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -120,6 +122,14 @@ def destroy_process_group() -> None:
 
 _exit_handler_installed = False
 _failed = False
+# DDP wrappers still alive at exit keep the process group alive through their reducer; its gloo
+# threads would then be torn down during interpreter finalization, which aborts the process.
+_wrappers: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def release_at_exit(ddp_module: torch.nn.Module) -> None:
+    """Have the exit handler drop this DDP wrapper's hold on the process group."""
+    _wrappers.add(ddp_module)
 
 
 def _install_exit_handler() -> None:
@@ -154,6 +164,12 @@ def _leave_process_group() -> None:
         else:
             dist.barrier()
     dist.destroy_process_group()
+    for wrapper in list(_wrappers):
+        for name in ("reducer", "logger"):
+            if hasattr(wrapper, name):
+                delattr(wrapper, name)
+        wrapper.process_group = None
+    gc.collect()
 
 
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .state import ProcessState
+from .state import ProcessState, release_at_exit
 
 
 class Strategy(Protocol):
@@ -68,7 +68,9 @@ class DDP:
         if not any(p.requires_grad for p in model.parameters()):
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        release_at_exit(wrapped)
+        return wrapped
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return _unwrap(model)
