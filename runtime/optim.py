@@ -1,33 +1,204 @@
-"""Thin wrappers that give prepared LR schedulers Accelerate's stepping semantics."""
+"""Prepared optimizers and LR schedulers: accumulation no-ops, fp16 loss scaling, scheduler rule.
+
+``AcceleratedOptimizer`` IS a ``torch.optim.Optimizer`` (an LR scheduler built on it after
+``prepare`` works) whose ``param_groups``, ``state``, ``defaults``, ``state_dict`` and
+``load_state_dict`` are the wrapped optimizer's. On a step that does not synchronise gradients
+(inside ``accumulate``) ``step`` and ``zero_grad`` do nothing. With fp16 ``step`` goes through
+``GradScaler.step`` / ``update`` and records whether the update was skipped (inf/nan gradients),
+without any device synchronisation beyond GradScaler's own. Without accumulation and fp16,
+``step``/``zero_grad`` are exactly the wrapped optimizer's (bit-identical training).
+
+``AcceleratedScheduler`` steps the wrapped scheduler as Accelerate does (see its docstring).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch.optim.lr_scheduler import LRScheduler
+
+from .accumulation import GradientState
+from .errors import AccelError
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """The optimizer ``Accelerator.prepare`` returns (Accelerate's ``AcceleratedOptimizer``).
+
+    ``Optimizer.__init__`` is deliberately not called: the parameter groups and the state stay the
+    wrapped optimizer's own objects, so changes through either object are seen by both.
+    """
+
+    # Never let GradScaler hand the scaling to the wrapped optimizer (fused Adam would otherwise
+    # skip the update internally, and the skip could not be observed without a device sync).
+    _step_supports_amp_scaling = False
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_state: GradientState | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        self.optimizer = optimizer
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
+        self.scaler = scaler
+        self.step_was_skipped = False
+        self._unscaled = False  # GradScaler.unscale_ already ran since the last update
+        self._in_scaler_step = False  # GradScaler.step is calling back into step()
+        self._inner_stepped = False
+
+    # -- the wrapped optimizer's data ---------------------------------------------------------
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        self.optimizer.load_state_dict(state_dict)
+
+    # -- training step ------------------------------------------------------------------------
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:  # type: ignore[override]
+        """The wrapped ``zero_grad``, except on accumulation steps that do not synchronise."""
+        if not self.gradient_state.sync_gradients:
+            return
+        if set_to_none is None:
+            self.optimizer.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Update the parameters: plain, through GradScaler (fp16), or not at all (accumulating)."""
+        if self._in_scaler_step:  # GradScaler found finite gradients and asks for the update
+            self._inner_stepped = True
+            return self.optimizer.step() if closure is None else self.optimizer.step(closure)
+        if not self.gradient_state.sync_gradients:
+            return None
+        scaler = self.scaler
+        if scaler is None:
+            return self.optimizer.step() if closure is None else self.optimizer.step(closure)
+        if closure is not None:
+            raise AccelError(
+                "optimizer.step(closure) was called with mixed_precision='fp16'.",
+                "no closure: torch.amp.GradScaler does not support closures.",
+                "compute the loss and call accelerator.backward(loss) before optimizer.step(), "
+                'or use mixed_precision="bf16" / "no".',
+            )
+        self._inner_stepped = False
+        self._in_scaler_step = True
+        try:
+            result = scaler.step(self)  # unscales (unless done), checks inf/nan, calls step()
+        finally:
+            self._in_scaler_step = False
+        scaler.update()
+        self._unscaled = False
+        self.step_was_skipped = not self._inner_stepped
+        return result
+
+    def unscale_gradients(self) -> None:
+        """Divide the gradients by the fp16 loss scale, at most once per optimizer step.
+
+        Does nothing without fp16, and nothing on accumulation steps that do not synchronise (the
+        next micro-batches still add scaled gradients).
+        """
+        if self.scaler is None or self._unscaled or not self.gradient_state.sync_gradients:
+            return
+        self.scaler.unscale_(self)
+        self._unscaled = True
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes not found on the wrapper: delegate to the wrapped optimizer.
+        if name == "optimizer":  # not set yet (e.g. while unpickling): avoid infinite recursion
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+    def __getstate__(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The user's optimizer from inside any ``AcceleratedOptimizer``."""
+    while isinstance(optimizer, AcceleratedOptimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
 
 
 class AcceleratedScheduler:
-    """Steps the wrapped scheduler once per process per ``step()`` (Accelerate's meaning).
+    """A prepared LR scheduler with Accelerate's stepping rule.
 
-    With ``split_batches=False`` each optimizer step consumes ``num_processes`` global batches,
-    so a prepared scheduler advances ``num_processes`` times to keep the schedule in units of the
-    original script's batches. On one process this is exactly the original ``step()``.
+    With ``step_with_optimizer=True`` (default) ``step()`` advances the wrapped scheduler only when
+    the optimizer really updated the parameters: not on accumulation micro-steps that do not
+    synchronise gradients, and not when fp16's GradScaler skipped the update (inf/nan gradients).
+    It then advances ``num_processes`` times (once with ``split_batches=True``): each optimizer
+    step consumes ``num_processes`` of the original script's batches, so the schedule stays in
+    units of those batches. OneCycleLR is never advanced past its ``total_steps``. With
+    ``step_with_optimizer=False`` every ``step()`` call advances the scheduler once. On one
+    process without accumulation or fp16 this is exactly the original ``step()``.
     """
 
     def __init__(
-        self, scheduler: LRScheduler, num_processes: int, step_with_optimizer: bool = True
+        self,
+        scheduler: LRScheduler,
+        num_processes: int,
+        step_with_optimizer: bool = True,
+        optimizers: Sequence[AcceleratedOptimizer] = (),
+        gradient_state: GradientState | None = None,
+        split_batches: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.num_processes = num_processes
         self.step_with_optimizer = step_with_optimizer
+        self.optimizers = tuple(optimizers)
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
+        self.split_batches = split_batches
+        self._steps_per_call = 1 if split_batches else num_processes
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
+        if not self.gradient_state.sync_gradients:
+            return
+        for optimizer in self.optimizers:
+            if optimizer.step_was_skipped:
+                return
         total_steps = getattr(self.scheduler, "total_steps", None)  # OneCycleLR must not overrun
-        for _ in range(self.num_processes):
+        for _ in range(self._steps_per_call):
             if total_steps is not None and self.scheduler.last_epoch >= total_steps:
                 break
             self.scheduler.step(*args, **kwargs)

@@ -128,7 +128,10 @@ def test_prepare_returns_objects_in_order() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
     other = object()
     m, o, s, x = accelerator.prepare(model, optimizer, scheduler, other)
-    assert m is model and o is optimizer and x is other
+    assert m is model and x is other
+    # The optimizer is wrapped (accumulation / fp16), but is still an Optimizer over the same state.
+    assert isinstance(o, torch.optim.Optimizer) and o.optimizer is optimizer
+    assert o.param_groups is optimizer.param_groups and o.state is optimizer.state
     assert isinstance(s, AcceleratedScheduler) and s.optimizer is optimizer
     assert accelerator.unwrap_model(m) is model
     assert accelerator.prepare(model) is model  # one object in, one object out
@@ -145,8 +148,7 @@ def test_preparing_a_loader_twice_is_an_error() -> None:
 @pytest.mark.parametrize(
     "kwargs, option",
     [
-        (dict(mixed_precision="fp16"), "mixed_precision"),
-        (dict(gradient_accumulation_steps=4), "gradient_accumulation_steps"),
+        (dict(mixed_precision="fp8"), "mixed_precision"),
         (dict(split_batches=True), "split_batches"),
     ],
 )
