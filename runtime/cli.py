@@ -1,4 +1,8 @@
-"""The ``accel`` command line: ``accel launch [options] script.py [script args]``."""
+"""The ``accel`` command line: ``accel launch``, ``accel config`` and ``accel env``.
+
+Importing this module must not import torch (``accel --help`` answers instantly); commands import
+what they need when they run.
+"""
 
 from __future__ import annotations
 
@@ -21,9 +25,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a script on N processes per node through torchrun's engine",
         description="Run SCRIPT on N processes per node (and optionally several nodes) through "
         "torch.distributed.run, in this process. One node without rendezvous options uses a "
-        "standalone rendezvous on a free port. Everything after SCRIPT goes to the script.",
+        "standalone rendezvous on a free port. Everything after SCRIPT goes to the script. "
+        "Options not given fall back to the config file (see `accel config`).",
     )
     add_launch_arguments(launch_parser)
+    config_parser = commands.add_parser(
+        "config",
+        help="write a YAML config file (interactive, or --default)",
+        description="Ask a few questions (Enter takes the default shown in brackets) and write "
+        "a YAML config that `accel launch` and the Accelerator read. Location: --config-file, "
+        "else $ACCEL_CONFIG_FILE, else $XDG_CACHE_HOME/accel/default_config.yaml "
+        "(~/.cache/accel/default_config.yaml).",
+    )
+    config_parser.add_argument(
+        "--config-file",
+        "--config_file",
+        dest="config_file",
+        default=None,
+        help="where to write the config (default: see above)",
+    )
+    config_parser.add_argument(
+        "--default",
+        action="store_true",
+        help="write the defaults without asking (1 process, fp32, no accumulation, 1800 s timeout)",
+    )
+    env_parser = commands.add_parser(
+        "env",
+        help="print versions, hardware and the active config (for bug reports)",
+        description="Print the accel-migrate, Python, PyTorch and related versions, CPU and CUDA "
+        "hardware, the active config file and ACCEL_* variables. Paste it into bug reports.",
+    )
+    env_parser.add_argument(
+        "--config-file",
+        "--config_file",
+        dest="config_file",
+        default=None,
+        help="config file to show (default: $ACCEL_CONFIG_FILE, else the default location)",
+    )
     return parser
 
 
@@ -36,6 +74,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "launch":
         return launch(args)
+    if args.command == "config":
+        from .envinfo import config_command
+
+        return config_command(args.config_file, args.default, sys.stdin, sys.stdout)
+    if args.command == "env":
+        from pathlib import Path
+
+        from .envinfo import environment_report
+
+        print(environment_report(Path(args.config_file) if args.config_file else None))
+        return 0
     parser.error(f"unknown command {args.command!r}")
     return 2
 

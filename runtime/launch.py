@@ -1,10 +1,50 @@
-"""``accel launch``: translate our options to torchrun's and run ``torch.distributed.run`` in-process."""
+"""``accel launch``: translate our options to torchrun's and run ``torch.distributed.run`` in-process.
+
+What this adds to torchrun (everything else is torchrun's own machinery):
+
+- our options ``--mixed-precision``, ``--gradient-accumulation-steps``, ``--cpu``, ``--timeout`` and
+  ``--config-file`` reach the script's ``Accelerator`` as ``ACCEL_*`` environment variables (see
+  ``runtime/settings.py`` for the precedence); the config file also supplies launch defaults
+  (``num_processes``, ``num_machines``, ``machine_rank``, ``main_process_ip``, ``main_process_port``);
+- every worker runs under torchelastic's ``@record`` (``runtime/worker_entry.py``), so a failing
+  rank's exception lands in its error file; the failure summary orders the failures by when the
+  error files were written, so "Root Cause" names the rank that failed first, not a rank that
+  only failed because its peer was gone;
+- on one node a busy default port (29500) is replaced by a free one; a busy port given explicitly
+  is an error before any worker starts.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 from pathlib import Path
+from typing import Any
+
+from . import settings
+
+DEFAULT_MASTER_PORT = 29500
+"""torchrun's default ``--master-port``."""
+
+WORKER_ENTRY = Path(__file__).resolve().with_name("worker_entry.py")
+
+LAUNCH_CONFIG_KEYS = {  # config-file key -> accel launch option (dest)
+    "num_processes": "nproc_per_node",
+    "num_machines": "nnodes",
+    "machine_rank": "node_rank",
+    "main_process_ip": "master_addr",
+    "main_process_port": "master_port",
+    "rdzv_backend": "rdzv_backend",
+    "max_restarts": "max_restarts",
+}
+LAUNCH_DEFAULTS: dict[str, Any] = {
+    "nproc_per_node": "1",
+    "nnodes": "1",
+    "node_rank": 0,
+    "max_restarts": 0,
+}
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,20 +53,22 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         "--nproc_per_node",
         dest="nproc_per_node",
-        default="1",
-        help="processes per node: a number, or torchrun's 'gpu' / 'cpu' / 'auto' (default: 1)",
+        default=None,
+        help="processes per node: a number, or torchrun's 'gpu' / 'cpu' / 'auto' "
+        "(default: the config file's num_processes, else 1)",
     )
     parser.add_argument(
         "--nnodes",
-        default="1",
-        help="number of nodes, or a MIN:MAX range for elastic jobs (default: 1)",
+        default=None,
+        help="number of nodes, or a MIN:MAX range for elastic jobs "
+        "(default: the config file's num_machines, else 1)",
     )
     parser.add_argument(
         "--node-rank",
         "--node_rank",
         dest="node_rank",
         type=int,
-        default=0,
+        default=None,
         help="rank of this node for static rendezvous with --master-addr (default: 0)",
     )
     parser.add_argument(
@@ -63,15 +105,56 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         dest="master_port",
         type=int,
         default=None,
-        help="free port on the master node (static rendezvous)",
+        help=f"free port on the master node (static rendezvous; default: {DEFAULT_MASTER_PORT}, "
+        "replaced by a free port on one node when it is busy)",
     )
     parser.add_argument(
         "--max-restarts",
         "--max_restarts",
         dest="max_restarts",
         type=int,
-        default=0,
+        default=None,
         help="restart the worker group this many times after a failure (default: 0)",
+    )
+    ours = parser.add_argument_group("runtime settings (passed to the script's Accelerator)")
+    ours.add_argument(
+        "--mixed-precision",
+        "--mixed_precision",
+        dest="mixed_precision",
+        choices=settings.MIXED_PRECISION_CHOICES,
+        default=None,
+        help="sets ACCEL_MIXED_PRECISION: no / fp16 / bf16 (an explicit "
+        "Accelerator(mixed_precision=...) in the script still wins)",
+    )
+    ours.add_argument(
+        "--gradient-accumulation-steps",
+        "--gradient_accumulation_steps",
+        dest="gradient_accumulation_steps",
+        type=_positive_int,
+        default=None,
+        help="sets ACCEL_GRADIENT_ACCUMULATION_STEPS: micro-steps per optimizer step",
+    )
+    ours.add_argument(
+        "--cpu",
+        action="store_true",
+        default=None,
+        help="sets ACCEL_CPU=1: run on the CPU (gloo) even where CUDA is available",
+    )
+    ours.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="sets ACCEL_TIMEOUT: collective timeout in seconds; a rank waiting longer for its "
+        "peers fails instead of hanging (default: 1800)",
+    )
+    ours.add_argument(
+        "--config-file",
+        "--config_file",
+        dest="config_file",
+        default=None,
+        help="YAML config written by `accel config` (sets ACCEL_CONFIG_FILE; default: "
+        "$ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml if it exists)",
     )
     parser.add_argument(
         "-m",
@@ -87,11 +170,80 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def apply_config_defaults(args: argparse.Namespace, config: dict[str, Any]) -> argparse.Namespace:
+    """Fill options not given on the command line from the config file, then built-in defaults."""
+    for key, dest in LAUNCH_CONFIG_KEYS.items():
+        if getattr(args, dest, None) is None and config.get(key) is not None:
+            value = config[key]
+            setattr(args, dest, str(value) if dest in ("nproc_per_node", "nnodes") else value)
+    for dest, default in LAUNCH_DEFAULTS.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, default)
+    return args
+
+
+def port_is_free(port: int, host: str = "") -> bool:
+    """Whether a TCP server could listen on ``port`` now (as torch's TCPStore does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A port the OS reports free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def choose_master_port(args: argparse.Namespace) -> str | None:
+    """Settle ``args.master_port`` for a static rendezvous on one node; return a note or None.
+
+    Without ``--master-port`` the default 29500 is used, or a free port when 29500 is busy. A busy
+    port given explicitly raises ``LaunchError``. Several nodes must agree on the port, so there
+    nothing is replaced.
+    """
+    single_node = str(args.nnodes) == "1"
+    static = args.rdzv_endpoint is None and args.master_addr is not None
+    if not (single_node and static):
+        return None
+    if args.master_port is None:
+        if port_is_free(DEFAULT_MASTER_PORT):
+            args.master_port = DEFAULT_MASTER_PORT
+            return None
+        args.master_port = free_port()
+        return (
+            f"accel launch: port {DEFAULT_MASTER_PORT} is in use; using free port "
+            f"{args.master_port} instead."
+        )
+    if not port_is_free(int(args.master_port)):
+        raise LaunchError(
+            f"--master-port {args.master_port} is already in use on this machine.",
+            "a free port for the rendezvous of a one-node job.",
+            "omit --master-port (a free port is chosen) or pick another port.",
+        )
+    return None
+
+
 def torchrun_argv(args: argparse.Namespace) -> list[str]:
     """torchrun's command line for parsed ``accel launch`` options.
 
     One node without rendezvous options uses ``--standalone`` (a local rendezvous on a free port).
+    The workers run ``runtime/worker_entry.py SCRIPT ARGS`` (``-m MODULE ARGS`` with ``-m``),
+    which runs the script under torchelastic's ``@record``.
     """
+    args = apply_config_defaults(args, {})
     argv = ["--nproc-per-node", str(args.nproc_per_node), "--nnodes", str(args.nnodes)]
     rendezvous = any(
         value is not None
@@ -113,9 +265,47 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
         if args.master_port is not None:
             argv += ["--master-port", str(args.master_port)]
     argv += ["--max-restarts", str(args.max_restarts)]
-    if args.module:
-        argv.append("--module")
-    return [*argv, args.script, *args.script_args]
+    target = ["-m", args.script] if args.module else [args.script]
+    return [*argv, str(WORKER_ENTRY), *target, *args.script_args]
+
+
+def runtime_environment(args: argparse.Namespace, config_path: Path | None) -> dict[str, str]:
+    """The ``ACCEL_*`` variables that carry our options to the workers' Accelerator."""
+    env: dict[str, str] = {}
+    if config_path is not None:
+        env[settings.CONFIG_FILE_ENV] = str(config_path.resolve())
+    for name in ("mixed_precision", "gradient_accumulation_steps", "timeout"):
+        value = getattr(args, name, None)
+        if value is not None:
+            env[settings.SPEC_BY_NAME[name].env] = str(value)
+    if getattr(args, "cpu", None):
+        env[settings.SPEC_BY_NAME["cpu"].env] = "1"
+    return env
+
+
+def order_failures_by_time(failures: dict[int, Any]) -> None:
+    """Make torchrun's "Root Cause" the rank that failed first.
+
+    torchrun stamps failures with whole seconds and breaks ties by rank, so a rank that only
+    failed because its peer died (gloo "connection closed") could be named as the root cause.
+    The error file written by ``@record`` carries the exact time of the exception (its mtime);
+    a failure without an error file is placed at the end of the second it was observed in.
+    """
+    for failure in failures.values():
+        error_file = getattr(failure, "error_file", None)
+        if error_file and os.path.isfile(error_file):
+            failure.timestamp = os.path.getmtime(error_file)
+        else:
+            failure.timestamp = int(failure.timestamp) + 0.999999
+
+
+def failure_message(failure: Any) -> str:
+    """The one-line error of a torchelastic ``ProcessFailure``."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    return str(message).strip().splitlines()[-1] if str(message).strip() else "no error message"
+
 
 
 def shadowing_module(script: str) -> Path | None:
@@ -132,8 +322,28 @@ def shadowing_module(script: str) -> Path | None:
     return None
 
 
+class LaunchError(Exception):
+    """``accel launch`` cannot start the job (message: what happened, what was expected, fix)."""
+
+    def __init__(self, happened: str, expected: str, fix: str) -> None:
+        super().__init__(f"{happened}\n  expected: {expected}\n  fix: {fix}")
+
+
 def launch(args: argparse.Namespace) -> int:
     """Run the job through torchrun's engine; return the exit code for the shell."""
+    try:
+        config_path = (
+            Path(args.config_file) if args.config_file else settings.active_config_path()
+        )
+        config = settings.read_config_file(config_path) if config_path is not None else {}
+        apply_config_defaults(args, config)
+        note = choose_master_port(args)
+    except (LaunchError, settings.SettingsError) as error:
+        print(f"accel launch: error: {error}", file=sys.stderr)
+        return 2
+    if note:
+        print(note, file=sys.stderr)
+
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -150,12 +360,18 @@ def launch(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     torchrun_args = get_args_parser().parse_args(torchrun_argv(args))
+    os.environ.update(runtime_environment(args, config_path))
     try:
         run(torchrun_args)
     except ChildFailedError as error:
-        # torchrun's message names the failing rank, its exit code and the error file, if any.
+        # torchrun's message names the failing rank, its exit code and its traceback.
+        order_failures_by_time(error.failures)
         print(error.format_msg(), file=sys.stderr)
-        first = next(iter(error.failures.values()), None)
-        code = first.exitcode if first is not None else 1
+        rank, first = error.get_first_failure()
+        print(
+            f"accel launch: rank {rank} failed first: {failure_message(first)}",
+            file=sys.stderr,
+        )
+        code = first.exitcode
         return code if isinstance(code, int) and 0 < code < 256 else 1
     return 0

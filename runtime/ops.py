@@ -1,7 +1,9 @@
-"""Collective helpers (gather, seed broadcast, barrier) and nested-structure mapping.
+"""Collective helpers (gather, reduce, pad, seed broadcast, barrier) and nested-structure mapping.
 
-Every helper is a no-op on one process. None of them is called per step by the runtime itself:
-the only collective the data path issues is one seed broadcast per shuffled epoch.
+Every helper is a no-op on one process (``reduce`` returns a copy there,
+``pad_across_processes`` its input). None of them is called per step by the runtime itself: the only
+collective the data path issues is one seed broadcast per shuffled epoch. Everything is a thin
+layer over ``torch.distributed`` (``all_gather``, ``all_reduce``, ``all_gather_object``).
 """
 
 from __future__ import annotations
@@ -9,11 +11,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from .errors import AccelError
 from .state import ProcessState
 
 T = TypeVar("T")
@@ -82,3 +85,125 @@ def barrier(state: ProcessState) -> None:
             dist.barrier(device_ids=[state.device.index])
         else:
             dist.barrier()
+
+
+def is_tensor_tree(obj: Any) -> bool:
+    """True when ``obj`` is a tensor or a (nested) container whose leaves are all tensors."""
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, (list, tuple)):
+        return len(obj) > 0 and all(is_tensor_tree(item) for item in obj)
+    if isinstance(obj, Mapping):
+        return len(obj) > 0 and all(is_tensor_tree(value) for value in obj.values())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return all(is_tensor_tree(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return False
+
+
+def gather_object(obj: Any, state: ProcessState) -> list[Any]:
+    """Gather any picklable object from every rank (``all_gather_object``), in rank order.
+
+    A list or tuple is concatenated across ranks (``[*rank0, *rank1, ...]``, Accelerate's
+    ``gather_object``); any other object gives the list ``[rank0_obj, rank1_obj, ...]``. On one
+    process: ``list(obj)`` for a list/tuple, else ``[obj]``.
+    """
+    sequence = isinstance(obj, (list, tuple))
+    if not state.distributed:
+        return list(obj) if sequence else [obj]
+    parts: list[Any] = [None] * state.world_size
+    dist.all_gather_object(parts, obj)
+    if sequence:
+        return [item for part in parts for item in part]
+    return parts
+
+
+def gather_uneven(obj: T, state: ProcessState) -> T:
+    """``gather`` for tensors whose dim 0 differs across ranks (e.g. ``even_batches=False``).
+
+    Pads every tensor to the largest dim 0 (one extra small ``all_gather`` of sizes), gathers,
+    then drops the padding, so the result holds exactly the ranks' rows in rank order.
+    """
+    if not state.distributed:
+        return obj
+
+    def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.ndim == 0:
+            tensor = tensor[None]
+        sizes = _all_sizes(tensor, 0, state)
+        padded = _pad_to(tensor, 0, max(sizes), 0, False).contiguous()
+        parts = [torch.empty_like(padded) for _ in range(state.world_size)]
+        dist.all_gather(parts, padded)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)], dim=0)
+
+    return apply_to_tensors(obj, _gather_one)
+
+
+REDUCTIONS = ("sum", "mean", "none")
+
+
+def reduce(obj: T, state: ProcessState, reduction: str = "mean", scale: float = 1.0) -> T:
+    """All-reduce every tensor in ``obj`` across ranks; the input is not modified.
+
+    ``reduction="sum"`` adds the ranks' tensors, ``"mean"`` divides the sum by the number of
+    processes (integer tensors give a floating-point mean), ``"none"`` returns a copy. The result
+    is multiplied by ``scale``. On one process the sum and the mean are the tensor itself.
+    """
+    if reduction not in REDUCTIONS:
+        raise AccelError(
+            f"reduce() got reduction={reduction!r}.",
+            f"one of {', '.join(repr(r) for r in REDUCTIONS)}.",
+            'use reduction="sum" or reduction="mean".',
+        )
+
+    def _reduce_one(tensor: torch.Tensor) -> torch.Tensor:
+        result = tensor.clone()
+        if state.distributed and reduction != "none":
+            dist.all_reduce(result, op=dist.ReduceOp.SUM)
+        if reduction == "mean" and state.distributed:
+            result = result / state.world_size
+        if scale != 1.0:
+            result = result * scale
+        return result
+
+    return apply_to_tensors(obj, _reduce_one)
+
+
+def _all_sizes(tensor: torch.Tensor, dim: int, state: ProcessState) -> list[int]:
+    """Every rank's ``tensor.shape[dim]`` (one small all_gather)."""
+    size = torch.tensor([tensor.shape[dim]], dtype=torch.int64, device=tensor.device)
+    sizes = [torch.empty_like(size) for _ in range(state.world_size)]
+    dist.all_gather(sizes, size)
+    return [int(s.item()) for s in sizes]
+
+
+def _pad_to(
+    tensor: torch.Tensor, dim: int, length: int, pad_index: Any, pad_first: bool
+) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    filler = tensor.new_full(shape, pad_index)
+    return torch.cat([filler, tensor] if pad_first else [tensor, filler], dim=dim)
+
+
+def pad_across_processes(
+    obj: T, state: ProcessState, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
+) -> T:
+    """Pad every tensor in ``obj`` along ``dim`` to the largest size any rank has there.
+
+    Padding uses ``pad_index`` and goes after the data (before it with ``pad_first=True``), so
+    the results can be ``gather``-ed. 0-d tensors and tensors with fewer than ``dim + 1``
+    dimensions are returned unchanged, as in Accelerate. One ``all_gather`` of sizes per tensor.
+    """
+    if not state.distributed:
+        return obj
+
+    def _pad_one(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.ndim == 0 or dim >= tensor.ndim or dim < -tensor.ndim:
+            return tensor
+        axis = dim % tensor.ndim
+        return _pad_to(tensor, axis, max(_all_sizes(tensor, axis, state)), pad_index, pad_first)
+
+    return apply_to_tensors(obj, _pad_one)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rt_helpers import run_cmd
 from runtime.cli import build_parser
-from runtime.launch import shadowing_module, torchrun_argv
+from runtime.launch import WORKER_ENTRY, shadowing_module, torchrun_argv
 
 ACCEL = shutil.which("accel") or str(Path(sys.executable).with_name("accel"))
 
@@ -56,7 +56,8 @@ def test_rendezvous_options_are_forwarded() -> None:
     assert argv[argv.index("--rdzv-endpoint") + 1] == "host:29400"
     assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
     assert argv[argv.index("--node-rank") + 1] == "1"
-    assert argv[-3:] == ["--module", "pkg.train", "a"]
+    assert argv[-4:] == [str(WORKER_ENTRY), "-m", "pkg.train", "a"]  # run under @record
+    assert "--module" not in argv
     static = torchrun_argv(_launch_args("--master-addr", "10.0.0.1", "--master-port", "1234", "t.py"))
     assert "--standalone" not in static
     assert static[static.index("--master-addr") + 1] == "10.0.0.1"
