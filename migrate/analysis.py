@@ -123,6 +123,7 @@ class Scope:
     steps: list[Site] = field(default_factory=list)
     calls: list[CallSite] = field(default_factory=list)
     library_calls: list[LibraryCall] = field(default_factory=list)
+    method_calls: list[Site] = field(default_factory=list)  # `name.method(...)` on a plain name
     devices: list[DeviceBinding] = field(default_factory=list)
     accelerators: list[Binding] = field(default_factory=list)
     prepared: set[str] = field(default_factory=set)
@@ -357,6 +358,8 @@ class _Collector(cst.CSTVisitor):
             return
         method = func.attr.value
         receiver = func.value
+        if isinstance(receiver, cst.Name):
+            scope.method_calls.append(Site(node, receiver, self.here, loops))
         if method == "backward" and self._is_tensor_backward(receiver):
             scope.backwards.append(Site(node, receiver, self.here, loops))
             self._mark_training_loops()

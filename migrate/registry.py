@@ -12,6 +12,7 @@ from migrate.rules import (
     accumulate_gradients,
     checkpoints_and_output,
     clip_gradients,
+    convert_mixed_precision,
     create_accelerator,
     gather_eval_metrics,
     prepare_training_objects,
@@ -24,6 +25,7 @@ RULES: list[Rule] = [
     Rule.from_module(gather_eval_metrics),  # decides which evaluation loaders prepare includes
     Rule.from_module(prepare_training_objects),
     Rule.from_module(remove_device_moves),
+    Rule.from_module(convert_mixed_precision),  # before backward: it owns `scaler.scale(loss).backward()`
     Rule.from_module(replace_loss_backward),
     Rule.from_module(accumulate_gradients),  # before clipping: clipping inside it is guarded
     Rule.from_module(clip_gradients),

@@ -53,7 +53,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
 
 
 def _create(roles: Roles, plan: EditPlan, target: str) -> None:
-    create = statement("accelerator = Accelerator()\n")
+    kwargs = ", ".join(f"{name}={value}" for name, value in plan.accelerator_kwargs.items())
+    create = statement(f"accelerator = Accelerator({kwargs})\n")
     binding = roles.device_binding
     if binding is not None:
         original = binding.where.stmt

@@ -39,6 +39,8 @@ _POSITIONAL = ("gradient", "retain_graph", "create_graph")
 def apply(roles: Roles, plan: EditPlan) -> None:
     for scope in roles.facts.scopes:
         for site in scope.backwards:
+            if site.call in plan.calls:
+                continue  # already converted (mixed precision: `scaler.scale(loss).backward()`)
             if roles.home is None:
                 plan.report(
                     CODE,
