@@ -288,7 +288,7 @@ def _report(report, mode: str, code: int, output_format: str, verbose: bool, qui
                 sys.stdout.write(colourize(text) if colour_out else text)
             if output_format == "text":
                 for style, line in output.text_lines(result, write, verbose, quiet):
-                    typer.echo(_style(line, style) if colour_err else line, err=True)
+                    typer.echo(_style(line, style) if colour_err else line, err=True, color=colour_err)
         if output_format == "github":
             sys.stdout.write(output.to_github(report, write))
         if not quiet:
@@ -340,7 +340,8 @@ def _run_stdin(display: str, options, settings: dict, root, mode: str, verbose: 
         stream.write(output.to_github(report, mode == "write"))
     else:
         for style, line in output.text_lines(result, mode == "write", verbose, quiet):
-            typer.echo(_style(line, style) if _use_colour(sys.stderr) else line, err=True)
+            colour = _use_colour(sys.stderr)
+            typer.echo(_style(line, style) if colour else line, err=True, color=colour)
     if verbose and result.traceback:
         typer.echo(result.traceback, err=True)
     return code

@@ -32,6 +32,10 @@ class NotebookError(Exception):
     """The notebook cannot be read or mapped back; it is left untouched."""
 
 
+class NotPython(NotebookError):
+    """A notebook of another language: nothing to migrate."""
+
+
 @dataclass
 class Notebook:
     data: dict[str, Any]
@@ -79,7 +83,7 @@ def load(raw: str) -> Notebook:
         or "python"
     )
     if str(language).lower() != "python":
-        raise NotebookError(f"not a Python notebook (language {language!r})")
+        raise NotPython(f"not a Python notebook (language {language!r})")
     formatting = detect_formatting(raw, data)
     notebook = Notebook(data=data, code_cells=[], texts={}, script="", formatting=formatting or {})
     parts: list[str] = []

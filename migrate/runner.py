@@ -217,6 +217,8 @@ def _migrate_notebook(text: str, display: str, options) -> FileResult:  # type: 
         return result
     try:
         notebook = notebooks.load(text)
+    except notebooks.NotPython:
+        return result
     except notebooks.NotebookError as error:
         result.error = FileError(0, 0, str(error))
         return result
