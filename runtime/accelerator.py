@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import builtins
 import enum
-from collections.abc import Iterable, Iterator
+import functools
+import gc
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
+from datetime import timedelta
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from .accumulation import GradientState, check_accumulation_steps
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, unwrap_optimizer
 from .precision import select_precision
 from .precision import unwrap as unwrap_precision
+from .settings import resolve as resolve_settings
 from .state import ProcessState, destroy_process_group
 from .strategy import DDP, SingleDevice
 
@@ -45,27 +49,45 @@ class Accelerator:
     def __init__(
         self,
         device_placement: bool = True,
-        split_batches: bool = False,
+        split_batches: bool | None = None,
         mixed_precision: str | None = None,
-        gradient_accumulation_steps: int = 1,
-        cpu: bool = False,
+        gradient_accumulation_steps: int | None = None,
+        cpu: bool | None = None,
         dataloader_config: DataLoaderConfiguration | None = None,
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: Iterable[Any] | None = None,
         even_batches: bool | None = None,
     ) -> None:
+        # Settings: explicit argument > ACCEL_* environment > ACCEL_CONFIG_FILE > default
+        # (None means "not given"; see runtime/settings.py).
+        kwargs_handlers = tuple(kwargs_handlers or ())
+        config = dataloader_config or DataLoaderConfiguration()
+        init_kwargs = next(
+            (h for h in kwargs_handlers or () if isinstance(h, InitProcessGroupKwargs)), None
+        )
+        explicit_timeout = init_kwargs.timeout if init_kwargs is not None else None
+        settings, self.settings_sources = resolve_settings(
+            {
+                "mixed_precision": mixed_precision,
+                "gradient_accumulation_steps": gradient_accumulation_steps,
+                "cpu": cpu,
+                "split_batches": split_batches if split_batches is not None else config.split_batches,
+                "even_batches": even_batches if even_batches is not None else config.even_batches,
+                "timeout": explicit_timeout.total_seconds() if explicit_timeout is not None else None,
+            }
+        )
+        mixed_precision = settings["mixed_precision"]
+        gradient_accumulation_steps = settings["gradient_accumulation_steps"]
+        cpu = settings["cpu"]
+        split_batches = settings["split_batches"]
+        even_batches = settings["even_batches"]
+        timeout = timedelta(seconds=settings["timeout"])
         # Precision and accumulation (runtime/precision.py, runtime/accumulation.py).
         self.gradient_state = GradientState(gradient_accumulation_steps)
         if not device_placement:
             raise UnsupportedOptionError(
                 "device_placement", device_placement, "device_placement=True."
             )
-        config = dataloader_config or DataLoaderConfiguration()
-        if split_batches or config.split_batches:
-            raise UnsupportedOptionError(
-                "split_batches", True, "split_batches=False (each process loads whole batches)."
-            )
-
         init_kwargs = InitProcessGroupKwargs()
         ddp_kwargs = DistributedDataParallelKwargs()
         for handler in kwargs_handlers or ():
@@ -80,9 +102,7 @@ class Accelerator:
                     "InitProcessGroupKwargs or DistributedDataParallelKwargs instances.",
                 )
 
-        self.state = ProcessState.from_env(
-            cpu=cpu, backend=init_kwargs.backend, timeout=init_kwargs.timeout
-        )
+        self.state = ProcessState.from_env(cpu=cpu, backend=init_kwargs.backend, timeout=timeout)
         self.strategy: SingleDevice | DDP = (
             DDP(self.state, **ddp_kwargs.to_kwargs())
             if self.state.distributed
@@ -93,8 +113,9 @@ class Accelerator:
         self.scaler = self.precision.scaler  # torch.amp.GradScaler with fp16, else None
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
-        self.split_batches = False
-        self.even_batches = config.even_batches if even_batches is None else even_batches
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.timeout = timeout
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self._models: list[nn.Module] = []
         self._active_loaders = ActiveLoaders()
@@ -203,7 +224,12 @@ class Accelerator:
     def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
         """Shard the loader for this process and make it yield batches on the device."""
         return prepare_data_loader(
-            data_loader, self.state, self.device, self.even_batches, self._active_loaders
+            data_loader,
+            self.state,
+            self.device,
+            self.even_batches,
+            self._active_loaders,
+            split_batches=self.split_batches,
         )
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
@@ -322,6 +348,83 @@ class Accelerator:
         if self.is_local_main_process:
             builtins.print(*args, **kwargs)
 
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on all others (e.g. dataset download).
+
+        The other processes wait at a barrier until the main process has left the block.
+        """
+        with self._goes_first(self.is_main_process):
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Like ``main_process_first``, with the main process of each node going first."""
+        with self._goes_first(self.is_local_main_process):
+            yield
+
+    @contextmanager
+    def _goes_first(self, first: bool) -> Iterator[None]:
+        if not first:
+            self.wait_for_everyone()
+        yield
+        if first:
+            self.wait_for_everyone()
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` only on the main process (others return None)."""
+        return self._only_if(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` only on each node's main process (others return None)."""
+        return self._only_if(function, lambda: self.is_local_main_process)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` only on the last process (others return None)."""
+        return self._only_if(function, lambda: self.process_index == self.num_processes - 1)
+
+    def on_process(
+        self, function: Callable[..., Any] | None = None, process_index: int | None = None
+    ) -> Callable[..., Any]:
+        """Decorator: run ``function`` only on process ``process_index``.
+
+        Use as ``@accelerator.on_process(process_index=1)``.
+        """
+        if process_index is None:
+            raise TypeError("on_process() needs process_index=, e.g. @accelerator.on_process(process_index=1)")
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._only_if(function, lambda: self.process_index == process_index)
+
+    @staticmethod
+    def _only_if(function: Callable[..., Any], condition: Callable[[], bool]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if condition():
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Drop the Accelerator's references to prepared objects, collect garbage, empty caches.
+
+        Returns ``[None] * len(objects)``, to be assigned back (``model, opt = accelerator.free_memory(model, opt)``)
+        so that the caller's references go too, as in Accelerate.
+        """
+        for name in ("_models", "_optimizers", "_schedulers", "_dataloaders"):
+            if isinstance(getattr(self, name, None), list):
+                setattr(self, name, [])
+        self._active_loaders = ActiveLoaders()
+        released: list[None] = [None] * len(objects)
+        del objects
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        return released
+
+    clear = free_memory
+
     def wait_for_everyone(self) -> None:
         """Barrier: every process waits here until all have arrived (no-op on one process)."""
         ops.barrier(self.state)
@@ -330,17 +433,55 @@ class Accelerator:
         """Concatenate tensors (or nested structures of them) from all processes along dim 0."""
         return ops.gather(tensor, self.state)
 
-    def gather_for_metrics(self, input_data: Any) -> Any:
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather``, minus the samples even-batches padding added on the loader's last batch.
 
-        Over a whole epoch of a prepared loader this returns exactly ``len(dataset)`` items.
+        Over a whole epoch of a prepared loader this returns exactly ``len(dataset)`` items, also
+        with ``split_batches`` and for iterable datasets. Tensors (and nested structures of only
+        tensors) are gathered with ``all_gather``; anything else (lists of strings, ...), or
+        everything with ``use_gather_object=True``, with ``all_gather_object``: lists are
+        concatenated in rank order. With ``even_batches=False`` ranks may contribute different
+        numbers of rows.
         """
-        gathered = self.gather(input_data)
-        active = self._active_loaders.current
-        if active is None or not active.end_of_dataloader or active.loader.remainder <= 0:
+        as_objects = use_gather_object or not ops.is_tensor_tree(input_data)
+        if as_objects:
+            gathered = ops.gather_object(input_data, self.state)
+        elif not self.even_batches:
+            gathered = ops.gather_uneven(input_data, self.state)
+        else:
+            gathered = self.gather(input_data)
+        keep = self._real_samples_in_last_round()
+        if keep is None:
             return gathered
-        keep = active.loader.remainder
+        if as_objects:
+            return gathered[:keep]
         return ops.apply_to_tensors(gathered, lambda t: t[:keep])
+
+    def _real_samples_in_last_round(self) -> int | None:
+        """On a loader's padded last batch: how many gathered samples are real; else None."""
+        active = self._active_loaders.current
+        if active is None or not active.end_of_dataloader:
+            return None
+        remainder = active.loader.remainder
+        if remainder < 0:  # iterable dataset of unknown length: the shard counted it
+            remainder = getattr(active.loader.dataset, "remainder", 0)
+        return remainder if remainder > 0 else None
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce ``tensor`` (or a nested structure of tensors) across processes.
+
+        ``reduction``: ``"sum"`` (default) or ``"mean"``; the result is multiplied by ``scale``.
+        The input is not modified. On one process: a copy of the input (times ``scale``).
+        """
+        return ops.reduce(tensor, self.state, reduction=reduction, scale=scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad tensors along ``dim`` to the largest size on any process, so they can be gathered."""
+        return ops.pad_across_processes(
+            tensor, self.state, dim=dim, pad_index=pad_index, pad_first=pad_first
+        )
 
     def save(self, obj: Any, f: str | Path, safe_serialization: bool = False) -> None:
         """``torch.save(obj, f)`` on the main process only."""

@@ -6,15 +6,20 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-from .state import DEFAULT_TIMEOUT
+from .state import DEFAULT_TIMEOUT  # noqa: F401  (documented default)
 
 
 @dataclass(frozen=True)
 class InitProcessGroupKwargs:
-    """Arguments for ``init_process_group``: the backend (None: automatic) and collective timeout."""
+    """Arguments for ``init_process_group``: the backend (None: automatic) and collective timeout.
+
+    ``timeout=None`` means: ``ACCEL_TIMEOUT`` (seconds) from the environment, else ``timeout`` from
+    the config file, else ``DEFAULT_TIMEOUT`` (30 minutes). A collective that waits longer than
+    the timeout raises on that rank instead of hanging.
+    """
 
     backend: str | None = None
-    timeout: timedelta = DEFAULT_TIMEOUT
+    timeout: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,16 @@ class DistributedDataParallelKwargs:
 
 @dataclass(frozen=True)
 class DataLoaderConfiguration:
-    """How prepared loaders shard data (the subset of Accelerate's options implemented so far)."""
+    """How prepared loaders shard data (Accelerate's ``DataLoaderConfiguration`` subset).
 
-    split_batches: bool = False
-    even_batches: bool = True
+    ``split_batches``: False (default): each process loads whole batches of the original size
+    (rank i gets global batches i, i+n, ...); True: each global batch is sliced across the
+    processes (the batch size must be a multiple of the number of processes).
+    ``even_batches``: True (default): the last round is padded with samples from the start of the
+    epoch so every process gets the same number of batches (``gather_for_metrics`` removes them);
+    False: processes may get different numbers of batches.
+    ``None`` means "not set": the environment / config file decide, else the default above.
+    """
+
+    split_batches: bool | None = None
+    even_batches: bool | None = None

@@ -8,6 +8,16 @@ N processes: rank ``i`` gets global batches ``i, i+n, i+2n, ...`` of the origina
 (HF Accelerate's assignment). A shuffling ``RandomSampler`` is replaced by ``SharedSeedRandomSampler``,
 which draws its seed where ``RandomSampler`` does and takes rank 0's value (one broadcast per epoch),
 so every rank walks the same permutation and it changes every epoch.
+
+``split_batches=True`` (``SplitBatchSampler``): rank ``i`` gets slice ``i`` of every global batch
+(``batch_size / n`` samples each), so N processes together see exactly the one-process batches in
+the one-process order.
+
+IterableDataset on N processes (``IterableDatasetShard``, HF Accelerate's semantics): every rank
+iterates the whole dataset, cuts it into buffers of ``batch_size * n`` samples (``batch_size``
+with ``split_batches``) and keeps its slice ``i`` of each buffer; an unfinished last buffer is
+completed by cycling the epoch's first samples (dropped instead with ``drop_last``). On one
+process the original loader's batches come through unchanged.
 """
 
 from __future__ import annotations
@@ -154,6 +164,135 @@ class ShardSampler(Sampler[Any]):
             yield flat[start : start + self.batch_size]
 
 
+def _split_slice(length: int, num_replicas: int, rank: int) -> slice:
+    """Rank ``rank``'s part of ``length`` items cut into ``num_replicas`` near-equal runs."""
+    return slice(rank * length // num_replicas, (rank + 1) * length // num_replicas)
+
+
+class SplitBatchSampler(Sampler[list[Any]]):
+    """Rank ``rank``'s slice of every batch of ``source`` (``split_batches=True``).
+
+    Full batches are cut into ``num_replicas`` equal slices. A short last batch is completed to
+    ``batch_size`` by cycling the epoch's first samples when ``even_batches`` (so the slices stay
+    equal and ``gather_for_metrics`` can drop the padding again); otherwise it is cut into
+    near-equal slices, and a rank whose slice would be empty gets no last batch.
+    """
+
+    def __init__(
+        self,
+        source: Iterable[list[Any]],
+        num_replicas: int,
+        rank: int,
+        batch_size: int | None,
+        even_batches: bool = True,
+    ) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
+        self.source = source
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.batch_size = batch_size
+        self.even_batches = even_batches
+
+    def __len__(self) -> int:
+        total = len(self.source)  # type: ignore[arg-type]
+        if self.even_batches or self.batch_size is None:
+            return total
+        sampler = getattr(self.source, "sampler", None)
+        if total and isinstance(sampler, Sized) and not getattr(self.source, "drop_last", False):
+            last = len(sampler) % self.batch_size
+            part = _split_slice(last, self.num_replicas, self.rank)
+            if last and part.stop == part.start:
+                return total - 1
+        return total
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the wrapped sampler(s) that understand it."""
+        for obj in (self.source, getattr(self.source, "sampler", None)):
+            if obj is not None and hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        n, rank, size = self.num_replicas, self.rank, self.batch_size
+        head: list[Any] = []  # the epoch's first samples: material for padding
+        for batch in self.source:
+            batch = list(batch)
+            if size is not None and len(head) < size:
+                head += batch[: size - len(head)]
+            if size is not None and len(batch) < size and self.even_batches:
+                filler = head * (size // max(len(head), 1) + 1)
+                batch = batch + filler[: size - len(batch)]
+            part = batch[_split_slice(len(batch), n, rank)]
+            if part:
+                yield part
+
+
+class IterableDatasetShard(IterableDataset):
+    """Rank ``process_index``'s share of an IterableDataset (HF Accelerate's IterableDatasetShard).
+
+    Every rank iterates the whole ``dataset``. Samples are grouped into buffers of
+    ``batch_size * num_processes`` (``batch_size`` with ``split_batches``); this rank yields its
+    slice of each buffer (``batch_size``, resp. ``batch_size / num_processes`` samples), so with
+    DataLoader batching rank i's k-th batch is the i-th part of the k-th buffer. An unfinished last
+    buffer is completed by cycling the first buffer, unless ``drop_last``. ``remainder`` is the
+    number of real samples in the last buffer (0: no padding), known once the dataset is exhausted.
+    """
+
+    def __init__(
+        self,
+        dataset: IterableDataset,
+        batch_size: int,
+        num_processes: int,
+        process_index: int,
+        split_batches: bool = False,
+        drop_last: bool = False,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.drop_last = drop_last
+        self.remainder = 0
+
+    @property
+    def buffer_size(self) -> int:
+        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+
+    @property
+    def process_batch_size(self) -> int:
+        return self.batch_size // self.num_processes if self.split_batches else self.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        total = len(self.dataset)  # type: ignore[arg-type]  # TypeError when unsized
+        buffers = total // self.buffer_size if self.drop_last else math.ceil(total / self.buffer_size)
+        return buffers * self.process_batch_size
+
+    def __iter__(self) -> Iterator[Any]:
+        start = self.process_index * self.process_batch_size
+        mine = slice(start, start + self.process_batch_size)
+        first: list[Any] | None = None
+        buffer: list[Any] = []
+        self.remainder = 0
+        for element in self.dataset:
+            buffer.append(element)
+            if len(buffer) == self.buffer_size:
+                yield from buffer[mine]
+                if first is None:
+                    first = buffer
+                buffer = []
+        if buffer and not self.drop_last:
+            self.remainder = len(buffer)
+            filler = first if first is not None else list(buffer)
+            while len(buffer) < self.buffer_size:
+                buffer += filler
+            yield from buffer[: self.buffer_size][mine]
+
+
 class ActiveLoaders:
     """The prepared loaders' iterators in progress, innermost last (owned by an Accelerator).
 
@@ -187,22 +326,45 @@ class _DeviceIterator:
         self._device = loader.device
         self._non_blocking = non_blocking
         self._yielded = 0
-        self._total = len(loader)
+        try:
+            self._total: int | None = len(loader)
+        except TypeError:  # an IterableDataset without __len__: look one batch ahead instead
+            self._total = None
+        self._ahead: list[Any] = []
+        self._exhausted = False
         if loader.active_loaders is not None:
             loader.active_loaders.push(self)
 
     @property
     def end_of_dataloader(self) -> bool:
         """True once the last batch of the epoch has been handed out."""
+        if self._total is None:
+            return self._exhausted and not self._ahead
         return self._yielded >= self._total
+
+    def _fetch(self) -> Any:
+        """The next raw batch; for unsized loaders, keeps one batch in hand to see the end coming."""
+        if self._total is not None:
+            return next(self._iterator)
+        if not self._ahead and not self._exhausted:
+            self._ahead.append(next(self._iterator))  # first batch (StopIteration: empty epoch)
+        if not self._ahead:
+            raise StopIteration
+        batch = self._ahead.pop()
+        try:
+            self._ahead.append(next(self._iterator))
+        except StopIteration:
+            self._exhausted = True
+        return batch
 
     def __iter__(self) -> _DeviceIterator:
         return self
 
     def __next__(self) -> Any:
         try:
-            batch = next(self._iterator)
+            batch = self._fetch()
         except StopIteration:
+            self._exhausted = True
             if self.loader.active_loaders is not None:
                 self.loader.active_loaders.remove(self)
             raise
@@ -269,6 +431,7 @@ def prepare_data_loader(
     device: torch.device,
     even_batches: bool = True,
     active_loaders: ActiveLoaders | None = None,
+    split_batches: bool = False,
 ) -> PreparedDataLoader:
     """Rebuild ``loader`` for this process: same dataset, collation and workers, sharded sampling.
 
@@ -290,18 +453,35 @@ def prepare_data_loader(
         active_loaders=active_loaders,
     )
     dataset = loader.dataset
+    n, rank = state.world_size, state.rank
+    batch_size = loader.batch_size
+    if batch_size is None:  # a custom batch_sampler: DataLoader.batch_size is None then
+        batch_size = getattr(loader.batch_sampler, "batch_size", None)
+    if split_batches and state.distributed:
+        _check_split(loader, batch_size, n)
     if isinstance(dataset, IterableDataset):
-        if state.distributed:
-            raise PrepareError(
-                f"a DataLoader over an IterableDataset ({type(dataset).__name__}) was prepared "
-                f"on {state.world_size} processes.",
-                "a map-style dataset (with __len__ and __getitem__) when running on several "
-                "processes; iterable datasets are only supported on one process so far.",
-                "use a map-style dataset, or shard the iterable dataset yourself by "
-                "accelerator.process_index and do not prepare its loader.",
+        if not state.distributed:
+            return PreparedDataLoader(
+                dataset, batch_size=batch_size, drop_last=loader.drop_last, **common
             )
+        shard = IterableDatasetShard(
+            dataset,
+            batch_size=batch_size or 1,
+            num_processes=n,
+            process_index=rank,
+            split_batches=split_batches and batch_size is not None,
+            drop_last=loader.drop_last,
+        )
+        try:
+            remainder = len(dataset) % shard.buffer_size  # type: ignore[arg-type]
+        except TypeError:
+            remainder = -1  # unknown until the epoch ends: gather_for_metrics asks the shard
         return PreparedDataLoader(
-            dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, **common
+            shard,
+            batch_size=None if batch_size is None else shard.process_batch_size,
+            drop_last=False,
+            remainder=0 if loader.drop_last else remainder,
+            **common,
         )
 
     batch_sampler = loader.batch_sampler
@@ -312,7 +492,6 @@ def prepare_data_loader(
             )
         return PreparedDataLoader(dataset, batch_sampler=batch_sampler, **common)
 
-    n, rank = state.world_size, state.rank
     if batch_sampler is None:  # automatic batching off: shard single indices
         shard = ShardSampler(_shared_random(loader.sampler, state), n, rank, even_batches)
         remainder = len(loader.sampler) % n if even_batches else 0
@@ -325,6 +504,14 @@ def prepare_data_loader(
             batch_sampler.batch_size,
             batch_sampler.drop_last,
         )
+    if split_batches:
+        split = SplitBatchSampler(batch_sampler, n, rank, batch_size, even_batches)
+        remainder = 0
+        sampler = getattr(batch_sampler, "sampler", None)
+        drop_last = bool(getattr(batch_sampler, "drop_last", False))
+        if even_batches and not drop_last and batch_size and isinstance(sampler, Sized):
+            remainder = len(sampler) % batch_size
+        return PreparedDataLoader(dataset, batch_sampler=split, remainder=remainder, **common)
     shard = ShardSampler(
         batch_sampler,
         n,
@@ -339,3 +526,23 @@ def prepare_data_loader(
         if isinstance(sampler, Sized):
             remainder = len(sampler) % (n * shard.batch_size)
     return PreparedDataLoader(dataset, batch_sampler=shard, remainder=remainder, **common)
+
+
+def _check_split(loader: DataLoader, batch_size: int | None, num_processes: int) -> None:
+    """``split_batches`` needs a batch size that the number of processes divides."""
+    if batch_size is None and loader.batch_sampler is None:
+        raise PrepareError(
+            "split_batches=True was given a DataLoader with batch_size=None (no batching).",
+            "a batched DataLoader whose batch_size is a multiple of the number of processes.",
+            "give the DataLoader a batch_size, or use split_batches=False.",
+        )
+    if batch_size is not None and batch_size % num_processes != 0:
+        raise PrepareError(
+            f"split_batches=True cannot split batch_size={batch_size} across "
+            f"{num_processes} processes: {batch_size} is not a multiple of {num_processes}.",
+            f"a batch_size that is a multiple of the number of processes ({num_processes}), "
+            "so that every process gets batch_size / num_processes samples of each batch.",
+            f"use a batch_size divisible by {num_processes} (e.g. "
+            f"{max(num_processes, batch_size // num_processes * num_processes)}), launch a "
+            "number of processes that divides it, or use split_batches=False.",
+        )

@@ -228,8 +228,7 @@ def test_nearest_pyproject_with_the_table_wins(tmp_path: Path) -> None:
 def test_config_excludes_jobs_and_mixed_precision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write(
         tmp_path / "pyproject.toml",
-        '[tool.accel-migrate]\nextend-exclude = ["legacy/"]\njobs = 1\nmixed-precision = "bf16"\n'
-        'ignore = "AM002"\n',
+        '[tool.accel-migrate]\nextend-exclude = ["legacy/"]\njobs = 1\nmixed-precision = "bf16"\nignore = "AM002"\n',
     )
     write(tmp_path / "legacy" / "old.py", PLAIN)
     write(tmp_path / "train.py", PLAIN)
@@ -366,7 +365,9 @@ def test_github_annotations(tmp_path: Path) -> None:
     )
     from migrate.output import _annotation
 
-    assert _annotation("warning", "a:b.py", 1, "50%\nnext", "t") == "::warning file=a%3Ab.py,line=1,title=t::50%25%0Anext"
+    assert (
+        _annotation("warning", "a:b.py", 1, "50%\nnext", "t") == "::warning file=a%3Ab.py,line=1,title=t::50%25%0Anext"
+    )
 
 
 def test_sarif_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -455,7 +456,9 @@ def test_rules_lists_every_rule() -> None:
     result = CliRunner().invoke(commands, ["rules"])
     assert result.exit_code == 0
     for rule in RULES:
-        assert any(line.split()[:2] == [rule.code, rule.name] and rule.summary in line for line in result.output.splitlines())
+        assert any(
+            line.split()[:2] == [rule.code, rule.name] and rule.summary in line for line in result.output.splitlines()
+        )
 
 
 def test_explain_prints_the_rule_doc_and_rejects_unknown_codes() -> None:

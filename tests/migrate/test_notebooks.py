@@ -25,7 +25,9 @@ TRAIN = (
 )
 
 
-def notebook_json(code_cells: list[str], indent: int | None = 1, ensure_ascii: bool = False, newline: bool = True) -> str:
+def notebook_json(
+    code_cells: list[str], indent: int | None = 1, ensure_ascii: bool = False, newline: bool = True
+) -> str:
     cells = [{"cell_type": "markdown", "metadata": {"tags": ["intro"]}, "source": ["# Tr\u00e4ining\n", "text"]}]
     for i, source in enumerate(code_cells):
         cells.append(
@@ -74,8 +76,10 @@ def test_notebook_is_migrated_across_cells_keeping_everything_else(tmp_path: Pat
     assert "accelerator.backward(loss)" in cells[5] and "x.to(device)" not in cells[5]
     assert not cells[5].endswith("\n")  # cells keep their (absent) final newline
     old_doc, new_doc = json.loads(original), json.loads(new)
-    for old_cell, new_cell in zip(old_doc["cells"], new_doc["cells"]):
-        assert {k: v for k, v in old_cell.items() if k != "source"} == {k: v for k, v in new_cell.items() if k != "source"}
+    for old_cell, new_cell in zip(old_doc["cells"], new_doc["cells"], strict=True):
+        assert {k: v for k, v in old_cell.items() if k != "source"} == {
+            k: v for k, v in new_cell.items() if k != "source"
+        }
     assert old_doc["metadata"] == new_doc["metadata"]
     # JSON formatting kept: every line that differs is a line of a source list
     old_lines, new_lines = set(original.splitlines()), set(new.splitlines())

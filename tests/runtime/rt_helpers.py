@@ -41,3 +41,17 @@ def torchrun(script: Path, *args: str, cwd: Path, nproc: int = 2) -> subprocess.
 def read_ranks(out_dir: Path, nproc: int = 2) -> list[dict]:
     """Every rank's JSON result, in rank order."""
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+_worker_runs: dict[str, tuple[list[dict], str]] = {}
+
+
+def run_worker_once(name: str, tmp_root: Path, nproc: int = 2) -> tuple[list[dict], str]:
+    """Run ``workers/<name>.py OUT`` under torchrun once per pytest session (shared by test files)."""
+    if name not in _worker_runs:
+        out = tmp_root / name
+        out.mkdir(parents=True, exist_ok=True)
+        proc = torchrun(WORKERS / f"{name}.py", str(out), cwd=out, nproc=nproc)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        _worker_runs[name] = (read_ranks(out, nproc), proc.stdout)
+    return _worker_runs[name]

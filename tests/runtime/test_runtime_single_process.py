@@ -149,7 +149,6 @@ def test_preparing_a_loader_twice_is_an_error() -> None:
     "kwargs, option",
     [
         (dict(mixed_precision="fp8"), "mixed_precision"),
-        (dict(split_batches=True), "split_batches"),
     ],
 )
 def test_unsupported_options_name_the_option(kwargs: dict, option: str) -> None:
