@@ -6,10 +6,11 @@ import builtins
 import enum
 import functools
 import gc
+import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from datetime import timedelta
 from contextlib import AbstractContextManager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,19 @@ from torch.utils.data import DataLoader
 
 from . import ops
 from .config import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs
+from .checkpoint import (
+    CheckpointContents,
+    CheckpointError,
+    ProjectConfiguration,
+    check_stateful,
+    checkpoints_root,
+    latest_checkpoint,
+    load_checkpoint,
+    next_checkpoint_dir,
+    rotate_checkpoints,
+    save_checkpoint,
+    write_file,
+)
 from .data import ActiveLoaders, PreparedDataLoader, prepare_data_loader
 from .errors import PrepareError, UnsupportedOptionError
 from .accumulation import GradientState, check_accumulation_steps
@@ -57,6 +71,8 @@ class Accelerator:
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: Iterable[Any] | None = None,
         even_batches: bool | None = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
     ) -> None:
         # Settings: explicit argument > ACCEL_* environment > ACCEL_CONFIG_FILE > default
         # (None means "not given"; see runtime/settings.py).
@@ -119,6 +135,12 @@ class Accelerator:
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self._models: list[nn.Module] = []
         self._active_loaders = ActiveLoaders()
+        # Checkpointing (runtime/checkpoint.py); project_dir wins over project_config's.
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(project_dir)
+        self._dataloaders: list[PreparedDataLoader] = []
+        self._custom_objects: list[Any] = []
 
     # -- who am I -------------------------------------------------------------------------------
 
@@ -179,7 +201,6 @@ class Accelerator:
         """True when fp16's GradScaler skipped the last optimizer step (inf/nan gradients)."""
         return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
-
     # -- preparing objects ----------------------------------------------------------------------
 
     def prepare(self, *objs: Any) -> Any:
@@ -192,7 +213,6 @@ class Accelerator:
         for index in sorted(range(len(objs)), key=lambda i: isinstance(objs[i], LRScheduler)):
             prepared[index] = self._prepare_one(objs[index])
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
-
 
     def _prepare_one(self, obj: Any) -> Any:
         if isinstance(obj, nn.Module):
@@ -223,7 +243,7 @@ class Accelerator:
 
     def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
         """Shard the loader for this process and make it yield batches on the device."""
-        return prepare_data_loader(
+        prepared = prepare_data_loader(
             data_loader,
             self.state,
             self.device,
@@ -231,6 +251,8 @@ class Accelerator:
             self._active_loaders,
             split_batches=self.split_batches,
         )
+        self._dataloaders.append(prepared)
+        return prepared
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap the optimizer: no-op steps while accumulating, GradScaler steps with fp16."""
@@ -253,7 +275,6 @@ class Accelerator:
         )
         self._schedulers.append(wrapped)
         return wrapped
-
 
     # -- training step --------------------------------------------------------------------------
 
@@ -286,7 +307,6 @@ class Accelerator:
             for model in models:
                 stack.enter_context(self.strategy.no_sync(model))
             yield
-
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
         """Skip DDP's gradient all-reduce in backward passes inside this context."""
@@ -339,7 +359,6 @@ class Accelerator:
         ``keep_fp32_wrapper`` (accepted for Accelerate compatibility) changes nothing.
         """
         return self.strategy.unwrap_model(unwrap_precision(model))
-
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -482,6 +501,153 @@ class Accelerator:
         return ops.pad_across_processes(
             tensor, self.state, dim=dim, pad_index=pad_index, pad_first=pad_first
         )
+
+    # -- checkpoints (runtime/checkpoint.py) -----------------------------------------------------
+
+    @property
+    def project_dir(self) -> str | None:
+        """The project directory (automatic checkpoints go to ``<project_dir>/checkpoints``)."""
+        return self.project_configuration.project_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatic checkpoint gets (``checkpoint_<save_iteration>``)."""
+        return self.project_configuration.iteration
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore ``objects`` (anything with state_dict/load_state_dict) with the state.
+
+        They are restored in registration order, so register the same objects in the same order
+        before ``load_state``.
+        """
+        for obj in objects:
+            check_stateful(obj)
+        self._custom_objects.extend(objects)
+
+    def _checkpoint_contents(self) -> CheckpointContents:
+        scaler = getattr(self, "scaler", None)
+        if scaler is None:
+            scaler = getattr(getattr(self, "precision", None), "scaler", None)
+        gradient_state = getattr(self, "gradient_state", None)
+        extra: dict[str, Any] = {}
+        if isinstance(getattr(gradient_state, "step", None), int):
+            extra["accumulation_step"] = gradient_state.step  # type: ignore[union-attr]
+        return CheckpointContents(
+            models=[self.unwrap_model(model) for model in self._models],
+            optimizers=list(getattr(self, "_optimizers", ())),
+            schedulers=list(getattr(self, "_schedulers", ())),
+            dataloaders=list(self._dataloaders),
+            custom_objects=list(self._custom_objects),
+            scaler=scaler if callable(getattr(scaler, "state_dict", None)) else None,
+            extra=extra,
+        )
+
+    def save_state(
+        self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = False
+    ) -> str:
+        """Save models, optimizers, schedulers, scaler, RNG states, loader positions and registered
+        objects to ``output_dir`` (atomically); every process must call it. Returns the directory.
+
+        Without ``output_dir``, automatic naming must be on
+        (``ProjectConfiguration(automatic_checkpoint_naming=True)``): the checkpoint goes to
+        ``<project_dir>/checkpoints/checkpoint_<i>`` and, after it is written, only the newest
+        ``total_limit`` checkpoints are kept.
+        """
+        if safe_serialization:
+            raise UnsupportedOptionError(
+                "safe_serialization", True, "safe_serialization=False (torch.save format)."
+            )
+        config = self.project_configuration
+        if output_dir is None and not config.automatic_checkpoint_naming:
+            raise CheckpointError(
+                "save_state() was called without output_dir and automatic checkpoint naming is off.",
+                "a directory, or ProjectConfiguration(automatic_checkpoint_naming=True).",
+                "call save_state('some/dir'), or create the Accelerator with project_dir=... and "
+                "project_config=ProjectConfiguration(automatic_checkpoint_naming=True).",
+            )
+        target = next_checkpoint_dir(config) if output_dir is None else Path(output_dir)
+        saved = save_checkpoint(target, self._checkpoint_contents(), self.state)
+        if output_dir is None:  # automatic naming: rotate only after the new one is complete
+            if self.is_main_process:
+                rotate_checkpoints(checkpoints_root(config), config.total_limit)
+            self.wait_for_everyone()
+            config.iteration += 1
+        return str(saved)
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, **load_model_func_kwargs: Any) -> None:
+        """Restore everything ``save_state`` wrote; the next steps continue the saved trajectory.
+
+        Prepare (and register) the same objects in the same order first. Without ``input_dir``
+        the newest automatic checkpoint is loaded and the numbering continues after it.
+        ``load_model_func_kwargs`` go to each model's ``load_state_dict`` (e.g. ``strict=False``).
+        """
+        config = self.project_configuration
+        if input_dir is None:
+            if not config.automatic_checkpoint_naming:
+                raise CheckpointError(
+                    "load_state() was called without input_dir and automatic checkpoint naming is off.",
+                    "a checkpoint directory, or ProjectConfiguration(automatic_checkpoint_naming=True).",
+                    "call load_state('path/to/checkpoint').",
+                )
+            number, path = latest_checkpoint(config)
+            config.iteration = number + 1
+        else:
+            path = Path(input_dir)
+        extra = load_checkpoint(
+            path,
+            self._checkpoint_contents(),
+            self.state,
+            load_model=lambda model, weights: model.load_state_dict(weights, **load_model_func_kwargs),
+        )
+        gradient_state = getattr(self, "gradient_state", None)
+        if "accumulation_step" in extra and gradient_state is not None:
+            gradient_state.step = int(extra["accumulation_step"])
+
+    def save_model(
+        self,
+        model: nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = False,
+    ) -> None:
+        """Write the unwrapped model's state dict to ``save_directory/pytorch_model.bin``.
+
+        Main process only; the file is written to a temporary name and renamed, so a crash never
+        leaves a truncated file. One file whatever ``max_shard_size`` (accepted for Accelerate
+        compatibility); read it with ``torch.load(path, weights_only=True)``.
+        """
+        if safe_serialization:
+            raise UnsupportedOptionError(
+                "safe_serialization", True, "safe_serialization=False (torch.save format)."
+            )
+        if not self.is_main_process:
+            return
+        directory = Path(save_directory)
+        if directory.exists() and not directory.is_dir():
+            raise CheckpointError(
+                f"save_model was given {directory}, which is a file.",
+                "a directory to write pytorch_model.bin into.",
+                "pass a directory path (it is created if missing).",
+            )
+        directory.mkdir(parents=True, exist_ok=True)
+        temp = directory / ".pytorch_model.bin.tmp"
+        write_file(self.unwrap_model(model).state_dict(), temp)
+        os.replace(temp, directory / "pytorch_model.bin")
+
+    def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+        """A loader that skips the first ``num_batches`` batches of each iteration (Accelerate).
+
+        Skipped batches of a map-style dataset are never loaded. Use the result for the epoch you
+        resume in. After ``load_state`` the prepared loaders already continue at the saved batch:
+        calling this with that same number does not skip twice (``num_batches`` replaces it).
+        """
+        if not isinstance(dataloader, PreparedDataLoader):
+            raise PrepareError(
+                f"skip_first_batches got a {type(dataloader).__name__} that was not prepared.",
+                "a DataLoader returned by accelerator.prepare(...).",
+                "prepare the DataLoader first, then call skip_first_batches on the prepared one.",
+            )
+        return dataloader.skip_first_batches(num_batches)
 
     def save(self, obj: Any, f: str | Path, safe_serialization: bool = False) -> None:
         """``torch.save(obj, f)`` on the main process only."""

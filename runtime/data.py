@@ -22,14 +22,18 @@ process the original loader's batches come through unchanged.
 
 from __future__ import annotations
 
+import copy
 import math
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sized
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 
+from .checkpoint import capture_rng_state, restore_rng_state
 from .errors import PrepareError
 from .ops import apply_to_tensors, broadcast_int
 from .state import ProcessState
@@ -320,14 +324,16 @@ class ActiveLoaders:
 class _DeviceIterator:
     """Wraps a DataLoader iterator, places each batch on the device and counts batches."""
 
-    def __init__(self, loader: PreparedDataLoader, iterator: Iterator[Any], non_blocking: bool) -> None:
+    def __init__(
+        self, loader: PreparedDataLoader, iterator: Iterator[Any], non_blocking: bool, start: int = 0
+    ) -> None:
         self.loader = loader
         self._iterator = iterator
         self._device = loader.device
         self._non_blocking = non_blocking
-        self._yielded = 0
+        self._yielded = start  # batches of this epoch handed out, counting skipped ones
         try:
-            self._total: int | None = len(loader)
+            self._total: int | None = len(loader) + loader.skip_batches
         except TypeError:  # an IterableDataset without __len__: look one batch ahead instead
             self._total = None
         self._ahead: list[Any] = []
@@ -375,6 +381,108 @@ class _DeviceIterator:
         return len(self._iterator)  # type: ignore[arg-type]
 
 
+_END = object()
+
+
+@dataclass
+class LoaderProgress:
+    """Where a prepared loader stands in its epochs (shared with its skip_first_batches views)."""
+
+    next_epoch: int = 0
+    epoch: int = 0  # the epoch of the latest iteration
+    current: weakref.ref[_DeviceIterator] | None = None  # that iteration, while it is alive
+    epoch_start: dict[str, Any] | None = None  # the RNG states that iteration started from
+    resume: dict[str, Any] | None = None  # a mid-epoch position restored by load_state_dict
+
+
+def find_generators(loader: DataLoader) -> list[torch.Generator]:
+    """The ``torch.Generator`` objects that decide a loader's order (loader, samplers), in order."""
+    found: list[torch.Generator] = []
+    seen: set[int] = set()
+    pending: list[tuple[Any, int]] = [(loader, 0)]
+    while pending:
+        obj, depth = pending.pop(0)
+        if obj is None or id(obj) in seen or depth > 4:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Generator):
+            found.append(obj)
+            continue
+        for name in ("generator", "batch_sampler", "sampler", "source"):
+            child = getattr(obj, name, None)
+            if isinstance(child, (torch.Generator, Sampler, BatchSampler)) or (
+                child is not None and name != "generator" and hasattr(child, "__iter__")
+            ):
+                pending.append((child, depth + 1))
+    return found
+
+
+def rng_snapshot(generators: list[torch.Generator]) -> dict[str, Any]:
+    """This process's python/numpy/torch RNG states plus the given generators' states."""
+    return {
+        "rng": capture_rng_state(include_cuda=False),
+        "generators": [generator.get_state() for generator in generators],
+    }
+
+
+def restore_rng_snapshot(snapshot: dict[str, Any], generators: list[torch.Generator]) -> None:
+    """Set the states ``rng_snapshot`` captured."""
+    restore_rng_state(snapshot["rng"])
+    for generator, state in zip(generators, snapshot["generators"]):
+        generator.set_state(state)
+
+
+class _SkipFirst(Sampler[Any]):
+    """An index sampler whose iterators drop the first ``count`` items, until one has done so.
+
+    DataLoader's iterators may call ``iter()`` more than once before fetching (multi-worker
+    iterators do); only the first skip that really happens counts, later iterators (e.g. the next
+    epoch of persistent workers) pass everything through.
+    """
+
+    def __init__(self, source: Any, count: int) -> None:
+        self.source = source
+        self.count = count
+        self.done = False
+        self._last: _SkippingIterator | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.done:
+            return iter(self.source)
+        self._last = _SkippingIterator(self, iter(self.source), self.count)
+        return self._last
+
+    def __len__(self) -> int:
+        return max(len(self.source) - (0 if self.done else self.count), 0)
+
+    def skip_now(self) -> None:
+        """Perform the pending skip of the latest iterator (this draws the epoch's shuffle)."""
+        if self._last is not None:
+            self._last.skip()
+
+
+class _SkippingIterator:
+    def __init__(self, view: _SkipFirst, iterator: Iterator[Any], count: int) -> None:
+        self._view = view
+        self._iterator = iterator
+        self._count = count
+
+    def skip(self) -> None:
+        while self._count > 0:
+            self._count -= 1
+            if next(self._iterator, _END) is _END:
+                self._count = 0
+        self._view.done = True
+
+    def __iter__(self) -> _SkippingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._count:
+            self.skip()
+        return next(self._iterator)
+
+
 class PreparedDataLoader(DataLoader):
     """A DataLoader that yields batches on ``device`` and sets its sampler's epoch itself.
 
@@ -395,21 +503,147 @@ class PreparedDataLoader(DataLoader):
         # Real samples in the last gathered round (0: the last round holds no padding).
         self.remainder = remainder
         self.active_loaders = active_loaders
-        self._next_epoch = 0
+        # Epoch counter and checkpoint position; shared with skip_first_batches views.
+        self._progress = LoaderProgress()
+        self.skip_batches = 0  # > 0 only in loaders returned by skip_first_batches
+        self._skip_view: _SkipFirst | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch the next iteration uses (the loader counts epochs by itself otherwise)."""
-        self._next_epoch = epoch
+        self._progress.next_epoch = epoch
+
+    def __len__(self) -> int:
+        return max(super().__len__() - getattr(self, "skip_batches", 0), 0)
+
+    @property
+    def _index_sampler(self) -> Any:
+        # DataLoader's iterators read their (batch) sampler here; while an iteration that skips
+        # batches starts, this is the skipping view (see _start_iteration).
+        view = self.__dict__.get("_skip_view")
+        return view if view is not None else DataLoader._index_sampler.fget(self)  # type: ignore[attr-defined]
 
     def __iter__(self) -> _DeviceIterator:  # type: ignore[override]
-        epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+        progress = self._progress
+        resume, progress.resume = progress.resume, None
+        if resume is not None:  # the epoch load_state_dict restored: continue it
+            epoch, start = resume["epoch"], self.skip_batches or resume["position"]
+        else:
+            epoch, start = progress.next_epoch, self.skip_batches
+        progress.next_epoch = epoch + 1
         for obj in (self.batch_sampler, self.sampler):
             if obj is not None and hasattr(obj, "set_epoch"):
                 obj.set_epoch(epoch)
-        # Create the underlying iterator now, not lazily: DataLoader draws its base seed when
-        # iter() is called, and the RNG sequence must match the original loader's.
+        generators = find_generators(self)
+        if resume is not None:
+            # Replay the epoch's start from the RNG states it began with (same shuffle, same
+            # worker seeds), skip what was already trained on, then return to the restored states.
+            restored = rng_snapshot(generators)
+            epoch_start = resume["epoch_start"]
+            restore_rng_snapshot(epoch_start, generators)
+            try:
+                iterator = self._start_iteration(start)
+            finally:
+                restore_rng_snapshot(restored, generators)
+        else:
+            epoch_start = rng_snapshot(generators)
+            # Create the underlying iterator now, not lazily: DataLoader draws its base seed when
+            # iter() is called, and the RNG sequence must match the original loader's.
+            iterator = self._start_iteration(start)
         non_blocking = self.pin_memory and self.device.type != "cpu"
-        return _DeviceIterator(self, super().__iter__(), non_blocking)
+        device_iterator = _DeviceIterator(self, iterator, non_blocking, start)
+        progress.epoch, progress.epoch_start = epoch, epoch_start
+        progress.current = weakref.ref(device_iterator)
+        return device_iterator
+
+    def _start_iteration(self, start: int) -> Iterator[Any]:
+        """``DataLoader.__iter__``, with the epoch's first ``start`` batches skipped.
+
+        Map-style datasets skip indices in the (batch) sampler without loading the samples; an
+        IterableDataset is iterated and the skipped batches are dropped.
+        """
+        if start <= 0:
+            return super().__iter__()
+        if isinstance(self.dataset, IterableDataset):
+            iterator = super().__iter__()
+            for _ in range(start):
+                if next(iterator, _END) is _END:
+                    break
+            return iterator
+        view = _SkipFirst(DataLoader._index_sampler.fget(self), start)  # type: ignore[attr-defined]
+        if self.persistent_workers and self.num_workers > 0:
+            self._iterator = None  # its workers keep their old sampler: start fresh ones
+        self._skip_view = view
+        try:
+            iterator = super().__iter__()
+        finally:
+            self._skip_view = None
+        view.skip_now()  # draw the shuffle now, from the epoch's RNG states (no-op if done)
+        return iterator
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, batches already yielded in it, and the RNG states needed to replay its order.
+
+        Only tensors, ints, bools, tuples and dicts: loadable with ``torch.load(weights_only=True)``.
+        A loader whose last iterator was abandoned (and collected) counts as between epochs.
+        """
+        progress = self._progress
+        generators = [g.get_state() for g in find_generators(self)]
+        if progress.resume is not None:  # restored but not iterated yet
+            return {**progress.resume, "generators": generators}
+        current = progress.current() if progress.current is not None else None
+        if current is not None and not current.end_of_dataloader:
+            return {
+                "epoch": progress.epoch,
+                "position": current._yielded,
+                "in_progress": True,
+                "epoch_start": progress.epoch_start,
+                "generators": generators,
+            }
+        return {
+            "epoch": progress.next_epoch,
+            "position": 0,
+            "in_progress": False,
+            "epoch_start": None,
+            "generators": generators,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore ``state_dict()``: the next iteration continues where the saved one stood."""
+        generators = find_generators(self)
+        saved = state_dict["generators"]
+        if len(saved) != len(generators):
+            raise PrepareError(
+                f"the saved data loader state holds {len(saved)} torch.Generator states but this "
+                f"loader uses {len(generators)}.",
+                "the same DataLoader configuration (sampler, generator) as when saving.",
+                "build the DataLoader exactly as in the run that saved the checkpoint.",
+            )
+        for generator, generator_state in zip(generators, saved):
+            generator.set_state(generator_state)
+        progress = self._progress
+        progress.current = None
+        if state_dict["in_progress"]:
+            progress.resume = {k: v for k, v in state_dict.items() if k != "generators"}
+        else:
+            progress.resume = None
+            progress.next_epoch = int(state_dict["epoch"])
+
+    def skip_first_batches(self, num_batches: int) -> PreparedDataLoader:
+        """This loader, minus the first ``num_batches`` batches of each iteration (not loaded).
+
+        The returned loader shares this one's epoch counter and checkpoint position; if
+        ``load_state`` restored a position, ``num_batches`` replaces it (no double skipping).
+        """
+        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
+            raise PrepareError(
+                f"skip_first_batches got num_batches={num_batches!r}.",
+                "a non-negative integer number of batches.",
+                "pass the number of batches of this epoch that were already trained on.",
+            )
+        view = copy.copy(self)
+        view.skip_batches = self.skip_batches + num_batches
+        view._iterator = None  # never share persistent workers
+        return view
 
 
 def _shared_random(sampler: Any, state: ProcessState) -> Any:
