@@ -26,7 +26,7 @@ HELP = (
     "PATHS are files or directories (searched recursively for *.py and *.ipynb, honouring .gitignore "
     "and the excludes), or - to read a script from stdin and write the result to stdout. By default "
     "files are rewritten in place; use --diff to preview or --check in CI. Files that never mention "
-    "torch are not parsed and never written. Settings are read from [tool.accel-migrate] in the "
+    "torch are not parsed and never written. Settings are read from the tool.accel-migrate table of the "
     "nearest pyproject.toml; command-line options override them.\n\n"
     "Other commands: `accel-migrate rules` lists the rules, `accel-migrate explain CODE` documents "
     "one (a file named rules or explain is migrated as ./rules).\n\n"

@@ -38,7 +38,6 @@ from migrate.results import FileResult
 
 SCHEMA_VERSION = 1
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-INFORMATION_URI = "https://github.com/accel-migrate/accel-migrate"
 
 
 def version() -> str:
@@ -245,7 +244,6 @@ def to_sarif(report, write: bool, rules: list[tuple[str, str, str, str]], exit_c
                     "driver": {
                         "name": "accel-migrate",
                         "version": version(),
-                        "informationUri": INFORMATION_URI,
                         "rules": driver_rules,
                     }
                 },

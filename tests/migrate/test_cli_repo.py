@@ -497,7 +497,8 @@ def test_help_mentions_exit_codes_and_subcommands() -> None:
     text = " ".join(invoke("--help").output.split())
     for needle in ("123 internal error", "1 changes would be made", "accel-migrate rules", "explain", "--output-dir",
                    "--exclude", "--extend-exclude", "--force-exclude", "--jobs", "--output-format", "--stdin-filename",
-                   "--mixed-precision", "--config", "--force"):  # fmt: skip
+                   "--mixed-precision", "--config", "--force",
+                   "tool.accel-migrate table of the nearest pyproject.toml"):  # fmt: skip
         assert needle in text, needle
 
 
