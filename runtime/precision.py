@@ -142,10 +142,14 @@ class AutocastModule(nn.Module):
     def __init__(self, module: nn.Module, precision: _AutocastPrecision) -> None:
         super().__init__()
         self.module = module
-        self._forward = precision.autocast_forward(module.__call__)
+        self.autocast_device_type = precision.device_type
+        self.autocast_dtype = precision.dtype
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._forward(*args, **kwargs)
+        # No closure over the module: copy.deepcopy(prepared) (e.g. an EMA copy) calls its copy.
+        with torch.autocast(self.autocast_device_type, dtype=self.autocast_dtype):
+            output = self.module(*args, **kwargs)
+        return convert_outputs_to_fp32(output)
 
     def __getattr__(self, name: str) -> Any:
         try:

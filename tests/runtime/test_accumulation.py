@@ -116,7 +116,7 @@ def test_no_accumulation_fp32_stays_bit_identical_to_plain_pytorch() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
         scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, total_iters=5)
         if migrated:
-            accelerator = Accelerator()
+            accelerator = Accelerator(cpu=True)
             model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
         losses = []
         for _ in range(2):
@@ -158,7 +158,7 @@ def test_prepared_optimizer_is_an_optimizer_for_schedulers_built_after_prepare()
     assert len(inner.state) == 2 * 2  # momentum buffers of both Linear layers
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()` before")
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
 def test_scheduler_rule_split_batches_and_step_with_optimizer_false() -> None:
     def make() -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.StepLR]:
         opt = torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0)

@@ -199,6 +199,10 @@ def test_unwrap_model_returns_the_untouched_user_module(precision: str) -> None:
     assert list(prepared.state_dict()) == list(model.state_dict())
     prepared.load_state_dict(model.state_dict())
     assert accelerator.prepare(prepared) is prepared  # preparing twice does not wrap twice
+    twin = copy.deepcopy(prepared)  # e.g. an EMA copy: runs its own copy of the module
+    with torch.no_grad():
+        twin.module[0].weight.zero_()
+    assert not torch.equal(twin(x), prepared(x)) and twin(x).dtype == torch.float32
 
 
 def test_fp32_prepare_returns_the_model_itself() -> None:
