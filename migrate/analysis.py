@@ -124,6 +124,8 @@ class Scope:
     calls: list[CallSite] = field(default_factory=list)
     library_calls: list[LibraryCall] = field(default_factory=list)
     method_calls: list[Site] = field(default_factory=list)  # `name.method(...)` on a plain name
+    module_accesses: list[tuple[cst.Attribute, StmtRef]] = field(default_factory=list)  # `name.module`
+    zero_comparisons: list[tuple[cst.Comparison, cst.BaseExpression, bool]] = field(default_factory=list)
     devices: list[DeviceBinding] = field(default_factory=list)
     accelerators: list[Binding] = field(default_factory=list)
     prepared: set[str] = field(default_factory=set)
@@ -318,6 +320,24 @@ class _Collector(cst.CSTVisitor):
     def _is_accelerator_call(self, value: cst.BaseExpression) -> bool:
         return isinstance(value, cst.Call) and self.aliases.qualify(value.func) in ACCELERATOR_CLASSES
 
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "module" and isinstance(node.value, cst.Name) and self.frame.stmts:
+            self.frame.scope.module_accesses.append((node, self.here))
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        """`x == 0` / `x != 0` / `0 == x`: candidate rank-0 checks."""
+        if len(node.comparisons) != 1 or not self.frame.stmts:
+            return
+        target = node.comparisons[0]
+        if not isinstance(target.operator, (cst.Equal, cst.NotEqual)):
+            return
+        equal = isinstance(target.operator, cst.Equal)
+        left, right = node.left, target.comparator
+        if _is_zero(right):
+            self.frame.scope.zero_comparisons.append((node, left, equal))
+        elif _is_zero(left):
+            self.frame.scope.zero_comparisons.append((node, right, equal))
+
     # -- loops ---------------------------------------------------------------------------
 
     def visit_For(self, node: cst.For) -> None:
@@ -433,6 +453,10 @@ def _is_accumulate_block(body: cst.BaseSuite) -> bool:
         and item.item.func.attr.value == "accumulate"
         for item in stmt.items
     )
+
+
+def _is_zero(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Integer) and expr.value == "0"
 
 
 def _is_bool(expr: cst.BaseExpression) -> bool:

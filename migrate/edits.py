@@ -38,6 +38,17 @@ class EditPlan:
     wrap_loop_body: dict[cst.For, cst.BaseExpression] = field(default_factory=dict)  # `with <expr>:`
     accelerator_kwargs: dict[str, str] = field(default_factory=dict)  # Accelerator(name=code)
     eval_loaders: list[str] = field(default_factory=list)  # prepared because their metrics are gathered
+    unsharded_loaders: set[str] = field(default_factory=set)  # DistributedSampler removed (AM007)
+    attributes: dict[cst.Attribute, Callable[[cst.Attribute], cst.BaseExpression]] = field(default_factory=dict)
+    subscripts: dict[cst.Subscript, Callable[[cst.Subscript], cst.BaseExpression]] = field(default_factory=dict)
+    comparisons: dict[cst.Comparison, cst.BaseExpression] = field(default_factory=dict)  # rank-0 checks
+    create_at: cst.BaseStatement | None = None  # statement replaced by `accelerator = Accelerator()`
+    create_at_order: int = 0
+    if_tests: dict[cst.If, cst.BaseExpression] = field(default_factory=dict)  # new `if` conditions
+    sync_ifs: set[cst.If] = field(default_factory=set)  # ifs now testing `accelerator.sync_gradients`
+    keep_left_operand: set[cst.BinaryOperation] = field(default_factory=set)  # `loss / N` -> `loss`
+    rebound: dict[cst.BaseStatement, str] = field(default_factory=dict)  # new statement -> name; removed if unused
+    removes_boilerplate: bool = False  # imports may have been left unused (cleanup runs)
     imports: set[tuple[str, str]] = field(default_factory=set)
     uses_accelerator: list[Scope] = field(default_factory=list)
     changes: list[Record] = field(default_factory=list)
@@ -62,4 +73,10 @@ class EditPlan:
             or self.insert_after
             or self.new_params
             or self.wrap_loop_body
+            or self.attributes
+            or self.subscripts
+            or self.comparisons
+            or self.create_at is not None
+            or self.if_tests
+            or self.keep_left_operand
         )

@@ -15,6 +15,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from migrate.analysis import analyze
+from migrate.cleanup import remove_unused
 from migrate.edits import EditPlan
 from migrate.registry import RULES
 from migrate.results import Change, Diagnostic, FileError, FileResult
@@ -54,7 +55,7 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
     roles = find_roles(facts)
     plan = EditPlan(target=options.target)
     plan.findings.extend(f for f in roles.findings if options.enabled(f.code))
-    for rule in RULES:
+    for rule in RULES if not roles.refused else ():
         if options.enabled(rule.code):
             rule.apply(roles, plan)
 
@@ -72,6 +73,8 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
         return result
 
     new_module = module.visit(Rewriter(plan))
+    if plan.removes_boilerplate or plan.rebound:
+        new_module = remove_unused(module, new_module, plan.rebound)
     if plan.imports:
         context = CodemodContext()
         for module_name, obj in sorted(plan.imports):

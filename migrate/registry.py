@@ -17,12 +17,14 @@ from migrate.rules import (
     gather_eval_metrics,
     prepare_training_objects,
     remove_device_moves,
+    remove_distributed_boilerplate,
     replace_loss_backward,
 )
 from migrate.rules.base import Rule
 
 RULES: list[Rule] = [
     Rule.from_module(gather_eval_metrics),  # decides which evaluation loaders prepare includes
+    Rule.from_module(remove_distributed_boilerplate),  # decides which rank-sharded loaders are freed
     Rule.from_module(prepare_training_objects),
     Rule.from_module(remove_device_moves),
     Rule.from_module(convert_mixed_precision),  # before backward: it owns `scaler.scale(loss).backward()`

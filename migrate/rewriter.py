@@ -28,6 +28,31 @@ class Rewriter(cst.CSTTransformer):
         edit = self.plan.calls.get(original_node)
         return edit(updated_node) if edit is not None else updated_node
 
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        edit = self.plan.attributes.get(original_node)
+        return edit(updated_node) if edit is not None else updated_node
+
+    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
+        edit = self.plan.subscripts.get(original_node)
+        return edit(updated_node) if edit is not None else updated_node
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        test = self.plan.if_tests.get(original_node)
+        return updated_node.with_changes(test=test) if test is not None else updated_node
+
+    def leave_BinaryOperation(
+        self, original_node: cst.BinaryOperation, updated_node: cst.BinaryOperation
+    ) -> cst.BaseExpression:
+        if original_node not in self.plan.keep_left_operand:
+            return updated_node
+        left = updated_node.left
+        if updated_node.lpar and not getattr(left, "lpar", None):
+            left = left.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+        return left
+
+    def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.BaseExpression:
+        return self.plan.comparisons.get(original_node, updated_node)
+
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if original_node in self.plan.new_params:
             return updated_node.with_changes(

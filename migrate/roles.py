@@ -46,6 +46,7 @@ class Roles:
     loaders: list[str] = field(default_factory=list)
     schedulers: list[str] = field(default_factory=list)
     epoch_schedulers: list[str] = field(default_factory=list)  # stepped per epoch: not prepared
+    rank_sampled: dict[str, cst.CSTNode] = field(default_factory=dict)  # loaders with a DistributedSampler
     eval_loops: list[tuple[Scope, Loop, str]] = field(default_factory=list)  # (scope, loop, home loader)
     accelerator_scope: Scope | None = None
     accelerator_exists: bool = False
@@ -53,6 +54,7 @@ class Roles:
     create_before: cst.BaseStatement | None = None  # where `accelerator = Accelerator()` goes otherwise
     prepare_after: StmtRef | None = None
     findings: list[Finding] = field(default_factory=list)
+    refused: bool = False  # the file is reported, not rewritten
     _training_functions: set[str] = field(default_factory=set)
 
     # -- name resolution ---------------------------------------------------------------------
@@ -145,8 +147,25 @@ class Roles:
         return loop.has_backward or bool(loop.callees & self._training_functions)
 
 
+_SPAWNERS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
+
+
 def find_roles(facts: Facts) -> Roles:
     roles = Roles(facts)
+    for scope in facts.scopes:
+        for call in scope.library_calls:
+            if call.qualified in _SPAWNERS:
+                roles.refused = True
+                roles.findings.append(
+                    Finding(
+                        "AM007",
+                        call.call,
+                        "the script starts its own processes with `mp.spawn`; it was left as it is (each "
+                        "spawned worker would build a single-process Accelerator): make the worker the "
+                        "entry point, launch it with `accel launch --nproc-per-node N`, and run accel-migrate again",
+                    )
+                )
+                return roles
     roles._training_functions = _training_functions(facts)
     _find_home_and_optimizers(roles)
     _find_existing_accelerator(roles)
@@ -291,15 +310,8 @@ def _find_loaders(roles: Roles) -> None:
                 elif name in roles.loaders:
                     continue
                 elif _shards_by_rank(roles, home, name):
-                    roles.findings.append(
-                        Finding(
-                            "AM004",
-                            loop.node,
-                            f"`{name}` already shards the data by rank (DistributedSampler); preparing it "
-                            "would shard twice, so it was not prepared: drop the sampler (keep its shuffle "
-                            "on the DataLoader) and add the loader to `accelerator.prepare(...)`",
-                        )
-                    )
+                    roles.loaders.append(name)
+                    roles.rank_sampled[name] = loop.node
                 elif name in home.params or any(
                     _call_name(roles, b.value, _DATALOADER) for b in home.bindings.get(name, [])
                 ):
@@ -505,13 +517,18 @@ def _call_name(roles: Roles, value: cst.BaseExpression | None, pattern) -> bool:
 
 
 def _is_self_move(binding: Binding) -> bool:
-    """`model = model.to(device)` rebinds a name to itself: it adds no origin of its own."""
+    """`model = model.to(device)` or `model = DDP(model, ...)` rebinds a name to (a wrapper of)
+    itself: it adds no origin of its own."""
     value = binding.value
+    if not isinstance(value, cst.Call):
+        return False
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
+        return root_name(value.func.value) == binding.name
+    name = value.func.attr.value if isinstance(value.func, cst.Attribute) else getattr(value.func, "value", "")
     return (
-        isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Attribute)
-        and value.func.attr.value in ("to", "cuda")
-        and root_name(value.func.value) == binding.name
+        name in ("DDP", "DistributedDataParallel", "DataParallel")
+        and bool(value.args)
+        and root_name(value.args[0].value) == binding.name
     )
 
 

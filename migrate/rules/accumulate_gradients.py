@@ -33,7 +33,7 @@ import libcst as cst
 from migrate.analysis import Loop, Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.rules.base import accelerator_call, names_read
+from migrate.rules.base import accelerator_call, names_read, prepared_loaders
 
 CODE = "AM005"
 NAME = "accumulate-gradients"
@@ -47,7 +47,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if not roles.can_reach(scope):
             continue
         for site in scope.backwards:
-            loop = _training_loop(roles, scope, site.loops)
+            loop = _training_loop(roles, scope, site.loops, prepared_loaders(roles, plan))
             if loop is None or id(loop) in done or loop.accumulating:
                 continue
             done.add(id(loop))
@@ -55,12 +55,13 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             plan.wrap_loop_body[loop.node] = accelerator_call("accumulate", [cst.Arg(cst.Name(m)) for m in models])
             plan.use_accelerator(scope)
             plan.change(CODE, loop.node, f"loop body wrapped in `accelerator.accumulate({', '.join(models)})`")
+            _manual_accumulation(roles, plan, scope, loop)
 
 
-def _training_loop(roles: Roles, scope: Scope, loops: tuple[Loop, ...]) -> Loop | None:
+def _training_loop(roles: Roles, scope: Scope, loops: tuple[Loop, ...], loaders: list[str]) -> Loop | None:
     """The innermost enclosing loop that iterates a prepared training loader."""
     for loop in reversed(loops):
-        if loop.source is not None and roles.all_in(scope, loop.source, roles.loaders):
+        if loop.source is not None and roles.all_in(scope, loop.source, loaders):
             return loop
     return None
 
@@ -68,3 +69,134 @@ def _training_loop(roles: Roles, scope: Scope, loops: tuple[Loop, ...]) -> Loop 
 def wrapped_or_accumulating(plan: EditPlan, loops: tuple[Loop, ...]) -> bool:
     """True when a statement inside `loops` runs under `accelerator.accumulate` after the rewrite."""
     return any(loop.node in plan.wrap_loop_body or loop.accumulating for loop in loops)
+
+
+# -- hand-written accumulation --------------------------------------------------------------
+
+
+def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop) -> None:
+    """`loss = loss / N` + `if (step + 1) % N == 0: optimizer.step()` -> gradient_accumulation_steps=N.
+
+    The division goes (the Accelerator divides), so does a compensating `* N` in a log line; the
+    step condition becomes `if accelerator.sync_gradients:` (true every N-th micro-step and at the
+    end of the loader), which keeps whatever else the block does on optimizer steps only.
+    """
+    body = loop.node.body
+    if not isinstance(body, cst.IndentedBlock):
+        return
+    gates = [(stmt, n) for stmt in body.body if isinstance(stmt, cst.If) for n in [_step_gate(stmt)] if n is not None]
+    if not gates:
+        return
+    steps = {_code(n) for _, n in gates}
+    if len(steps) != 1:
+        return
+    count = gates[0][1]
+    if not _available_at_creation(roles, plan, count):
+        plan.report(
+            CODE,
+            gates[0][0],
+            f"hand-written gradient accumulation over `{_code(count)}`, which is not a literal or a module "
+            "constant; set `Accelerator(gradient_accumulation_steps=...)` yourself and drop the manual logic",
+        )
+        return
+    for gate, _ in gates:
+        plan.if_tests[gate] = cst.Attribute(cst.Name("accelerator"), cst.Name("sync_gradients"))
+        plan.sync_ifs.add(gate)
+        plan.change(CODE, gate, "optimizer-step condition -> `if accelerator.sync_gradients:`")
+    divided = _remove_divisions(plan, loop.node.body, count)
+    if divided:
+        _remove_compensation(plan, scope, divided, count)
+    plan.accelerator_kwargs["gradient_accumulation_steps"] = _code(count)
+
+
+def _step_gate(stmt: cst.If) -> cst.BaseExpression | None:
+    """N for `if (i + 1) % N == 0:` / `if i % N == 0:` (optionally `... or last`) guarding a step."""
+    if stmt.orelse is not None or "step(" not in _code(stmt.body):
+        return None
+    test = stmt.test
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+        test = test.left
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+        return None
+    target = test.comparisons[0]
+    if not (isinstance(target.operator, cst.Equal) and isinstance(target.comparator, cst.Integer)):
+        return None
+    if target.comparator.value != "0":
+        return None
+    left = test.left
+    if isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo):
+        if isinstance(left.right, (cst.Name, cst.Integer)):
+            return left.right
+    return None
+
+
+def _available_at_creation(roles: Roles, plan: EditPlan, count: cst.BaseExpression) -> bool:
+    """N is a literal, or a module constant bound before a module-level Accelerator is created."""
+    if isinstance(count, cst.Integer):
+        return True
+    assert isinstance(count, cst.Name)
+    module = roles.facts.module_scope
+    bindings = module.bindings.get(count.value, [])
+    if len(bindings) != 1:
+        return False
+    if roles.accelerator_scope is not module:
+        return True
+    if plan.create_at_order:
+        created = plan.create_at_order
+    elif roles.device_binding is not None:
+        created = roles.device_binding.where.order
+    else:
+        return False  # created right after the imports, before any constant
+    return bindings[0].where.order < created
+
+
+def _remove_divisions(plan: EditPlan, body: cst.BaseSuite, count: cst.BaseExpression) -> set[str]:
+    """`x = <expr> / N` -> `x = <expr>`; `x /= N` removed. Returns the divided names."""
+    divided: set[str] = set()
+    wanted = _code(count)
+
+    class Finder(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            value = node.value
+            if (
+                isinstance(value, cst.BinaryOperation)
+                and isinstance(value.operator, cst.Divide)
+                and _code(value.right) == wanted
+                and len(node.targets) == 1
+                and isinstance(node.targets[0].target, cst.Name)
+            ):
+                divided.add(node.targets[0].target.value)
+                plan.keep_left_operand.add(value)
+
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            if len(node.body) != 1:
+                return
+            small = node.body[0]
+            if (
+                isinstance(small, cst.AugAssign)
+                and isinstance(small.operator, cst.DivideAssign)
+                and _code(small.value) == wanted
+                and isinstance(small.target, cst.Name)
+            ):
+                divided.add(small.target.value)
+                plan.replace_stmt[node] = []
+
+    body.visit(Finder())
+    return divided
+
+
+def _remove_compensation(plan: EditPlan, scope: Scope, divided: set[str], count: cst.BaseExpression) -> None:
+    """`loss.item() * N` (undoing the division for a log line) -> `loss.item()`."""
+    wanted = _code(count)
+
+    class Finder(cst.CSTVisitor):
+        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+            if isinstance(node.operator, cst.Multiply) and _code(node.right) == wanted:
+                if set(names_read(node.left)) & divided:
+                    plan.keep_left_operand.add(node)
+
+    scope.node.visit(Finder())
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)

@@ -82,3 +82,8 @@ def accelerator_call(method: str, args: list[cst.Arg]) -> cst.Call:
         func=cst.Attribute(cst.Name("accelerator"), cst.Name(method)),
         args=[a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in args],
     )
+
+
+def prepared_loaders(roles: Roles, plan: EditPlan) -> list[str]:
+    """Training loaders that will be prepared: not those still sharded by a DistributedSampler."""
+    return [n for n in roles.loaders if n not in roles.rank_sampled or n in plan.unsharded_loaders]

@@ -56,6 +56,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 _quiet_progress_bar(plan, scope, call.call)
         if reached:
             _prints(roles, plan, scope)
+        _unwrapped_state_dicts(roles, plan, scope)
 
 
 def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> None:
@@ -71,16 +72,59 @@ def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> N
         )
         return
     state_dicts = [c for c in _state_dict_calls(saved) if _model_root(roles, scope, c) is not None]
+    if not state_dicts and isinstance(saved, cst.Name):
+        # `weights = model.state_dict(); torch.save(weights, path)`: save once, from the main process.
+        bound = [b.value for b in scope.bindings.get(saved.value, []) if b.value is not None]
+        if any(_model_root(roles, scope, c) for v in bound for c in _state_dict_calls(v)):
+            for value in bound:
+                _unwrap_state_dicts(roles, plan, scope, value)
+            plan.calls[call] = lambda updated: updated.with_changes(
+                func=cst.Attribute(cst.Name("accelerator"), cst.Name("save"))
+            )
+            plan.use_accelerator(scope)
+            plan.change(CODE, call, "checkpoint saved once, from the unwrapped model, by `accelerator.save`")
+        return
     if not state_dicts:
         return
-    for state_call in state_dicts:
-        model = _model_root(roles, scope, state_call)
-        plan.calls[state_call] = lambda updated, model=model: updated.with_changes(
-            func=cst.Attribute(accelerator_call("unwrap_model", [cst.Arg(cst.Name(model))]), cst.Name("state_dict"))
-        )
+    _unwrap_state_dicts(roles, plan, scope, saved)
     plan.calls[call] = lambda updated: updated.with_changes(func=cst.Attribute(cst.Name("accelerator"), cst.Name("save")))
     plan.use_accelerator(scope)
     plan.change(CODE, call, "checkpoint saved once, from the unwrapped model, by `accelerator.save`")
+
+
+def _unwrapped_state_dicts(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """`model.state_dict()` / `model.load_state_dict(...)` go through `accelerator.unwrap_model`.
+
+    A prepared model may be wrapped (DistributedDataParallel): its own state dict carries a
+    `module.` prefix, and it would refuse a checkpoint saved by the single-device script. Only
+    after the objects are prepared (or in another function), so `accelerator` exists.
+    """
+    prepared_at = roles.prepare_after.order if roles.prepare_after is not None else 0
+    for site in scope.method_calls:
+        func = site.call.func
+        assert isinstance(func, cst.Attribute) and isinstance(site.receiver, cst.Name)
+        model = site.receiver.value
+        if func.attr.value not in ("state_dict", "load_state_dict") or site.call in plan.calls:
+            continue
+        if not roles.all_in(scope, model, roles.models):
+            continue
+        if scope is roles.home and site.where.order <= prepared_at:
+            continue
+        plan.calls[site.call] = lambda updated, model=model: updated.with_changes(
+            func=updated.func.with_changes(value=accelerator_call("unwrap_model", [cst.Arg(cst.Name(model))]))
+        )
+        plan.use_accelerator(scope)
+        plan.change(CODE, site.call, f"`{model}.{func.attr.value}` on the unwrapped model")
+
+
+def _unwrap_state_dicts(roles: Roles, plan: EditPlan, scope: Scope, expr: cst.BaseExpression) -> None:
+    for state_call in _state_dict_calls(expr):
+        model = _model_root(roles, scope, state_call)
+        if model is None:
+            continue
+        plan.calls[state_call] = lambda updated, model=model: updated.with_changes(
+            func=cst.Attribute(accelerator_call("unwrap_model", [cst.Arg(cst.Name(model))]), cst.Name("state_dict"))
+        )
 
 
 def _state_dict_calls(expr: cst.BaseExpression) -> list[cst.Call]:

@@ -65,7 +65,9 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 and stmt.body[0].value is call.call
             )
             new_call = call.call.with_changes(func=_accelerator_method(method))
-            if standalone and wrapped_or_accumulating(plan, call.loops):
+            parent = call.where.path[-1].stmt if call.where.path else None
+            already_gated = isinstance(parent, cst.If) and parent in plan.sync_ifs
+            if standalone and wrapped_or_accumulating(plan, call.loops) and not already_gated:
                 assert isinstance(stmt, cst.SimpleStatementLine)
                 guarded = cst.If(
                     test=cst.Attribute(cst.Name("accelerator"), cst.Name("sync_gradients")),

@@ -84,6 +84,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _convert_use(plan, scope, site, method)
     _report_unscaled_clipping(roles, plan, scalers, uses)
     plan.accelerator_kwargs["mixed_precision"] = f'"{precision}"'
+    plan.removes_boilerplate = True
 
 
 def _precision(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> str | None:  # type: ignore[type-arg]

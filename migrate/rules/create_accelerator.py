@@ -56,13 +56,29 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     kwargs = ", ".join(f"{name}={value}" for name, value in plan.accelerator_kwargs.items())
     create = statement(f"accelerator = Accelerator({kwargs})\n")
     binding = roles.device_binding
-    if binding is not None:
+    if plan.create_at is not None:
+        # The process group was initialised here (AM007): the Accelerator takes its place.
+        original = plan.create_at
+        plan.replace_stmt[original] = [create.with_changes(leading_lines=original.leading_lines)]
+        if binding is not None:
+            device = binding.where.stmt
+            new_device = statement(f"{binding.name} = accelerator.device\n")
+            if isinstance(device, cst.SimpleStatementLine):
+                new_device = new_device.with_changes(
+                    leading_lines=device.leading_lines, trailing_whitespace=device.trailing_whitespace
+                )
+            plan.replace_stmt[device] = [new_device]
+            plan.rebound[new_device] = binding.name
+        anchor: cst.CSTNode = original
+        message = "created the Accelerator where the process group was initialised"
+    elif binding is not None:
         original = binding.where.stmt
         device = statement(f"{binding.name} = accelerator.device\n")
         if isinstance(original, cst.SimpleStatementLine):
             device = device.with_changes(trailing_whitespace=original.trailing_whitespace)
         plan.replace_stmt[original] = [create.with_changes(leading_lines=original.leading_lines), device]
-        anchor: cst.CSTNode = original
+        plan.rebound[device] = binding.name
+        anchor = original
         message = f"`{binding.name}` is now `accelerator.device`"
     else:
         anchor = roles.create_before  # type: ignore[assignment]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.rules.base import assignment, indent_of
+from migrate.rules.base import assignment, indent_of, prepared_loaders
 
 CODE = "AM004"
 NAME = "prepare-training-objects"
@@ -42,9 +42,19 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     home = roles.home
     if home is None or not (roles.models or roles.optimizers):
         return
+    for name, loop in roles.rank_sampled.items():
+        if name not in plan.unsharded_loaders:
+            plan.report(
+                CODE,
+                loop,
+                f"`{name}` already shards the data by rank (DistributedSampler); preparing it would shard "
+                "twice, so it was not prepared: drop the sampler (keep its shuffle on the DataLoader) and "
+                "add the loader to `accelerator.prepare(...)`",
+            )
+    loaders = prepared_loaders(roles, plan)
     names = [
         n
-        for n in (*roles.models, *roles.optimizers, *roles.loaders, *plan.eval_loaders, *roles.schedulers)
+        for n in (*roles.models, *roles.optimizers, *loaders, *plan.eval_loaders, *roles.schedulers)
         if n not in home.prepared
     ]
     if not names or home.prepared:

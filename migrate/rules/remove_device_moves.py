@@ -33,6 +33,7 @@ from migrate.analysis import Move, Scope
 from migrate.edits import EditPlan
 from migrate.names import root_name
 from migrate.roles import Roles
+from migrate.rules.base import prepared_loaders
 
 CODE = "AM002"
 NAME = "remove-device-moves"
@@ -45,7 +46,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         for move in scope.moves:
             if move.device_arg is not None and not roles.is_device(scope, move.device_arg):
                 continue
-            what = _moved_object(roles, scope, move, plan.eval_loaders)
+            what = _moved_object(roles, scope, move, prepared_loaders(roles, plan), plan.eval_loaders)
             if what is None:
                 continue
             kept = [i for i, arg in enumerate(move.call.args) if arg in move.kept_args]
@@ -54,7 +55,9 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             plan.change(CODE, move.call, f"removed device move of {what}")
 
 
-def _moved_object(roles: Roles, scope: Scope, move: Move, plan_eval_loaders: list[str]) -> str | None:
+def _moved_object(
+    roles: Roles, scope: Scope, move: Move, plan_loaders: list[str], plan_eval_loaders: list[str]
+) -> str | None:
     """'model `m`' / 'batch `x`' when the move is one the Accelerator now makes, else None."""
     receiver = move.receiver
     if isinstance(receiver, cst.Name) and roles.all_in(scope, receiver.value, roles.models):
@@ -67,8 +70,8 @@ def _moved_object(roles: Roles, scope: Scope, move: Move, plan_eval_loaders: lis
     if root is None:
         return None
     for loop in move.loops:
-        prepared_loaders = [*roles.loaders, *plan_eval_loaders]
-        if root in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, prepared_loaders):
+        loaders = [*plan_loaders, *plan_eval_loaders]
+        if root in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, loaders):
             return f"batch `{root}`"
     return None
 

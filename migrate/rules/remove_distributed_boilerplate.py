@@ -1,0 +1,362 @@
+"""Replace hand-written torch.distributed boilerplate with the Accelerator.
+
+What it does:
+    - `dist.init_process_group(...)` becomes `accelerator = Accelerator(...)` (the Accelerator
+      joins the process group itself; on one process it needs none); a device chosen from the
+      rank (`torch.device("cuda", local_rank)`) becomes `accelerator.device`;
+      `torch.cuda.set_device(...)` goes; `dist.destroy_process_group()` becomes
+      `accelerator.end_training()`.
+    - `RANK` / `LOCAL_RANK` / `WORLD_SIZE` read from the environment, `dist.get_rank()` and
+      `dist.get_world_size()` become `accelerator.process_index` / `local_process_index` /
+      `num_processes`; rank-0 checks (`rank == 0`, `dist.get_rank() == 0`, `local_rank == 0`)
+      become `accelerator.is_main_process` / `accelerator.is_local_main_process`.
+    - `model = DDP(model, ...)` and `model = nn.DataParallel(model)` go (prepare wraps the model);
+      `model.module` becomes `accelerator.unwrap_model(model)`.
+    - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader, `sampler.set_epoch(...)`
+      goes (prepared loaders reshuffle each epoch themselves), and the loader is prepared.
+    - `dist.barrier()` becomes `accelerator.wait_for_everyone()`.
+
+Why:
+    The Accelerator owns the process group, the rank and the device, and its prepared objects do
+    what the boilerplate did; the migrated script then also runs as plain `python train.py`.
+
+Example:
+    dist.init_process_group(backend="nccl")        accelerator = Accelerator()
+    local_rank = int(os.environ["LOCAL_RANK"])  ->  local_rank = accelerator.local_process_index
+    model = DDP(model, device_ids=[local_rank])     (removed)
+    if dist.get_rank() == 0:                        if accelerator.is_main_process:
+
+Leaves alone:
+    `mp.spawn` launchers, a process group initialised in another function than the one that
+    builds the optimizer, samplers with options that have no DataLoader equivalent, and explicit
+    collectives (`dist.all_reduce`: they still work under the runtime, which initialises the
+    process group) — each reported.
+
+Fix safety:
+    Safe: the prepared objects reproduce the sharding, wrapping and rank logic.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.analysis import Scope, StmtRef
+from migrate.edits import EditPlan
+from migrate.names import root_name
+from migrate.roles import Roles
+from migrate.rules.base import accelerator_call
+
+CODE = "AM007"
+NAME = "remove-distributed-boilerplate"
+
+_INIT = "torch.distributed.init_process_group"
+_DESTROY = "torch.distributed.destroy_process_group"
+_BARRIER = "torch.distributed.barrier"
+_SET_DEVICE = "torch.cuda.set_device"
+_SPAWN = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
+_COLLECTIVES = frozenset(
+    f"torch.distributed.{name}"
+    for name in ("all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter", "all_gather_object")
+)
+_WRAPPERS = frozenset(
+    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}
+)
+_SAMPLERS = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
+_RANK_PROPERTY = {
+    "torch.distributed.get_rank": "process_index",
+    "torch.distributed.get_world_size": "num_processes",
+}
+_ENV_PROPERTY = {"RANK": "process_index", "LOCAL_RANK": "local_process_index", "WORLD_SIZE": "num_processes"}
+_ENV_DEFAULT = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+_MAIN_CHECK = {"process_index": "is_main_process", "local_process_index": "is_local_main_process"}
+
+
+def apply(roles: Roles, plan: EditPlan) -> None:
+    if roles.home is None or not roles.models or roles.accelerator_exists:
+        return
+    plan.removes_boilerplate = True
+    creation_order = _place_creation(roles, plan)
+    rank_names: dict[tuple[int, str], str] = {}  # (scope id, name) -> accelerator property
+    for scope in roles.facts.scopes:
+        reach = roles.can_reach(scope)
+        _env_rank_bindings(roles, plan, scope, reach, creation_order, rank_names)
+        for call in scope.library_calls:
+            _library_call(roles, plan, scope, call.qualified, call.call, call.where, reach)
+    for scope in roles.facts.scopes:
+        if roles.can_reach(scope):
+            _rank_checks(roles, plan, scope, rank_names)
+            _module_accesses(roles, plan, scope)
+    _remove_wrappers(roles, plan)
+    _remove_samplers(roles, plan)
+
+
+def _place_creation(roles: Roles, plan: EditPlan) -> int:
+    """Create the Accelerator where the process group was initialised; return its order."""
+    target = roles.accelerator_scope
+    assert target is not None
+    for call in target.library_calls:
+        if call.qualified != _INIT or not _standalone(call.where, call.call) or call.where.in_loop:
+            continue
+        device = roles.device_binding
+        if device is not None and device.where.order < call.where.order:
+            plan.replace_stmt[call.where.stmt] = []
+            plan.change(CODE, call.call, "process group initialisation removed: the Accelerator joins it")
+            return device.where.order
+        plan.create_at = call.where.stmt
+        plan.create_at_order = call.where.order
+        plan.change(CODE, call.call, "`init_process_group` -> `accelerator = Accelerator()`")
+        return call.where.order
+    if roles.device_binding is not None:
+        return roles.device_binding.where.order
+    return 0  # created at the top of its scope
+
+
+def _library_call(
+    roles: Roles, plan: EditPlan, scope: Scope, qualified: str, call: cst.Call, where: StmtRef, reach: bool
+) -> None:
+    if qualified in _SPAWN:
+        plan.report(CODE, call, "`mp.spawn` starts its own processes: launch the script with `accel launch "
+                    "--nproc-per-node N` and call the worker function directly instead")
+    elif qualified in _COLLECTIVES:
+        plan.report(CODE, call, "explicit collective kept: it works under the runtime's process group, but "
+                    "fails on a single process started without torchrun; prefer `accelerator.reduce/gather`")
+    elif qualified == _INIT and where.stmt is not plan.create_at and where.stmt not in plan.replace_stmt:
+        plan.report(CODE, call, f"process group initialised in `{scope.name}`; it was kept (the runtime reuses "
+                    "an existing group), but the script now needs torchrun: move the setup to the Accelerator")
+    elif not reach:
+        return
+    elif qualified == _SET_DEVICE and _standalone(where, call):
+        plan.replace_stmt[where.stmt] = []
+        plan.change(CODE, call, "`torch.cuda.set_device` removed: the Accelerator sets the device")
+    elif qualified == _DESTROY:
+        plan.calls[call] = lambda updated: accelerator_call("end_training", [])
+        plan.use_accelerator(scope)
+        plan.change(CODE, call, "`destroy_process_group()` -> `accelerator.end_training()`")
+    elif qualified == _BARRIER:
+        plan.calls[call] = lambda updated: accelerator_call("wait_for_everyone", [])
+        plan.use_accelerator(scope)
+        plan.change(CODE, call, "`dist.barrier()` -> `accelerator.wait_for_everyone()`")
+    elif qualified in _RANK_PROPERTY and call not in plan.calls:
+        prop = _RANK_PROPERTY[qualified]
+        plan.calls[call] = lambda updated, prop=prop: cst.Attribute(cst.Name("accelerator"), cst.Name(prop))
+        plan.use_accelerator(scope)
+        plan.change(CODE, call, f"`{qualified.rsplit('.', 1)[1]}()` -> `accelerator.{prop}`")
+
+
+def _env_rank_bindings(
+    roles: Roles, plan: EditPlan, scope: Scope, reach: bool, creation_order: int, rank_names: dict[tuple[int, str], str]
+) -> None:
+    """`local_rank = int(os.environ["LOCAL_RANK"])` and `rank = dist.get_rank()`."""
+    for name, bindings in scope.bindings.items():
+        for binding in bindings:
+            value = binding.value
+            if value is None:
+                continue
+            variable = _env_variable(roles, value)
+            if variable is not None:
+                prop = _ENV_PROPERTY[variable]
+                rank_names[(id(scope), name)] = prop
+                if reach and (scope is not roles.accelerator_scope or binding.where.order > creation_order):
+                    rebound = _rebind(binding.where.stmt, name, prop)
+                    plan.replace_stmt[binding.where.stmt] = [rebound]
+                    plan.rebound[rebound] = name
+                    plan.use_accelerator(scope)
+                    plan.change(CODE, binding.where.stmt, f"`{name}` from `accelerator.{prop}`")
+                else:
+                    _default_env_read(plan, binding.where.stmt, variable)
+            elif isinstance(value, cst.Call) and roles.facts.aliases.qualify(value.func) in _RANK_PROPERTY:
+                rank_names[(id(scope), name)] = _RANK_PROPERTY[roles.facts.aliases.qualify(value.func) or ""]
+
+
+def _env_variable(roles: Roles, value: cst.BaseExpression) -> str | None:
+    """"LOCAL_RANK" for `int(os.environ["LOCAL_RANK"])`, `os.environ.get("RANK", 0)`, ..."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "int" and value.args:
+        value = value.args[0].value
+    key: cst.BaseExpression | None = None
+    if isinstance(value, cst.Subscript) and roles.facts.aliases.qualify(value.value) == "os.environ":
+        element = value.slice[0].slice
+        key = element.value if isinstance(element, cst.Index) else None
+    elif (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value == "get"
+        and roles.facts.aliases.qualify(value.func.value) == "os.environ"
+        and value.args
+    ):
+        key = value.args[0].value
+    if isinstance(key, cst.SimpleString) and key.evaluated_value in _ENV_PROPERTY:
+        return str(key.evaluated_value)
+    return None
+
+
+def _rebind(stmt: cst.BaseStatement, name: str, prop: str) -> cst.BaseStatement:
+    new = cst.parse_statement(f"{name} = accelerator.{prop}\n")
+    if isinstance(stmt, cst.SimpleStatementLine):
+        new = new.with_changes(leading_lines=stmt.leading_lines, trailing_whitespace=stmt.trailing_whitespace)
+    return new
+
+
+def _default_env_read(plan: EditPlan, stmt: cst.BaseStatement, variable: str) -> None:
+    """Before the Accelerator exists, keep the read but give it torchrun's single-process value."""
+
+    class Subscripts(cst.CSTVisitor):
+        def visit_Subscript(self, node: cst.Subscript) -> None:
+            if isinstance(node.value, cst.Attribute) and node.value.attr.value == "environ":
+                key = node.slice[0].slice
+                if isinstance(key, cst.Index):
+                    found.append((node, key.value))
+
+    found: list[tuple[cst.Subscript, cst.BaseExpression]] = []
+    stmt.visit(Subscripts())
+    for node, key in found:
+        plan.subscripts[node] = lambda updated, node=node, key=key: cst.Call(
+            func=cst.Attribute(node.value, cst.Name("get")),
+            args=[cst.Arg(key), cst.Arg(cst.SimpleString(f'"{_ENV_DEFAULT[variable]}"'))],
+        )
+        plan.change(CODE, node, f"`{variable}` read with torchrun's single-process default")
+
+
+def _rank_checks(roles: Roles, plan: EditPlan, scope: Scope, rank_names: dict[tuple[int, str], str]) -> None:
+    for comparison, operand, equal in scope.zero_comparisons:
+        prop = None
+        if isinstance(operand, cst.Name):
+            found = roles.origins(scope, operand.value)
+            props = {rank_names.get((id(s), n)) for s, n in found or ()}
+            prop = props.pop() if len(props) == 1 else None
+        elif isinstance(operand, cst.Call):
+            prop = _RANK_PROPERTY.get(roles.facts.aliases.qualify(operand.func) or "")
+        check = _MAIN_CHECK.get(prop or "")
+        if check is None:
+            continue
+        test: cst.BaseExpression = cst.Attribute(cst.Name("accelerator"), cst.Name(check))
+        if not equal:
+            test = cst.UnaryOperation(cst.Not(), test)
+        plan.comparisons[comparison] = test.with_changes(lpar=comparison.lpar, rpar=comparison.rpar)
+        if isinstance(operand, cst.Call):
+            plan.calls.pop(operand, None)
+        plan.use_accelerator(scope)
+        plan.change(CODE, comparison, f"rank check -> `accelerator.{check}`")
+
+
+def _module_accesses(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    for attribute, _ in scope.module_accesses:
+        assert isinstance(attribute.value, cst.Name)
+        model = attribute.value.value
+        if not roles.all_in(scope, model, roles.models):
+            continue
+        plan.attributes[attribute] = lambda updated, model=model: accelerator_call(
+            "unwrap_model", [cst.Arg(cst.Name(model))]
+        )
+        plan.use_accelerator(scope)
+        plan.change(CODE, attribute, f"`{model}.module` -> `accelerator.unwrap_model({model})`")
+
+
+def _remove_wrappers(roles: Roles, plan: EditPlan) -> None:
+    """`model = DDP(model, ...)`: the statement goes (and an `if` that only held it)."""
+    home = roles.home
+    assert home is not None
+    for name in roles.models:
+        for binding in home.bindings.get(name, []):
+            value = binding.value
+            if not (isinstance(value, cst.Call) and roles.facts.aliases.qualify(value.func) in _WRAPPERS):
+                continue
+            if not value.args:
+                continue
+            inner = value.args[0].value
+            stmt = binding.where.stmt
+            if root_name(inner) == name and isinstance(inner, cst.Name):
+                parent = binding.where.path[-1].stmt if binding.where.path else None
+                if isinstance(parent, cst.If) and parent.orelse is None and _only_statement(parent, stmt):
+                    plan.replace_stmt[parent] = []
+                else:
+                    plan.replace_stmt[stmt] = []
+            else:
+                plan.calls[value] = lambda updated: updated.args[0].value
+            plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
+
+
+def _only_statement(parent: cst.If, stmt: cst.BaseStatement) -> bool:
+    body = parent.body
+    return isinstance(body, cst.IndentedBlock) and len(body.body) == 1 and body.body[0] is stmt
+
+
+def _remove_samplers(roles: Roles, plan: EditPlan) -> None:
+    home = roles.home
+    assert home is not None
+    for loader in roles.rank_sampled:
+        for binding in home.bindings.get(loader, []):
+            value = binding.value
+            if not isinstance(value, cst.Call):
+                continue
+            for index, arg in enumerate(value.args):
+                if arg.keyword is None or arg.keyword.value != "sampler":
+                    continue
+                converted = _sampler_shuffle(roles, plan, home, arg.value)
+                if converted is None:
+                    continue
+                shuffle, sampler_name = converted
+                has_shuffle = any(a.keyword is not None and a.keyword.value == "shuffle" for a in value.args)
+                plan.calls[value] = lambda updated, index=index, shuffle=shuffle, has_shuffle=has_shuffle: (
+                    _swap_sampler(updated, index, shuffle, has_shuffle)
+                )
+                plan.unsharded_loaders.add(loader)
+                plan.change(CODE, value, f"DistributedSampler removed from `{loader}`; prepare shards it")
+                if sampler_name is not None:
+                    _remove_sampler_uses(roles, plan, sampler_name)
+
+
+def _sampler_shuffle(
+    roles: Roles, plan: EditPlan, home: Scope, sampler: cst.BaseExpression
+) -> tuple[cst.BaseExpression, str | None] | None:
+    name = sampler.value if isinstance(sampler, cst.Name) else None
+    calls = [b.value for b in home.bindings.get(name, [])] if name is not None else [sampler]
+    if len(calls) != 1 or not isinstance(calls[0], cst.Call):
+        return None
+    call = calls[0]
+    if roles.facts.aliases.qualify(call.func) not in _SAMPLERS:
+        return None
+    shuffle: cst.BaseExpression = cst.Name("True")
+    for arg in call.args[1:]:
+        keyword = arg.keyword.value if arg.keyword is not None else None
+        if keyword == "shuffle":
+            shuffle = arg.value
+        elif keyword not in ("num_replicas", "rank"):
+            plan.report(CODE, call, f"DistributedSampler option `{keyword or 'positional'}` has no DataLoader "
+                        "equivalent; the sampler was kept and the loader not prepared")
+            return None
+    if name is not None:
+        for binding in home.bindings[name]:
+            plan.replace_stmt[binding.where.stmt] = []
+    return shuffle, name
+
+
+def _swap_sampler(call: cst.Call, index: int, shuffle: cst.BaseExpression, has_shuffle: bool) -> cst.Call:
+    args = list(call.args)
+    if has_shuffle:
+        del args[index]
+        if args and index == len(args):
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    else:
+        args[index] = args[index].with_changes(keyword=cst.Name("shuffle"), value=shuffle)
+    return call.with_changes(args=args)
+
+
+def _remove_sampler_uses(roles: Roles, plan: EditPlan, sampler: str) -> None:
+    for scope in roles.facts.scopes:
+        for site in scope.method_calls:
+            if not (isinstance(site.receiver, cst.Name) and site.receiver.value == sampler):
+                continue
+            assert isinstance(site.call.func, cst.Attribute)
+            if site.call.func.attr.value == "set_epoch" and _standalone(site.where, site.call):
+                plan.replace_stmt[site.where.stmt] = []
+                plan.change(CODE, site.call, "`set_epoch` removed: prepared loaders reshuffle each epoch")
+
+
+def _standalone(where: StmtRef, call: cst.Call) -> bool:
+    stmt = where.stmt
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and stmt.body[0].value is call
+    )
