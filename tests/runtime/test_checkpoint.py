@@ -13,7 +13,7 @@ import pytest
 import torch
 from rt_helpers import WORKERS, run_cmd, torchrun
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from runtime import Accelerator, checkpoint
 from runtime.checkpoint import (
@@ -102,6 +102,15 @@ def test_rng_states_restored_per_rank(two_processes) -> None:
         "scheduler.bin",
     ]
     assert not list(out.glob(".ckpt_*"))  # no temporary directories left behind
+
+
+def test_failing_rank_aborts_the_save_on_every_rank(two_processes) -> None:
+    runs, out = two_processes
+    # Rank 1 could not write; rank 0 learnt it from the all-reduce instead of renaming.
+    assert runs[1][0]["failed_save"] == "OSError: disk full (simulated on rank 1)"
+    assert runs[0][0]["failed_save"].startswith("CheckpointError: another rank failed")
+    # The overwritten checkpoint was the one the resume test loaded: it survived intact.
+    assert not list(out.glob(".ckpt_*"))
 
 
 # -- in-process, one process ----------------------------------------------------------------------
@@ -364,3 +373,42 @@ def test_save_model_writes_unwrapped_state_dict(tmp_path: Path) -> None:
     unwrapped = accelerator.unwrap_model(model).state_dict()
     assert saved.keys() == unwrapped.keys()
     assert all(torch.equal(saved[k], unwrapped[k]) for k in saved)
+
+
+class ShuffledStream(IterableDataset):
+    """An IterableDataset that shuffles with the global RNG when its iteration starts."""
+
+    def __iter__(self):
+        yield from torch.randperm(24).tolist()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DataLoader(ShuffledStream(), batch_size=4),
+        lambda: DataLoader(TensorDataset(torch.arange(24)), batch_size=4, shuffle=True, num_workers=2),
+        lambda: DataLoader(
+            TensorDataset(torch.arange(24)), batch_size=4, shuffle=True, num_workers=2,
+            persistent_workers=True,
+        ),
+    ],
+    ids=["iterable", "workers", "persistent-workers"],
+)
+def test_mid_epoch_resume_iterable_and_worker_loaders(tmp_path: Path, make) -> None:
+    def batches(loader) -> list[list[int]]:
+        return [(b[0] if isinstance(b, list) else b).tolist() for b in loader]
+
+    torch.manual_seed(1)
+    accelerator = Accelerator()
+    loader = accelerator.prepare(make())
+    iterator = iter(loader)
+    _ = [next(iterator) for _ in range(2)]
+    accelerator.save_state(tmp_path / "ckpt")
+    rest, next_epoch = batches(iterator), batches(loader)
+
+    torch.manual_seed(2)  # another RNG: load_state must bring back the shuffle and the position
+    accelerator2 = Accelerator()
+    loader2 = accelerator2.prepare(make())
+    accelerator2.load_state(tmp_path / "ckpt")
+    assert batches(loader2) == rest and len(rest) == 4
+    assert batches(loader2) == next_epoch

@@ -150,6 +150,26 @@ def main() -> None:
                 "draws_after_load": after_load,
                 "step_after_load": step_after_load,
             }
+    if mode == "first" and Accelerator().num_processes > 1:
+        # Rank 1 fails while overwriting a good checkpoint: every rank must raise (no hang), and
+        # the resume run then proves the previous checkpoint survived.
+        from runtime import checkpoint
+
+        real_write = checkpoint.write_file
+
+        def broken_write(obj, path) -> None:
+            raise OSError("disk full (simulated on rank 1)")
+
+        if rank == 1:
+            checkpoint.write_file = broken_write
+        acc = Accelerator()
+        objs = build(acc, CASES["mid_epoch"])
+        try:
+            acc.save_state(out / "ckpt_mid_epoch")
+            result["failed_save"] = "no error"
+        except Exception as error:  # noqa: BLE001 - recorded for the test
+            result["failed_save"] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        checkpoint.write_file = real_write
     torch.save(result, out / f"{mode}_rank{rank}.pt")
 
 
