@@ -173,6 +173,7 @@ def find_roles(facts: Facts) -> Roles:
         return roles
     _find_models(roles)
     _find_loaders(roles)
+    _report_unsharded_training(roles)
     _find_schedulers(roles)
     _find_eval_loops(roles)
     _place_accelerator(roles)
@@ -348,6 +349,24 @@ def _shards_by_rank(roles: Roles, home: Scope, loader: str) -> bool:
             if any(_call_name(roles, v, _DISTRIBUTED_SAMPLER) for v in values):
                 return True
     return False
+
+
+def _report_unsharded_training(roles: Roles) -> None:
+    """A training step that no DataLoader feeds (tensors, a `get_batch()` helper) is not sharded."""
+    if roles.loaders or any(f.code == "AM004" for f in roles.findings):
+        return
+    sites = [site for scope in roles.facts.scopes for site in scope.backwards]
+    if not sites:
+        return
+    roles.findings.append(
+        Finding(
+            "AM004",
+            sites[0].call,
+            "no DataLoader feeds this training step, so every process would train on the same data: build "
+            "the batches with a torch.utils.data.DataLoader (prepared, it shards them), or select this "
+            "process's share with `accelerator.process_index` / `accelerator.num_processes`",
+        )
+    )
 
 
 def _find_schedulers(roles: Roles) -> None:
