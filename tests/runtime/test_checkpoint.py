@@ -412,3 +412,37 @@ def test_mid_epoch_resume_iterable_and_worker_loaders(tmp_path: Path, make) -> N
     accelerator2.load_state(tmp_path / "ckpt")
     assert batches(loader2) == rest and len(rest) == 4
     assert batches(loader2) == next_epoch
+
+
+def test_grad_scaler_state_saved_and_restored(tmp_path: Path) -> None:
+    accelerator, model, optimizer, _ = _setup(mixed_precision="fp16")
+    assert accelerator.scaler is not None
+    optimizer.zero_grad()
+    with accelerator.autocast():
+        loss = model(torch.ones(4, 3)).float().sum()
+    accelerator.backward(loss)
+    optimizer.step()
+    accelerator.scaler.update(new_scale=1234.0)
+    accelerator.save_state(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "scaler.pt").is_file()
+
+    accelerator2, *_ = _setup(mixed_precision="fp16")
+    assert accelerator2.scaler.get_scale() != 1234.0
+    accelerator2.load_state(tmp_path / "ckpt")
+    assert accelerator2.scaler.get_scale() == 1234.0
+
+
+def test_accumulation_micro_step_restored(tmp_path: Path) -> None:
+    accelerator, model, _, _ = _setup(gradient_accumulation_steps=4)
+    for _ in range(2):
+        with accelerator.accumulate(model):
+            pass
+    assert not accelerator.sync_gradients
+    accelerator.save_state(tmp_path / "ckpt")
+    accelerator2, model2, _, _ = _setup(gradient_accumulation_steps=4)
+    accelerator2.load_state(tmp_path / "ckpt")
+    syncs = []
+    for _ in range(2):
+        with accelerator2.accumulate(model2):
+            syncs.append(accelerator2.sync_gradients)
+    assert syncs == [False, True]  # micro-steps 3 and 4 of the saved cycle
