@@ -1,12 +1,15 @@
-"""Remove what the rewrite left unused: rank bindings it rebound, imports whose uses it removed.
+"""Remove what the rewrite left unused: rank and device bindings it rebound, imports whose uses it
+removed.
 
-Runs on the rewritten module, only when a rule scheduled something. Only names the rewrite made
-unused go: an import the original script never used stays (it is not ours to remove).
+Runs on the rewritten module only when a rule scheduled something. Only names the rewrite made
+unused go: an import the original script never used stays (it is not ours to remove). Uses are
+counted as whole words in the code, so a name that only appears in a string or comment counts as
+used: the cleanup errs on the side of keeping code.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import re
 
 import libcst as cst
 
@@ -25,89 +28,99 @@ _BOILERPLATE_PREFIXES = (
 )
 
 
-class _NameCounter(cst.CSTVisitor):
-    """Counts names as they are read or bound in code (not attribute names, keywords or imports)."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.counts[node.value] += 1
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
-        return False
-
-    def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)
-        return False
-
-    def visit_Import(self, node: cst.Import) -> bool:
-        return False
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        return False
+def _uses(code: str, name: str) -> int:
+    return len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code))
 
 
-def _counts(node: cst.CSTNode) -> Counter[str]:
-    counter = _NameCounter()
-    node.visit(counter)
-    return counter.counts
-
-
-def remove_unused(original: cst.Module, new: cst.Module, rebound: dict[cst.BaseStatement, str]) -> cst.Module:
-    before = _counts(original)
-    after = _counts(new)
-    dead_statements = {id(stmt) for stmt, name in rebound.items() if after[name] <= 1}
-    if dead_statements:
-        new = new.visit(_StatementRemover(dead_statements))
-        after = _counts(new)
-    new = new.visit(_ImportRemover(before, after))
-    return _keep_file_start(original, new)
-
-
-def _keep_file_start(original: cst.Module, new: cst.Module) -> cst.Module:
-    """A removed first statement must not leave the file starting with blank lines."""
-    if not (original.body and new.body) or original.body[0].leading_lines:
+def remove_unused(original: str, new: cst.Module, rebound: dict[cst.BaseStatement, str]) -> cst.Module:
+    code = new.code
+    dead = [stmt for stmt, name in rebound.items() if _uses(code, name) <= 1]
+    dead_code = "".join(new.code_for_node(stmt) for stmt in dead)
+    imports = [stmt for stmt in new.body if _is_import_line(stmt)]
+    import_code = "".join(new.code_for_node(stmt) for stmt in imports)
+    unused_imports = set()
+    for local in _boilerplate_locals(imports):
+        in_imports = _uses(import_code, local)
+        was_used = _uses(original, local) > in_imports
+        still_used = _uses(code, local) - in_imports - _uses(dead_code, local) > 0
+        if was_used and not still_used:
+            unused_imports.add(local)
+    if not dead and not unused_imports:
         return new
-    first = new.body[0]
-    lines = list(first.leading_lines)
-    while lines and lines[0].comment is None:
-        lines.pop(0)
-    if len(lines) == len(first.leading_lines):
-        return new
-    return new.with_changes(body=[first.with_changes(leading_lines=lines), *new.body[1:]])
+    return new.visit(_Remover({id(stmt) for stmt in dead}, unused_imports))
 
 
-class _StatementRemover(cst.CSTTransformer):
-    def __init__(self, dead: set[int]) -> None:
+def _is_import_line(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in stmt.body
+    )
+
+
+def _boilerplate_locals(imports: list[cst.BaseStatement]) -> set[str]:
+    found: set[str] = set()
+    for stmt in imports:
+        assert isinstance(stmt, cst.SimpleStatementLine)
+        for small in stmt.body:
+            for qualified, local in _aliases(small):
+                if _is_boilerplate(qualified):
+                    found.add(local)
+    return found
+
+
+def _aliases(small: cst.BaseSmallStatement) -> list[tuple[str, str]]:
+    """(qualified name, local name) for each alias of an import statement."""
+    pairs: list[tuple[str, str]] = []
+    if isinstance(small, cst.Import):
+        for alias in small.names:
+            dotted = dotted_name(alias.name) or ""
+            local = _asname(alias) or dotted.split(".")[0]
+            pairs.append((dotted, local))
+    elif isinstance(small, cst.ImportFrom) and small.module is not None and not isinstance(small.names, cst.ImportStar):
+        module = dotted_name(small.module) or ""
+        for alias in small.names:
+            name = alias.name.value if isinstance(alias.name, cst.Name) else ""
+            pairs.append((f"{module}.{name}", _asname(alias) or name))
+    return pairs
+
+
+def _asname(alias: cst.ImportAlias) -> str | None:
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    return None
+
+
+def _is_boilerplate(qualified: str) -> bool:
+    return any(qualified == p or qualified.startswith(p + ".") for p in _BOILERPLATE_PREFIXES)
+
+
+class _Remover(cst.CSTTransformer):
+    """Drops the dead statements and the unused import aliases (and emptied import lines)."""
+
+    def __init__(self, dead: set[int], unused_imports: set[str]) -> None:
         super().__init__()
         self.dead = dead
+        self.unused = unused_imports
+        self.first_removed = False
 
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[no-untyped-def]
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not (original_node.body and updated_node.body) or original_node.body[0].leading_lines:
+            return updated_node
+        # A removed first statement must not leave the file starting with blank lines.
+        first = updated_node.body[0]
+        lines = list(first.leading_lines)
+        while lines and lines[0].comment is None:
+            lines.pop(0)
+        return updated_node.with_changes(body=[first.with_changes(leading_lines=lines), *updated_node.body[1:]])
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine):  # type: ignore[no-untyped-def]
         if id(original_node) in self.dead:
             return cst.RemoveFromParent()
         return updated_node
 
-
-class _ImportRemover(cst.CSTTransformer):
-    def __init__(self, before: Counter[str], after: Counter[str]) -> None:
-        super().__init__()
-        self.before = before
-        self.after = after
-
-    def _made_unused(self, local: str) -> bool:
-        return self.before[local] > 0 and self.after[local] == 0
-
     def leave_Import(self, original_node: cst.Import, updated_node: cst.Import):  # type: ignore[no-untyped-def]
-        kept = []
-        for alias in updated_node.names:
-            dotted = dotted_name(alias.name) or ""
-            local = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else dotted.split(".")[0]
-            if _is_boilerplate(dotted) and self._made_unused(local):
-                continue
-            kept.append(alias)
-        return self._rebuild(updated_node, kept)
+        kept = [a for a in updated_node.names if (_asname(a) or (dotted_name(a.name) or "").split(".")[0]) not in self.unused
+                or not _is_boilerplate(dotted_name(a.name) or "")]
+        return _rebuild(updated_node, kept)
 
     def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom):  # type: ignore[no-untyped-def]
         if isinstance(updated_node.names, cst.ImportStar) or updated_node.module is None:
@@ -116,23 +129,18 @@ class _ImportRemover(cst.CSTTransformer):
         kept = []
         for alias in updated_node.names:
             name = alias.name.value if isinstance(alias.name, cst.Name) else ""
-            local = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else name
-            if _is_boilerplate(f"{module}.{name}") and self._made_unused(local):
+            if (_asname(alias) or name) in self.unused and _is_boilerplate(f"{module}.{name}"):
                 continue
             kept.append(alias)
-        return self._rebuild(updated_node, kept)
-
-    @staticmethod
-    def _rebuild(node, kept):  # type: ignore[no-untyped-def]
-        if len(kept) == len(node.names):
-            return node
-        if not kept:
-            return cst.RemoveFromParent()
-        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        if isinstance(node, cst.ImportFrom) and node.rpar is not None and len(kept) == 1:
-            return node.with_changes(names=kept, lpar=None, rpar=None)
-        return node.with_changes(names=kept)
+        return _rebuild(updated_node, kept)
 
 
-def _is_boilerplate(qualified: str) -> bool:
-    return any(qualified == p or qualified.startswith(p + ".") for p in _BOILERPLATE_PREFIXES)
+def _rebuild(node, kept):  # type: ignore[no-untyped-def]
+    if len(kept) == len(node.names):
+        return node
+    if not kept:
+        return cst.RemoveFromParent()
+    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    if isinstance(node, cst.ImportFrom) and node.rpar is not None and len(kept) == 1:
+        return node.with_changes(names=kept, lpar=None, rpar=None)
+    return node.with_changes(names=kept)

@@ -10,13 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from migrate.analysis import analyze
 from migrate.cleanup import remove_unused
 from migrate.edits import EditPlan
+from migrate.imports import add_imports
 from migrate.registry import RULES
 from migrate.results import Change, Diagnostic, FileError, FileResult
 from migrate.rewriter import Rewriter
@@ -74,12 +73,9 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
 
     new_module = module.visit(Rewriter(plan))
     if plan.removes_boilerplate or plan.rebound:
-        new_module = remove_unused(module, new_module, plan.rebound)
+        new_module = remove_unused(text, new_module, plan.rebound)
     if plan.imports:
-        context = CodemodContext()
-        for module_name, obj in sorted(plan.imports):
-            AddImportsVisitor.add_needed_import(context, module_name, obj)
-        new_module = AddImportsVisitor(context).transform_module(new_module)
+        new_module = add_imports(new_module, plan.imports)
     new_text = new_module.code
     try:
         compile(new_text, path, "exec", dont_inherit=True)
