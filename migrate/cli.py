@@ -110,6 +110,9 @@ def migrate(
     config: Optional[Path] = typer.Option(
         None, "--config", help="Read settings from this pyproject.toml instead of searching for one."
     ),
+    annotate: bool = typer.Option(
+        False, "--annotate", help="Also leave a `# TODO(accel-migrate): ...` comment above each diagnostic's line."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="List every change made, with its line."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors, the diff and the report."),
     version: bool = typer.Option(
@@ -126,6 +129,7 @@ def migrate(
                 "select": select,
                 "ignore": ignore,
                 "mixed_precision": mixed_precision,
+                "annotate": annotate or None,
                 "exclude": _patterns(exclude),
                 "extend_exclude": _patterns(extend_exclude),
                 "force_exclude": force_exclude,
@@ -151,7 +155,7 @@ def migrate(
     raise typer.Exit(code)
 
 
-def _build_options(target, select, ignore, mixed_precision="no"):  # type: ignore[no-untyped-def]
+def _build_options(target, select, ignore, mixed_precision="no", annotate=False):  # type: ignore[no-untyped-def]
     from migrate.config import MIXED_PRECISION, TARGETS
     from migrate.engine import Options
 
@@ -165,7 +169,13 @@ def _build_options(target, select, ignore, mixed_precision="no"):  # type: ignor
     unknown = sorted((_codes(select) | _codes(ignore)) - known)
     if unknown:
         _fail_usage(f"unknown rule code(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return Options(target=target, select=_codes(select), ignore=_codes(ignore), mixed_precision=mixed_precision)
+    return Options(
+        target=target,
+        select=_codes(select),
+        ignore=_codes(ignore),
+        mixed_precision=mixed_precision,
+        annotate=bool(annotate),
+    )
 
 
 def _known_codes() -> set[str]:
@@ -180,7 +190,9 @@ def options_from_flags(flags: list[str]):  # type: ignore[no-untyped-def]
     command = typer.main.get_command(app)
     with command.make_context("accel-migrate", [*flags, "-"]) as context:
         params = context.params
-    return _build_options(params["target"], params["select"], params["ignore"], params["mixed_precision"])
+    return _build_options(
+        params["target"], params["select"], params["ignore"], params["mixed_precision"], params["annotate"]
+    )
 
 
 def _fail_usage(message: str) -> None:
@@ -227,7 +239,11 @@ def _main(
     config_paths = [Path(stdin_filename)] if stdin and stdin_filename else [p for p in paths if str(p) != "-"]
     settings, root = _settings(cli, config_path, config_paths)
     options = _build_options(
-        settings.get("target"), settings.get("select"), settings.get("ignore"), settings.get("mixed_precision")
+        settings.get("target"),
+        settings.get("select"),
+        settings.get("ignore"),
+        settings.get("mixed_precision"),
+        settings.get("annotate"),
     )
     mode = "diff" if diff else "check" if check else "write"
     if stdin:

@@ -70,6 +70,7 @@ KEYS = {
     "exclude": ("exclude", _string_list),
     "extend-exclude": ("extend_exclude", _string_list),
     "force-exclude": ("force_exclude", lambda v: _bool(v)),
+    "annotate": ("annotate", lambda v: _bool(v)),
     "mixed-precision": ("mixed_precision", lambda v: _string(v, MIXED_PRECISION)),
     "jobs": ("jobs", _jobs),
     "output-format": ("output_format", lambda v: _string(v, OUTPUT_FORMATS)),

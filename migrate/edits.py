@@ -49,6 +49,7 @@ class EditPlan:
     keep_left_operand: set[cst.BinaryOperation] = field(default_factory=set)  # `loss / N` -> `loss`
     rebound: dict[cst.BaseStatement, str] = field(default_factory=dict)  # new statement -> name; removed if unused
     removes_boilerplate: bool = False  # imports may have been left unused (cleanup runs)
+    annotations: dict[cst.BaseStatement, list[str]] = field(default_factory=dict)  # --annotate comments
     imports: set[tuple[str, str]] = field(default_factory=set)
     uses_accelerator: list[Scope] = field(default_factory=list)
     changes: list[Record] = field(default_factory=list)
@@ -79,4 +80,5 @@ class EditPlan:
             or self.create_at is not None
             or self.if_tests
             or self.keep_left_operand
+            or self.annotations
         )

@@ -18,8 +18,9 @@ from migrate.edits import EditPlan
 from migrate.imports import add_imports
 from migrate.registry import RULES
 from migrate.results import Change, Diagnostic, FileError, FileResult
-from migrate.rewriter import Rewriter
+from migrate.rewriter import Rewriter, annotate
 from migrate.roles import find_roles
+from migrate.suppression import drop_skipped, skip_lines
 
 TARGETS = ("runtime", "accelerate")
 
@@ -29,7 +30,8 @@ class Options:
     target: str = "runtime"
     select: frozenset[str] = frozenset()  # empty: every rule
     ignore: frozenset[str] = frozenset()
-    mixed_precision: str = "no"  # default for the mixed-precision rule: no, fp16 or bf16
+    mixed_precision: str = "no"  # Accelerator(mixed_precision=...) when the script has no AMP code
+    annotate: bool = False  # leave `# TODO(accel-migrate): ...` above each diagnostic's statement
 
     def enabled(self, code: str) -> bool:
         return (not self.select or code in self.select) and code not in self.ignore
@@ -48,11 +50,16 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
     except cst.ParserSyntaxError as error:
         result.error = _syntax_error(text, path, error)
         return result
+    skip_file, skipped = skip_lines(text)
+    if skip_file:
+        return result  # `# accel-migrate: skip` in the header: left as it is, reported as skipped
     result.parsed = True
 
     facts = analyze(module)
     roles = find_roles(facts)
     plan = EditPlan(target=options.target)
+    if options.mixed_precision != "no":
+        plan.accelerator_kwargs["mixed_precision"] = f'"{options.mixed_precision}"'
     plan.findings.extend(f for f in roles.findings if options.enabled(f.code))
     for rule in RULES if not roles.refused else ():
         if options.enabled(rule.code):
@@ -60,6 +67,10 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
 
     if plan.changes or plan.findings:
         positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        if skipped:
+            drop_skipped(plan, lambda node: positions[node].start.line, skipped)
+        if options.annotate:
+            annotate(module, plan, lambda node: positions[node].start.line)
         result.changes = sorted(
             {Change(r.code, positions[r.node].start.line, r.message) for r in plan.changes},
             key=lambda c: (c.line, c.code),

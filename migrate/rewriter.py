@@ -8,7 +8,7 @@ of its block (or the block's footer): the rewrite never deletes a comment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 
@@ -95,6 +95,8 @@ class Rewriter(cst.CSTTransformer):
                 replacement = _drop_trivial(new)
             else:
                 replacement = [new]
+            if replacement and original in plan.annotations:
+                replacement[0] = _with_todo(replacement[0], plan.annotations[original])
             if replacement:
                 if carried:
                     replacement[0] = _prepend_lines(replacement[0], carried)
@@ -177,3 +179,38 @@ def _with_commas(params: Sequence[cst.Param]) -> list[cst.Param]:
     if out and out[-1].comma is cst.MaybeSentinel.DEFAULT:
         out[-1] = out[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     return out
+
+
+TODO = "# TODO(accel-migrate): "
+
+
+def _with_todo(stmt: cst.BaseStatement, messages: list[str]) -> cst.BaseStatement:
+    present = {line.comment.value for line in stmt.leading_lines if line.comment is not None}
+    new = [cst.EmptyLine(comment=cst.Comment(TODO + m)) for m in messages if TODO + m not in present]
+    return stmt.with_changes(leading_lines=[*stmt.leading_lines, *new]) if new else stmt
+
+
+def annotate(module: cst.Module, plan: EditPlan, line_of: Callable[[cst.CSTNode], int]) -> None:
+    """Attach each finding to the innermost statement containing it (`--annotate`)."""
+    wanted = {id(f.node): f for f in plan.findings}
+    if not wanted:
+        return
+
+    class Finder(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.statements: list[cst.BaseStatement] = []
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                self.statements.append(node)
+            finding = wanted.get(id(node))
+            if finding is not None and self.statements:
+                message = f"{finding.code} {finding.message}"
+                plan.annotations.setdefault(self.statements[-1], []).append(message)
+            return True
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            if self.statements and self.statements[-1] is original_node:
+                self.statements.pop()
+
+    module.visit(Finder())
