@@ -17,7 +17,9 @@ _EXPORTS = {
     "DistributedDataParallelKwargs": ".config",
     "DistributedType": ".accelerator",
     "InitProcessGroupKwargs": ".config",
+    "PrecisionNotSupportedError": ".precision",
     "ProcessState": ".state",
+    "ProjectConfiguration": ".checkpoint",
     "UnsupportedOptionError": ".errors",
 }
 
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from .accelerator import Accelerator, DistributedType
     from .config import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs
     from .errors import AccelError, UnsupportedOptionError
+    from .checkpoint import ProjectConfiguration
+    from .precision import PrecisionNotSupportedError
     from .state import ProcessState
 
 
