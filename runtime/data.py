@@ -7,7 +7,9 @@ yields the same batches in the same order and draws from the global RNG exactly 
 N processes: rank ``i`` gets global batches ``i, i+n, i+2n, ...`` of the original batch sampler
 (HF Accelerate's assignment). A shuffling ``RandomSampler`` is replaced by ``SharedSeedRandomSampler``,
 which draws its seed where ``RandomSampler`` does and takes rank 0's value (one broadcast per epoch),
-so every rank walks the same permutation and it changes every epoch.
+so every rank walks the same permutation and it changes every epoch. A sampler with an explicit
+``generator`` walks that generator itself, as ``RandomSampler`` does, after taking rank 0's state
+(as HF Accelerate does): N processes then see the one-process order, and Accelerate's batches.
 
 ``split_batches=True`` (``SplitBatchSampler``): rank ``i`` gets slice ``i`` of every global batch
 (``batch_size / n`` samples each), so N processes together see exactly the one-process batches in
@@ -35,7 +37,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from .checkpoint import capture_rng_state, restore_rng_state
 from .errors import PrepareError
-from .ops import apply_to_tensors, broadcast_int
+from .ops import apply_to_tensors, broadcast_generator, broadcast_int
 from .state import ProcessState
 
 T = TypeVar("T")
@@ -50,9 +52,11 @@ class SharedSeedRandomSampler(RandomSampler):
     """A ``RandomSampler`` whose per-epoch seed is shared by all ranks.
 
     The seed is drawn at the same moment and from the same generator as ``RandomSampler`` draws it
-    (first ``next()`` of the iterator; the sampler's generator, else the global one), then
-    ``share_seed`` replaces it by rank 0's value. With an identity ``share_seed`` the permutation
-    equals the one ``RandomSampler`` would produce.
+    (first ``next()`` of the iterator, from the global generator), then ``share_seed`` replaces it
+    by rank 0's value. With an identity ``share_seed`` the permutation equals the one
+    ``RandomSampler`` would produce. With an explicit ``generator``, ``RandomSampler`` permutes with
+    that generator directly: so does this sampler, after ``share_generator`` has given it rank 0's
+    state (HF Accelerate synchronises the loader's generator the same way).
     """
 
     def __init__(
@@ -62,13 +66,20 @@ class SharedSeedRandomSampler(RandomSampler):
         replacement: bool = False,
         num_samples: int | None = None,
         generator: torch.Generator | None = None,
+        share_generator: Callable[[torch.Generator], None] | None = None,
     ) -> None:
         super().__init__(data_source, replacement, num_samples, generator)
         self.share_seed = share_seed
+        self.share_generator = share_generator
 
     def __iter__(self) -> Iterator[int]:
+        if self.generator is not None:
+            if self.share_generator is not None:
+                self.share_generator(self.generator)
+            yield from super().__iter__()
+            return
         n = len(self.data_source)
-        drawn = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+        drawn = int(torch.empty((), dtype=torch.int64).random_().item())
         generator = torch.Generator()
         generator.manual_seed(self.share_seed(drawn))
         if self.replacement:
@@ -656,6 +667,7 @@ def _shared_random(sampler: Any, state: ProcessState) -> Any:
         replacement=sampler.replacement,
         num_samples=sampler._num_samples,
         generator=sampler.generator,
+        share_generator=partial(broadcast_generator, state=state),
     )
 
 

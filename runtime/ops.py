@@ -2,8 +2,9 @@
 
 Every helper is a no-op on one process (``reduce`` returns a copy there,
 ``pad_across_processes`` its input). None of them is called per step by the runtime itself: the only
-collective the data path issues is one seed broadcast per shuffled epoch. Everything is a thin
-layer over ``torch.distributed`` (``all_gather``, ``all_reduce``, ``all_gather_object``).
+collective the data path issues is one seed (or generator state) broadcast per shuffled epoch.
+Everything is a thin layer over ``torch.distributed`` (``all_gather``, ``all_reduce``,
+``all_gather_object``).
 """
 
 from __future__ import annotations
@@ -76,6 +77,15 @@ def broadcast_int(value: int, state: ProcessState, src: int = 0) -> int:
     tensor = torch.tensor([value], dtype=torch.int64, device=state.device)
     dist.broadcast(tensor, src=src)
     return int(tensor.item())
+
+
+def broadcast_generator(generator: torch.Generator, state: ProcessState, src: int = 0) -> None:
+    """Give ``generator`` rank ``src``'s state on every rank (one collective)."""
+    if not state.distributed:
+        return
+    rng_state = generator.get_state().to(state.device)
+    dist.broadcast(rng_state, src=src)
+    generator.set_state(rng_state.cpu())
 
 
 def barrier(state: ProcessState) -> None:
