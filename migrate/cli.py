@@ -41,9 +41,9 @@ commands = typer.Typer(add_completion=False, context_settings={"help_option_name
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
+        from migrate import __version__
 
-        typer.echo(f"accel-migrate {version('accel-migrate')}")
+        typer.echo(f"accel-migrate {__version__}")
         raise typer.Exit()
 
 

@@ -41,13 +41,9 @@ SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
+    from migrate import __version__
 
-    try:
-        return package_version("accel-migrate")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0+unknown"
+    return __version__
 
 
 def _where(path: str, line: int, cell: int | None, column: int = 0) -> str:
