@@ -51,6 +51,7 @@ class Roles:
     accelerator_scope: Scope | None = None
     accelerator_exists: bool = False
     device_binding: DeviceBinding | None = None  # replaced by `accelerator.device` (AM001)
+    later_device_bindings: list[DeviceBinding] = field(default_factory=list)  # same name, rebound too
     create_before: cst.BaseStatement | None = None  # where `accelerator = Accelerator()` goes otherwise
     prepare_after: StmtRef | None = None
     findings: list[Finding] = field(default_factory=list)
@@ -174,6 +175,8 @@ def find_roles(facts: Facts) -> Roles:
     _find_models(roles)
     _find_loaders(roles)
     _report_unsharded_training(roles)
+    _report_hidden_training_step(roles)
+    _report_library_traps(roles)
     _find_schedulers(roles)
     _find_eval_loops(roles)
     _place_accelerator(roles)
@@ -351,6 +354,58 @@ def _shards_by_rank(roles: Roles, home: Scope, loader: str) -> bool:
     return False
 
 
+def _report_hidden_training_step(roles: Roles) -> None:
+    """An optimizer and a model but no `.backward()`: the step is hidden in another module."""
+    if any(scope.backwards for scope in roles.facts.scopes) or not roles.models:
+        return
+    if any(loop.has_backward for scope in roles.facts.scopes for loop in scope.loops):
+        return  # already migrated: `accelerator.backward(...)`
+    home = roles.home
+    assert home is not None
+    binding = home.bindings[roles.optimizers[0]][0]
+    roles.findings.append(
+        Finding(
+            "AM003",
+            binding.where.stmt,
+            "an optimizer is built here but no `.backward()` was found in this file: the training step "
+            "is hidden in another module (a trainer, a loss-scaler object such as timm's NativeScaler); "
+            "call `accelerator.backward(loss)` there, and check that its loader is prepared",
+        )
+    )
+
+
+_LIBRARY_TRAPS = {
+    "apex.amp.initialize": (
+        "AM006",
+        "apex AMP is not converted: remove `amp.initialize`/`amp.scale_loss` and use "
+        "`Accelerator(mixed_precision=\"fp16\")` with `accelerator.backward(loss)`",
+    ),
+    "torch.compile": (
+        "AM004",
+        "`torch.compile` before `accelerator.prepare(...)` compiles the unwrapped model; compile the "
+        "prepared model instead (move this line after the prepare call)",
+    ),
+}
+
+
+def _report_library_traps(roles: Roles) -> None:
+    for scope in roles.facts.scopes:
+        for call in scope.library_calls:
+            trap = _LIBRARY_TRAPS.get(call.qualified)
+            if trap is None:
+                continue
+            if call.qualified == "torch.compile" and not _compiles_a_model(roles, scope, call.call):
+                continue
+            roles.findings.append(Finding(trap[0], call.call, trap[1]))
+
+
+def _compiles_a_model(roles: Roles, scope: Scope, call: cst.Call) -> bool:
+    if not call.args or scope is not roles.home:
+        return False
+    arg = call.args[0].value
+    return isinstance(arg, cst.Name) and arg.value in roles.models
+
+
 def _report_unsharded_training(roles: Roles) -> None:
     """A training step that no DataLoader feeds (tensors, a `get_batch()` helper) is not sharded."""
     if roles.loaders or any(f.code == "AM004" for f in roles.findings):
@@ -422,15 +477,15 @@ def _place_accelerator(roles: Roles) -> None:
     assert home is not None
     module = roles.facts.module_scope
     local = [d for d in home.devices if not d.where.in_loop]
-    if local:
-        roles.device_binding = local[0]
-        roles.accelerator_scope = home
-        return
     globals_ = [d for d in module.devices if not d.where.in_loop and not (home is not module and home.binds(d.name))]
-    if globals_:
-        roles.device_binding = globals_[0]
-        roles.accelerator_scope = module
-        return
+    for scope, candidates in ((home, local), (module, globals_)):
+        if candidates:
+            roles.device_binding = candidates[0]
+            roles.accelerator_scope = scope
+            # `DEVICE = "cpu"` ... `if __name__ == "__main__": DEVICE = torch.device("cuda")`: every
+            # later choice of the same name must become `accelerator.device` too.
+            roles.later_device_bindings = [d for d in candidates[1:] if d.name == candidates[0].name]
+            return
     roles.accelerator_scope = home
     roles.create_before = _first_code_statement(roles.facts, home)
 
@@ -473,8 +528,9 @@ def _place_prepare(roles: Roles) -> None:
         else:
             late.add(name)
     roles.eval_loops = [entry for entry in roles.eval_loops if entry[2] not in late]
-    if roles.device_binding is not None and roles.accelerator_scope is home:
-        refs.append(roles.device_binding.where)
+    creation = roles.device_binding.where if roles.device_binding is not None and roles.accelerator_scope is home else None
+    if not refs and creation is not None:
+        refs.append(creation)
     if not refs:
         roles.prepare_after = None  # everything is a parameter: prepare right after the accelerator
         return
@@ -493,7 +549,11 @@ def _place_prepare(roles: Roles) -> None:
         roles.loaders.clear()
         roles.schedulers.clear()
         return
-    roles.prepare_after = _common_insertion_point(refs)
+    point = _common_insertion_point(refs)
+    if creation is not None and creation.order > point.order:
+        # The Accelerator is created after the objects are bound: prepare after it.
+        point = _common_insertion_point([*refs, creation])
+    roles.prepare_after = point
 
 
 def _top(ref: StmtRef) -> StmtRef:

@@ -86,6 +86,11 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
             return
         plan.insert_before[anchor] = [create, *plan.insert_before.get(anchor, [])]  # type: ignore[index]
         message = "created the Accelerator"
+    for later in roles.later_device_bindings:
+        stmt = later.where.stmt
+        rebound = statement(f"{later.name} = accelerator.device\n").with_changes(leading_lines=stmt.leading_lines)
+        plan.replace_stmt[stmt] = [rebound]
+        plan.change(CODE, stmt, f"`{later.name}` chosen again: now `accelerator.device` as well")
     plan.imports.add((TARGET_MODULES[target], "Accelerator"))
     plan.change(CODE, anchor, message)
 

@@ -61,6 +61,11 @@ def _moved_object(
     """'model `m`' / 'batch `x`' when the move is one the Accelerator now makes, else None."""
     receiver = move.receiver
     if isinstance(receiver, cst.Name) and roles.all_in(scope, receiver.value, roles.models):
+        # After `prepare` the model is on its device; a later move in the same function undoes
+        # something the script did in between (`model.cpu()` to save a checkpoint): keep it.
+        prepared_at = roles.prepare_after.order if roles.prepare_after is not None else 0
+        if scope is roles.home and move.where.order > prepared_at:
+            return None
         return f"model `{receiver.value}`"
     if isinstance(receiver, cst.Call) and scope is roles.home:
         target = _assigned_name(move)
