@@ -148,6 +148,7 @@ class Facts:
     aliases: ImportAliases
     scopes: list[Scope]
     functions: dict[str, Scope]  # plain (non-method) functions by name
+    classes: dict[str, Scope]  # module-level classes by name
     module_scope: Scope
     import_block_end: StmtRef | None  # first module statement after the leading imports
     patches_print: bool = False  # assigns `builtins.print` (a rank-0 print patch)
@@ -282,17 +283,33 @@ class _Collector(cst.CSTVisitor):
         for target in node.targets:
             if dotted_name(target.target) in ("builtins.print", "__builtin__.print"):
                 self.patches_print = True
-        single = len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)
+        single = len(node.targets) == 1 and self._simple_target(node.targets[0].target) is not None
         for target in node.targets:
-            for name in target_names(target.target):
+            names = target_names(target.target) or [n for n in [self._self_attribute(target.target)] if n]
+            for name in names:
                 binding = self._bind(name, node.value if single else None)
                 if single and self._is_accelerator_call(node.value):
                     self.frame.scope.accelerators.append(binding)
-        if single and isinstance(node.targets[0].target, cst.Name):
-            name = node.targets[0].target.value
+        if single:
+            name = self._simple_target(node.targets[0].target)
+            assert name is not None
             if is_device_choice(node.value, self.aliases):
                 self.frame.scope.devices.append(DeviceBinding(name, self.here, node.value))
         self._extend_batch_names(node)
+
+    def _self_attribute(self, expr: cst.BaseExpression) -> str | None:
+        """`self.model` inside a method: instance state, tracked as the name "self.model"."""
+        scope = self.frame.scope
+        if not (scope.is_method and scope.params and isinstance(expr, cst.Attribute)):
+            return None
+        if isinstance(expr.value, cst.Name) and expr.value.value == scope.params[0]:
+            return f"self.{expr.attr.value}"
+        return None
+
+    def _simple_target(self, expr: cst.BaseExpression) -> str | None:
+        if isinstance(expr, cst.Name):
+            return expr.value
+        return self._self_attribute(expr)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         for name in target_names(node.target):
@@ -356,7 +373,9 @@ class _Collector(cst.CSTVisitor):
             if name not in LOOP_WRAPPERS and qualified not in LOOP_WRAPPERS:
                 return None
             expr = expr.args[0].value
-        return expr.value if isinstance(expr, cst.Name) else None
+        if isinstance(expr, cst.Name):
+            return expr.value
+        return self._self_attribute(expr)
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -383,7 +402,7 @@ class _Collector(cst.CSTVisitor):
         if method == "backward" and self._is_tensor_backward(receiver):
             scope.backwards.append(Site(node, receiver, self.here, loops))
             self._mark_training_loops()
-        elif method == "backward" and isinstance(receiver, cst.Name) and self._is_accelerator_name(receiver.value):
+        elif method == "backward" and self._is_accelerator_receiver(receiver):
             self._mark_training_loops()  # already migrated: still a training loop
         elif method == "step" and not node.args:
             scope.steps.append(Site(node, receiver, self.here, loops))
@@ -392,10 +411,16 @@ class _Collector(cst.CSTVisitor):
         elif method == "gather_for_metrics" and isinstance(receiver, cst.Name):
             for loop in loops:
                 loop.gathers = True
-        elif method == "prepare" and isinstance(receiver, cst.Name) and self._is_accelerator_name(receiver.value):
+        elif method == "prepare" and self._is_accelerator_receiver(receiver):
             for arg in node.args:
-                if isinstance(arg.value, cst.Name):
-                    scope.prepared.add(arg.value.value)
+                name = self._simple_target(arg.value)
+                if name is not None:
+                    scope.prepared.add(name)
+
+    def _is_accelerator_receiver(self, receiver: cst.BaseExpression) -> bool:
+        if isinstance(receiver, cst.Name):
+            return self._is_accelerator_name(receiver.value)
+        return self._self_attribute(receiver) == "self.accelerator"
 
     def _mark_training_loops(self) -> None:
         # Enclosing functions' loops too: a closure defined in a loop (`optimizer.step(closure)`,
@@ -414,6 +439,8 @@ class _Collector(cst.CSTVisitor):
 
     def _is_tensor_backward(self, receiver: cst.BaseExpression) -> bool:
         if isinstance(receiver, cst.Name) and self._is_accelerator_name(receiver.value):
+            return False
+        if self._self_attribute(receiver) == "self.accelerator":
             return False
         qualified = self.aliases.qualify(receiver)
         return qualified is None or not qualified.startswith("torch")  # torch.autograd.backward
@@ -551,7 +578,9 @@ def analyze(module: cst.Module) -> Facts:
         for s in collector.scopes
         if s.is_function and not s.is_method
     }
+    classes = {s.name: s for s in collector.scopes if isinstance(s.node, cst.ClassDef) and s.parent is collector.module_scope}
     return Facts(
+        classes=classes,
         module=module,
         aliases=collector.aliases,
         scopes=collector.scopes,

@@ -50,6 +50,8 @@ class EditPlan:
     rebound: dict[cst.BaseStatement, str] = field(default_factory=dict)  # new statement -> name; removed if unused
     removes_boilerplate: bool = False  # imports may have been left unused (cleanup runs)
     annotations: dict[cst.BaseStatement, list[str]] = field(default_factory=dict)  # --annotate comments
+    self_accelerator: set[cst.FunctionDef] = field(default_factory=set)  # methods using `self.accelerator`
+    stores_accelerator: set[cst.FunctionDef] = field(default_factory=set)  # `__init__`s given `accelerator`
     imports: set[tuple[str, str]] = field(default_factory=set)
     uses_accelerator: list[Scope] = field(default_factory=list)
     changes: list[Record] = field(default_factory=list)

@@ -54,6 +54,11 @@ class Rewriter(cst.CSTTransformer):
         return self.plan.comparisons.get(original_node, updated_node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        if original_node in self.plan.self_accelerator and updated_node.params.params:
+            instance = updated_node.params.params[0].name.value
+            updated_node = updated_node.with_changes(body=updated_node.body.visit(_ToSelfAccelerator(instance)))
+            if original_node in self.plan.stores_accelerator:
+                updated_node = _store_accelerator(updated_node, instance)
         if original_node in self.plan.new_params:
             return updated_node.with_changes(
                 params=_append_parameter(updated_node.params, keyword_only=self.plan.new_params[original_node])
@@ -214,3 +219,49 @@ def annotate(module: cst.Module, plan: EditPlan, line_of: Callable[[cst.CSTNode]
                 self.statements.pop()
 
     module.visit(Finder())
+
+
+class _ToSelfAccelerator(cst.CSTTransformer):
+    """In a method, `accelerator` is the instance's: `accelerator.x` -> `self.accelerator.x`.
+
+    Only names in code positions change; an attribute called `accelerator`, a keyword argument or
+    a parameter of that name keep their spelling.
+    """
+
+    def __init__(self, instance: str) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if updated_node.value != ACCELERATOR:
+            return updated_node
+        return cst.Attribute(cst.Name(self.instance), cst.Name(ACCELERATOR))
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+    def leave_Param(self, original_node: cst.Param, updated_node: cst.Param) -> cst.Param:
+        return updated_node.with_changes(name=original_node.name)
+
+
+def _store_accelerator(function: cst.FunctionDef, instance: str) -> cst.FunctionDef:
+    """`__init__(..., accelerator)` keeps it: `self.accelerator = accelerator` first thing."""
+    body = function.body
+    if not isinstance(body, cst.IndentedBlock):
+        return function
+    store = cst.parse_statement(f"{instance}.{ACCELERATOR} = {ACCELERATOR}\n")
+    statements = list(body.body)
+    index = 1 if statements and _is_docstring(statements[0]) else 0
+    return function.with_changes(body=body.with_changes(body=[*statements[:index], store, *statements[index:]]))
+
+
+def _is_docstring(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )

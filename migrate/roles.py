@@ -66,6 +66,8 @@ class Roles:
         if key in _seen:
             return set()
         seen = _seen | {key}
+        if name.startswith("self."):
+            return self._attribute_origins(scope, name, seen)
         current: Scope | None = scope
         while current is not None:
             if current.binds(name):
@@ -84,10 +86,45 @@ class Roles:
             current = _enclosing_function_or_module(current)
         return None
 
+    def _attribute_origins(self, scope: Scope, name: str, seen: frozenset[tuple[int, str]]) -> set[Origin] | None:
+        """`self.model` in a method: bound in some method of the class (usually `__init__`).
+
+        `self.model = model` forwards to what `model` is in that method (a constructor parameter:
+        what the callers of the class pass)."""
+        methods = self.methods_of(scope)
+        if methods is None:
+            return None
+        found: set[Origin] = set()
+        for method in methods:
+            for binding in method.bindings.get(name, []):
+                if _is_self_move(binding):
+                    continue
+                value = binding.value
+                inner = value.func.value if _is_move_call(value) else value
+                if isinstance(inner, cst.Name):
+                    sub = self.origins(method, inner.value, seen)
+                    if sub is None:
+                        return None
+                    found |= sub
+                else:
+                    found.add((method, name))
+        return found or None
+
+    def methods_of(self, scope: Scope) -> list[Scope] | None:
+        """The methods of the class `scope` is a method of (None when it is not a method)."""
+        if not scope.is_method or scope.parent is None:
+            return None
+        owner = scope.parent
+        return [s for s in self.facts.scopes if s.parent is owner and s.is_function]
+
     def _param_origins(self, scope: Scope, name: str, seen: frozenset[tuple[int, str]]) -> set[Origin] | None:
-        if self.facts.functions.get(scope.name) is not scope:
+        if not self._is_callable_unit(scope):
             return None
         index = scope.params.index(name)
+        if self._is_constructor(scope):
+            index -= 1  # `self` is not passed by the caller
+            if index < 0:
+                return None
         found: set[Origin] = set()
         for caller, call in self.call_sites(scope):
             arg = _argument_for(call, index, name)
@@ -100,19 +137,38 @@ class Roles:
         return found
 
     def call_sites(self, function: Scope) -> list[tuple[Scope, cst.Call]]:
-        return [
-            (scope, site.call)
-            for scope in self.facts.scopes
-            for site in scope.calls
-            if site.callee == function.name and self.facts.functions.get(function.name) is function
-        ]
+        """Where this module calls `function` (a plain function, or a class's `__init__`)."""
+        if self._is_constructor(function):
+            assert function.parent is not None
+            callee = function.parent.name
+        elif self.facts.functions.get(function.name) is function:
+            callee = function.name
+        else:
+            return []
+        return [(scope, site.call) for scope in self.facts.scopes for site in scope.calls if site.callee == callee]
+
+    def _is_constructor(self, scope: Scope) -> bool:
+        return (
+            scope.is_method
+            and scope.name == "__init__"
+            and scope.parent is not None
+            and self.facts.classes.get(scope.parent.name) is scope.parent
+        )
+
+    def _is_callable_unit(self, scope: Scope) -> bool:
+        return self.facts.functions.get(scope.name) is scope or self._is_constructor(scope)
+
+    def constructor_of(self, method: Scope) -> Scope | None:
+        methods = self.methods_of(method) or []
+        return next((m for m in methods if self._is_constructor(m)), None)
 
     def is_device(self, scope: Scope, expr: cst.BaseExpression) -> bool:
         if is_device_choice(expr, self.facts.aliases) or _is_accelerator_device(expr):
             return True
-        if not isinstance(expr, cst.Name):
+        name = expr.value if isinstance(expr, cst.Name) else _self_attribute_name(expr)
+        if name is None:
             return False
-        found = self.origins(scope, expr.value)
+        found = self.origins(scope, name)
         if not found:
             return False
         return all(_binds_device(s, n) for s, n in found)
@@ -132,7 +188,17 @@ class Roles:
             return True
         if id(scope) in _pending:
             return True
-        if not scope.is_function or self.facts.functions.get(scope.name) is not scope:
+        if scope.is_method:
+            # A method reaches `self.accelerator`: created in a method of its class, or handed to
+            # the class's constructor by callers that have it.
+            methods = self.methods_of(scope) or []
+            if any(_nested_in(target, m) for m in methods):
+                return True
+            constructor = self.constructor_of(scope)
+            if constructor is None:
+                return False
+            scope = constructor
+        if not scope.is_function or not self._is_callable_unit(scope):
             return False
         callers = self.call_sites(scope)
         pending = _pending | {id(scope)}
@@ -140,7 +206,18 @@ class Roles:
 
     def needs_parameter(self, scope: Scope) -> bool:
         target = self.accelerator_scope
-        return target is not None and target is not self.facts.module_scope and not _nested_in(scope, target)
+        if target is None or target is self.facts.module_scope or _nested_in(scope, target):
+            return False
+        if scope.is_method and any(_nested_in(target, m) for m in self.methods_of(scope) or []):
+            return False  # the class holds it as `self.accelerator`
+        return True
+
+    def holds_accelerator(self, scope: Scope) -> bool:
+        """True for a method whose class keeps the accelerator as `self.accelerator`."""
+        return scope.is_method and (
+            any(_nested_in(self.accelerator_scope, m) for m in self.methods_of(scope) or [])  # type: ignore[arg-type]
+            or self.needs_parameter(scope)
+        )
 
     # -- training loops --------------------------------------------------------------------
 
@@ -243,7 +320,11 @@ def _find_models(roles: Roles) -> None:
                     roles.findings.append(
                         Finding("AM004", binding.where.stmt, "model is an attribute (`self...`); prepare it yourself")
                     )
-                elif not home.binds(model):
+                elif model.startswith("self.") and not _bound_in_class(roles, home, model):
+                    roles.findings.append(
+                        Finding("AM004", binding.where.stmt, f"`{model}` is not set in `{home.name}`; prepare it yourself")
+                    )
+                elif not model.startswith("self.") and not home.binds(model):
                     roles.findings.append(
                         Finding(
                             "AM004",
@@ -278,7 +359,7 @@ class _ParametersFinder(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
-            owner = root_name(func.value)
+            owner = _self_attribute_name(func.value) or root_name(func.value)
             if owner is not None:
                 self.owners.append(owner)
 
@@ -593,6 +674,24 @@ def _call_name(roles: Roles, value: cst.BaseExpression | None, pattern) -> bool:
     if isinstance(pattern, frozenset):
         return qualified in pattern
     return bool(pattern.match(qualified))
+
+
+def _self_attribute_name(expr: cst.BaseExpression) -> str | None:
+    if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == "self":
+        return f"self.{expr.attr.value}"
+    return None
+
+
+def _bound_in_class(roles: Roles, home: Scope, name: str) -> bool:
+    return home.binds(name)
+
+
+def _is_move_call(value: cst.BaseExpression | None) -> bool:
+    return (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in ("to", "cuda")
+    )
 
 
 def _is_self_move(binding: Binding) -> bool:

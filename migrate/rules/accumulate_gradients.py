@@ -33,7 +33,7 @@ import libcst as cst
 from migrate.analysis import Loop, Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.rules.base import accelerator_call, names_read, prepared_loaders
+from migrate.rules.base import accelerator_call, names_read, prepared_loaders, references_in
 
 CODE = "AM005"
 NAME = "accumulate-gradients"
@@ -51,8 +51,10 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             if loop is None or id(loop) in done or loop.accumulating:
                 continue
             done.add(id(loop))
-            models = [n for n in names_read(loop.node.body) if roles.all_in(scope, n, roles.models)]
-            plan.wrap_loop_body[loop.node] = accelerator_call("accumulate", [cst.Arg(cst.Name(m)) for m in models])
+            models = [n for n in references_in(loop.node.body) if roles.all_in(scope, n, roles.models)]
+            plan.wrap_loop_body[loop.node] = accelerator_call(
+                "accumulate", [cst.Arg(cst.parse_expression(m)) for m in models]
+            )
             plan.use_accelerator(scope)
             plan.change(CODE, loop.node, f"loop body wrapped in `accelerator.accumulate({', '.join(models)})`")
             _manual_accumulation(roles, plan, scope, loop)

@@ -87,3 +87,39 @@ def accelerator_call(method: str, args: list[cst.Arg]) -> cst.Call:
 def prepared_loaders(roles: Roles, plan: EditPlan) -> list[str]:
     """Training loaders that will be prepared: not those still sharded by a DistributedSampler."""
     return [n for n in roles.loaders if n not in roles.rank_sampled or n in plan.unsharded_loaders]
+
+
+def reference(expr: cst.BaseExpression) -> str | None:
+    """The name roles use for `expr`: `x` for a name, `self.x` for an instance attribute."""
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == "self":
+        return f"self.{expr.attr.value}"
+    return None
+
+
+class _ReferenceCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def _add(self, ref: str | None) -> None:
+        if ref is not None and ref not in self.found:
+            self.found.append(ref)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        ref = reference(node)
+        if ref is not None:
+            self._add(ref)
+            return False
+        node.value.visit(self)
+        return False
+
+
+def references_in(node: cst.CSTNode) -> list[str]:
+    """Names and `self.x` attributes read in `node`, in first-seen order."""
+    collector = _ReferenceCollector()
+    node.visit(collector)
+    return collector.found

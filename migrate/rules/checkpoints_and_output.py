@@ -34,7 +34,7 @@ import libcst as cst
 from migrate.analysis import Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.rules.base import accelerator_call
+from migrate.rules.base import accelerator_call, reference
 
 CODE = "AM009"
 NAME = "checkpoints-and-output"
@@ -123,7 +123,9 @@ def _unwrap_state_dicts(roles: Roles, plan: EditPlan, scope: Scope, expr: cst.Ba
         if model is None:
             continue
         plan.calls[state_call] = lambda updated, model=model: updated.with_changes(
-            func=cst.Attribute(accelerator_call("unwrap_model", [cst.Arg(cst.Name(model))]), cst.Name("state_dict"))
+            func=cst.Attribute(
+                accelerator_call("unwrap_model", [cst.Arg(cst.parse_expression(model))]), cst.Name("state_dict")
+            )
         )
 
 
@@ -150,8 +152,9 @@ def _model_root(roles: Roles, scope: Scope, state_call: cst.Call) -> str | None:
     owner = state_call.func.value
     if isinstance(owner, cst.Attribute) and owner.attr.value == "module":
         owner = owner.value
-    if isinstance(owner, cst.Name) and roles.all_in(scope, owner.value, roles.models):
-        return owner.value
+    ref = reference(owner)
+    if ref is not None and roles.all_in(scope, ref, roles.models):
+        return ref
     return None
 
 

@@ -98,9 +98,21 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
 def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
     """Give every function that now uses `accelerator` (and its callers, as needed) a parameter."""
     threaded: set[int] = set()
+    for scope in [*plan.uses_accelerator, roles.accelerator_scope]:
+        # Methods reach it as `self.accelerator` (created in a method, or stored by `__init__`).
+        if scope is not None and scope.is_method and isinstance(scope.node, cst.FunctionDef):
+            plan.self_accelerator.add(scope.node)
     pending = [s for s in plan.uses_accelerator if roles.needs_parameter(s)]
     while pending:
         scope = pending.pop()
+        if scope.is_method:
+            constructor = roles.constructor_of(scope)
+            if constructor is None:
+                continue
+            scope = constructor
+            assert isinstance(scope.node, cst.FunctionDef)
+            plan.self_accelerator.add(scope.node)
+            plan.stores_accelerator.add(scope.node)
         if id(scope) in threaded:
             continue
         threaded.add(id(scope))

@@ -33,7 +33,7 @@ from migrate.analysis import Move, Scope
 from migrate.edits import EditPlan
 from migrate.names import root_name
 from migrate.roles import Roles
-from migrate.rules.base import prepared_loaders
+from migrate.rules.base import prepared_loaders, reference
 
 CODE = "AM002"
 NAME = "remove-device-moves"
@@ -60,13 +60,14 @@ def _moved_object(
 ) -> str | None:
     """'model `m`' / 'batch `x`' when the move is one the Accelerator now makes, else None."""
     receiver = move.receiver
-    if isinstance(receiver, cst.Name) and roles.all_in(scope, receiver.value, roles.models):
+    ref = reference(receiver)
+    if ref is not None and roles.all_in(scope, ref, roles.models):
         # After `prepare` the model is on its device; a later move in the same function undoes
         # something the script did in between (`model.cpu()` to save a checkpoint): keep it.
         prepared_at = roles.prepare_after.order if roles.prepare_after is not None else 0
         if scope is roles.home and move.where.order > prepared_at:
             return None
-        return f"model `{receiver.value}`"
+        return f"model `{ref}`"
     if isinstance(receiver, cst.Call) and scope is roles.home:
         target = _assigned_name(move)
         if target is not None and target in roles.models:
@@ -90,9 +91,8 @@ def _assigned_name(move: Move) -> str | None:
             isinstance(small, cst.Assign)
             and small.value is move.call
             and len(small.targets) == 1
-            and isinstance(small.targets[0].target, cst.Name)
         ):
-            return small.targets[0].target.value
+            return reference(small.targets[0].target)
     return None
 
 

@@ -45,10 +45,9 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 plan.report(
                     CODE,
                     site.call,
-                    "`.backward()` found but no optimizer bound to a plain name is built in this file "
-                    "(attributes such as `self.optimizer` are not handled yet), so there is no place to "
-                    "create the Accelerator; create one, prepare the training objects and call "
-                    "`accelerator.backward(loss)` here",
+                    "`.backward()` found but no optimizer is built in this file (a library module?), so "
+                    "there is no place to create the Accelerator; create one where the optimizer is "
+                    "built, prepare the training objects and call `accelerator.backward(loss)` here",
                 )
             elif not roles.can_reach(scope):
                 plan.report(
