@@ -43,7 +43,7 @@ def _end_of_leading_imports(body: list[cst.BaseStatement]) -> int:
     """Index just after the docstring, `__future__` imports and imports at the top of the module."""
     end = 0
     for index, stmt in enumerate(body):
-        if _is_import(stmt) or (index == 0 and _is_docstring(stmt)):
+        if _is_import(stmt) or (index == 0 and is_docstring(stmt)):
             end = index + 1
         else:
             break
@@ -56,7 +56,8 @@ def _is_import(stmt: cst.BaseStatement) -> bool:
     )
 
 
-def _is_docstring(stmt: cst.BaseStatement) -> bool:
+def is_docstring(stmt: cst.BaseStatement) -> bool:
+    """A string expression statement (a module's or function's docstring when it comes first)."""
     return (
         isinstance(stmt, cst.SimpleStatementLine)
         and len(stmt.body) == 1

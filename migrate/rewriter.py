@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import libcst as cst
 
 from migrate.edits import EditPlan
+from migrate.imports import is_docstring
 
 ACCELERATOR = "accelerator"
 
@@ -254,14 +255,5 @@ def _store_accelerator(function: cst.FunctionDef, instance: str) -> cst.Function
         return function
     store = cst.parse_statement(f"{instance}.{ACCELERATOR} = {ACCELERATOR}\n")
     statements = list(body.body)
-    index = 1 if statements and _is_docstring(statements[0]) else 0
+    index = 1 if statements and is_docstring(statements[0]) else 0
     return function.with_changes(body=body.with_changes(body=[*statements[:index], store, *statements[index:]]))
-
-
-def _is_docstring(stmt: cst.BaseStatement) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate.analysis import Binding, DeviceBinding, Facts, Loop, Scope, StmtRef, is_device_choice
+from migrate.imports import is_docstring
 from migrate.names import root_name
 
 _OPTIMIZER = re.compile(r"^torch\.optim\.[A-Z]\w*$|^transformers\.(optimization\.)?(AdamW|Adafactor)$")
@@ -579,14 +580,8 @@ def _first_code_statement(facts: Facts, scope: Scope) -> cst.BaseStatement | Non
     assert isinstance(node, cst.FunctionDef)
     if not isinstance(node.body, cst.IndentedBlock):
         return None
-    for stmt in node.body.body:
-        is_docstring = (
-            isinstance(stmt, cst.SimpleStatementLine)
-            and len(stmt.body) == 1
-            and isinstance(stmt.body[0], cst.Expr)
-            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-        )
-        if not is_docstring:
+    for index, stmt in enumerate(node.body.body):
+        if not (index == 0 and is_docstring(stmt)):
             return stmt
     return None
 
