@@ -97,8 +97,10 @@ def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop)
         plan.report(
             CODE,
             gates[0][0],
-            f"hand-written gradient accumulation over `{_code(count)}`, which is not a literal or a module "
-            "constant; set `Accelerator(gradient_accumulation_steps=...)` yourself and drop the manual logic",
+            f"hand-written gradient accumulation over `{_code(count)}`, which is neither a literal nor a "
+            "module constant bound before the Accelerator is created (e.g. it depends on the number of "
+            "processes); it was kept as it is: set `Accelerator(gradient_accumulation_steps=...)` yourself "
+            "and drop the manual logic",
         )
         return
     for gate, _ in gates:
