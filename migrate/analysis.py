@@ -397,6 +397,12 @@ class _Collector(cst.CSTVisitor):
             return
         method = func.attr.value
         receiver = func.value
+        if self._self_attribute(func) is not None:
+            # `self.train_step(x, y)`: a call of a sibling method, tracked as "self.train_step".
+            callee = f"self.{method}"
+            scope.calls.append(CallSite(callee, node, self.here, loops))
+            for loop in loops:
+                loop.callees.add(callee)
         if isinstance(receiver, cst.Name):
             scope.method_calls.append(Site(node, receiver, self.here, loops))
         if method == "backward" and self._is_tensor_backward(receiver):

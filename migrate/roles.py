@@ -102,7 +102,8 @@ class Roles:
                     continue
                 value = binding.value
                 inner = value.func.value if _is_move_call(value) else value
-                if isinstance(inner, cst.Name):
+                # In the function that prepares (home), the attribute itself is what gets prepared.
+                if isinstance(inner, cst.Name) and method is not self.home:
                     sub = self.origins(method, inner.value, seen)
                     if sub is None:
                         return None
@@ -122,7 +123,7 @@ class Roles:
         if not self._is_callable_unit(scope):
             return None
         index = scope.params.index(name)
-        if self._is_constructor(scope):
+        if scope.is_method:
             index -= 1  # `self` is not passed by the caller
             if index < 0:
                 return None
@@ -144,6 +145,10 @@ class Roles:
             callee = function.parent.name
         elif self.facts.functions.get(function.name) is function:
             callee = function.name
+        elif function.is_method:
+            siblings = self.methods_of(function) or []
+            callee = f"self.{function.name}"
+            return [(s, site.call) for s in siblings for site in s.calls if site.callee == callee]
         else:
             return []
         return [(scope, site.call) for scope in self.facts.scopes for site in scope.calls if site.callee == callee]
@@ -157,7 +162,7 @@ class Roles:
         )
 
     def _is_callable_unit(self, scope: Scope) -> bool:
-        return self.facts.functions.get(scope.name) is scope or self._is_constructor(scope)
+        return self.facts.functions.get(scope.name) is scope or scope.is_method
 
     def constructor_of(self, method: Scope) -> Scope | None:
         methods = self.methods_of(method) or []
@@ -252,6 +257,7 @@ def find_roles(facts: Facts) -> Roles:
         return roles
     _find_models(roles)
     _find_loaders(roles)
+    _prefer_attributes(roles)
     _report_unsharded_training(roles)
     _report_hidden_training_step(roles)
     _report_library_traps(roles)
@@ -263,11 +269,16 @@ def find_roles(facts: Facts) -> Roles:
 
 
 def _training_functions(facts: Facts) -> set[str]:
-    training = {name for name, scope in facts.functions.items() if scope.backwards}
+    """Names of functions (and `self.method`s) that call backward, directly or through others."""
+    units = dict(facts.functions)
+    for scope in facts.scopes:
+        if scope.is_method:
+            units.setdefault(f"self.{scope.name}", scope)
+    training = {name for name, scope in units.items() if scope.backwards}
     changed = True
     while changed:
         changed = False
-        for name, scope in facts.functions.items():
+        for name, scope in units.items():
             if name not in training and any(site.callee in training for site in scope.calls):
                 training.add(name)
                 changed = True
@@ -399,7 +410,8 @@ def _find_loaders(roles: Roles) -> None:
                     roles.loaders.append(name)
                     roles.rank_sampled[name] = loop.node
                 elif name in home.params or any(
-                    _call_name(roles, b.value, _DATALOADER) for b in home.bindings.get(name, [])
+                    _call_name(roles, b.value, _DATALOADER) or _is_parameter_value(home, b.value)
+                    for b in home.bindings.get(name, [])
                 ):
                     roles.loaders.append(name)
                 else:
@@ -434,6 +446,28 @@ def _shards_by_rank(roles: Roles, home: Scope, loader: str) -> bool:
             if any(_call_name(roles, v, _DISTRIBUTED_SAMPLER) for v in values):
                 return True
     return False
+
+
+def _prefer_attributes(roles: Roles) -> None:
+    """In a method, an object kept as `self.model = model` is prepared (and known) as `self.model`:
+    the methods that train use the attribute, not the constructor's local name."""
+    home = roles.home
+    assert home is not None
+    if not home.is_method:
+        return
+    for group in (roles.models, roles.loaders):
+        group[:] = [_kept_as_attribute(home, name) or name for name in group]
+
+
+def _kept_as_attribute(home: Scope, name: str) -> str | None:
+    if name.startswith("self."):
+        return None
+    for attribute, bindings in home.bindings.items():
+        if attribute.startswith("self.") and any(
+            isinstance(b.value, cst.Name) and b.value.value == name for b in bindings
+        ):
+            return attribute
+    return None
 
 
 def _report_hidden_training_step(roles: Roles) -> None:
@@ -679,6 +713,11 @@ def _self_attribute_name(expr: cst.BaseExpression) -> str | None:
 
 def _bound_in_class(roles: Roles, home: Scope, name: str) -> bool:
     return home.binds(name)
+
+
+def _is_parameter_value(home: Scope, value: cst.BaseExpression | None) -> bool:
+    """`self.loader = loader` where `loader` is a parameter of home (a constructor argument)."""
+    return isinstance(value, cst.Name) and value.value in home.params
 
 
 def _is_move_call(value: cst.BaseExpression | None) -> bool:

@@ -101,10 +101,12 @@ def _precision(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> s
     if dtypes - {"torch.float16", "torch.half", "torch.bfloat16"}:
         plan.report(CODE, autocasts[0][1].call, "autocast dtype not recognised; the AMP code was kept as it is")
         return None
-    if "torch.bfloat16" in dtypes and not scalers and len(dtypes) == 1:
+    if dtypes == {"torch.bfloat16"}:
+        # A GradScaler next to a bfloat16 autocast (often `enabled=` only on CUDA) has nothing to
+        # do: bf16 keeps fp32's exponent range. It goes with the rest of the AMP code.
         return "bf16"
     if "torch.bfloat16" in dtypes:
-        plan.report(CODE, autocasts[0][1].call, "mixes bfloat16 autocast with a GradScaler or fp16; kept as it is")
+        plan.report(CODE, autocasts[0][1].call, "mixes bfloat16 and float16 autocasts; kept as it is")
         return None
     return "fp16"
 

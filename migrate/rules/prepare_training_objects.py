@@ -30,9 +30,6 @@ Fix safety:
 
 from __future__ import annotations
 
-import libcst as cst
-
-from migrate.analysis import Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import assignment, indent_of, prepared_loaders
@@ -63,9 +60,6 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if not names or home.prepared:
         return
     where = roles.prepare_after
-    # In a method, an object kept as `self.model = model` must be prepared as `self.model`: the
-    # methods that train use the attribute, not the local name.
-    names = [_kept_as_attribute(home, name) or name for name in names]
     stmt = assignment(names, "accelerator.prepare", names, indent_of(home, where))
     if where is not None:
         plan.insert_after.setdefault(where.stmt, []).append(stmt)
@@ -78,13 +72,3 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     plan.use_accelerator(home)
     plan.change(CODE, anchor, f"prepare {', '.join(names)}")
 
-
-def _kept_as_attribute(home: Scope, name: str) -> str | None:
-    if not home.is_method or name.startswith("self."):
-        return None
-    for attribute, bindings in home.bindings.items():
-        if attribute.startswith("self.") and any(
-            isinstance(b.value, cst.Name) and b.value.value == name for b in bindings
-        ):
-            return attribute
-    return None
