@@ -126,6 +126,7 @@ class Scope:
     method_calls: list[Site] = field(default_factory=list)  # `name.method(...)` on a plain name
     module_accesses: list[tuple[cst.Attribute, StmtRef]] = field(default_factory=list)  # `name.module`
     zero_comparisons: list[tuple[cst.Comparison, cst.BaseExpression, bool]] = field(default_factory=list)
+    returns: list[cst.BaseExpression] = field(default_factory=list)  # values of `return` statements
     devices: list[DeviceBinding] = field(default_factory=list)
     accelerators: list[Binding] = field(default_factory=list)
     prepared: set[str] = field(default_factory=set)
@@ -310,6 +311,10 @@ class _Collector(cst.CSTVisitor):
         if isinstance(expr, cst.Name):
             return expr.value
         return self._self_attribute(expr)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        if node.value is not None and self.frame.stmts:
+            self.frame.scope.returns.append(node.value)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         for name in target_names(node.target):

@@ -410,7 +410,9 @@ def _find_loaders(roles: Roles) -> None:
                     roles.loaders.append(name)
                     roles.rank_sampled[name] = loop.node
                 elif name in home.params or any(
-                    _call_name(roles, b.value, _DATALOADER) or _is_parameter_value(home, b.value)
+                    _call_name(roles, b.value, _DATALOADER)
+                    or _is_parameter_value(home, b.value)
+                    or _built_by_helper(roles, b.value)
                     for b in home.bindings.get(name, [])
                 ):
                     roles.loaders.append(name)
@@ -713,6 +715,24 @@ def _self_attribute_name(expr: cst.BaseExpression) -> str | None:
 
 def _bound_in_class(roles: Roles, home: Scope, name: str) -> bool:
     return home.binds(name)
+
+
+def _built_by_helper(roles: Roles, value: cst.BaseExpression | None) -> bool:
+    """`loader = make_loader(...)` where that function of this file returns a DataLoader."""
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+        return False
+    helper = roles.facts.functions.get(value.func.value)
+    if helper is None or not helper.returns:
+        return False
+    for returned in helper.returns:
+        if _call_name(roles, returned, _DATALOADER):
+            continue
+        if isinstance(returned, cst.Name) and any(
+            _call_name(roles, b.value, _DATALOADER) for b in helper.bindings.get(returned.value, [])
+        ):
+            continue
+        return False
+    return True
 
 
 def _is_parameter_value(home: Scope, value: cst.BaseExpression | None) -> bool:
