@@ -1,38 +1,46 @@
-"""Start-up of `accel-migrate --version` / `--help` against `python -c "import typer, rich"`.
+"""Start-up of `accel-migrate --version` / `--help` / `rules` against `python -c "import typer, rich"`.
 
-Prints the medians and their ratio; asserts nothing (timings belong here, not in tests).
-Usage: python benchmarks/cli_startup.py [RUNS]
+Interleaved fresh processes; the ratio of medians. Asserts nothing (timings belong here, not in tests).
+Usage: python benchmarks/cli_startup.py [ROUNDS]   (or through python -m benchmarks)
 """
 
 from __future__ import annotations
 
-import statistics
-import subprocess
+import shutil
 import sys
-import time
+
+from benchmarks.common import PYTHON, Row, median, pinned_env, ratio_row, wall
+
+COMMANDS = (
+    ("accel-migrate --version", ["--version"], True),
+    ("accel-migrate --help", ["--help"], False),
+    ("accel-migrate rules", ["rules"], False),
+)
 
 
-def median_seconds(args: list[str], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(args, check=True, capture_output=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def run(rounds: int) -> list[Row]:
+    env = pinned_env(threads=None)
+    entry = shutil.which("accel-migrate")
+    # the console script is what users (and pre-commit) run; python -m migrate when it is not on PATH
+    prefix = [entry] if entry else [PYTHON, "-m", "migrate"]
+    base: list[float] = []
+    times: dict[str, list[float]] = {label: [] for label, _, _ in COMMANDS}
+    for _ in range(rounds):
+        base.append(wall([PYTHON, "-c", "import typer, rich"], env))
+        for label, args, _ in COMMANDS:
+            times[label].append(wall(prefix + args, env))
+    rows = []
+    for label, _, targeted in COMMANDS:
+        rows.append(ratio_row("CLI start-up", label, "python -c 'import typer, rich'", times[label], base,
+                              "< 1.2x" if targeted else "", limit=1.2 if targeted else None,
+                              detail=f"baseline {median(base) * 1000:.0f} ms"))
+    return rows
 
 
 def main() -> None:
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 15
-    python = sys.executable
-    baseline = median_seconds([python, "-c", "import typer, rich"], runs)
-    print(f"python -c 'import typer, rich'   {baseline * 1000:7.1f} ms")
-    for label, args in (
-        ("accel-migrate --version", [python, "-m", "migrate", "--version"]),
-        ("accel-migrate --help", [python, "-m", "migrate", "--help"]),
-        ("accel-migrate rules", [python, "-m", "migrate", "rules"]),
-    ):
-        seconds = median_seconds(args, runs)
-        print(f"{label:<32} {seconds * 1000:7.1f} ms  ({seconds / baseline:.2f}x the baseline)")
+    from benchmarks.run import print_table
+
+    print_table(run(int(sys.argv[1]) if len(sys.argv) > 1 else 15))
 
 
 if __name__ == "__main__":

@@ -1,85 +1,120 @@
-"""The runtime's cost: import time against `import torch`, and fixed cost per training step.
+"""The runtime's cost: import time against `import torch`, and step time against plain PyTorch,
+hand-written DDP and HF Accelerate.
 
-Step overhead: the same tiny training loop (Linear(16, 1), batch 8, SGD) runs plain and through
-`Accelerator().prepare(...)` + `accelerator.backward`, one process, in fresh interpreters,
-interleaved A/B, with glibc's mmap/trim thresholds pinned so page faults do not favour either
-side. The fixed cost per step is (runtime - plain) / steps. Prints medians and ratios; asserts
-nothing (timings belong here, not in tests).
+Every run is a fresh process (benchmarks/step_script.py) with glibc's mmap/trim thresholds pinned
+and OMP_NUM_THREADS=1; A/B/C runs are interleaved round by round and compared by median.
+1 process: plain loop vs the runtime (tiny Linear: fixed cost in ms/step; MLP; small transformer).
+2 processes (gloo, CPU, `python -m torch.distributed.run --standalone --nproc-per-node 2`): the
+runtime vs hand-written DistributedSampler + DDP and vs HF Accelerate running the same script,
+gradient_accumulation_steps 1 and 4; peak RSS per rank from ru_maxrss. Asserts nothing.
 
-Usage: python benchmarks/runtime_overhead.py [ROUNDS]
+Usage: python benchmarks/runtime_overhead.py [ROUNDS]   (or through python -m benchmarks)
 """
 
 from __future__ import annotations
 
-import os
-import statistics
-import subprocess
+import importlib.util
+import json
 import sys
-import time
 
-STEPS = 3000
-LOOP = """
-import time, torch
-from torch.utils.data import DataLoader, TensorDataset
-torch.manual_seed(0)
-torch.set_num_threads(1)
-data = TensorDataset(torch.randn({n}, 16), torch.randn({n}, 1))
-loader = DataLoader(data, batch_size=8)
-model = torch.nn.Linear(16, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-{prepare}
-for x, y in loader:  # warm-up epoch
-    loss = torch.nn.functional.mse_loss(model(x), y); {backward}; optimizer.step(); optimizer.zero_grad()
-start = time.perf_counter()
-for x, y in loader:
-    loss = torch.nn.functional.mse_loss(model(x), y); {backward}; optimizer.step(); optimizer.zero_grad()
-print(time.perf_counter() - start)
-"""
-PLAIN = LOOP.format(n=STEPS * 8, prepare="", backward="loss.backward()")
-RUNTIME = LOOP.format(
-    n=STEPS * 8,
-    prepare="from runtime import Accelerator\naccelerator = Accelerator()\n"
-    "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)",
-    backward="accelerator.backward(loss)",
-)
+from benchmarks.common import PYTHON, ROOT, Row, log, median, output, pinned_env, ratio_row, spread, wall
+
+SCRIPT = ROOT / "benchmarks" / "step_script.py"
+STEPS = {"tiny": 3000, "mlp": 600, "transformer": 300}
 
 
-def _env() -> dict[str, str]:
-    return dict(
-        os.environ,
-        MALLOC_MMAP_THRESHOLD_="1073741824",
-        MALLOC_TRIM_THRESHOLD_="1073741824",
-        OMP_NUM_THREADS="1",
-    )
+def _run(impl: str, model: str, steps: int, ga: int = 1, nproc: int = 1) -> list[dict]:
+    args = [str(SCRIPT), impl, model, str(steps), str(ga)]
+    if nproc > 1:
+        args = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] + args
+    env = pinned_env(threads=1, PYTHONWARNINGS="ignore")
+    for attempt in (1, 2):  # a rare gloo hang at teardown must not sink the whole suite
+        try:
+            text = output([PYTHON] + args, env=env, timeout=180)
+            break
+        except Exception as error:  # noqa: BLE001
+            if attempt == 2:
+                raise
+            log(f"  retrying {impl} {model} ga={ga} x{nproc}: {str(error)[:200]}")
+    ranks = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert len(ranks) == nproc, text
+    return sorted(ranks, key=lambda r: r["rank"])
 
 
-def _seconds(code: str) -> float:
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=_env())
-    return float(out.stdout.strip().splitlines()[-1])
+def imports(rounds: int) -> list[Row]:
+    env = pinned_env(threads=None)
+    torch_s, runtime_s, accel_s = [], [], []
+    have_accelerate = importlib.util.find_spec("accelerate") is not None
+    for _ in range(rounds):
+        torch_s.append(wall([PYTHON, "-c", "import torch"], env))
+        runtime_s.append(wall([PYTHON, "-c", "from runtime import Accelerator"], env))
+        if have_accelerate:
+            accel_s.append(wall([PYTHON, "-c", "from accelerate import Accelerator"], env))
+    rows = [ratio_row("import", "from runtime import Accelerator", "import torch", runtime_s, torch_s,
+                      "< 1.02x", limit=1.02, detail=f"import torch {median(torch_s) * 1000:.0f} ms")]
+    if have_accelerate:
+        rows.append(ratio_row("import", "from accelerate import Accelerator (reference)", "import torch",
+                              accel_s, torch_s))
+    return rows
 
 
-def _wall(code: str) -> float:
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=_env())
-    return time.perf_counter() - start
+def steps(rounds: int, scale: float = 1.0, two_process: bool = True, models=("tiny", "mlp", "transformer"),
+          accumulation=(1, 4)) -> list[Row]:
+    have_accelerate = importlib.util.find_spec("accelerate") is not None
+    n = {m: max(8, int(STEPS[m] * scale) // 4 * 4) for m in models}
+    one: dict[tuple[str, str], list[float]] = {}
+    two: dict[tuple[str, str, int], list[float]] = {}
+    rss: dict[tuple[str, str, int], list[float]] = {}
+    impls2 = ["ddp", "runtime"] + (["accelerate"] if have_accelerate else [])
+    for r in range(rounds):
+        log(f"  step round {r + 1}/{rounds}")
+        for model in models:
+            for impl in ("plain", "runtime"):
+                one.setdefault((impl, model), []).append(_run(impl, model, n[model])[0]["seconds"])
+        if not two_process:
+            continue
+        for model in models:
+            for ga in accumulation:
+                for impl in impls2 if r % 2 == 0 else impls2[::-1]:  # alternate the order too
+                    ranks = _run(impl, model, n[model], ga, nproc=2)
+                    two.setdefault((impl, model, ga), []).append(max(x["seconds"] for x in ranks))
+                    rss.setdefault((impl, model, ga), []).append(max(x["maxrss_kb"] for x in ranks) / 1024)
+    rows = []
+    for model in models:
+        plain, rt = one["plain", model], one["runtime", model]
+        if model == "tiny":
+            fixed = [(b - a) / n[model] * 1000 for a, b in zip(plain, rt)]
+            rows.append(Row("step, 1 process", "fixed cost per step, tiny Linear(16,1)", "plain loop",
+                            median(fixed), "ms/step", spread(fixed) if median(fixed) else 0.0, "< 0.05 ms",
+                            median(fixed) < 0.05, f"plain {median(plain) / n[model] * 1000:.3f} ms/step",
+                            fixed))
+        rows.append(ratio_row("step, 1 process", f"runtime, {model}", "plain loop", rt, plain,
+                              "<= 1.01x" if model == "mlp" else "", limit=1.01 if model == "mlp" else None,
+                              detail=f"plain {median(plain) / n[model] * 1000:.3f} ms/step"))
+    if two_process:
+        for model in models:
+            for ga in accumulation:
+                ddp, rt = two["ddp", model, ga], two["runtime", model, ga]
+                rows.append(ratio_row("step, 2 gloo processes", f"runtime, {model}, ga={ga}", "hand-written DDP",
+                                      rt, ddp, "<= 1.01x", limit=1.01,
+                                      detail=f"DDP {median(ddp) / n[model] * 1000:.3f} ms/step"))
+                if have_accelerate:
+                    acc = two["accelerate", model, ga]
+                    rows.append(ratio_row("step, 2 gloo processes", f"runtime, {model}, ga={ga}",
+                                          "HF Accelerate", rt, acc, "<= 0.98x", limit=0.98,
+                                          detail=f"Accelerate {median(acc) / n[model] * 1000:.3f} ms/step"))
+                rows.append(ratio_row("peak RSS per rank", f"runtime, {model}, ga={ga}", "hand-written DDP",
+                                      rss["runtime", model, ga], rss["ddp", model, ga], "<= 1.02x", limit=1.02,
+                                      detail=f"DDP {median(rss['ddp', model, ga]):.0f} MiB, runtime "
+                                      f"{median(rss['runtime', model, ga]):.0f} MiB"))
+    return rows
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-    plain, runtime = [], []
-    imports_torch, imports_runtime = [], []
-    for _ in range(rounds):  # interleaved A/B in fresh processes
-        plain.append(_seconds(PLAIN))
-        runtime.append(_seconds(RUNTIME))
-        imports_torch.append(_wall("import torch"))
-        imports_runtime.append(_wall("from runtime import Accelerator"))
-    p, r = statistics.median(plain), statistics.median(runtime)
-    ti, ri = statistics.median(imports_torch), statistics.median(imports_runtime)
-    print(f"import torch                     {ti * 1000:8.1f} ms")
-    print(f"from runtime import Accelerator  {ri * 1000:8.1f} ms  ({ri / ti:.3f}x import torch)")
-    print(f"plain loop      {p / STEPS * 1000:.4f} ms/step")
-    print(f"runtime loop    {r / STEPS * 1000:.4f} ms/step  ({r / p:.3f}x plain)")
-    print(f"fixed cost per step: {(r - p) / STEPS * 1000:+.4f} ms (median of {rounds} interleaved rounds)")
+    from benchmarks.run import print_table
+
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    print_table(imports(rounds) + steps(rounds))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import typer
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_FAILED, EXIT_INTERNAL = 0, 1, 2, 123
 PROGRESS_MIN_FILES = 8  # a progress bar only for more files than this, on a terminal
-SUBCOMMANDS = ("rules", "explain")
+SUBCOMMANDS = ("rules", "explain", "verify")
 
 HELP = (
     "Rewrite single-device PyTorch training scripts to run distributed through an Accelerator.\n\n"
@@ -29,7 +29,9 @@ HELP = (
     "torch are not parsed and never written. Settings are read from the tool.accel-migrate table of the "
     "nearest pyproject.toml; command-line options override them.\n\n"
     "Other commands: `accel-migrate rules` lists the rules, `accel-migrate explain CODE` documents "
-    "one (a file named rules or explain is migrated as ./rules).\n\n"
+    "one, `accel-migrate verify SCRIPT [-- ARGS]` runs a script and its migrated copy and compares their "
+    "losses (it runs your code; see `accel-migrate verify --help`). A file named rules, explain or verify "
+    "is migrated as ./rules.\n\n"
     "Exit codes: 0 nothing to change or changes written; 1 changes would be made (--check, --diff); "
     "2 a file could not be processed (the others still are), or a usage/configuration error; "
     "123 internal error (please report)."
@@ -462,6 +464,49 @@ def explain_command(code: str = typer.Argument(..., help="A rule code such as AM
     typer.echo(f"{row[0]} ({name})\n\n{_dedent(doc)}")
 
 
+def _verify_help() -> str:
+    from migrate.verify import HELP as VERIFY_HELP
+
+    return VERIFY_HELP
+
+
+@commands.command(
+    "verify",
+    help=_verify_help(),
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+def verify_command(
+    script: Path = typer.Argument(..., help="The training script to check (it is run).", metavar="SCRIPT"),
+    args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script, after `--`.", metavar="[-- ARGS]"),
+    steps: int = typer.Option(10, "--steps", min=0, help="Optimizer steps to run each version for (0: the whole script)."),
+    rtol: float = typer.Option(1e-5, "--rtol", min=0.0, help="Relative tolerance for 'within tolerance'."),
+    atol: float = typer.Option(1e-7, "--atol", min=0.0, help="Absolute tolerance for 'within tolerance'."),
+    target: str = typer.Option("runtime", "--target", help="Migrate for runtime (bundled) or accelerate (HF)."),
+    python: Optional[str] = typer.Option(None, "--python", help="Interpreter for the runs (default: this one)."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds each run may take before it fails."),
+    keep: Optional[Path] = typer.Option(
+        None, "--keep", help="Keep the migrated copy, bootstrap and run folders in this (new or empty) folder."
+    ),
+) -> None:
+    from migrate.config import TARGETS
+    from migrate.verify import verify
+
+    if target not in TARGETS:
+        _fail_usage(f"--target must be one of {', '.join(TARGETS)}, not {target!r}")
+    if keep is not None and keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
+        _fail_usage(f"--keep {keep} exists and is not an empty folder")
+    typer.echo(f"accel-migrate verify: running {script} and its migrated copy ({steps or 'all'} optimizer steps each)", err=True)
+    result = verify(
+        script, list(args or []), steps=steps, rtol=rtol, atol=atol, target=target, python=python,
+        timeout=timeout, keep=keep,
+    )
+    if result.exit_code == 2:
+        typer.echo(f"accel-migrate verify: error: {result.message}", err=True)
+    else:
+        typer.echo(result.message)
+    raise typer.Exit(result.exit_code)
+
+
 def _dedent(doc: str) -> str:
     import inspect
 
@@ -469,7 +514,8 @@ def _dedent(doc: str) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """`accel-migrate rules`, `accel-migrate explain CODE`, else `accel-migrate [OPTIONS] PATHS...`.
+    """`accel-migrate rules`, `accel-migrate explain CODE`, `accel-migrate verify SCRIPT [-- ARGS]`,
+    else `accel-migrate [OPTIONS] PATHS...`.
 
     Dispatched here, before typer parses, so that PATHS keeps working as the default command.
     """

@@ -1,40 +1,110 @@
-"""End to end: migrate the realistic scripts in fixtures/scripts with the CLI, then train.
+"""End to end: every script in fixtures/scripts is migrated with the CLI and trained, and the
+migrated script is shown to train the same model as the original.
 
-(a) original and migrated scripts, each on one process, print identical loss sequences;
-(b) the migrated script under `accel launch --nproc-per-node 2` (gloo, CPU) exits 0, each rank
-    runs half of every epoch's batches (the main process prints its half once), and the loss
-    decreases.
+For every script (see SPECS for what each one covers and where a check cannot hold):
+
+(a) `python -m migrate --output-dir` converts it (exit 0, a prepare and an accelerator.backward);
+(b) one process: the original and the migrated script record bit-identical losses (the value given
+    to every `.backward()`, recorded by the `accel-migrate verify` bootstrap) and print identical
+    loss and eval lines (single-device originals);
+(c) `accel launch --nproc-per-node 2` (gloo, CPU): the migrated script exits 0, each rank runs its
+    share of every epoch (half of the batches), and only the main process prints;
+(d) with split_batches (ACCEL_SPLIT_BATCHES=1) the 2 processes see the 1-process samples in the
+    1-process order: each rank's loss is the mean over its half of the global batch, so the mean of
+    the two ranks' losses must equal the 1-process loss of every step up to float summation order
+    (a different sample or order would be off by O(1)). Bound per script in SPECS, measured;
+(e) a hand-written torchrun DDP script is compared with its own original under torchrun on 2
+    processes (same number of steps per rank, same loss level; DistributedSampler's per-sample
+    interleaving differs from the runtime's per-batch sharding, so not the same samples);
+(f) `--target accelerate` (when HF Accelerate is installed): one process bit-identical to the
+    original, and 2 processes under torchrun train.
+
+All runs of one script happen once (cached per module) and concurrently on 2 workers; each run has
+a timeout, so a hang fails instead of stalling CI.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections import defaultdict
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "scripts").glob("*.py"))
-LOSS = re.compile(r"epoch (\d+) step (\d+) loss ([0-9.]+)")
-TIMEOUT = 240  # seconds; a hang fails the test instead of stalling CI
+from migrate.verify import Run, run_instrumented, write_bootstrap
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((ROOT / "fixtures" / "scripts").glob("*.py"))
+LOSS = re.compile(r"^epoch (\d+) step (\d+) loss ([0-9.]+)", re.M)
+EVAL = re.compile(r"eval (\w+) ([0-9.]+)")
+TIMEOUT = 180  # seconds per run
+HAVE_ACCELERATE = importlib.util.find_spec("accelerate") is not None
 
 
-def _env() -> dict[str, str]:
+@dataclass(frozen=True)
+class Spec:
+    kind: str = "single"  # "single": a single-device original; "ddp": a hand-written torchrun script
+    split_rtol: float | None = 1e-5  # bound for (d); None: (d) cannot hold, see split_reason
+    split_reason: str = ""
+    loader: bool = True  # a prepared DataLoader feeds the loop (False: every rank sees all data)
+    gap: str = ""  # a known codemod gap: the migration checks are xfail(strict=True) with this reason
+
+
+TRAINER_GAP = (
+    "codemod gap (AM003/AM004): a Trainer class whose model and optimizer are attributes "
+    "(self.model, self.optimizer) is left unchanged with an AM003 warning: no Accelerator is created, "
+    "`self.model = model.to(self.device)` and `x.to(self.device)` stay, `loss.backward()` is not "
+    "replaced and nothing is prepared"
+)
+
+SPECS: dict[str, Spec] = {
+    "train_mlp": Spec(),
+    "module_level_loop": Spec(),
+    "argparse_eval_accuracy": Spec(),
+    "trainer_class": Spec(gap=TRAINER_GAP),
+    "gan_two_optimizers": Spec(
+        split_rtol=None,
+        split_reason="the noise is drawn inside the loop with torch.randn(real.size(0)): on 2 processes "
+        "each rank draws its own 16 values from the same seeded RNG (the same noise on both ranks) "
+        "instead of the 1-process 32, so the generator sees other inputs; only training is checked",
+    ),
+    "torchrun_ddp": Spec(kind="ddp"),
+    "amp_bf16_autocast": Spec(
+        split_rtol=5e-2,
+        split_reason="bf16 autocast rounds activations and weight gradients to 8 mantissa bits; "
+        "summing the batch in two halves changes the bf16 rounding (measured up to ~1e-2 relative "
+        "over 36 AdamW steps), so the bound is bf16's, not fp32's",
+    ),
+    "manual_accumulation": Spec(),
+    "data_parallel_guarded": Spec(),
+    "checkpoint_resume": Spec(),
+    "clip_warmup_scheduler": Spec(),
+    "no_dataloader_loop": Spec(loader=False, split_rtol=1e-6),
+    "batchnorm_cnn_eval": Spec(
+        split_rtol=None,
+        split_reason="BatchNorm normalises with the statistics of each process's half batch (8 images "
+        "instead of 16) and DDP keeps rank 0's running stats, so the 2-process model is a different "
+        "function of the same samples; only training is checked",
+    ),
+}
+
+
+def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", NO_COLOR="1")
     env.pop("PYTHONPATH", None)
+    for name in [n for n in env if n.startswith(("ACCEL_", "ACCELERATE_"))]:
+        env.pop(name)
+    env.update(extra)
     return env
-
-
-def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
-
-
-def _losses(output: str) -> list[tuple[int, int, str]]:
-    return [(int(e), int(s), loss) for e, s, loss in LOSS.findall(output)]
 
 
 def _accel() -> str:
@@ -43,49 +113,243 @@ def _accel() -> str:
     return found
 
 
-@pytest.fixture(params=SCRIPTS, ids=lambda p: p.stem)
-def migrated(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, Path]:
-    original = request.param
-    target = tmp_path / original.name
-    shutil.copy(original, target)
-    result = _run([sys.executable, "-m", "migrate", str(target)], cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    text = target.read_text()
-    assert "accelerator.prepare(" in text and "accelerator.backward(" in text
-    assert ".to(device)" not in text
-    return original, target
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
-def test_one_process_losses_identical(migrated: tuple[Path, Path]) -> None:
-    original, target = migrated
-    before = _run([sys.executable, str(original)], cwd=target.parent)
-    after = _run([sys.executable, str(target)], cwd=target.parent)
-    assert before.returncode == 0, before.stderr
-    assert after.returncode == 0, after.stderr
-    assert _losses(before.stdout), "the original printed no losses"
-    assert _losses(after.stdout) == _losses(before.stdout)
+@dataclass
+class Outcome:
+    name: str
+    migrate: subprocess.CompletedProcess[str]
+    migrated_text: str = ""
+    runs: dict[str, Run] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
 
 
-def test_two_processes_train(migrated: tuple[Path, Path]) -> None:
-    original, target = migrated
-    single = _losses(_run([sys.executable, str(original)], cwd=target.parent).stdout)
-    steps_per_epoch = max(step for _, step, _ in single) + 1
+def _migrate(original: Path, out: Path, target: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    result = subprocess.run(
+        [sys.executable, "-m", "migrate", "--target", target, "--output-dir", str(out), str(original)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    return result, out / original.name
 
-    result = _run([_accel(), "launch", "--nproc-per-node", "2", str(target)], cwd=target.parent)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    losses = _losses(result.stdout)
 
-    per_epoch: dict[int, list[float]] = defaultdict(list)
-    counts: dict[tuple[int, int], int] = defaultdict(int)
-    for epoch, step, loss in losses:
-        per_epoch[epoch].append(float(loss))
-        counts[(epoch, step)] += 1
-    # Each rank runs half of the batches, and only the main process prints (accelerator.print):
-    # steps 0..n/2-1 of every epoch, once each.
-    half = (steps_per_epoch + 1) // 2
-    assert sorted(per_epoch) == sorted({e for e, _, _ in single})
-    assert counts == {(e, s): 1 for e in per_epoch for s in range(half)}
-    epochs = sorted(per_epoch)
-    first = sum(per_epoch[epochs[0]]) / len(per_epoch[epochs[0]])
-    last = sum(per_epoch[epochs[-1]]) / len(per_epoch[epochs[-1]])
-    assert last < first
+@lru_cache(maxsize=None)
+def outcome(name: str) -> Outcome:
+    """Migrate `name` and make every run the tests need (once, 2 at a time)."""
+    import time
+
+    start = time.monotonic()
+    spec = SPECS[name]
+    original = ROOT / "fixtures" / "scripts" / f"{name}.py"
+    base = Path(tempfile.mkdtemp(prefix=f"accel-e2e-{name}-"))
+    bootstrap = write_bootstrap(base)
+    migrated_result, migrated = _migrate(original, base / "migrated-runtime", "runtime")
+    result = Outcome(name, migrated_result)
+    jobs: dict[str, tuple[list[str], Path, dict[str, str]]] = {}
+    if spec.kind == "ddp":
+        jobs["original"] = (TORCHRUN, original, _env())
+    else:
+        jobs["original"] = ([sys.executable], original, _env())
+    if migrated_result.returncode == 0 and migrated.exists():
+        result.migrated_text = migrated.read_text()
+        accel2 = [_accel(), "launch", "--nproc-per-node", "2"]
+        jobs["migrated"] = ([sys.executable], migrated, _env())
+        jobs["migrated_2p"] = (accel2, migrated, _env())
+        jobs["migrated_2p_split"] = (accel2, migrated, _env(ACCEL_SPLIT_BATCHES="1"))
+        if HAVE_ACCELERATE:
+            acc_result, acc = _migrate(original, base / "migrated-accelerate", "accelerate")
+            if acc_result.returncode == 0 and acc.exists():
+                jobs["accelerate"] = ([sys.executable], acc, _env())
+                jobs["accelerate_2p"] = (TORCHRUN, acc, _env())
+
+    def go(label: str) -> tuple[str, Run]:
+        launcher, script, env = jobs[label]
+        began = time.monotonic()
+        run = run_instrumented(launcher, bootstrap, script, [], base / f"run-{label}", env=env, timeout=TIMEOUT)
+        result.timings[label] = time.monotonic() - began
+        return label, run
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        result.runs = dict(pool.map(go, list(jobs)))
+    result.seconds = time.monotonic() - start
+    print(f"\n{name}: {result.seconds:.1f} s (" + ", ".join(f"{k} {v:.1f}" for k, v in result.timings.items()) + ")")
+    shutil.rmtree(base, ignore_errors=True)
+    return result
+
+
+def _ok(run: Run, what: str) -> None:
+    assert not run.timed_out, f"{what} timed out\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, f"{what} exited {run.returncode}\n{run.stdout[-1500:]}\n{run.stderr[-4000:]}"
+
+
+def _printed(run: Run) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
+    return LOSS.findall(run.stdout), EVAL.findall(run.stdout)
+
+
+def _params(*, single_only: bool = False, ddp_only: bool = False, need_migration: bool = True) -> list:
+    params = []
+    for path in SCRIPTS:
+        spec = SPECS.get(path.stem)
+        if spec is None:
+            params.append(pytest.param(path.stem, id=path.stem))
+            continue
+        if single_only and spec.kind != "single" or ddp_only and spec.kind != "ddp":
+            continue
+        marks = [pytest.mark.xfail(reason=spec.gap, strict=True)] if spec.gap and need_migration else []
+        params.append(pytest.param(path.stem, id=path.stem, marks=marks))
+    return params
+
+
+def test_every_script_has_a_spec() -> None:
+    assert sorted(SPECS) == sorted(p.stem for p in SCRIPTS), "add the new script to SPECS"
+
+
+@pytest.mark.parametrize("name", _params(need_migration=False))
+def test_original_runs(name: str) -> None:
+    run = outcome(name).runs["original"]
+    _ok(run, "the original")
+    assert run.losses(0), "the original recorded no loss"
+    assert LOSS.findall(run.stdout), "the original printed no `epoch E step S loss L` lines"
+
+
+@pytest.mark.parametrize("name", _params())
+def test_migrates(name: str) -> None:
+    result = outcome(name)
+    assert result.migrate.returncode == 0, result.migrate.stderr
+    text = result.migrated_text
+    assert "accelerator.prepare(" in text and "accelerator.backward(" in text, result.migrate.stderr
+    assert ".to(self.device)" not in text
+
+
+@pytest.mark.parametrize("name", _params(single_only=True))
+def test_one_process_identical(name: str) -> None:
+    result = outcome(name)
+    assert "migrated" in result.runs, result.migrate.stderr
+    before, after = result.runs["original"], result.runs["migrated"]
+    _ok(before, "the original")
+    _ok(after, "the migrated script")
+    assert before.losses() and after.losses() == before.losses()  # bit-identical floats
+    assert after.steps() == before.steps()
+    assert _printed(after) == _printed(before)
+
+
+def _half_per_rank(single: Run, two: Run, spec: Spec) -> None:
+    for rank in (0, 1):
+        assert two.ends.get(rank), f"rank {rank} did not finish"
+    n = len(single.losses())
+    per_rank = [len(two.losses(r)) for r in (0, 1)]
+    if spec.loader:
+        # each rank runs half of every epoch's batches (the last round completed by even_batches)
+        assert per_rank[0] == per_rank[1] and n / 2 <= per_rank[0] <= n / 2 + 8, (per_rank, n)
+    else:
+        assert per_rank == [n, n]
+
+
+@pytest.mark.parametrize("name", _params(single_only=True))
+def test_two_processes_train(name: str) -> None:
+    spec = SPECS[name]
+    result = outcome(name)
+    single, two = result.runs["migrated"], result.runs["migrated_2p"]
+    _ok(two, "the migrated script on 2 processes")
+    _half_per_rank(single, two, spec)
+    printed = LOSS.findall(two.stdout)
+    one = LOSS.findall(single.stdout)
+    if spec.loader:
+        # only the main process prints: the first half of each epoch's step numbers, once each
+        steps = {(e, s) for e, s, _ in printed}
+        assert len(printed) == len(steps) and len(printed) <= len(one) // 2 + 4
+    else:
+        # no DataLoader: both ranks train on all the data, so DDP's mean of two identical
+        # gradients is that gradient and rank 0's losses are the 1-process ones
+        assert two.losses(0) == two.losses(1)
+        assert _rel(two.losses(0), single.losses()) <= 1e-6
+    losses = [float(v) for _, _, v in printed]
+    k = max(1, len(losses) // 4)
+    assert sum(losses[-k:]) / k < sum(losses[:k]) / k, "the loss does not decrease"
+
+
+def _rel(values: list[float], reference: list[float]) -> float:
+    assert len(values) == len(reference), (len(values), len(reference))
+    worst = 0.0
+    for a, b in zip(values, reference):
+        worst = max(worst, abs(a - b) / max(abs(b), 1e-12))
+    return worst
+
+
+def split_difference(name: str) -> tuple[float, float | None]:
+    """(worst relative loss difference, final-metric difference) of the 2-process split_batches run
+    (mean of the two ranks' losses per backward call) against the 1-process run."""
+    result = outcome(name)
+    single, split = result.runs["migrated"], result.runs["migrated_2p_split"]
+    _ok(split, "the migrated script on 2 processes with split_batches")
+    r0, r1 = split.losses(0), split.losses(1)
+    assert len(r0) == len(r1) == len(single.losses()), "split_batches must give the 1-process number of steps"
+    mean = [(a + b) / 2 for a, b in zip(r0, r1)]
+    metric = None
+    one_eval, two_eval = EVAL.findall(single.stdout), EVAL.findall(split.stdout)
+    if one_eval:
+        assert [k for k, _ in two_eval] == [k for k, _ in one_eval]
+        metric = max(abs(float(a) - float(b)) for (_, a), (_, b) in zip(one_eval, two_eval))
+    return _rel(mean, single.losses()), metric
+
+
+@pytest.mark.parametrize("name", _params())
+def test_split_batches_same_samples(name: str) -> None:
+    spec = SPECS[name]
+    loss_rel, metric = split_difference(name)
+    print(f"{name}: split_batches worst relative loss difference {loss_rel:.3e}, metric difference {metric}")
+    if spec.split_rtol is None:
+        pytest.skip(f"the 1-process numbers cannot be expected: {spec.split_reason}")
+    # step 0 runs on the same initial weights: only summation order differs, whatever the optimizer
+    assert loss_rel <= spec.split_rtol, loss_rel
+    if metric is not None:
+        assert metric == 0.0, f"eval metric differs by {metric}"
+
+
+@pytest.mark.parametrize("name", _params(ddp_only=True))
+def test_ddp_script_matches_its_torchrun_original(name: str) -> None:
+    result = outcome(name)
+    original, migrated = result.runs["original"], result.runs["migrated_2p"]
+    _ok(original, "the original under torchrun")
+    _ok(migrated, "the migrated script under accel launch")
+    # the same number of optimizer steps on every rank as the torchrun original
+    for rank in (0, 1):
+        assert len(migrated.losses(rank)) == len(original.losses(rank))
+    # the same printed lines (rank 0 only) ...
+    assert [(e, s) for e, s, _ in LOSS.findall(migrated.stdout)] == [
+        (e, s) for e, s, _ in LOSS.findall(original.stdout)
+    ]
+    # ... and the same loss level. Not the same samples: DistributedSampler interleaves samples
+    # (rank r gets perm[r::2]) with its own seeded generator, the runtime deals whole batches
+    # (rank r gets batches r, r+2, ...) of a loader shuffled by the global RNG. The last epoch's
+    # mean loss agrees within 25% (measured: see the report in the test output).
+    def last_epoch_mean(run: Run) -> float:
+        losses = run.losses(0)
+        quarter = losses[-len(losses) // 4 :]
+        return sum(quarter) / len(quarter)
+
+    a, b = last_epoch_mean(original), last_epoch_mean(migrated)
+    print(f"{name}: last-epoch mean loss torchrun original {a:.4f}, migrated {b:.4f}")
+    assert abs(a - b) <= 0.25 * a + 0.02
+    assert last_epoch_mean(migrated) < migrated.losses(0)[0]
+    # the migrated one on a single process trains too (it no longer needs torchrun)
+    _ok(result.runs["migrated"], "the migrated script on 1 process")
+
+
+@pytest.mark.skipif(not HAVE_ACCELERATE, reason="HF accelerate is not installed")
+@pytest.mark.parametrize("name", _params())
+def test_target_accelerate(name: str) -> None:
+    spec = SPECS[name]
+    result = outcome(name)
+    assert "accelerate" in result.runs, "--target accelerate did not migrate"
+    one, two = result.runs["accelerate"], result.runs["accelerate_2p"]
+    _ok(one, "the accelerate-migrated script")
+    _ok(two, "the accelerate-migrated script under torchrun")
+    if spec.kind == "single":
+        before = result.runs["original"]
+        assert one.losses() == before.losses()
+        assert _printed(one) == _printed(before)
+    for rank in (0, 1):
+        assert two.ends.get(rank) and two.losses(rank)
+    assert not math.isnan(sum(two.losses(0)))
