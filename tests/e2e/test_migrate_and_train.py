@@ -17,7 +17,11 @@ For every script (see SPECS for what each one covers and where a check cannot ho
     processes (same number of steps per rank, same loss level; DistributedSampler's per-sample
     interleaving differs from the runtime's per-batch sharding, so not the same samples);
 (f) `--target accelerate` (when HF Accelerate is installed): one process bit-identical to the
-    original, and 2 processes under torchrun train.
+    original. Not on 2 processes: HF Accelerate does multi-process CPU only through MPI
+    (`accelerate launch --cpu --num_processes 2` starts one process here), and under a plain
+    torchrun it treats each CPU process as an independent single-process run (measured: rank 0
+    trained on all 48 batches, and rank 1 resumed from rank 0's checkpoint). The runtime's 2-process
+    behaviour against Accelerate's is covered by tests/runtime/test_accelerate_compat.py.
 
 All runs of one script happen once (cached per module) and concurrently on 2 workers; each run has
 a timeout, so a hang fails instead of stalling CI.
@@ -26,7 +30,6 @@ a timeout, so a hang fails instead of stalling CI.
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import re
 import shutil
@@ -60,10 +63,12 @@ class Spec:
 
 
 TRAINER_GAP = (
-    "codemod gap (AM003/AM004): a Trainer class whose model and optimizer are attributes "
-    "(self.model, self.optimizer) is left unchanged with an AM003 warning: no Accelerator is created, "
-    "`self.model = model.to(self.device)` and `x.to(self.device)` stay, `loss.backward()` is not "
-    "replaced and nothing is prepared"
+    "codemod gap (AM002, a Trainer class holding self.model/self.optimizer): since fc92bea the class is "
+    "migrated (self.accelerator, prepare of self.model/self.optimizer/self.loader, "
+    "self.accelerator.backward) and trains identically, but the device moves stay: "
+    "`self.model = model.to(self.device)` in __init__ (expected `self.model = model`) and "
+    "`x, y = x.to(self.device), y.to(self.device)` in train_step, whose batches come from the prepared "
+    "self.loader (expected: the line removed). Redundant, not wrong: the numbers are unaffected"
 )
 
 SPECS: dict[str, Spec] = {
@@ -161,7 +166,6 @@ def outcome(name: str) -> Outcome:
             acc_result, acc = _migrate(original, base / "migrated-accelerate", "accelerate")
             if acc_result.returncode == 0 and acc.exists():
                 jobs["accelerate"] = ([sys.executable], acc, _env())
-                jobs["accelerate_2p"] = (TORCHRUN, acc, _env())
 
     def go(label: str) -> tuple[str, Run]:
         launcher, script, env = jobs[label]
@@ -187,7 +191,18 @@ def _printed(run: Run) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]
     return LOSS.findall(run.stdout), EVAL.findall(run.stdout)
 
 
-def _params(*, single_only: bool = False, ddp_only: bool = False, need_migration: bool = True) -> list:
+def _migrated(result: Outcome, label: str = "migrated") -> Run:
+    """The run `label` of the migrated script; a script with a known gap that the codemod leaves
+    unchanged (nothing written) is skipped with its gap, any other is a failure."""
+    if label not in result.runs:
+        gap = SPECS[result.name].gap
+        if gap and result.migrate.returncode == 0:
+            pytest.skip(f"not migrated (see test_migrates): {gap}")
+        pytest.fail(f"{result.name} was not migrated: {result.migrate.stderr}")
+    return result.runs[label]
+
+
+def _params(*, single_only: bool = False, ddp_only: bool = False, need_migration: bool = False) -> list:
     params = []
     for path in SCRIPTS:
         spec = SPECS.get(path.stem)
@@ -213,7 +228,7 @@ def test_original_runs(name: str) -> None:
     assert LOSS.findall(run.stdout), "the original printed no `epoch E step S loss L` lines"
 
 
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", _params(need_migration=True))
 def test_migrates(name: str) -> None:
     result = outcome(name)
     assert result.migrate.returncode == 0, result.migrate.stderr
@@ -225,8 +240,7 @@ def test_migrates(name: str) -> None:
 @pytest.mark.parametrize("name", _params(single_only=True))
 def test_one_process_identical(name: str) -> None:
     result = outcome(name)
-    assert "migrated" in result.runs, result.migrate.stderr
-    before, after = result.runs["original"], result.runs["migrated"]
+    before, after = result.runs["original"], _migrated(result)
     _ok(before, "the original")
     _ok(after, "the migrated script")
     assert before.losses() and after.losses() == before.losses()  # bit-identical floats
@@ -250,7 +264,7 @@ def _half_per_rank(single: Run, two: Run, spec: Spec) -> None:
 def test_two_processes_train(name: str) -> None:
     spec = SPECS[name]
     result = outcome(name)
-    single, two = result.runs["migrated"], result.runs["migrated_2p"]
+    single, two = _migrated(result), _migrated(result, "migrated_2p")
     _ok(two, "the migrated script on 2 processes")
     _half_per_rank(single, two, spec)
     printed = LOSS.findall(two.stdout)
@@ -281,7 +295,7 @@ def split_difference(name: str) -> tuple[float, float | None]:
     """(worst relative loss difference, final-metric difference) of the 2-process split_batches run
     (mean of the two ranks' losses per backward call) against the 1-process run."""
     result = outcome(name)
-    single, split = result.runs["migrated"], result.runs["migrated_2p_split"]
+    single, split = _migrated(result), _migrated(result, "migrated_2p_split")
     _ok(split, "the migrated script on 2 processes with split_batches")
     r0, r1 = split.losses(0), split.losses(1)
     assert len(r0) == len(r1) == len(single.losses()), "split_batches must give the 1-process number of steps"
@@ -342,14 +356,10 @@ def test_ddp_script_matches_its_torchrun_original(name: str) -> None:
 def test_target_accelerate(name: str) -> None:
     spec = SPECS[name]
     result = outcome(name)
+    _migrated(result)
     assert "accelerate" in result.runs, "--target accelerate did not migrate"
-    one, two = result.runs["accelerate"], result.runs["accelerate_2p"]
+    one = result.runs["accelerate"]
     _ok(one, "the accelerate-migrated script")
-    _ok(two, "the accelerate-migrated script under torchrun")
-    if spec.kind == "single":
-        before = result.runs["original"]
-        assert one.losses() == before.losses()
-        assert _printed(one) == _printed(before)
-    for rank in (0, 1):
-        assert two.ends.get(rank) and two.losses(rank)
-    assert not math.isnan(sum(two.losses(0)))
+    reference = result.runs["original"] if spec.kind == "single" else result.runs["migrated"]
+    assert one.losses() and one.losses() == reference.losses()
+    assert _printed(one) == _printed(reference)
