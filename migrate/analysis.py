@@ -559,6 +559,12 @@ def device_if_target(node: cst.If, aliases: ImportAliases) -> str | None:
             if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
                 return None
             small = stmt.body[0]
+            if (
+                isinstance(small, cst.Expr)
+                and isinstance(small.value, cst.Call)
+                and aliases.qualify(small.value.func) == "torch.cuda.set_device"
+            ):
+                continue  # part of choosing the device (removed with the rest of the boilerplate)
             if not (
                 isinstance(small, cst.Assign)
                 and len(small.targets) == 1

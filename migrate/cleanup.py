@@ -3,13 +3,14 @@ removed.
 
 Runs on the rewritten module only when a rule scheduled something. Only names the rewrite made
 unused go: an import the original script never used stays (it is not ours to remove). Uses are
-counted as whole words in the code, so a name that only appears in a string or comment counts as
-used: the cleanup errs on the side of keeping code.
+counted as code tokens (names in strings and comments do not count).
 """
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 
 import libcst as cst
 
@@ -29,7 +30,19 @@ _BOILERPLATE_PREFIXES = (
 
 
 def _uses(code: str, name: str) -> int:
-    return len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code))
+    """Occurrences of `name` as a code token (not in strings or comments), not after a dot."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code))
+    count = 0
+    previous = ""
+    for token in tokens:
+        if token.type == tokenize.NAME and token.string == name and previous != ".":
+            count += 1
+        if token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+            previous = token.string
+    return count
 
 
 def remove_unused(original: str, new: cst.Module, rebound: dict[cst.BaseStatement, str]) -> cst.Module:

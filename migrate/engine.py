@@ -82,9 +82,10 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
     if plan.empty:
         return result
 
-    new_module = module.visit(Rewriter(plan))
-    if plan.removes_boilerplate or plan.rebound:
-        new_module = remove_unused(text, new_module, plan.rebound)
+    rewriter = Rewriter(plan)
+    new_module = module.visit(rewriter)
+    if plan.removes_boilerplate or rewriter.rebound:
+        new_module = remove_unused(text, new_module, rewriter.rebound)
     if plan.imports:
         new_module = add_imports(new_module, plan.imports)
     new_text = new_module.code

@@ -22,6 +22,8 @@ class Rewriter(cst.CSTTransformer):
     def __init__(self, plan: EditPlan) -> None:
         super().__init__()
         self.plan = plan
+        # Statements of the output that may be removed if their name ends up unused (cleanup.py).
+        self.rebound: dict[cst.BaseStatement, str] = {}
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.plan.new_args:
@@ -101,6 +103,10 @@ class Rewriter(cst.CSTTransformer):
                 replacement = _drop_trivial(new)
             else:
                 replacement = [new]
+            for stmt in replacement:
+                name = plan.rebound.get(stmt) or (plan.rebound.get(original) if stmt is new else None)
+                if name is not None:
+                    self.rebound[stmt] = name
             if replacement and original in plan.annotations:
                 replacement[0] = _with_todo(replacement[0], plan.annotations[original])
             if replacement:

@@ -458,17 +458,23 @@ def _prefer_attributes(roles: Roles) -> None:
     if not home.is_method:
         return
     for group in (roles.models, roles.loaders):
-        group[:] = [_kept_as_attribute(home, name) or name for name in group]
+        group[:] = [kept_as_attribute(home, name) or name for name in group]
 
 
-def _kept_as_attribute(home: Scope, name: str) -> str | None:
+def kept_as_attribute(home: Scope, name: str) -> str | None:
+    """`self.model` when `home` stores the local `model` as `self.model = model`."""
     if name.startswith("self."):
         return None
     for attribute, bindings in home.bindings.items():
-        if attribute.startswith("self.") and any(
-            isinstance(b.value, cst.Name) and b.value.value == name for b in bindings
-        ):
-            return attribute
+        if not attribute.startswith("self."):
+            continue
+        for binding in bindings:
+            value = binding.value
+            if _is_move_call(value):  # `self.model = model.to(device)`
+                assert isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+                value = value.func.value
+            if isinstance(value, cst.Name) and value.value == name:
+                return attribute
     return None
 
 

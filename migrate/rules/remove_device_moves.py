@@ -32,7 +32,7 @@ import libcst as cst
 from migrate.analysis import Move, Scope
 from migrate.edits import EditPlan
 from migrate.names import root_name
-from migrate.roles import Roles
+from migrate.roles import Roles, kept_as_attribute
 from migrate.rules.base import prepared_loaders, reference
 
 CODE = "AM002"
@@ -61,6 +61,9 @@ def _moved_object(
     """'model `m`' / 'batch `x`' when the move is one the Accelerator now makes, else None."""
     receiver = move.receiver
     ref = reference(receiver)
+    if ref is not None and scope is roles.home and scope.is_method:
+        # `self.model = model.to(device)` in a constructor that prepares `self.model`.
+        ref = kept_as_attribute(scope, ref) or ref
     if ref is not None and roles.all_in(scope, ref, roles.models):
         # After `prepare` the model is on its device; a later move in the same function undoes
         # something the script did in between (`model.cpu()` to save a checkpoint): keep it.
@@ -75,11 +78,35 @@ def _moved_object(
     root = root_name(receiver)
     if root is None:
         return None
+    loaders = [*plan_loaders, *plan_eval_loaders]
     for loop in move.loops:
-        loaders = [*plan_loaders, *plan_eval_loaders]
         if root in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, loaders):
             return f"batch `{root}`"
+    if root in scope.params and _batch_parameter(roles, scope, root, loaders):
+        return f"batch `{root}`"
     return None
+
+
+def _batch_parameter(roles: Roles, scope: Scope, name: str, loaders: list[str]) -> bool:
+    """A parameter every caller fills with batch data of a prepared loader (`self.train_step(x, y)`
+    inside `for x, y in self.loader`)."""
+    index = scope.params.index(name) - (1 if scope.is_method else 0)
+    callers = roles.call_sites(scope)
+    if not callers or index < 0:
+        return False
+    for caller, call in callers:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        keyword = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        arg = positional[index].value if index < len(positional) else keyword.get(name)
+        if not isinstance(arg, cst.Name):
+            return False
+        loops = [site.loops for site in caller.calls if site.call is call]
+        if not loops or not any(
+            arg.value in loop.batch_names and loop.source is not None and roles.all_in(caller, loop.source, loaders)
+            for loop in loops[0]
+        ):
+            return False
+    return True
 
 
 def _assigned_name(move: Move) -> str | None:

@@ -104,11 +104,22 @@ def _place_creation(roles: Roles, plan: EditPlan) -> int:
             return device.where.order
         plan.create_at = call.where.stmt
         plan.create_at_order = call.where.order
+        _forget_init_arguments(target, call.call, plan)
         plan.change(CODE, call.call, "`init_process_group` -> `accelerator = Accelerator()`")
         return call.where.order
     if roles.device_binding is not None:
         return roles.device_binding.where.order
     return 0  # created at the top of its scope
+
+
+def _forget_init_arguments(scope: Scope, call: cst.Call, plan: EditPlan) -> None:
+    """`backend = "nccl" if ... else "gloo"` fed only the removed `init_process_group(backend)`."""
+    for arg in call.args:
+        if isinstance(arg.value, cst.Name):
+            for binding in scope.bindings.get(arg.value.value, []):
+                stmt = binding.where.stmt
+                if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+                    plan.rebound[stmt] = arg.value.value
 
 
 def _library_call(
@@ -166,6 +177,9 @@ def _env_rank_bindings(
                     _default_env_read(plan, binding.where.stmt, variable)
             elif isinstance(value, cst.Call) and roles.facts.aliases.qualify(value.func) in _RANK_PROPERTY:
                 rank_names[(id(scope), name)] = _RANK_PROPERTY[roles.facts.aliases.qualify(value.func) or ""]
+                stmt = binding.where.stmt
+                if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+                    plan.rebound[stmt] = name  # `rank = dist.get_rank()`: goes if nothing reads it
 
 
 def _env_variable(roles: Roles, value: cst.BaseExpression) -> str | None:
@@ -320,7 +334,7 @@ def _sampler_shuffle(
         keyword = arg.keyword.value if arg.keyword is not None else None
         if keyword == "shuffle":
             shuffle = arg.value
-        elif keyword not in ("num_replicas", "rank"):
+        elif keyword not in ("num_replicas", "rank", "seed"):  # the prepared loader shares its own seed
             plan.report(CODE, call, f"DistributedSampler option `{keyword or 'positional'}` has no DataLoader "
                         "equivalent; the sampler was kept and the loader not prepared")
             return None
