@@ -62,20 +62,12 @@ class Spec:
     gap: str = ""  # a known codemod gap: the migration checks are xfail(strict=True) with this reason
 
 
-TRAINER_GAP = (
-    "codemod gap (AM002, a Trainer class holding self.model/self.optimizer): since fc92bea the class is "
-    "migrated (self.accelerator, prepare of self.model/self.optimizer/self.loader, "
-    "self.accelerator.backward) and trains identically, but the device moves stay: "
-    "`self.model = model.to(self.device)` in __init__ (expected `self.model = model`) and "
-    "`x, y = x.to(self.device), y.to(self.device)` in train_step, whose batches come from the prepared "
-    "self.loader (expected: the line removed). Redundant, not wrong: the numbers are unaffected"
-)
 
 SPECS: dict[str, Spec] = {
     "train_mlp": Spec(),
     "module_level_loop": Spec(),
     "argparse_eval_accuracy": Spec(),
-    "trainer_class": Spec(gap=TRAINER_GAP),
+    "trainer_class": Spec(),
     "gan_two_optimizers": Spec(
         split_rtol=None,
         split_reason="the noise is drawn inside the loop with torch.randn(real.size(0)): on 2 processes "
