@@ -587,9 +587,22 @@ def _mentions_availability(expr: cst.BaseExpression, aliases: ImportAliases) -> 
     return False
 
 
+def _follow_wrapped_sources(collector: _Collector) -> None:
+    """`progress = tqdm(loader)` ... `for batch in progress`: the loop iterates `loader`."""
+    for scope in collector.scopes:
+        for loop in scope.loops:
+            bindings = scope.bindings.get(loop.source or "", [])
+            if len(bindings) != 1 or not isinstance(bindings[0].value, cst.Call):
+                continue
+            inner = collector._loop_source(bindings[0].value)
+            if inner is not None and inner != loop.source:
+                loop.source = inner
+
+
 def analyze(module: cst.Module) -> Facts:
     collector = _Collector(module)
     module.visit(collector)
+    _follow_wrapped_sources(collector)
     functions = {
         s.name: s
         for s in collector.scopes
