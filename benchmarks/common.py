@@ -45,10 +45,20 @@ def wall(args: list[str], env: dict[str, str] | None = None, ok: tuple[int, ...]
 
 
 def output(args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> str:
-    result = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
-    if result.returncode != 0:
-        raise RuntimeError(f"{args!r} exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
-    return result.stdout
+    """stdout of one process; on timeout its whole process group (torchrun's ranks too) is killed."""
+    import signal
+
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeError(f"{args!r} timed out after {timeout} s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"{args!r} exited {proc.returncode}:\n{out[-2000:]}\n{err[-4000:]}")
+    return out
 
 
 def median(values: list[float]) -> float:

@@ -30,7 +30,7 @@ def _run(impl: str, model: str, steps: int, ga: int = 1, nproc: int = 1) -> list
     env = pinned_env(threads=1, PYTHONWARNINGS="ignore")
     for attempt in (1, 2):  # a rare gloo hang at teardown must not sink the whole suite
         try:
-            text = output([PYTHON] + args, env=env, timeout=180)
+            text = output([PYTHON] + args, env=env, timeout=120)
             break
         except Exception as error:  # noqa: BLE001
             if attempt == 2:
