@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -150,6 +149,8 @@ def migrate(
     except Exception:  # noqa: BLE001 - the contract is exit 123 with a report request
         typer.echo("accel-migrate: internal error; please report it with the file that triggered it.", err=True)
         if verbose:
+            import traceback
+
             traceback.print_exc()
         else:
             typer.echo("Run again with --verbose for the traceback.", err=True)

@@ -141,6 +141,10 @@ def _execute(files: list[Path], settings: Settings, jobs: int, progress: Progres
     results = []
     # every task is submitted (and, with fork, every worker started) before the first progress
     # callback, so a progress display's thread never exists when a worker is forked
+    # Import the engine (libcst, the rules) before the pool forks, so that workers inherit it
+    # instead of each importing it again.
+    import migrate.engine  # noqa: F401
+
     with ProcessPoolExecutor(max_workers=min(jobs, len(chunks))) as pool:
         futures = {pool.submit(_process_chunk, chunk, settings): len(chunk) for chunk in chunks}
         for future in as_completed(futures):
