@@ -7,7 +7,7 @@ temporary folder, and each run gets its own empty working directory (so a script
 a checkpoint in its working directory starts fresh both times).
 
 Losses are recorded without editing the script: each run goes through a small bootstrap
-(BOOTSTRAP below, written to the temporary folder) that patches `torch.Tensor.backward` to record
+(migrate/verify_bootstrap.txt, written to the temporary folder) that patches `torch.Tensor.backward` to record
 the value being back-propagated, and registers a global optimizer step pre-hook that counts the
 optimizer steps and stops the run cleanly (a private BaseException caught by the bootstrap) before
 the (K+1)-th step of the first optimizer that steps. Loss scaling by a `torch.amp.GradScaler` is
@@ -40,124 +40,12 @@ ENV_RECORD = "ACCEL_VERIFY_RECORD"  # record file prefix; rank r writes PREFIX.r
 ENV_STEPS = "ACCEL_VERIFY_STEPS"  # stop before optimizer step K+1 (0 or unset: never stop)
 ENV_EXTRA_PATH = "ACCEL_VERIFY_EXTRA_PATH"  # appended to sys.path (the original script's folder)
 
-BOOTSTRAP = r'''
-"""accel-migrate verify bootstrap: run SCRIPT [ARGS] as __main__, recording every loss given to
-Tensor.backward (rank-wise, as JSON lines) and stopping after ACCEL_VERIFY_STEPS optimizer steps."""
-import json
-import os
-import runpy
-import sys
+# The code that runs inside the child processes (it imports torch, so it is kept out of this
+# package's Python modules: migrate/ itself never imports torch).
+def bootstrap_code() -> str:
+    from importlib import resources
 
-import torch
-
-
-class _VerifyStop(BaseException):
-    """Raised by the step hook to end the run after the requested number of steps."""
-
-
-_rank = os.environ.get("RANK", "0")
-_prefix = os.environ.get("ACCEL_VERIFY_RECORD")
-_limit = int(os.environ.get("ACCEL_VERIFY_STEPS") or 0)
-_out = open(f"{_prefix}.{_rank}.jsonl", "w", encoding="utf-8") if _prefix else None
-_state = {"steps": 0, "primary": None, "index": 0, "depth": 0}
-_WRAPPERS = ("runtime.", "accelerate.")
-
-
-def _emit(record):
-    if _out is not None:
-        _out.write(json.dumps(record) + "\n")
-        _out.flush()
-
-
-_backward = torch.Tensor.backward
-
-
-def _recording_backward(self, *args, **kwargs):
-    if _state["depth"] == 0:
-        try:
-            value = self.detach().float()
-            value = float(value.mean()) if value.numel() != 1 else float(value.reshape(()))
-            scale = getattr(self, "_accel_verify_scale", None)
-            if scale is not None:
-                value = value / float(scale)
-        except Exception:  # a backward we cannot read (e.g. a non-floating tensor): not recorded
-            value = None
-        if value is not None:
-            _emit({"index": _state["index"], "step": _state["steps"], "loss": value})
-            _state["index"] += 1
-    _state["depth"] += 1
-    try:
-        return _backward(self, *args, **kwargs)
-    finally:
-        _state["depth"] -= 1
-
-
-torch.Tensor.backward = _recording_backward
-
-try:
-    _scale = torch.amp.GradScaler.scale
-
-    def _tagging_scale(self, outputs):
-        scaled = _scale(self, outputs)
-        if isinstance(scaled, torch.Tensor) and scaled is not outputs and self.is_enabled():
-            try:
-                scaled._accel_verify_scale = float(self.get_scale())
-            except Exception:
-                pass
-        return scaled
-
-    torch.amp.GradScaler.scale = _tagging_scale
-except AttributeError:
-    pass
-
-
-def _step_pre_hook(optimizer, args, kwargs):
-    if type(optimizer).__module__.startswith(_WRAPPERS):
-        return None  # a wrapper (prepared optimizer): its inner optimizer is counted
-    if _state["primary"] is None:
-        _state["primary"] = id(optimizer)
-    if id(optimizer) == _state["primary"]:
-        if _limit and _state["steps"] >= _limit:
-            raise _VerifyStop()
-        _state["steps"] += 1
-    return None
-
-
-from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-register_optimizer_step_pre_hook(_step_pre_hook)
-
-_script = os.path.abspath(sys.argv[1])
-sys.argv = [_script, *sys.argv[2:]]
-sys.path[0] = os.path.dirname(_script)
-_extra = os.environ.get("ACCEL_VERIFY_EXTRA_PATH")
-if _extra:
-    sys.path.append(_extra)
-_stopped = False
-try:
-    runpy.run_path(_script, run_name="__main__")
-except _VerifyStop:
-    _stopped = True
-except SystemExit as exit_:
-    if exit_.code not in (None, 0):
-        raise
-_emit({"end": True, "steps": _state["steps"], "stopped": _stopped})
-if _out is not None:
-    _out.close()
-sys.stdout.flush()
-_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-if _distributed and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-    # A multi-process script that destroyed its process group itself is done with its peers:
-    # leave now, before interpreter teardown, where gloo aborts now and then (SIGABRT while
-    # collecting a DDP module that still references the destroyed group).
-    sys.stderr.flush()
-    os._exit(0)
-if _stopped:
-    # The script was interrupted mid-training: skip its remaining cleanup (atexit barriers of a
-    # process group other ranks may already have left) and leave at once.
-    sys.stderr.flush()
-    os._exit(0)
-'''
+    return (resources.files("migrate") / "verify_bootstrap.txt").read_text(encoding="utf-8")
 
 
 @dataclass
@@ -180,7 +68,7 @@ class Run:
 
 def write_bootstrap(folder: Path) -> Path:
     path = folder / "_accel_verify_bootstrap.py"
-    path.write_text(BOOTSTRAP, encoding="utf-8")
+    path.write_text(bootstrap_code(), encoding="utf-8")
     return path
 
 
