@@ -14,6 +14,7 @@ from typing import Union
 import libcst as cst
 
 from migrate.names import ImportAliases, dotted_name, root_name, target_names
+from migrate.walk import walk
 
 ACCELERATOR_CLASSES = frozenset({"runtime.Accelerator", "accelerate.Accelerator"})
 # Wrappers a training loop puts around its loader: `for i, batch in enumerate(tqdm(loader))`.
@@ -503,7 +504,7 @@ def _is_bool(expr: cst.BaseExpression) -> bool:
 
 def _contains_call(expr: cst.BaseExpression) -> bool:
     finder = _CallFinder()
-    expr.visit(finder)
+    walk(expr, finder)
     return finder.found
 
 
@@ -601,7 +602,7 @@ def _follow_wrapped_sources(collector: _Collector) -> None:
 
 def analyze(module: cst.Module) -> Facts:
     collector = _Collector(module)
-    module.visit(collector)
+    walk(module, collector)
     _follow_wrapped_sources(collector)
     functions = {
         s.name: s

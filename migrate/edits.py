@@ -67,6 +67,19 @@ class EditPlan:
         if scope not in self.uses_accelerator:
             self.uses_accelerator.append(scope)
 
+    def targets(self) -> set[cst.CSTNode]:
+        """Every original node an edit is keyed by (the rewriter only descends towards these)."""
+        keyed: list[object] = [
+            self.calls, self.replace_stmt, self.insert_before, self.insert_after, self.drop_if_trivial,
+            self.new_params, self.new_args, self.wrap_loop_body, self.attributes, self.subscripts,
+            self.comparisons, self.if_tests, self.keep_left_operand, self.rebound, self.annotations,
+            self.self_accelerator, self.stores_accelerator,
+        ]
+        found: set[cst.CSTNode] = set()
+        for collection in keyed:
+            found.update(collection)  # type: ignore[call-overload]
+        return found
+
     @property
     def empty(self) -> bool:
         return not (

@@ -10,17 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from migrate.analysis import analyze
 from migrate.cleanup import remove_unused
 from migrate.edits import EditPlan
 from migrate.imports import add_imports
+from migrate.positions import start_lines
 from migrate.registry import RULES
 from migrate.results import Change, Diagnostic, FileError, FileResult
 from migrate.rewriter import Rewriter, annotate
 from migrate.roles import find_roles
 from migrate.suppression import drop_skipped, skip_lines
+from migrate.walk import with_ancestors
 
 TARGETS = ("runtime", "accelerate")
 
@@ -66,23 +67,23 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
             rule.apply(roles, plan)
 
     if plan.changes or plan.findings:
-        positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        line = start_lines(module)
         if skipped:
-            drop_skipped(plan, lambda node: positions[node].start.line, skipped)
+            drop_skipped(plan, line.__getitem__, skipped)
         if options.annotate:
-            annotate(module, plan, lambda node: positions[node].start.line)
+            annotate(module, plan, line.__getitem__)
         result.changes = sorted(
-            {Change(r.code, positions[r.node].start.line, r.message) for r in plan.changes},
+            {Change(r.code, line[r.node], r.message) for r in plan.changes},
             key=lambda c: (c.line, c.code),
         )
         result.diagnostics = sorted(
-            {Diagnostic(f.code, positions[f.node].start.line, f.message) for f in plan.findings},
+            {Diagnostic(f.code, line[f.node], f.message) for f in plan.findings},
             key=lambda d: (d.line, d.code),
         )
     if plan.empty:
         return result
 
-    rewriter = Rewriter(plan)
+    rewriter = Rewriter(plan, with_ancestors(module, plan.targets()))
     new_module = module.visit(rewriter)
     if plan.removes_boilerplate or rewriter.rebound:
         new_module = remove_unused(text, new_module, rewriter.rebound)

