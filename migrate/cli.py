@@ -4,7 +4,8 @@ Exit codes: 0 nothing to change or all changes written; 1 changes would be made 
 --diff); 2 a file could not be processed (the others still are); 123 internal error.
 
 Start-up matters (pre-commit runs this on every commit): this module imports only typer; libcst,
-the engine, the rules and rich are imported when a run needs them.
+the engine, the rules and rich are imported when a run needs them, and the subcommands (rules,
+explain, verify: migrate.subcommands) only when main() dispatches to one.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ HELP = (
 )
 
 app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
-commands = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
 
 
 def _version(value: bool) -> None:
@@ -443,75 +443,13 @@ class _ProgressBar:
             self._progress = None
 
 
-# -- subcommands -------------------------------------------------------------------------------
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """The subcommands live in migrate.subcommands (imported only when one runs); still reachable here."""
+    if name in ("commands", "rules_command", "explain_command", "verify_command"):
+        from migrate import subcommands
 
-
-@commands.command("rules", help="List the rules: code, name and what each does.")
-def rules_command() -> None:
-    rows = _rule_table()
-    width = max(len(name) for _, name, _, _ in rows)
-    for code, name, summary, _ in rows:
-        typer.echo(f"{code}  {name:<{width}}  {summary}")
-
-
-@commands.command("explain", help="Print the documentation of one rule, e.g. `accel-migrate explain AM003`.")
-def explain_command(code: str = typer.Argument(..., help="A rule code such as AM003.", metavar="CODE")) -> None:
-    rows = {row[0]: row for row in _rule_table()}
-    row = rows.get(code.strip().upper())
-    if row is None:
-        typer.echo(f"accel-migrate: error: unknown rule code {code!r}; known: {', '.join(sorted(rows))}", err=True)
-        raise typer.Exit(EXIT_FAILED)
-    _, name, _, doc = row
-    typer.echo(f"{row[0]} ({name})\n\n{_dedent(doc)}")
-
-
-def _verify_help() -> str:
-    from migrate.verify import HELP as VERIFY_HELP
-
-    return VERIFY_HELP
-
-
-@commands.command(
-    "verify",
-    help=_verify_help(),
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-def verify_command(
-    script: Path = typer.Argument(..., help="The training script to check (it is run).", metavar="SCRIPT"),
-    args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script, after `--`.", metavar="[-- ARGS]"),
-    steps: int = typer.Option(10, "--steps", min=0, help="Optimizer steps to run each version for (0: the whole script)."),
-    rtol: float = typer.Option(1e-5, "--rtol", min=0.0, help="Relative tolerance for 'within tolerance'."),
-    atol: float = typer.Option(1e-7, "--atol", min=0.0, help="Absolute tolerance for 'within tolerance'."),
-    target: str = typer.Option("runtime", "--target", help="Migrate for runtime (bundled) or accelerate (HF)."),
-    python: Optional[str] = typer.Option(None, "--python", help="Interpreter for the runs (default: this one)."),
-    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds each run may take before it fails."),
-    keep: Optional[Path] = typer.Option(
-        None, "--keep", help="Keep the migrated copy, bootstrap and run folders in this (new or empty) folder."
-    ),
-) -> None:
-    from migrate.config import TARGETS
-    from migrate.verify import verify
-
-    if target not in TARGETS:
-        _fail_usage(f"--target must be one of {', '.join(TARGETS)}, not {target!r}")
-    if keep is not None and keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
-        _fail_usage(f"--keep {keep} exists and is not an empty folder")
-    typer.echo(f"accel-migrate verify: running {script} and its migrated copy ({steps or 'all'} optimizer steps each)", err=True)
-    result = verify(
-        script, list(args or []), steps=steps, rtol=rtol, atol=atol, target=target, python=python,
-        timeout=timeout, keep=keep,
-    )
-    if result.exit_code == 2:
-        typer.echo(f"accel-migrate verify: error: {result.message}", err=True)
-    else:
-        typer.echo(result.message)
-    raise typer.Exit(result.exit_code)
-
-
-def _dedent(doc: str) -> str:
-    import inspect
-
-    return inspect.cleandoc(doc)
+        return getattr(subcommands, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -522,6 +460,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     """
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] in SUBCOMMANDS:
+        from migrate.subcommands import commands
+
         commands(args=args, prog_name="accel-migrate")
     else:
         app(args=args, prog_name="accel-migrate")

@@ -1,0 +1,87 @@
+"""`accel-migrate rules`, `accel-migrate explain CODE` and `accel-migrate verify SCRIPT [-- ARGS]`.
+
+Kept out of migrate.cli so that `accel-migrate --version`, `--help` and a plain run never build
+these commands (the verify command's help comes from migrate.verify); migrate.cli.main() imports
+this module only when the first argument names a subcommand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from migrate.cli import EXIT_FAILED, _fail_usage, _rule_table
+
+commands = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
+
+
+@commands.command("rules", help="List the rules: code, name and what each does.")
+def rules_command() -> None:
+    rows = _rule_table()
+    width = max(len(name) for _, name, _, _ in rows)
+    for code, name, summary, _ in rows:
+        typer.echo(f"{code}  {name:<{width}}  {summary}")
+
+
+@commands.command("explain", help="Print the documentation of one rule, e.g. `accel-migrate explain AM003`.")
+def explain_command(code: str = typer.Argument(..., help="A rule code such as AM003.", metavar="CODE")) -> None:
+    rows = {row[0]: row for row in _rule_table()}
+    row = rows.get(code.strip().upper())
+    if row is None:
+        typer.echo(f"accel-migrate: error: unknown rule code {code!r}; known: {', '.join(sorted(rows))}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    _, name, _, doc = row
+    typer.echo(f"{row[0]} ({name})\n\n{_dedent(doc)}")
+
+
+def _verify_help() -> str:
+    from migrate.verify import HELP as VERIFY_HELP
+
+    return VERIFY_HELP
+
+
+@commands.command(
+    "verify",
+    help=_verify_help(),
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+def verify_command(
+    script: Path = typer.Argument(..., help="The training script to check (it is run).", metavar="SCRIPT"),
+    args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script, after `--`.", metavar="[-- ARGS]"),
+    steps: int = typer.Option(10, "--steps", min=0, help="Optimizer steps to run each version for (0: the whole script)."),
+    rtol: float = typer.Option(1e-5, "--rtol", min=0.0, help="Relative tolerance for 'within tolerance'."),
+    atol: float = typer.Option(1e-7, "--atol", min=0.0, help="Absolute tolerance for 'within tolerance'."),
+    target: str = typer.Option("runtime", "--target", help="Migrate for runtime (bundled) or accelerate (HF)."),
+    python: Optional[str] = typer.Option(None, "--python", help="Interpreter for the runs (default: this one)."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds each run may take before it fails."),
+    keep: Optional[Path] = typer.Option(
+        None, "--keep", help="Keep the migrated copy, bootstrap and run folders in this (new or empty) folder."
+    ),
+) -> None:
+    from migrate.config import TARGETS
+    from migrate.verify import verify
+
+    if target not in TARGETS:
+        _fail_usage(f"--target must be one of {', '.join(TARGETS)}, not {target!r}")
+    if keep is not None and keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
+        _fail_usage(f"--keep {keep} exists and is not an empty folder")
+    typer.echo(f"accel-migrate verify: running {script} and its migrated copy ({steps or 'all'} optimizer steps each)", err=True)
+    result = verify(
+        script, list(args or []), steps=steps, rtol=rtol, atol=atol, target=target, python=python,
+        timeout=timeout, keep=keep,
+    )
+    if result.exit_code == 2:
+        typer.echo(f"accel-migrate verify: error: {result.message}", err=True)
+    else:
+        typer.echo(result.message)
+    raise typer.Exit(result.exit_code)
+
+
+def _dedent(doc: str) -> str:
+    import inspect
+
+    return inspect.cleandoc(doc)
+
+
