@@ -8,13 +8,12 @@ counted as code tokens (names in strings and comments do not count).
 
 from __future__ import annotations
 
-import io
-import re
-import tokenize
+from collections import Counter
 
 import libcst as cst
 
 from migrate.names import dotted_name
+from migrate.walk import children
 
 # Imports whose uses the rules remove (distributed and AMP boilerplate).
 _BOILERPLATE_PREFIXES = (
@@ -29,33 +28,34 @@ _BOILERPLATE_PREFIXES = (
 )
 
 
-def _uses(code: str, name: str) -> int:
-    """Occurrences of `name` as a code token (not in strings or comments), not after a dot."""
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return len(re.findall(rf"(?<![\w.]){re.escape(name)}\b", code))
-    count = 0
-    previous = ""
-    for token in tokens:
-        if token.type == tokenize.NAME and token.string == name and previous != ".":
-            count += 1
-        if token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
-            previous = token.string
-    return count
+def name_uses(*roots: cst.CSTNode) -> Counter[str]:
+    """How often each name occurs in code under `roots`: a read, a binding, an import, a keyword
+    argument; not an attribute after a dot, not inside strings (f-string fields are code) or comments."""
+    counts: Counter[str] = Counter()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if type(node) is cst.Name:
+            counts[node.value] += 1
+        elif type(node) is cst.Attribute:
+            stack.append(node.value)
+        else:
+            stack.extend(children(node))
+    return counts
 
 
-def remove_unused(original: str, new: cst.Module, rebound: dict[cst.BaseStatement, str]) -> cst.Module:
-    code = new.code
-    dead = [stmt for stmt, name in rebound.items() if _uses(code, name) <= 1]
-    dead_code = "".join(new.code_for_node(stmt) for stmt in dead)
+def remove_unused(original: cst.Module, new: cst.Module, rebound: dict[cst.BaseStatement, str]) -> cst.Module:
+    uses = name_uses(new)
+    dead = [stmt for stmt, name in rebound.items() if uses[name] <= 1]
+    dead_uses = name_uses(*dead)
     imports = [stmt for stmt in new.body if _is_import_line(stmt)]
-    import_code = "".join(new.code_for_node(stmt) for stmt in imports)
+    import_uses = name_uses(*imports)
+    original_uses = name_uses(original)
     unused_imports = set()
     for local in _boilerplate_locals(imports):
-        in_imports = _uses(import_code, local)
-        was_used = _uses(original, local) > in_imports
-        still_used = _uses(code, local) - in_imports - _uses(dead_code, local) > 0
+        in_imports = import_uses[local]
+        was_used = original_uses[local] > in_imports
+        still_used = uses[local] - in_imports - dead_uses[local] > 0
         if was_used and not still_used:
             unused_imports.add(local)
     if not dead and not unused_imports:
@@ -114,6 +114,9 @@ class _Remover(cst.CSTTransformer):
         self.dead = dead
         self.unused = unused_imports
         self.first_removed = False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return not isinstance(node, cst.BaseExpression)  # statements never sit inside expressions
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not (original_node.body and updated_node.body) or original_node.body[0].leading_lines:

@@ -86,7 +86,7 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
     rewriter = Rewriter(plan, with_ancestors(module, plan.targets()))
     new_module = module.visit(rewriter)
     if plan.removes_boilerplate or rewriter.rebound:
-        new_module = remove_unused(text, new_module, rewriter.rebound)
+        new_module = remove_unused(module, new_module, rewriter.rebound)
     if plan.imports:
         new_module = add_imports(new_module, plan.imports)
     new_text = new_module.code

@@ -34,6 +34,7 @@ from migrate.analysis import Loop, Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import accelerator_call, names_read, prepared_loaders, references_in
+from migrate.walk import walk
 
 CODE = "AM005"
 NAME = "accumulate-gradients"
@@ -185,7 +186,7 @@ def _remove_divisions(plan: EditPlan, body: cst.BaseSuite, count: cst.BaseExpres
                 divided.add(small.target.value)
                 plan.replace_stmt[node] = []
 
-    body.visit(Finder())
+    walk(body, Finder())
     return divided
 
 
@@ -199,7 +200,7 @@ def _remove_compensation(plan: EditPlan, scope: Scope, divided: set[str], count:
                 if set(names_read(node.left)) & divided:
                     plan.keep_left_operand.add(node)
 
-    scope.node.visit(Finder())
+    walk(scope.node, Finder())
 
 
 def _code(node: cst.CSTNode) -> str:

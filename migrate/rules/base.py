@@ -11,6 +11,7 @@ import libcst as cst
 from migrate.analysis import Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.walk import walk
 
 MAX_LINE = 88
 
@@ -65,14 +66,14 @@ class _NameCollector(cst.CSTVisitor):
             self.names.append(node.value)
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)  # `x.attr`: only `x` is a name read here
+        walk(node.value, self)  # `x.attr`: only `x` is a name read here
         return False
 
 
 def names_read(node: cst.CSTNode) -> list[str]:
     """Names read in `node`, in first-seen order (attribute names excluded)."""
     collector = _NameCollector()
-    node.visit(collector)
+    walk(node, collector)
     return collector.names
 
 
@@ -114,12 +115,12 @@ class _ReferenceCollector(cst.CSTVisitor):
         if ref is not None:
             self._add(ref)
             return False
-        node.value.visit(self)
+        walk(node.value, self)
         return False
 
 
 def references_in(node: cst.CSTNode) -> list[str]:
     """Names and `self.x` attributes read in `node`, in first-seen order."""
     collector = _ReferenceCollector()
-    node.visit(collector)
+    walk(node, collector)
     return collector.found

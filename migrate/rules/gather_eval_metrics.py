@@ -37,6 +37,7 @@ from migrate.edits import EditPlan
 from migrate.names import target_names
 from migrate.roles import Roles
 from migrate.rules.base import assignment, names_read
+from migrate.walk import walk
 
 CODE = "AM010"
 NAME = "gather-eval-metrics"
@@ -124,7 +125,7 @@ def _bound_in(stmt: cst.BaseStatement) -> set[str]:
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             names.update(target_names(node.target))
 
-    stmt.visit(Visitor())
+    walk(stmt, Visitor())
     return names
 
 
@@ -136,5 +137,5 @@ def _called_names(node: cst.CSTNode) -> list[str]:
             if isinstance(call.func, cst.Name):
                 called.append(call.func.value)
 
-    node.visit(Visitor())
+    walk(node, Visitor())
     return called

@@ -72,7 +72,7 @@ def _moved_object(
             return None
         return f"model `{ref}`"
     if isinstance(receiver, cst.Call) and scope is roles.home:
-        target = _assigned_name(move)
+        target = _assigned_name(roles, move)
         if target is not None and target in roles.models:
             return f"model `{target}`"
     root = root_name(receiver)
@@ -109,16 +109,28 @@ def _batch_parameter(roles: Roles, scope: Scope, name: str, loaders: list[str]) 
     return True
 
 
-def _assigned_name(move: Move) -> str | None:
+_WRAPPERS = frozenset(
+    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}
+)
+
+
+def _assigned_name(roles: Roles, move: Move) -> str | None:
+    """`model = Net().to(device)`, or `model = DDP(Net().to(device), ...)` (AM007 unwraps it): `model`."""
     stmt = move.where.stmt
     if not isinstance(stmt, cst.SimpleStatementLine):
         return None
     for small in stmt.body:
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+            continue
+        value = small.value
         if (
-            isinstance(small, cst.Assign)
-            and small.value is move.call
-            and len(small.targets) == 1
+            isinstance(value, cst.Call)
+            and value.args
+            and value.args[0].value is move.call
+            and roles.facts.aliases.qualify(value.func) in _WRAPPERS
         ):
+            value = move.call
+        if value is move.call:
             return reference(small.targets[0].target)
     return None
 

@@ -45,6 +45,7 @@ from migrate.edits import EditPlan
 from migrate.names import root_name
 from migrate.roles import Roles
 from migrate.rules.base import accelerator_call
+from migrate.walk import walk
 
 CODE = "AM007"
 NAME = "remove-distributed-boilerplate"
@@ -221,7 +222,7 @@ def _default_env_read(plan: EditPlan, stmt: cst.BaseStatement, variable: str) ->
                     found.append((node, key.value))
 
     found: list[tuple[cst.Subscript, cst.BaseExpression]] = []
-    stmt.visit(Subscripts())
+    walk(stmt, Subscripts())
     for node, key in found:
         plan.subscripts[node] = lambda updated, node=node, key=key: cst.Call(
             func=cst.Attribute(node.value, cst.Name("get")),
