@@ -30,6 +30,7 @@ _TRIVIA_FIELDS = frozenset({
 
 # Node types whose dataclass field order is not their order in the source text.
 _DOCUMENT_ORDER: dict[str, tuple[str, ...]] = {
+    "Arg": ("keyword", "value"),
     "FunctionDef": ("decorators", "name", "type_parameters", "params", "returns", "body"),
     "ClassDef": ("decorators", "name", "type_parameters", "bases", "keywords", "body"),
     "IfExp": ("body", "test", "orelse"),
