@@ -14,7 +14,7 @@ from typing import Union
 import libcst as cst
 
 from migrate.names import ImportAliases, dotted_name, root_name, target_names
-from migrate.walk import walk
+from migrate.walk import Visitor, walk
 
 ACCELERATOR_CLASSES = frozenset({"runtime.Accelerator", "accelerate.Accelerator"})
 # Wrappers a training loop puts around its loader: `for i, batch in enumerate(tqdm(loader))`.
@@ -163,7 +163,25 @@ class _Frame:
     loops: list[Loop] = field(default_factory=list)
 
 
-class _Collector(cst.CSTVisitor):
+_OTHER, _BLOCK, _STATEMENT = 0, 1, 2
+_KINDS: dict[type, int] = {}
+
+
+def _kind(node_type: type) -> int:
+    """Blocks and statements, cached per type (isinstance against libcst's ABCs is slow)."""
+    kind = _KINDS.get(node_type)
+    if kind is None:
+        if issubclass(node_type, (cst.Module, cst.IndentedBlock)):
+            kind = _BLOCK
+        elif issubclass(node_type, cst.BaseStatement):
+            kind = _STATEMENT
+        else:
+            kind = _OTHER
+        _KINDS[node_type] = kind
+    return kind
+
+
+class _Collector(Visitor):
     def __init__(self, module: cst.Module) -> None:
         self.aliases = ImportAliases()
         self.module_scope = Scope(node=module, name="<module>", parent=None)
@@ -183,9 +201,10 @@ class _Collector(cst.CSTVisitor):
         return self.frames[-1]
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.Module, cst.IndentedBlock)):
+        kind = _kind(type(node))
+        if kind == _BLOCK:
             self.blocks.append(node)
-        elif isinstance(node, cst.BaseStatement) and id(node) not in self._elifs:
+        elif kind == _STATEMENT and id(node) not in self._elifs:
             if isinstance(node, cst.If) and isinstance(node.orelse, cst.If):
                 self._mark_elifs(node.orelse)
             self._enter_statement(node)
@@ -198,9 +217,10 @@ class _Collector(cst.CSTVisitor):
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
-        if isinstance(original_node, (cst.Module, cst.IndentedBlock)):
+        kind = _kind(type(original_node))
+        if kind == _BLOCK:
             self.blocks.pop()
-        elif isinstance(original_node, cst.BaseStatement) and id(original_node) not in self._elifs:
+        elif kind == _STATEMENT and id(original_node) not in self._elifs:
             frame = self.frame
             if isinstance(original_node, (cst.FunctionDef, cst.ClassDef)) and len(self.frames) > 1:
                 if frame.scope.node is original_node:

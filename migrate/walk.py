@@ -16,6 +16,8 @@ node libcst's own traversal reaches, in the same order.
 from __future__ import annotations
 
 import dataclasses
+import operator
+from collections.abc import Callable
 
 import libcst as cst
 
@@ -40,33 +42,75 @@ _DOCUMENT_ORDER: dict[str, tuple[str, ...]] = {
     "MatchCase": ("pattern", "guard", "body"),
 }
 
-_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+# Per node type: a getter returning the values of its code-carrying fields, in document order.
+_GETTERS: dict[type, Callable[[cst.CSTNode], tuple[object, ...]]] = {}
+# Field values that are not nodes (isinstance against libcst's abstract CSTNode is slow).
+_NOT_NODES = frozenset({str, bool, type(None), cst.MaybeSentinel})
 
 
-def _child_fields(node_type: type) -> tuple[str, ...]:
+def child_fields(node_type: type) -> tuple[str, ...]:
+    """The fields of a node type that can hold code (not formatting), in document order."""
     names = [f.name for f in dataclasses.fields(node_type)
              if f.name not in _TRIVIA_FIELDS and not f.name.startswith("whitespace")]
     order = _DOCUMENT_ORDER.get(node_type.__name__)
     if order is not None:
         assert set(names) <= set(order), f"libcst added a field to {node_type.__name__}: {names}"
         names = [name for name in order if name in names]
-    fields = _CHILD_FIELDS[node_type] = tuple(names)
-    return fields
+    return tuple(names)
+
+
+def _getter(node_type: type) -> Callable[[cst.CSTNode], tuple[object, ...]]:
+    fields = child_fields(node_type)
+    if not fields:
+        getter: Callable[[cst.CSTNode], tuple[object, ...]] = lambda node: ()  # noqa: E731
+    elif len(fields) == 1:
+        one = operator.attrgetter(fields[0])
+        getter = lambda node: (one(node),)  # noqa: E731
+    else:
+        getter = operator.attrgetter(*fields)
+    _GETTERS[node_type] = getter
+    return getter
 
 
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The node's direct children that carry code (not formatting), in document order."""
-    fields = _CHILD_FIELDS.get(type(node))
-    if fields is None:
-        fields = _child_fields(type(node))
+    getter = _GETTERS.get(type(node)) or _getter(type(node))
     out: list[cst.CSTNode] = []
-    for name in fields:
-        value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            out.append(value)
-        elif isinstance(value, (tuple, list)):
-            out.extend(value)
+    for value in getter(node):
+        kind = type(value)
+        if kind is tuple or kind is list:
+            out.extend(value)  # type: ignore[arg-type]
+        elif kind not in _NOT_NODES:
+            out.append(value)  # type: ignore[arg-type]
     return out
+
+
+class Visitor(cst.CSTVisitor):
+    """A CSTVisitor whose `visit_<Type>` / `leave_<Type>` lookup is cached per node type (libcst
+    formats and looks the name up again for every node). Works with `walk` and with `node.visit`."""
+
+    _methods: dict[tuple[type, str], object]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._methods = {}
+
+    def _method(self, prefix: str, node_type: type):  # type: ignore[no-untyped-def]
+        key = (node_type, prefix)
+        try:
+            return self._methods[key]
+        except KeyError:
+            method = self._methods[key] = getattr(type(self), prefix + node_type.__name__, None)
+            return method
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        method = self._method("visit_", type(node))
+        return method is None or method(self, node) is not False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        method = self._method("leave_", type(original_node))
+        if method is not None:
+            method(self, original_node)
 
 
 def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
