@@ -20,7 +20,7 @@ import libcst as cst
 
 from migrate.analysis import Binding, DeviceBinding, Facts, Loop, Scope, StmtRef, is_device_choice
 from migrate.imports import is_docstring
-from migrate.names import root_name
+from migrate.names import dotted_name, root_name
 
 _OPTIMIZER = re.compile(r"^torch\.optim\.[A-Z]\w*$|^transformers\.(optimization\.)?(AdamW|Adafactor)$")
 _SCHEDULER = re.compile(r"^torch\.optim\.lr_scheduler\.\w+$|^transformers\.(optimization\.)?get_\w*schedule\w*$")
@@ -204,6 +204,8 @@ class Roles:
             if constructor is None:
                 return False
             scope = constructor
+            if id(scope) in _pending:
+                return True  # a method of the class builds an instance of it: already being decided
         if not scope.is_function or not self._is_callable_unit(scope):
             return False
         callers = self.call_sites(scope)
@@ -257,6 +259,8 @@ def find_roles(facts: Facts) -> Roles:
         return roles
     _find_models(roles)
     _find_loaders(roles)
+    if _is_library_module(roles):
+        return roles
     _prefer_attributes(roles)
     _report_unsharded_training(roles)
     _report_hidden_training_step(roles)
@@ -283,6 +287,113 @@ def _training_functions(facts: Facts) -> set[str]:
                 training.add(name)
                 changed = True
     return training
+
+
+def _is_library_module(roles: Roles) -> bool:
+    """A test module, or a module that trains nothing by itself, is reported and left as it is.
+
+    A test module (it imports `unittest` or `pytest`, or defines a `...TestCase` class) exercises
+    training code; it is not a training script. A library module has no entry point (no
+    `if __name__ == "__main__":` guard, and no module-level code that reaches the function building
+    the optimizer through this file's own calls), builds no DataLoader and has no training loop over
+    a loader: its models and data are handed in by whoever imports it (a numerical-check helper, a
+    test harness), so an Accelerator created in it would own nothing. A script has an entry point; a
+    `def main()` excerpt builds its own DataLoader; a trainer class iterates the loader it is given.
+    """
+    home = roles.home
+    assert home is not None
+    facts = roles.facts
+    if _is_test_module(facts):
+        reason = (
+            "this is a test module (it imports unittest or pytest, or defines a TestCase): its training "
+            "code tests training on one process and was left as it is"
+        )
+    elif (
+        _has_main_guard(facts.module)
+        or _runs_from_module_level(roles, home)
+        or roles.loaders
+        or any(call.qualified in _DATALOADER for scope in facts.scopes for call in scope.library_calls)
+    ):
+        return False
+    else:
+        reason = (
+            "this module builds an optimizer but has no entry point (`if __name__ == \"__main__\":` or "
+            "module-level code that trains) and no DataLoader feeds its training: it looks like a library "
+            "module whose models and data come from its caller, so it was left as it is; migrate the script "
+            "that builds them"
+        )
+    binding = home.bindings[roles.optimizers[0]][0] if roles.optimizers else None
+    roles.refused = True
+    roles.findings = [Finding("AM004", binding.where.stmt if binding is not None else home.node, reason)]
+    return True
+
+
+_TEST_FRAMEWORKS = ("unittest", "pytest")
+
+
+def _is_test_module(facts: Facts) -> bool:
+    """The module imports unittest or pytest at its top level, or defines a class derived from a
+    base named `...TestCase` (unittest's TestCase and the harnesses built on it)."""
+    for stmt in facts.module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Import):
+                modules = [dotted_name(alias.name) or "" for alias in small.names]
+            elif isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None:
+                modules = [dotted_name(small.module) or ""]
+            else:
+                continue
+            if any(m.split(".", 1)[0] in _TEST_FRAMEWORKS for m in modules):
+                return True
+    for owner in facts.classes.values():
+        assert isinstance(owner.node, cst.ClassDef)
+        for base in owner.node.bases:
+            name = dotted_name(base.value)
+            if name is not None and name.rsplit(".", 1)[-1].endswith("TestCase"):
+                return True
+    return False
+
+
+def _has_main_guard(module: cst.Module) -> bool:
+    """`if __name__ == "__main__":` (either operand order) among the module's top-level statements."""
+    for stmt in module.body:
+        if not (isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Comparison)):
+            continue
+        test = stmt.test
+        if len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+            continue
+        operands = (test.left, test.comparisons[0].comparator)
+        if any(isinstance(o, cst.Name) and o.value == "__name__" for o in operands) and any(
+            isinstance(o, cst.SimpleString) and o.evaluated_value == "__main__" for o in operands
+        ):
+            return True
+    return False
+
+
+def _runs_from_module_level(roles: Roles, target: Scope) -> bool:
+    """True when module-level code reaches `target` through calls of this file's functions,
+    classes (any method of a class it instantiates) and sibling methods (`self.step()`)."""
+    facts = roles.facts
+    seen: set[int] = set()
+    pending = [facts.module_scope]
+    while pending:
+        scope = pending.pop()
+        if scope is target:
+            return True
+        if id(scope) in seen:
+            continue
+        seen.add(id(scope))
+        for site in scope.calls:
+            function = facts.functions.get(site.callee)
+            if function is not None:
+                pending.append(function)
+            owner = facts.classes.get(site.callee)
+            if owner is not None:
+                pending.extend(s for s in facts.scopes if s.parent is owner and s.is_function)
+            if site.callee.startswith("self.") and scope.is_method:
+                pending.extend(roles.methods_of(scope) or [])
+    return False
 
 
 def _find_home_and_optimizers(roles: Roles) -> None:

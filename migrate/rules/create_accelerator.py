@@ -109,6 +109,9 @@ def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
             constructor = roles.constructor_of(scope)
             if constructor is None:
                 continue
+            # A method that builds an instance (`return Runner(self.model)`) passes `self.accelerator`.
+            if isinstance(scope.node, cst.FunctionDef):
+                plan.self_accelerator.add(scope.node)
             scope = constructor
             assert isinstance(scope.node, cst.FunctionDef)
             plan.self_accelerator.add(scope.node)
