@@ -39,7 +39,17 @@ class Options:
 
 
 def mentions_torch(text: str) -> bool:
-    return "torch" in text
+    """The text pre-filter: False when no rule could change or report anything in `text`, which is
+    then left untouched without being parsed (nor checked for syntax errors).
+
+    True only for text that mentions `torch` and holds one of: the word `optim` (a `torch.optim`
+    optimizer), a `.backward(` call, `transformers` with `AdamW`/`Adafactor`, or `multiprocessing`
+    with `spawn`/`start_processes`. It over-approximates what the engine acts on; the full argument
+    is in `migrate/prefilter.py`, and a test checks it on every fixture and a sample of torch's sources.
+    """
+    from migrate.prefilter import worth_parsing
+
+    return worth_parsing(text)
 
 
 def migrate_source(text: str, path: str = "<string>", options: Options = Options()) -> FileResult:

@@ -87,7 +87,7 @@ def summary(report, write: bool) -> str:  # type: ignore[no-untyped-def]
     if failed:
         parts.append(f"{failed} failed")
     line = ", ".join(parts) + f"; {diagnostics} diagnostic{'s' if diagnostics != 1 else ''}."
-    line += f" Seen {seen} file{'s' if seen != 1 else ''}: {skipped} skipped (no torch)"
+    line += f" Seen {seen} file{'s' if seen != 1 else ''}: {skipped} skipped (no training code)"
     if report.excluded:
         line += f", {len(report.excluded)} path{'s' if len(report.excluded) != 1 else ''} excluded"
     line += "."

@@ -57,7 +57,7 @@ class FileResult:
 
     @property
     def status(self) -> str:
-        """changed, unchanged (parsed, nothing to do), skipped (not parsed: no torch) or failed."""
+        """changed, unchanged (parsed, nothing to do), skipped (not parsed: see migrate/prefilter.py) or failed."""
         if self.error is not None:
             return "failed"
         if self.changed:

@@ -22,7 +22,9 @@ Leaves alone:
     Evaluation loaders (their batches keep their `.to(device)`), schedulers stepped once per epoch
     (prepared, they would advance once per optimizer step and process), frozen models that feed
     no optimizer. Objects created inside a loop, in another function, or as attributes
-    (`self.model`) are reported instead.
+    (`self.model`) are reported instead. Test modules (importing unittest or pytest, or defining a
+    `...TestCase`) and library modules (no entry point, no DataLoader built or iterated) are
+    reported and left as they are: their models and data come from elsewhere.
 
 Fix safety:
     Safe on one process: the prepared loader yields the same batches in the same order.

@@ -68,7 +68,7 @@ def test_diff_colour_can_be_forced(script: Path) -> None:
 
 def test_syntax_error_reported_left_untouched_and_others_processed(tmp_path: Path, script: Path) -> None:
     broken = tmp_path / "broken.py"
-    broken.write_bytes(b"import torch\n\ndef f(:\n    pass\n")
+    broken.write_bytes(b"import torch\n\ndef f(:\n    loss.backward()\n")  # training code: parsed
     before = _snapshot(broken)
     result = invoke(str(broken), str(script))
     assert result.exit_code == 2

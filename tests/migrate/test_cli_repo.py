@@ -20,6 +20,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 PLAIN = (FIXTURES / "create_accelerator" / "device_ifexp_module_level.in.py").read_text()
 MIGRATED = (FIXTURES / "create_accelerator" / "device_ifexp_module_level.out.py").read_text()
 LIBRARY = (FIXTURES / "replace_loss_backward" / "leave_library_function.in.py").read_text()
+# Training code with a syntax error: the pre-filter lets it through, the parser reports it.
+BROKEN = "import torch\ndef f(:\n    loss.backward()\n"
 
 
 def invoke(*args: str, env: dict[str, str] | None = None, input: bytes | str | None = None):  # type: ignore[no-untyped-def]
@@ -325,7 +327,7 @@ def test_progress_bar_only_on_a_terminal_for_many_files() -> None:
 def test_json_report_schema(tmp_path: Path) -> None:
     script = write(tmp_path / "train.py", PLAIN)
     library = write(tmp_path / "lib.py", LIBRARY)
-    broken = write(tmp_path / "broken.py", "import torch\ndef f(:\n")
+    broken = write(tmp_path / "broken.py", BROKEN)
     result = invoke("--diff", "--output-format", "json", str(tmp_path))
     assert result.exit_code == 2
     document = json.loads(result.stdout)
@@ -350,7 +352,7 @@ def test_json_report_schema(tmp_path: Path) -> None:
 def test_github_annotations(tmp_path: Path) -> None:
     write(tmp_path / "train.py", PLAIN)
     library = write(tmp_path / "lib,1.py", LIBRARY)
-    broken = write(tmp_path / "broken.py", "import torch\ndef f(:\n")
+    broken = write(tmp_path / "broken.py", BROKEN)
     result = invoke("--check", "--output-format", "github", str(tmp_path))
     assert result.exit_code == 2
     lines = result.stdout.splitlines()
@@ -374,7 +376,7 @@ def test_sarif_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "train.py", PLAIN)
     write(tmp_path / "lib.py", LIBRARY)
-    write(tmp_path / "broken.py", "import torch\ndef f(:\n")
+    write(tmp_path / "broken.py", BROKEN)
     result = invoke("--check", "--output-format", "sarif", ".")
     assert result.exit_code == 2
     sarif = json.loads(result.stdout)
@@ -408,7 +410,7 @@ def test_colours_only_when_wanted_and_quiet(tmp_path: Path) -> None:
     assert "\033[" not in invoke(str(library), env={"FORCE_COLOR": "1", "NO_COLOR": "1"}).output
     quiet = invoke("-q", str(library))
     assert quiet.output == ""  # no summary, no diagnostics
-    broken = write(tmp_path / "broken.py", "import torch\ndef f(:\n")
+    broken = write(tmp_path / "broken.py", BROKEN)
     assert "error: cannot parse" in invoke("-q", str(broken)).output
 
 
@@ -416,11 +418,13 @@ def test_summary_counts_seen_skipped_changed_failed(tmp_path: Path) -> None:
     write(tmp_path / "a.py", PLAIN)
     write(tmp_path / "b.py", "x = 1\n")
     write(tmp_path / "c.py", LIBRARY)
-    write(tmp_path / "d.py", "import torch\ndef f(:\n")
+    write(tmp_path / "d.py", BROKEN)
     write(tmp_path / ".venv" / "e.py", PLAIN)
+    # Mentions torch but holds no training code: not parsed, so even its syntax error goes unseen.
+    write(tmp_path / "f.py", "import torch\nx = torch.zeros(2)\ndef g(:\n")
     output = invoke("--check", str(tmp_path)).output
-    assert "1 file would be migrated, 2 unchanged, 1 failed;" in output
-    assert "Seen 4 files: 1 skipped (no torch), 1 path excluded." in output
+    assert "1 file would be migrated, 3 unchanged, 1 failed;" in output
+    assert "Seen 5 files: 2 skipped (no training code), 1 path excluded." in output
     assert "Changes by rule:" in output and "AM003 x1" in output
 
 
@@ -529,7 +533,7 @@ def test_stdin_filename_for_messages_and_config(tmp_path: Path) -> None:
     assert "from accelerate import Accelerator" in result.stdout
     lib = invoke("--stdin-filename", name, "-", input=LIBRARY)
     assert f"{name}:9: AM003 warning" in lib.output
-    broken = invoke("--stdin-filename", name, "-", input="import torch\ndef f(:\n")
+    broken = invoke("--stdin-filename", name, "-", input=BROKEN)
     assert broken.exit_code == 2 and f"{name}:2:" in broken.output
     write(tmp_path / "pyproject.toml", '[tool.accel-migrate]\nextend-exclude = ["sub/"]\nforce-exclude = true\n')
     excluded = invoke("--stdin-filename", name, "-", input=PLAIN)

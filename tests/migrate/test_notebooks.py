@@ -127,9 +127,9 @@ def test_notebook_without_torch_or_not_python_is_untouched(tmp_path: Path) -> No
 
 def test_broken_notebook_is_reported_and_untouched(tmp_path: Path) -> None:
     bad_json = tmp_path / "bad.ipynb"
-    bad_json.write_text('{"cells": [torch')
+    bad_json.write_text('{"cells": [torch.optim')  # mentions training code: the JSON is read
     syntax = tmp_path / "syntax.ipynb"
-    syntax.write_text(notebook_json([IMPORTS, "def f(:\n    pass"]))
+    syntax.write_text(notebook_json([IMPORTS, "def f(:\n    loss.backward()"]))  # training code: parsed
     before = bad_json.read_bytes(), syntax.read_bytes()
     result = invoke(str(tmp_path))
     assert result.exit_code == 2
