@@ -7,11 +7,11 @@ output does not depend on the scheduling. A file is written only when a rule cha
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import traceback
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -129,22 +129,40 @@ def check_output_dir(output_dir: Path, paths: list[Path], force: bool) -> str | 
 
 
 def _execute(files: list[Path], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
-    if jobs <= 1 or len(files) <= 1:
-        results = []
-        for path in files:
-            results.append(process_file(path, settings))
-            if progress is not None:
-                progress(1)
-        return results
-    size = max(1, min(16, math.ceil(len(files) / (jobs * 4))))
-    chunks = [files[i : i + size] for i in range(0, len(files), size)]
+    # Import the engine (libcst, the rules) before the pool forks, so that workers inherit it
+    # instead of each importing it again; then freeze what is loaded: module objects are never
+    # garbage, so no full collection (and, after fork, no worker's copy-on-write pages) pays for
+    # walking them (-j2 over 585 fixture files: 25 ms less CPU per worker).
+    import migrate.engine  # noqa: F401
+
+    frozen = gc.get_freeze_count() == 0  # else someone else froze: leave it to them
+    if frozen:
+        gc.freeze()
+    try:
+        if jobs <= 1 or len(files) <= 1:
+            results = []
+            for path in files:
+                results.append(process_file(path, settings))
+                if progress is not None:
+                    progress(1)
+            return results
+        return _execute_pool(files, settings, jobs, progress)
+    finally:
+        if frozen:
+            gc.unfreeze()
+
+
+def _execute_pool(files: list[Path], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # Largest files first, in small chunks: the last chunks are the quickest, so the workers finish
+    # together (results are sorted by path afterwards, so the order of work is not seen).
+    order = sorted(files, key=_size, reverse=True)
+    size = max(1, min(8, math.ceil(len(order) / (jobs * 8))))
+    chunks = [order[i : i + size] for i in range(0, len(order), size)]
     results = []
     # every task is submitted (and, with fork, every worker started) before the first progress
     # callback, so a progress display's thread never exists when a worker is forked
-    # Import the engine (libcst, the rules) before the pool forks, so that workers inherit it
-    # instead of each importing it again.
-    import migrate.engine  # noqa: F401
-
     with ProcessPoolExecutor(max_workers=min(jobs, len(chunks))) as pool:
         futures = {pool.submit(_process_chunk, chunk, settings): len(chunk) for chunk in chunks}
         for future in as_completed(futures):
@@ -152,6 +170,13 @@ def _execute(files: list[Path], settings: Settings, jobs: int, progress: Progres
             if progress is not None:
                 progress(futures[future])
     return results
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _process_chunk(paths: list[Path], settings: Settings) -> list[FileResult]:
