@@ -547,9 +547,22 @@ def main(argv: Optional[list[str]] = None) -> None:
     Dispatched here, before typer parses, so that PATHS keeps working as the default command.
     """
     args = sys.argv[1:] if argv is None else list(argv)
-    if args and args[0] in SUBCOMMANDS:
-        from migrate.subcommands import commands
+    try:
+        if args and args[0] in SUBCOMMANDS:
+            from migrate.subcommands import commands
 
-        commands(args=args, prog_name="accel-migrate")
-    else:
-        app(args=args, prog_name="accel-migrate")
+            commands(args=args, prog_name="accel-migrate")
+        else:
+            app(args=args, prog_name="accel-migrate")
+    finally:
+        if argv is None:  # the process exits next (console script, python -m migrate)
+            _skip_final_collection()
+
+
+def _skip_final_collection() -> None:
+    """Freeze every object, so that the interpreter's last garbage collection at exit does not walk
+    libcst and the run's results only to free memory the OS takes back anyway (about 40 ms after
+    195 files: serial time at the end of every run, -j2 included)."""
+    import gc
+
+    gc.freeze()
