@@ -12,8 +12,10 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pathspec
+if TYPE_CHECKING:  # imported when a pattern is first compiled: explicit files alone never need it
+    import pathspec
 
 SUFFIXES = (".py", ".ipynb")
 DEFAULT_EXCLUDES = (
@@ -44,6 +46,8 @@ class Discovery:
 
 
 def _spec(patterns: Iterable[str]) -> pathspec.PathSpec:
+    import pathspec
+
     return pathspec.GitIgnoreSpec.from_lines(list(patterns))
 
 
@@ -99,7 +103,18 @@ def discover(
     `must_exist` False: a missing path is taken as a file (the name given with --stdin-filename).
     """
     patterns = list(DEFAULT_EXCLUDES if exclude is None else exclude) + list(extend_exclude)
-    excludes = _spec(patterns)
+    compiled: list[pathspec.PathSpec] = []
+
+    def excludes() -> pathspec.PathSpec:
+        if not compiled:
+            compiled.append(_spec(patterns))
+        return compiled[0]
+
+    if exclude is not None or extend_exclude:
+        excludes()  # the user's patterns: a bad one fails here, whatever the paths
+    # else the defaults are compiled on first use (a directory, --force-exclude), so a run on
+    # explicit files (pre-commit) never imports pathspec
+
     ignores = _GitIgnores()
     found = Discovery()
     files: set[Path] = set()
@@ -107,9 +122,9 @@ def discover(
         if must_exist and not os.path.lexists(path):
             found.missing.append(path)
         elif path.is_dir():
-            _walk(path, excludes, ignores if gitignore else None, files, found)
+            _walk(path, excludes(), ignores if gitignore else None, files, found)
         else:
-            if force_exclude and _explicit_excluded(path, excludes, root):
+            if force_exclude and _explicit_excluded(path, excludes(), root):
                 found.excluded.append(path)
             else:
                 files.add(path)

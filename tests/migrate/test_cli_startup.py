@@ -99,3 +99,10 @@ def test_a_run_imports_neither_pydantic_nor_torch(tmp_path: Path) -> None:
     assert "migrate.engine" in loaded
     for module in ("pydantic", "torch", "runtime", "migrate.verify", "migrate.subcommands"):
         assert module not in loaded, module
+
+
+def test_explicit_files_need_no_pattern_matching_unless_patterns_are_given(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("import torch\nx = torch.zeros(1)\n")
+    assert "pathspec" not in _modules_after(["--check", "-q", "train.py"], tmp_path)  # as pre-commit runs it
+    assert "pathspec" in _modules_after(["--check", "-q", "."], tmp_path)
+    assert "pathspec" in _modules_after(["--check", "-q", "--extend-exclude", "x/", "train.py"], tmp_path)
