@@ -84,6 +84,25 @@ def output(args: list[str], env: dict[str, str] | None = None, cwd: Path | None 
     return out
 
 
+_SPIN = "s = 0\nfor i in range(4_000_000):\n    s += i\n"
+
+
+def parallel_probe(env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(one, two): seconds for one CPU-bound fresh process alone and for two of them at once.
+
+    one * 2 / two is how much two processes can gain on this machine right now: 2.0 on two idle
+    cores, near 1.0 when the host hands the second core to someone else (seen on shared VMs), which
+    caps any -j2 speed-up measured in the same round.
+    """
+    command = [PYTHON, "-c", _SPIN]
+    one = wall(command, env)
+    start = time.perf_counter()
+    processes = [subprocess.Popen(command, env=env) for _ in range(2)]
+    for process in processes:
+        process.wait()
+    return one, time.perf_counter() - start
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
