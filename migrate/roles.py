@@ -306,7 +306,7 @@ def _is_library_module(roles: Roles) -> bool:
     if _is_test_module(facts):
         reason = (
             "this is a test module (it imports unittest or pytest, or defines a TestCase): its training "
-            "code tests training on one process and was left as it is"
+            "code is a test of training, not a training script, so it was left as it is"
         )
     elif (
         _has_main_guard(facts.module)

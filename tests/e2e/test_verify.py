@@ -127,7 +127,10 @@ def test_crash_exit_2(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "text, message",
-    [("import torch\ndef broken(:\n", "cannot be migrated"), ("import torch\nprint(torch.ones(1))\n", "nothing to migrate")],
+    [
+        ("import torch\ndef broken(:\n    loss.backward()\n", "cannot be migrated"),  # training code: parsed
+        ("import torch\nprint(torch.ones(1))\n", "nothing to migrate"),
+    ],
 )
 def test_not_migratable_exit_2(tmp_path: Path, text: str, message: str) -> None:
     script = tmp_path / "train.py"
