@@ -21,6 +21,7 @@ import libcst as cst
 from migrate.analysis import Binding, DeviceBinding, Facts, Loop, Scope, StmtRef, is_device_choice
 from migrate.imports import is_docstring
 from migrate.names import dotted_name, root_name
+from migrate.walk import walk
 
 _OPTIMIZER = re.compile(r"^torch\.optim\.[A-Z]\w*$|^transformers\.(optimization\.)?(AdamW|Adafactor)$")
 _SCHEDULER = re.compile(r"^torch\.optim\.lr_scheduler\.\w+$|^transformers\.(optimization\.)?get_\w*schedule\w*$")
@@ -464,11 +465,11 @@ def _parameter_owners(home: Scope, call: cst.Call) -> list[str]:
     owners: list[str] = []
     finder = _ParametersFinder()
     for arg in call.args:
-        arg.value.visit(finder)
+        walk(arg.value, finder)
         if isinstance(arg.value, cst.Name):
             for binding in home.bindings.get(arg.value.value, []):
                 if binding.value is not None:
-                    binding.value.visit(finder)
+                    walk(binding.value, finder)
     for owner in finder.owners:
         if owner not in owners:
             owners.append(owner)
