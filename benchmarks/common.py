@@ -68,7 +68,7 @@ def wall(args: list[str], env: dict[str, str] | None = None, ok: tuple[int, ...]
 
 
 def output(args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600) -> str:
-    """stdout of one process; on timeout its whole process group (torchrun's ranks too) is killed."""
+    """stdout of one process; on timeout it and its children (torchrun's ranks too) are stopped."""
     import signal
 
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
@@ -76,8 +76,14 @@ def output(args: list[str], env: dict[str, str] | None = None, cwd: Path | None 
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        # torchrun starts each rank in a session of its own, out of reach of killpg, and the ranks
+        # hold the output pipes open; on SIGTERM torchrun stops them itself.
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         raise RuntimeError(f"{args!r} timed out after {timeout} s") from None
     if proc.returncode != 0:
         raise RuntimeError(f"{args!r} exited {proc.returncode}:\n{out[-2000:]}\n{err[-4000:]}")

@@ -12,6 +12,7 @@ import atexit
 import gc
 import os
 import sys
+import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -110,6 +111,7 @@ class ProcessState:
             world_size=world_size,
             timeout=timeout,
         )
+        _hold_until_exit(dist.group.WORLD)
         _install_exit_handler()
         return cls(rank, local_rank, world_size, local_world_size, chosen, device)
 
@@ -125,11 +127,18 @@ _failed = False
 # DDP wrappers still alive at exit keep the process group alive through their reducer; its gloo
 # threads would then be torn down during interpreter finalization, which aborts the process.
 _wrappers: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+# The groups this process created, held so that their last reference is dropped by the exit
+# handler, never by whatever frame happens to free the last DDP model (see _drop_groups).
+_groups: list[object] = []
 
 
 def release_at_exit(ddp_module: torch.nn.Module) -> None:
     """Have the exit handler drop this DDP wrapper's hold on the process group."""
     _wrappers.add(ddp_module)
+
+
+def _hold_until_exit(group: object) -> None:
+    _groups.append(group)
 
 
 def _install_exit_handler() -> None:
@@ -156,19 +165,42 @@ def _install_exit_handler() -> None:
 
 
 def _leave_process_group() -> None:
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    if not _failed:
-        if dist.get_backend() == "nccl" and torch.cuda.is_available():
-            dist.barrier(device_ids=[torch.cuda.current_device()])
-        else:
-            dist.barrier()
-    dist.destroy_process_group()
+    if dist.is_available() and dist.is_initialized():
+        if not _failed:
+            if dist.get_backend() == "nccl" and torch.cuda.is_available():
+                dist.barrier(device_ids=[torch.cuda.current_device()])
+            else:
+                dist.barrier()
+        dist.destroy_process_group()
+    _release_wrappers()  # also after end_training(), which destroyed the group but kept the wrappers
+    _drop_groups()
+
+
+def _release_wrappers() -> None:
+    """DDP wrappers alive at exit hold the group through their reducer; torn down during
+    interpreter finalization, its gloo threads abort the process. Drop them here instead."""
     for wrapper in list(_wrappers):
         for name in ("reducer", "logger"):
             if hasattr(wrapper, name):
                 delattr(wrapper, name)
         wrapper.process_group = None
+    gc.collect()
+
+
+def _drop_groups() -> None:
+    """Free the held groups once their gloo worker threads are idle.
+
+    Freeing a gloo group joins its worker threads while holding the GIL. A worker that has just
+    completed a collective may still be destroying that work object, and destroying one created
+    during backward (DDP's all-reduce) takes the GIL: a deadlock, torch 2.13, seen in about 1 exit
+    of 4 when a script's last DDP model was freed right after a barrier. Sleeping first releases
+    the GIL so the workers finish; holding the groups until here makes this the only place where
+    the last reference goes.
+    """
+    if not _groups:
+        return
+    time.sleep(0.05)
+    _groups.clear()
     gc.collect()
 
 

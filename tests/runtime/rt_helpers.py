@@ -21,21 +21,34 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_cmd(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` with a timeout, so that a hang fails the test instead of stalling it."""
+def run_cmd(cmd: list[str], cwd: Path, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` with a timeout, so that a hang fails the test instead of stalling it.
+
+    On timeout torchrun gets SIGTERM first: it stops its workers, which run in their own sessions
+    and would otherwise outlive it (and keep the output pipes open).
+    """
+    proc = subprocess.Popen(cmd, cwd=cwd, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
-        return subprocess.run(
-            cmd, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"{cmd} hung for {TIMEOUT_S}s:\n{error.stdout}\n{error.stderr}")
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            stdout, stderr = "", "(no output: the process did not stop on SIGTERM)"
+        pytest.fail(f"{cmd} hung for {timeout}s:\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def torchrun(script: Path, *args: str, cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess[str]:
+def torchrun(script: Path, *args: str, cwd: Path, nproc: int = 2,
+             timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """``python -m torch.distributed.run --standalone --nproc-per-node N script args``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(nproc), str(script), *args]
-    return run_cmd(cmd, cwd)
+    return run_cmd(cmd, cwd, timeout)
 
 
 def read_ranks(out_dir: Path, nproc: int = 2) -> list[dict]:
