@@ -1,8 +1,9 @@
 """Migrate one file's text: a pure function of text and options, with no I/O.
 
-Pipeline: text pre-filter (no "torch": untouched, not parsed) -> one parse -> one analysis pass ->
-roles -> each selected rule records edits -> one rewrite pass -> imports added -> the output must
-compile, or the file is reported as failed and left untouched.
+Pipeline: text pre-filter (`prefilter.py`: no training code, so untouched and not parsed) -> one
+parse -> statement start lines (`positions.py`) -> one analysis pass -> roles -> each selected rule
+records edits -> one rewrite pass, descending only towards edited nodes -> unused names removed ->
+imports added -> the output must compile, or the file is reported as failed and left untouched.
 """
 
 from __future__ import annotations

@@ -192,10 +192,10 @@ def _drop_groups() -> None:
 
     Freeing a gloo group joins its worker threads while holding the GIL. A worker that has just
     completed a collective may still be destroying that work object, and destroying one created
-    during backward (DDP's all-reduce) takes the GIL: a deadlock, torch 2.13, seen in about 1 exit
-    in 6 (11 of 68 runs) when a script's last DDP model was freed right after a barrier. Sleeping
-    first releases the GIL so the workers finish; holding the groups until here makes this the
-    only place where the last reference goes.
+    during backward (DDP's all-reduce) takes the GIL: a deadlock, torch 2.13, seen in 11 of 68
+    exits of scripts whose last DDP model was freed right after a barrier. Sleeping first
+    releases the GIL so the workers finish; holding the groups until here makes this the only
+    place where the last reference goes.
     """
     if not _groups:
         return
