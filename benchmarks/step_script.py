@@ -1,13 +1,15 @@
 """One training run for the step-overhead benchmarks; prints one JSON line per rank.
 
-    python benchmarks/step_script.py IMPL MODEL STEPS [GA]
+    python benchmarks/step_script.py IMPL[,IMPL...] MODEL STEPS [GA]
 
 IMPL: plain (single process, no wrapper), ddp (hand-written DistributedSampler + DDP, no_sync on
 accumulation micro-steps), runtime / accelerate (the same Accelerator script; only the import line
 differs: the bundled runtime or HF Accelerate). MODEL: tiny (Linear(16, 1), batch 8: measures the
 fixed cost per step), mlp, transformer (a small nn.TransformerEncoder). STEPS micro-batches per rank
 are timed after a warm-up; GA is gradient_accumulation_steps (loss / GA, an optimizer step every GA
-micro-batches). Output: {"rank", "world", "seconds", "steps", "maxrss_kb"}.
+micro-batches). Output: {"rank", "world", "seconds", "steps", "maxrss_kb"}. Several IMPLs, comma-
+separated, run side by side in the same processes in alternating blocks (see run_interleaved);
+"seconds" is then a dict by IMPL.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 WARMUP = 20
+BLOCKS = 24  # interleaved mode: blocks per implementation
 
 
 def build(model_name: str, n: int):
@@ -43,14 +46,10 @@ def build(model_name: str, n: int):
     raise SystemExit(f"unknown model {model_name}")
 
 
-def main() -> None:
-    impl, model_name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    ga = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+def setup(impl: str, model_name: str, n: int, ga: int):
+    """(model, loader, train_step, rank) for one implementation; train_step(i, x, y) runs micro-batch i."""
     torch.manual_seed(0)
-    torch.set_num_threads(1)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    total = WARMUP + steps
-    model, data, batch, loss_fn = build(model_name, total * world)
+    model, data, batch, loss_fn = build(model_name, n)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     if impl == "plain":
@@ -71,7 +70,8 @@ def main() -> None:
         from torch.nn.parallel import DistributedDataParallel
         from torch.utils.data.distributed import DistributedSampler
 
-        dist.init_process_group("gloo")
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
         rank = dist.get_rank()
         sampler = DistributedSampler(data, shuffle=True, seed=0)
         loader = DataLoader(data, batch_size=batch, sampler=sampler)
@@ -106,8 +106,13 @@ def main() -> None:
 
     else:
         raise SystemExit(f"unknown impl {impl}")
-
     model.train()
+    return model, loader, train_step, rank
+
+
+def run_one(impl: str, model_name: str, steps: int, ga: int, world: int) -> dict:
+    """One implementation alone: warm-up, then STEPS timed micro-batches."""
+    _, loader, train_step, rank = setup(impl, model_name, (WARMUP + steps) * world, ga)
     start = None
     done = 0
     for i, (x, y) in enumerate(loader):
@@ -115,12 +120,50 @@ def main() -> None:
             start = time.perf_counter()
         train_step(i, x, y)
         done = i + 1
-    seconds = time.perf_counter() - start
-    line = json.dumps({
-        "impl": impl, "model": model_name, "ga": ga, "rank": rank, "world": world, "seconds": seconds,
-        "steps": done - WARMUP, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-    })
-    os.write(1, (line + "\n").encode())  # one write: ranks sharing a pipe do not interleave
+    return {"impl": impl, "rank": rank, "seconds": time.perf_counter() - start, "steps": done - WARMUP}
+
+
+def run_interleaved(impls: list[str], model_name: str, steps: int, ga: int, world: int) -> dict:
+    """Several implementations in the same processes, on the same group, alternating in BLOCKS
+    blocks of STEPS / BLOCKS micro-batches (the order rotates each block). Drift on a shared
+    machine then hits every implementation alike, which separate processes cannot promise."""
+    per_block = max(ga, steps // BLOCKS // ga * ga)
+    total = WARMUP + per_block * BLOCKS
+    runs = {impl: setup(impl, model_name, total * world, ga) for impl in impls}
+    iterators = {impl: enumerate(run[1]) for impl, run in runs.items()}
+
+    def advance(impl: str, count: int) -> None:
+        train_step = runs[impl][2]
+        for _ in range(count):
+            i, (x, y) = next(iterators[impl])
+            train_step(i, x, y)
+
+    for impl in impls:
+        advance(impl, WARMUP)
+    blocks: dict[str, list[float]] = {impl: [] for impl in impls}
+    for b in range(BLOCKS):
+        order = impls[b % len(impls):] + impls[:b % len(impls)]
+        for impl in order:
+            start = time.perf_counter()
+            advance(impl, per_block)
+            blocks[impl].append(time.perf_counter() - start)
+    rank = runs[impls[0]][3]
+    return {"impl": ",".join(impls), "rank": rank, "seconds": {k: sum(v) for k, v in blocks.items()},
+            "blocks": blocks, "steps": per_block * BLOCKS}
+
+
+def main() -> None:
+    impl, model_name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    ga = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if "," in impl:
+        result = run_interleaved(impl.split(","), model_name, steps, ga, world)
+    else:
+        result = run_one(impl, model_name, steps, ga, world)
+    result.update(model=model_name, ga=ga, world=world,
+                  maxrss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    os.write(1, (json.dumps(result) + "\n").encode())  # one write: ranks sharing a pipe do not interleave
     if world > 1 and torch.distributed.is_initialized():
         torch.distributed.barrier()  # nobody tears gloo down while a peer still talks to it
         torch.distributed.destroy_process_group()
