@@ -65,16 +65,18 @@ def steps(rounds: int, scale: float = 1.0, two_process: bool = True, models=("ti
     """1 process: plain and runtime in alternating fresh processes. 2 processes: one job per round
     runs DDP, the runtime and HF Accelerate side by side in the same two processes, in alternating
     blocks (step_script.py's interleaved mode), and each round gives one ratio per pair; separate
-    processes differed by +-5% from run to run here, more than the 1% being measured. Peak RSS
-    needs a process per implementation: one short run each."""
+    processes differed by +-5% from run to run here, more than the 1% being measured. A second
+    copy of the DDP loop runs beside them as an A/A control: its ratio to the first shows the
+    noise left. Peak RSS needs a process per implementation: one short run each."""
     have_accelerate = importlib.util.find_spec("accelerate") is not None
     n = {m: max(8, int(STEPS[m] * scale) // 4 * 4) for m in models}
     one: dict[tuple[str, str], list[float]] = {}
     vs_ddp: dict[tuple[str, int], list[float]] = {}
     vs_acc: dict[tuple[str, int], list[float]] = {}
+    control: dict[tuple[str, int], list[float]] = {}
     ddp_ms: dict[tuple[str, int], list[float]] = {}
     acc_ms: dict[tuple[str, int], list[float]] = {}
-    impls2 = ["ddp", "runtime"] + (["accelerate"] if have_accelerate else [])
+    impls2 = ["ddp", "runtime", "ddp-again"] + (["accelerate"] if have_accelerate else [])
     for r in range(rounds):
         log(f"  step round {r + 1}/{rounds}")
         for model in models:
@@ -89,6 +91,7 @@ def steps(rounds: int, scale: float = 1.0, two_process: bool = True, models=("ti
                 seconds = {impl: max(x["seconds"][impl] for x in ranks) for impl in impls2}
                 per_step = ranks[0]["steps"] / 1000
                 vs_ddp.setdefault((model, ga), []).append(seconds["runtime"] / seconds["ddp"])
+                control.setdefault((model, ga), []).append(seconds["ddp-again"] / seconds["ddp"])
                 ddp_ms.setdefault((model, ga), []).append(seconds["ddp"] / per_step)
                 if have_accelerate:
                     vs_acc.setdefault((model, ga), []).append(seconds["runtime"] / seconds["accelerate"])
@@ -119,6 +122,11 @@ def steps(rounds: int, scale: float = 1.0, two_process: bool = True, models=("ti
                 key = (model, ga)
                 rows.append(_paired_row(f"runtime, {model}, ga={ga}", "hand-written DDP", vs_ddp[key], 1.01,
                                         f"DDP {median(ddp_ms[key]):.3f} ms/step"))
+                aa = control[key]
+                rows.append(Row("step, 2 gloo processes (interleaved)", f"A/A control: DDP again, {model}, ga={ga}",
+                                "hand-written DDP", median(aa), "x", spread(aa),
+                                detail="identical code: how far from 1.000 noise alone moves a ratio here",
+                                samples=aa))
                 if have_accelerate:
                     rows.append(_paired_row(f"runtime, {model}, ga={ga}", "HF Accelerate", vs_acc[key], 0.98,
                                             f"Accelerate {median(acc_ms[key]):.3f} ms/step"))

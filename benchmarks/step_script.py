@@ -3,7 +3,7 @@
     python benchmarks/step_script.py IMPL[,IMPL...] MODEL STEPS [GA]
 
 IMPL: plain (single process, no wrapper), ddp (hand-written DistributedSampler + DDP, no_sync on
-accumulation micro-steps), runtime / accelerate (the same Accelerator script; only the import line
+accumulation micro-steps; ddp-again is the same code once more, as an A/A control), runtime / accelerate (the same Accelerator script; only the import line
 differs: the bundled runtime or HF Accelerate). MODEL: tiny (Linear(16, 1), batch 8: measures the
 fixed cost per step), mlp, transformer (a small nn.TransformerEncoder). STEPS micro-batches per rank
 are timed after a warm-up; GA is gradient_accumulation_steps (loss / GA, an optimizer step every GA
@@ -46,10 +46,15 @@ def build(model_name: str, n: int):
     raise SystemExit(f"unknown model {model_name}")
 
 
-def setup(impl: str, model_name: str, n: int, ga: int):
-    """(model, loader, train_step, rank) for one implementation; train_step(i, x, y) runs micro-batch i."""
+def setup(impl: str, model_name: str, n: int, ga: int, shared_ddp: torch.nn.Module | None = None):
+    """(model, loader, train_step, rank) for one implementation; train_step(i, x, y) runs micro-batch i.
+
+    shared_ddp: for "ddp", train this DistributedDataParallel instead of wrapping a new model.
+    """
     torch.manual_seed(0)
     model, data, batch, loss_fn = build(model_name, n)
+    if shared_ddp is not None:
+        model = shared_ddp.module
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     if impl == "plain":
@@ -63,7 +68,7 @@ def setup(impl: str, model_name: str, n: int, ga: int):
                 optimizer.step()
                 optimizer.zero_grad()
 
-    elif impl == "ddp":
+    elif impl in ("ddp", "ddp-again"):  # ddp-again: a second copy of the baseline, an A/A control
         import contextlib
 
         import torch.distributed as dist
@@ -76,7 +81,7 @@ def setup(impl: str, model_name: str, n: int, ga: int):
         sampler = DistributedSampler(data, shuffle=True, seed=0)
         loader = DataLoader(data, batch_size=batch, sampler=sampler)
         sampler.set_epoch(0)
-        model = DistributedDataParallel(model)
+        model = shared_ddp if shared_ddp is not None else DistributedDataParallel(model)
 
         def train_step(i, x, y):
             boundary = (i + 1) % ga == 0
@@ -126,10 +131,19 @@ def run_one(impl: str, model_name: str, steps: int, ga: int, world: int) -> dict
 def run_interleaved(impls: list[str], model_name: str, steps: int, ga: int, world: int) -> dict:
     """Several implementations in the same processes, on the same group, alternating in BLOCKS
     blocks of STEPS / BLOCKS micro-batches (the order rotates each block). Drift on a shared
-    machine then hits every implementation alike, which separate processes cannot promise."""
+    machine then hits every implementation alike, which separate processes cannot promise.
+
+    "ddp" next to "runtime" trains the very DDP module the runtime prepared (same parameters,
+    same reducer; blocks end on an optimizer step, so the two never mix accumulated gradients):
+    two copies of one model differed by up to 3% in step time here, from where their tensors
+    landed in memory, which would drown the runtime's own cost.
+    """
     per_block = max(ga, steps // BLOCKS // ga * ga)
     total = WARMUP + per_block * BLOCKS
-    runs = {impl: setup(impl, model_name, total * world, ga) for impl in impls}
+    runs = {}
+    for impl in sorted(impls, key=lambda name: name.startswith("ddp")):  # the runtime's model first
+        shared = runs["runtime"][0] if impl.startswith("ddp") and "runtime" in runs else None
+        runs[impl] = setup(impl, model_name, total * world, ga, shared)
     iterators = {impl: enumerate(run[1]) for impl, run in runs.items()}
 
     def advance(impl: str, count: int) -> None:
