@@ -2,7 +2,7 @@
 the same run (interleaved A/B runs in fresh processes; medians; +- is half the inter-quartile
 range of the per-round ratios).
 
-    python -m benchmarks                       # everything, default repetitions (~10 min on 2 cores)
+    python -m benchmarks                       # everything, default repetitions (~6 min on 2 cores)
     python -m benchmarks --only cli,import     # a subset: codemod, cli, import, step
     python -m benchmarks --quick               # a tiny setting (smoke test; numbers meaningless)
     python -m benchmarks --markdown perf.md --json perf.json
