@@ -89,13 +89,13 @@ def steps(rounds: int, scale: float = 1.0, two_process: bool = True, models=("ti
                 order = impls2[r % len(impls2):] + impls2[:r % len(impls2)]  # who starts rotates too
                 ranks = _run(",".join(order), model, n[model], ga, nproc=2)
                 seconds = {impl: max(x["seconds"][impl] for x in ranks) for impl in impls2}
-                per_step = ranks[0]["steps"] / 1000
+                kilo_steps = ranks[0]["steps"] / 1000  # seconds / kilo_steps = ms per step
                 vs_ddp.setdefault((model, ga), []).append(seconds["runtime"] / seconds["ddp"])
                 control.setdefault((model, ga), []).append(seconds["ddp-again"] / seconds["ddp"])
-                ddp_ms.setdefault((model, ga), []).append(seconds["ddp"] / per_step)
+                ddp_ms.setdefault((model, ga), []).append(seconds["ddp"] / kilo_steps)
                 if have_accelerate:
                     vs_acc.setdefault((model, ga), []).append(seconds["runtime"] / seconds["accelerate"])
-                    acc_ms.setdefault((model, ga), []).append(seconds["accelerate"] / per_step)
+                    acc_ms.setdefault((model, ga), []).append(seconds["accelerate"] / kilo_steps)
     rss: dict[tuple[str, str, int], float] = {}
     if two_process:
         log("  peak RSS")
