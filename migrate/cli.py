@@ -18,6 +18,7 @@ from typing import Optional
 import typer
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_FAILED, EXIT_INTERNAL = 0, 1, 2, 123
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `git log | head`
 PROGRESS_MIN_FILES = 8  # a progress bar only for more files than this, on a terminal
 SUBCOMMANDS = ("rules", "explain", "verify")
 
@@ -234,6 +235,13 @@ def migrate(
         )
     except typer.Exit:
         raise
+    except BrokenPipeError:
+        # The reader went away (`accel-migrate --diff . | head`): nothing is wrong, stop quietly.
+        # Files are written before anything is reported, so a write run has finished by now.
+        # Point stdout at /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise typer.Exit(EXIT_BROKEN_PIPE) from None
     except Exception:  # noqa: BLE001 - the contract is exit 123 with a report request
         typer.echo("accel-migrate: internal error; please report it with the file that triggered it.", err=True)
         if verbose:
@@ -306,6 +314,14 @@ def _settings(cli: dict, config_path: Optional[Path], config_paths: list[Path]):
     if output_format not in OUTPUT_FORMATS:
         _fail_usage(f"--output-format must be one of {', '.join(OUTPUT_FORMATS)}, not {output_format!r}")
     merged["output_format"] = output_format
+    patterns = list(merged.get("exclude") or []) + list(merged.get("extend_exclude") or [])
+    if patterns:
+        from migrate.discovery import pattern_error
+
+        problem = pattern_error(patterns)
+        if problem:
+            where = f" (in {file_config.path})" if file_config.path is not None else ""
+            _fail_usage(f"{problem}; fix it in --exclude/--extend-exclude or [tool.accel-migrate]{where}")
     return merged, file_config.root
 
 

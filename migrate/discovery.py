@@ -51,6 +51,24 @@ def _spec(patterns: Iterable[str]) -> pathspec.PathSpec:
     return pathspec.GitIgnoreSpec.from_lines(list(patterns))
 
 
+def pattern_error(patterns: Iterable[str]) -> str | None:
+    """What is wrong with the first pattern that is not valid gitignore syntax; None if all are."""
+    for pattern in patterns:
+        try:
+            _spec([pattern])
+        except ValueError as error:  # pathspec's pattern errors are ValueErrors
+            return f"invalid exclude pattern {pattern!r} ({error}); patterns use .gitignore syntax"
+    return None
+
+
+def _lenient_spec(lines: list[str]) -> pathspec.PathSpec:
+    """A .gitignore's patterns without the invalid lines, which git itself passes over."""
+    try:
+        return _spec(lines)
+    except ValueError:
+        return _spec(line for line in lines if pattern_error([line]) is None)
+
+
 def _git_root(directory: Path) -> Path | None:
     for parent in (directory, *directory.parents):
         if (parent / ".git").exists():
@@ -70,7 +88,7 @@ class _GitIgnores:
             spec = None
             if path.is_file():
                 try:
-                    spec = _spec(path.read_text(encoding="utf-8", errors="replace").splitlines())
+                    spec = _lenient_spec(path.read_text(encoding="utf-8", errors="replace").splitlines())
                 except OSError:
                     spec = None
             self._cache[directory] = spec

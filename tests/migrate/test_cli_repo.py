@@ -596,3 +596,42 @@ def test_python_dash_m_and_console_script_agree(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr
     listing = subprocess.run([sys.executable, "-m", "migrate", "rules"], capture_output=True, text=True, timeout=60)
     assert listing.returncode == 0 and "AM001" in listing.stdout
+
+
+def test_invalid_exclude_pattern_is_a_usage_error(tmp_path: Path) -> None:
+    write(tmp_path / "train.py", PLAIN)
+    result = invoke("--check", "--exclude", "!", str(tmp_path))
+    assert result.exit_code == cli.EXIT_FAILED
+    assert "invalid exclude pattern '!'" in result.output and "--exclude" in result.output
+    assert "internal error" not in result.output
+
+
+def test_invalid_exclude_pattern_in_config_names_the_file(tmp_path: Path) -> None:
+    config = write(tmp_path / "pyproject.toml", '[tool.accel-migrate]\nextend-exclude = ["ok/", "\\\\"]\n')
+    write(tmp_path / "train.py", PLAIN)
+    result = invoke("--check", str(tmp_path))
+    assert result.exit_code == cli.EXIT_FAILED
+    assert "invalid exclude pattern '\\\\'" in result.output and str(config) in result.output
+
+
+def test_gitignore_invalid_line_is_passed_over_like_git(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    write(tmp_path / ".gitignore", "!\nignored.py\n")
+    write(tmp_path / "ignored.py", PLAIN)
+    write(tmp_path / "train.py", PLAIN)
+    assert _seen(tmp_path, str(tmp_path)) == ["train.py"]
+
+
+def test_output_pipe_closed_by_its_reader_stops_quietly(tmp_path: Path) -> None:
+    files = 150  # diffs well over a pipe's 64 KiB buffer, so writing them must hit the closed end
+    for k in range(files):
+        write(tmp_path / f"train_{k}.py", PLAIN)
+    proc = subprocess.Popen([sys.executable, "-m", "migrate", "--diff", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # as `| head -1` does
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == cli.EXIT_BROKEN_PIPE
+    assert "internal error" not in stderr and "Traceback" not in stderr and "BrokenPipe" not in stderr
+    assert [p.read_text() for p in tmp_path.glob("*.py")] == [PLAIN] * files  # --diff wrote nothing
