@@ -1,8 +1,8 @@
 """Processes end cleanly after DDP training, however the script ends the job.
 
 torch 2.13 can deadlock while freeing a gloo group (see runtime.state._drop_groups). Before the
-runtime held the group until its exit handler, the worker below hung in about 1 run of 10 (2 of 16
-with four jobs sharing 2 cores). The race is random, so this test cannot prove its absence: it
+runtime held the group until its exit handler, the worker below hung in 1 of 16 runs alone and in
+2 of 16 with four jobs sharing 2 cores. The race is random, so this test cannot prove its absence: it
 runs several jobs at once, each with a timeout, so that a regression fails often rather than stalls.
 """
 
