@@ -3,10 +3,10 @@
     python benchmarks/step_script.py IMPL[,IMPL...] MODEL STEPS [GA]
 
 IMPL: plain (single process, no wrapper), ddp (hand-written DistributedSampler + DDP, no_sync on
-accumulation micro-steps; ddp-again is the same code once more, as an A/A control), runtime / accelerate (the same Accelerator script; only the import line
-differs: the bundled runtime or HF Accelerate). MODEL: tiny (Linear(16, 1), batch 8: measures the
-fixed cost per step), mlp, transformer (a small nn.TransformerEncoder). STEPS micro-batches per rank
-are timed after a warm-up; GA is gradient_accumulation_steps (loss / GA, an optimizer step every GA
+accumulation micro-steps; ddp-again is the same code once more, as an A/A control), runtime /
+accelerate (the same Accelerator script; only the import line differs: the bundled runtime or HF
+Accelerate). MODEL: tiny (Linear(16, 1), batch 8: measures the fixed cost per step), mlp,
+transformer (a small nn.TransformerEncoder). STEPS micro-batches per rank are timed after a warm-up; GA is gradient_accumulation_steps (loss / GA, an optimizer step every GA
 micro-batches). Output: {"rank", "world", "seconds", "steps", "maxrss_kb"}. Several IMPLs, comma-
 separated, run side by side in the same processes in alternating blocks (see run_interleaved);
 "seconds" is then a dict by IMPL.
@@ -130,7 +130,7 @@ def run_one(impl: str, model_name: str, steps: int, ga: int, world: int) -> dict
 
 def run_interleaved(impls: list[str], model_name: str, steps: int, ga: int, world: int) -> dict:
     """Several implementations in the same processes, on the same group, alternating in BLOCKS
-    blocks of STEPS / BLOCKS micro-batches (the order rotates each block). Drift on a shared
+    blocks of STEPS / BLOCKS micro-batches (in the orders of balanced_orders). Drift on a shared
     machine then hits every implementation alike, which separate processes cannot promise.
 
     "ddp" next to "runtime" trains the very DDP module the runtime prepared (same parameters,

@@ -111,7 +111,7 @@ class ProcessState:
             world_size=world_size,
             timeout=timeout,
         )
-        _hold_until_exit(dist.group.WORLD)
+        _groups.append(dist.group.WORLD)  # freed by the exit handler (see _drop_groups)
         _install_exit_handler()
         return cls(rank, local_rank, world_size, local_world_size, chosen, device)
 
@@ -135,10 +135,6 @@ _groups: list[object] = []
 def release_at_exit(ddp_module: torch.nn.Module) -> None:
     """Have the exit handler drop this DDP wrapper's hold on the process group."""
     _wrappers.add(ddp_module)
-
-
-def _hold_until_exit(group: object) -> None:
-    _groups.append(group)
 
 
 def _install_exit_handler() -> None:
