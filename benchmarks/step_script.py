@@ -7,9 +7,10 @@ accumulation micro-steps; ddp-again is the same code once more, as an A/A contro
 accelerate (the same Accelerator script; only the import line differs: the bundled runtime or HF
 Accelerate). MODEL: tiny (Linear(16, 1), batch 8: measures the fixed cost per step), mlp,
 transformer (a small nn.TransformerEncoder). STEPS micro-batches per rank are timed after a
-warm-up; GA is gradient_accumulation_steps (loss / GA, an optimizer step every GA micro-batches). Output: {"rank", "world", "seconds", "steps", "maxrss_kb"}. Several IMPLs, comma-
-separated, run side by side in the same processes in alternating blocks (see run_interleaved);
-"seconds" is then a dict by IMPL.
+warm-up; GA is gradient_accumulation_steps (loss / GA, an optimizer step every GA micro-batches).
+Output: {"rank", "world", "seconds", "steps", "maxrss_kb"}. Several IMPLs, comma-separated, run side
+by side in the same processes in alternating blocks (see run_interleaved); "seconds" is then a dict
+by IMPL.
 """
 
 from __future__ import annotations
