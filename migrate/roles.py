@@ -746,10 +746,10 @@ def _place_prepare(roles: Roles) -> None:
     names = [n for n in (*roles.models, *roles.optimizers, *roles.loaders, *roles.schedulers) if n not in home.prepared]
     if not names or home.prepared:
         return
-    refs = [b.where for n in names for b in home.bindings.get(n, []) if not b.is_loop_target]
+    first_use = _first_training_use(roles)
+    refs = [r for n in names for r in _setup_bindings(home, n, first_use)]
     # Evaluation loaders and epoch-level schedulers built before training starts belong to the same
     # setup block: prepare after them too. Ones built later (a final test loader) are left out.
-    first_use = _first_training_use(roles)
     late: set[str] = set()
     for name in (*{loader for _, _, loader in roles.eval_loops}, *roles.epoch_schedulers):
         bound = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target]
@@ -784,6 +784,15 @@ def _place_prepare(roles: Roles) -> None:
         # The Accelerator is created after the objects are bound: prepare after it.
         point = _common_insertion_point([*refs, creation])
     roles.prepare_after = point
+
+
+def _setup_bindings(home: Scope, name: str, first_use: int) -> list[StmtRef]:
+    """Where `name` is bound for training: the bindings before the first training use when there are
+    some. A model rebuilt after training (`model = Net()` + `load_state_dict` to run inference, as
+    tutorials do) is not what trains: preparing after the rebuild would leave training unprepared."""
+    refs = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target]
+    before = [r for r in refs if _top(r).order < first_use]
+    return before or refs
 
 
 def _top(ref: StmtRef) -> StmtRef:
