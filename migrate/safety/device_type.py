@@ -1,0 +1,345 @@
+"""A name that was a string device stays a string where it is used as one (AM102, device-type-kept).
+
+What it checks:
+    A name bound only to strings in the input (`device = "cuda" if torch.cuda.is_available() else
+    "cpu"`, `"cuda"`, an f-string, `torch.device(...).type`, an `if` whose branches assign such
+    strings), in a function or at module level, and rebound in the output to a device object
+    (`accelerator.device`, `torch.device(...)`), must not be used in a way only a string supports:
+    `"cuda" in device`, `device == "cuda"` (so also `pin_memory=device == "cuda"`),
+    `torch.autocast(device_type=device)` or `torch.autocast(device)`, string methods
+    (`device.startswith("cuda")`), formatting and concatenation (`f"{device}"`,
+    `"run-" + device`), dictionary keys and subscripts (`{device: ...}`, `table[device]`) and
+    `isinstance(device, str)`. A parameter counts as the name its callers pass: `train(device)`
+    with a string `device` in every caller of the input, and a device object in one of the output.
+
+Why:
+    A `torch.device` is not a string: `"cuda" in torch.device("cuda")` raises TypeError,
+    `torch.device("cpu") == "cpu"` is False, `torch.autocast(device_type=torch.device(...))` raises,
+    and `f"{torch.device('cuda', 1)}"` is `cuda:1`, not `cuda`. Each of these silently changes
+    what the script does (pinned memory off, the CUDA branch never taken) or crashes it.
+
+What it cannot see:
+    Strings that flow through containers, attributes (`self.device`), return values or another
+    module, and callers that pass the device by an expression rather than a name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate.safety import CheckContext, Violation
+from migrate.safety.accelerator_bound import line_of
+from migrate.walk import children
+
+CODE = "AM102"
+NAME = "device-type-kept"
+
+_STRING_METHODS = frozenset({
+    "startswith", "endswith", "split", "rsplit", "lower", "upper", "replace", "strip", "format", "join",
+    "find", "partition", "rpartition", "encode", "casefold", "isdigit",
+})
+
+
+def check(context: CheckContext) -> list[Violation]:
+    before = _Module(context.before)
+    after = _Module(context.after)
+    positions = line_of(context)
+    violations: list[Violation] = []
+    for qualname, scope in after.scopes.items():
+        old = before.scopes.get(qualname)
+        if old is None:
+            continue
+        for name in sorted(set(scope.uses)):
+            was = _string_origin(before, old, name)
+            now = _device_origin(after, scope, name)
+            if was is None or now is None:
+                continue
+            for use, what in scope.uses[name]:
+                violations.append(Violation(positions(use), (
+                    f"`{name}` was a string in the input (`{was}`) and is now a torch.device (`{now}`), "
+                    f"but {what} needs a string (a torch.device is not one: `in` raises, `==` against a "
+                    f"string is False, autocast rejects it); bind `{name} = accelerator.device.type` instead"
+                )))
+    return sorted(violations, key=lambda v: v.line)
+
+
+@dataclass(eq=False)
+class _Scope:
+    node: cst.Module | cst.FunctionDef
+    params: list[str] = field(default_factory=list)
+    values: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)  # name -> assigned values
+    uses: dict[str, list[tuple[cst.CSTNode, str]]] = field(default_factory=dict)  # string-only uses
+    calls: list[tuple[str, cst.Call]] = field(default_factory=list)  # plain-name calls
+
+
+class _Module:
+    def __init__(self, module: cst.Module) -> None:
+        self.scopes: dict[str, _Scope] = {}
+        self.functions: dict[str, str] = {}  # module-level function name -> qualname
+        self._scan(module.body, _Scope(module), "", top=True)
+        self.code = module.code_for_node
+
+    def _scan(self, stmts: Sequence[cst.BaseStatement], scope: _Scope, qualname: str, top: bool) -> None:
+        self.scopes.setdefault(qualname or "<module>", scope)
+        for stmt in _statements(stmts):
+            if isinstance(stmt, cst.FunctionDef):
+                name = f"{qualname}.{stmt.name.value}" if qualname else stmt.name.value
+                params = stmt.params
+                inner = _Scope(stmt, params=[p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)])
+                if top:
+                    self.functions[stmt.name.value] = name
+                body = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ()
+                self._scan(body, inner, name, top=False)
+            elif isinstance(stmt, cst.ClassDef):
+                body = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ()
+                self._scan_class(body, f"{qualname}.{stmt.name.value}" if qualname else stmt.name.value)
+            else:
+                _Uses(scope).collect(stmt)
+
+    def _scan_class(self, stmts: Sequence[cst.BaseStatement], qualname: str) -> None:
+        for stmt in _statements(stmts):
+            if isinstance(stmt, cst.FunctionDef):
+                params = stmt.params
+                inner = _Scope(stmt, params=[p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)])
+                body = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ()
+                self._scan(body, inner, f"{qualname}.{stmt.name.value}", top=False)
+
+
+def _statements(stmts: Sequence[cst.BaseStatement]) -> Iterable[cst.BaseStatement]:
+    """Statements of a block with the blocks of compound statements flattened in (defs kept whole)."""
+    for stmt in stmts:
+        if isinstance(stmt, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef)):
+            yield stmt
+            continue
+        yield _HeaderOnly(stmt)  # type: ignore[misc]
+        for block in _blocks(stmt):
+            yield from _statements(block)
+
+
+class _HeaderOnly:
+    """A compound statement seen without its blocks (its test, iterable, items...)."""
+
+    def __init__(self, stmt: cst.BaseStatement) -> None:
+        self.stmt = stmt
+
+
+def _blocks(stmt: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
+    out: list[Sequence[cst.BaseStatement]] = []
+    for name in ("body", "orelse", "finalbody"):
+        part = getattr(stmt, name, None)
+        if isinstance(part, cst.IndentedBlock):
+            out.append(part.body)
+        elif isinstance(part, (cst.Else, cst.Finally)) and isinstance(part.body, cst.IndentedBlock):
+            out.append(part.body.body)
+        elif isinstance(part, cst.If):
+            out.extend(_blocks(part))
+    for handler in getattr(stmt, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            out.append(handler.body.body)
+    for case in getattr(stmt, "cases", ()):
+        if isinstance(case.body, cst.IndentedBlock):
+            out.append(case.body.body)
+    return out
+
+
+def _header_parts(stmt: cst.CSTNode) -> list[cst.CSTNode]:
+    if isinstance(stmt, cst.If):
+        parts: list[cst.CSTNode] = []
+        branch: object = stmt
+        while isinstance(branch, cst.If):
+            parts.append(branch.test)
+            branch = branch.orelse
+        return parts
+    if isinstance(stmt, cst.For):
+        return [stmt.iter]
+    if isinstance(stmt, cst.While):
+        return [stmt.test]
+    if isinstance(stmt, cst.With):
+        return [item.item for item in stmt.items]
+    if isinstance(stmt, cst.Match):
+        return [stmt.subject]
+    return []
+
+
+class _Uses:
+    """Records a scope's assignments and the string-only uses of plain names."""
+
+    def __init__(self, scope: _Scope) -> None:
+        self.scope = scope
+
+    def collect(self, stmt: object) -> None:
+        if isinstance(stmt, _HeaderOnly):
+            for part in _header_parts(stmt.stmt):
+                self._walk(part)
+            return
+        assert isinstance(stmt, cst.SimpleStatementLine)
+        for small in stmt.body:
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+                self.scope.values.setdefault(small.targets[0].target.value, []).append(small.value)
+            elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None:
+                self.scope.values.setdefault(small.target.value, []).append(small.value)
+            self._walk(small)
+
+    def _use(self, node: cst.CSTNode, name: str, what: str) -> None:
+        self.scope.uses.setdefault(name, []).append((node, what))
+
+    def _walk(self, node: cst.CSTNode) -> None:
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return
+        if isinstance(node, cst.Comparison):
+            self._comparison(node)
+        elif isinstance(node, cst.Arg):
+            if node.keyword is not None and node.keyword.value == "device_type" and isinstance(node.value, cst.Name):
+                self._use(node, node.value.value, "`device_type=`")
+        elif isinstance(node, cst.Call):
+            self._call(node)
+        elif isinstance(node, cst.FormattedStringExpression) and isinstance(node.expression, cst.Name):
+            self._use(node, node.expression.value, "formatting it into a string")
+        elif isinstance(node, cst.BinaryOperation):
+            self._binary(node)
+        elif isinstance(node, cst.Dict):
+            for element in node.elements:
+                if isinstance(element, cst.DictElement) and isinstance(element.key, cst.Name):
+                    self._use(element, element.key.value, "a dictionary key")
+        elif isinstance(node, cst.Subscript) and len(node.slice) == 1:
+            index = node.slice[0].slice
+            if isinstance(index, cst.Index) and isinstance(index.value, cst.Name):
+                self._use(node, index.value.value, "a lookup by key")
+        for child in children(node):
+            self._walk(child)
+
+    def _comparison(self, node: cst.Comparison) -> None:
+        left = node.left
+        for target in node.comparisons:
+            right = target.comparator
+            op = target.operator
+            if isinstance(op, (cst.In, cst.NotIn)) and isinstance(right, cst.Name):
+                self._use(node, right.value, "`in`")
+            elif isinstance(op, (cst.Equal, cst.NotEqual)):
+                for one, other in ((left, right), (right, left)):
+                    if isinstance(one, cst.Name) and _is_string(other):
+                        self._use(node, one.value, "`==` against a string")
+            left = right
+
+    def _call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Name):
+            self.scope.calls.append((func.value, node))
+            if func.value == "isinstance" and len(node.args) == 2 and isinstance(node.args[0].value, cst.Name):
+                if isinstance(node.args[1].value, cst.Name) and node.args[1].value.value == "str":
+                    self._use(node, node.args[0].value.value, "`isinstance(..., str)`")
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in _STRING_METHODS and isinstance(func.value, cst.Name):
+                self._use(node, func.value.value, f"`.{func.attr.value}()`")
+        attr = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "")
+        positional = [a for a in node.args if a.keyword is None and not a.star]
+        if attr == "autocast" and positional and isinstance(positional[0].value, cst.Name):
+            self._use(node, positional[0].value.value, "autocast's `device_type`")
+
+    def _binary(self, node: cst.BinaryOperation) -> None:
+        if isinstance(node.operator, cst.Add):
+            for one, other in ((node.left, node.right), (node.right, node.left)):
+                if isinstance(one, cst.Name) and _is_string(other):
+                    self._use(node, one.value, "string concatenation")
+        elif isinstance(node.operator, cst.Modulo) and _is_string(node.left):
+            values = [e.value for e in node.right.elements] if isinstance(node.right, cst.Tuple) else [node.right]
+            for value in values:
+                if isinstance(value, cst.Name):
+                    self._use(node, value.value, "`%` formatting")
+
+
+def _is_string(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+
+
+def _stringy(expr: cst.BaseExpression) -> bool:
+    """An expression whose value is a str whatever runs: literals, f-strings, `x.type`, `str(x)`."""
+    if _is_string(expr):
+        return True
+    if isinstance(expr, cst.IfExp):
+        return _stringy(expr.body) and _stringy(expr.orelse)
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value == "type"  # `torch.device(...).type`, `accelerator.device.type`
+    if isinstance(expr, cst.Call):
+        func = expr.func
+        if isinstance(func, cst.Name) and func.value == "str":
+            return True
+        return isinstance(func, cst.Attribute) and _is_string(func.value) and func.attr.value in ("format", "join")
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Add, cst.Modulo)):
+        return _is_string(expr.left)
+    return False
+
+
+def _device_object(expr: cst.BaseExpression) -> bool:
+    """`accelerator.device`, `self.accelerator.device`, `torch.device(...)`."""
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value == "device"
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        return expr.func.attr.value == "device"
+    return False
+
+
+def _string_origin(module: _Module, scope: _Scope, name: str, depth: int = 0) -> str | None:
+    """The code of the string `name` was bound to in `scope` of the input (None: not a string)."""
+    values = scope.values.get(name)
+    if values:
+        if name in scope.params or not all(_stringy(v) for v in values):
+            return None
+        return module.code(values[0])
+    if name in scope.params and depth == 0:
+        passed = _passed(module, scope, name)
+        if passed and all(_string_origin(module, caller, arg, 1) is not None for caller, arg in passed):
+            caller, arg = passed[0]
+            return _string_origin(module, caller, arg, 1)
+    return None
+
+
+def _device_origin(module: _Module, scope: _Scope, name: str, depth: int = 0) -> str | None:
+    """The code of a device object `name` is bound to in `scope` of the output (None: none)."""
+    for value in scope.values.get(name, []):
+        if _device_object(value):
+            return module.code(value)
+    if name in scope.params and depth == 0 and not scope.values.get(name):
+        for caller, arg in _passed(module, scope, name):
+            found = _device_origin(module, caller, arg, 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _passed(module: _Module, scope: _Scope, name: str) -> list[tuple[_Scope, str]]:
+    """(caller scope, argument name) for each call of this module-level function that passes
+    `name` by a plain name; empty when any caller passes something else or nothing is found."""
+    if not isinstance(scope.node, cst.FunctionDef):
+        return []
+    qualname = module.functions.get(scope.node.name.value)
+    if qualname is None or module.scopes.get(qualname) is not scope:
+        return []
+    index = scope.params.index(name)
+    out: list[tuple[_Scope, str]] = []
+    for caller in module.scopes.values():
+        for callee, call in caller.calls:
+            if callee != scope.node.name.value:
+                continue
+            arg = _argument(call, index, name)
+            if not isinstance(arg, cst.Name):
+                return []
+            out.append((caller, arg.value))
+    return out
+
+
+def _argument(call: cst.Call, index: int, name: str) -> cst.BaseExpression | None:
+    positional = 0
+    for arg in call.args:
+        if arg.star:
+            return None
+        if arg.keyword is None:
+            if positional == index:
+                return arg.value
+            positional += 1
+        elif arg.keyword.value == name:
+            return arg.value
+    return None
