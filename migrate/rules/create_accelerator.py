@@ -32,11 +32,17 @@ Fix safety:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 import libcst as cst
 
+from migrate.analysis import DeviceBinding, Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import statement
+from migrate.safety.device_type import used_as_string
+from migrate.walk import walk
 
 CODE = "AM001"
 NAME = "create-accelerator"
@@ -56,43 +62,293 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     kwargs = ", ".join(f"{name}={value}" for name, value in plan.accelerator_kwargs.items())
     create = statement(f"accelerator = Accelerator({kwargs})\n")
     binding = roles.device_binding
+    scope = roles.accelerator_scope
+    assert scope is not None
+    device_value = "accelerator.device"
+    if binding is not None and _string_device(roles, scope, binding):
+        device_value = "accelerator.device.type"  # the name stays a string (see "Fix safety")
     if plan.create_at is not None:
         # The process group was initialised here (AM007): the Accelerator takes its place.
-        original = plan.create_at
-        plan.replace_stmt[original] = [create.with_changes(leading_lines=original.leading_lines)]
-        if binding is not None:
-            device = binding.where.stmt
-            new_device = statement(f"{binding.name} = accelerator.device\n")
-            if isinstance(device, cst.SimpleStatementLine):
-                new_device = new_device.with_changes(
-                    leading_lines=device.leading_lines, trailing_whitespace=device.trailing_whitespace
-                )
-            plan.replace_stmt[device] = [new_device]
-            plan.rebound[new_device] = binding.name
-        anchor: cst.CSTNode = original
+        default: cst.BaseStatement = plan.create_at
         message = "created the Accelerator where the process group was initialised"
     elif binding is not None:
-        original = binding.where.stmt
-        device = statement(f"{binding.name} = accelerator.device\n")
-        if isinstance(original, cst.SimpleStatementLine):
-            device = device.with_changes(trailing_whitespace=original.trailing_whitespace)
-        plan.replace_stmt[original] = [create.with_changes(leading_lines=original.leading_lines), device]
-        plan.rebound[device] = binding.name
-        anchor = original
-        message = f"`{binding.name}` is now `accelerator.device`"
-    else:
-        anchor = roles.create_before  # type: ignore[assignment]
-        if anchor is None:
-            return
-        plan.insert_before[anchor] = [create, *plan.insert_before.get(anchor, [])]  # type: ignore[index]
+        default = binding.where.stmt
+        message = f"`{binding.name}` is now `{device_value}`"
+    elif roles.create_before is not None:
+        default = roles.create_before
         message = "created the Accelerator"
+    else:
+        return
+    body = _scope_body(roles, scope)
+    chain = _chain(body, default)
+    if chain is None:
+        return
+    place = _placement(roles, plan, scope, chain, default)
+    block, index = place
+    replaced = plan.create_at if plan.create_at is not None else binding.where.stmt if binding is not None else None
+    in_place = replaced is not None and index < len(block) and block[index] is replaced
+    if in_place:
+        assert replaced is not None
+        new: list[cst.BaseStatement] = [create.with_changes(leading_lines=replaced.leading_lines)]
+        if plan.create_at is None:
+            new.append(_rebind(binding.name, device_value, replaced))  # type: ignore[union-attr]
+        plan.replace_stmt[replaced] = new
+        if len(new) > 1:
+            plan.rebound[new[1]] = binding.name  # type: ignore[union-attr]
+    else:
+        if index < len(block):
+            # The blank lines that set the next statement apart set the creation apart as well.
+            if block[index] is not default:
+                blank = [line for line in block[index].leading_lines if line.comment is None]
+                create = create.with_changes(leading_lines=blank)
+            plan.insert_before[block[index]] = [create, *plan.insert_before.get(block[index], [])]
+        else:
+            plan.insert_after[block[-1]] = [*plan.insert_after.get(block[-1], []), create]
+        if plan.create_at is not None:
+            plan.replace_stmt[plan.create_at] = []  # the Accelerator joins the group elsewhere
+        if binding is not None and binding.where.stmt is not plan.create_at:
+            rebind = _rebind(binding.name, device_value, binding.where.stmt, keep_leading=True)
+            plan.replace_stmt[binding.where.stmt] = [rebind]
+            plan.rebound[rebind] = binding.name
+    if plan.create_at is not None and binding is not None and in_place:
+        device = binding.where.stmt
+        new_device = _rebind(binding.name, device_value, device, keep_leading=True)
+        plan.replace_stmt[device] = [new_device]
+        plan.rebound[new_device] = binding.name
     for later in roles.later_device_bindings:
         stmt = later.where.stmt
-        rebound = statement(f"{later.name} = accelerator.device\n").with_changes(leading_lines=stmt.leading_lines)
+        rebound = _rebind(later.name, device_value, stmt, keep_leading=True)
         plan.replace_stmt[stmt] = [rebound]
-        plan.change(CODE, stmt, f"`{later.name}` chosen again: now `accelerator.device` as well")
+        plan.change(CODE, stmt, f"`{later.name}` chosen again: now `{device_value}` as well")
     plan.imports.add((TARGET_MODULES[target], "Accelerator"))
-    plan.change(CODE, anchor, message)
+    plan.change(CODE, default, message)
+
+
+def _rebind(name: str, value: str, original: cst.BaseStatement, keep_leading: bool = False) -> cst.BaseStatement:
+    new = statement(f"{name} = {value}\n")
+    if isinstance(original, cst.SimpleStatementLine):
+        new = new.with_changes(trailing_whitespace=original.trailing_whitespace)
+    if keep_leading:
+        new = new.with_changes(leading_lines=original.leading_lines)
+    return new
+
+
+# -- where every path sees it -------------------------------------------------------------------
+
+Chain = list[tuple[Sequence[cst.BaseStatement], int]]  # (block, index) from the scope's body down
+_INIT_HELPERS = re.compile(r"^(init_distributed(_mode)?|init_dist(ributed)?_?\w*|setup_dist(ributed)?|ddp_setup|setup_ddp|dist_init)$")
+_INIT = "torch.distributed.init_process_group"
+
+
+def _scope_body(roles: Roles, scope: Scope) -> Sequence[cst.BaseStatement]:
+    node = scope.node
+    if isinstance(node, cst.Module):
+        return node.body
+    assert isinstance(node, cst.FunctionDef)
+    return node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+
+
+def _blocks(stmt: cst.BaseStatement) -> list[Sequence[cst.BaseStatement]]:
+    """The statement blocks of a compound statement (not of a def or class: they run later)."""
+    if isinstance(stmt, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef)):
+        return []
+    out: list[Sequence[cst.BaseStatement]] = []
+    for part in (getattr(stmt, "body", None), getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None)):
+        if isinstance(part, cst.If):
+            out.extend(_blocks(part))
+        elif isinstance(part, (cst.Else, cst.Finally)):
+            part = part.body
+        if isinstance(part, cst.IndentedBlock):
+            out.append(part.body)
+    for handler in getattr(stmt, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            out.append(handler.body.body)
+    for case in getattr(stmt, "cases", ()):
+        if isinstance(case.body, cst.IndentedBlock):
+            out.append(case.body.body)
+    return out
+
+
+def _chain(body: Sequence[cst.BaseStatement], target: cst.BaseStatement) -> Chain | None:
+    for index, stmt in enumerate(body):
+        if stmt is target:
+            return [(body, index)]
+        for block in _blocks(stmt):
+            inner = _chain(block, target)
+            if inner is not None:
+                return [(body, index), *inner]
+    return None
+
+
+def _is_main_guard(stmt: cst.BaseStatement) -> bool:
+    if not (isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Comparison)):
+        return False
+    test = stmt.test
+    return (
+        isinstance(test.left, cst.Name)
+        and test.left.value == "__name__"
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].comparator, cst.SimpleString)
+    )
+
+
+def _placement(
+    roles: Roles, plan: EditPlan, scope: Scope, chain: Chain, default: cst.BaseStatement
+) -> tuple[Sequence[cst.BaseStatement], int]:
+    """The block and index before which `accelerator = Accelerator()` goes, so that every path
+    through the scope sees it before its first use and after the process group the script's
+    own helper initialises."""
+    # A device chosen in a branch (`if args.cuda: device = ...`): before the outermost statement
+    # holding it (inside the `if __name__ == "__main__":` guard of a module-level script).
+    level = 0
+    if len(chain) > 1 and _is_main_guard(chain[0][0][chain[0][1]]):
+        level = 1
+    level = min(level, len(chain) - 1)
+    if len(chain) == 1 or plan.create_at is default:
+        level = len(chain) - 1
+    # A use before that point (a helper called first, a print above the device choice, a notebook
+    # cell above the one choosing the device) moves it up: the outermost such use wins.
+    users = _global_users(roles, plan) if scope is roles.facts.module_scope else set()
+    for depth in range(level + 1):
+        block, stop = chain[depth]
+        first = next((i for i in range(stop) if _uses(block[i], plan, users, default)), None)
+        if first is not None:
+            level, chain = depth, [*chain[:depth], (block, first)]
+            break
+    block, index = chain[level]
+    # The script's own process-group setup (`init_distributed_mode(args)`) runs first: created
+    # before it, the Accelerator would join a group the helper then initialises a second time.
+    inits = [i for i in range(index, len(block)) if _initialises_group(roles, block[i])]
+    if inits:
+        last = inits[-1]
+        device = roles.device_binding.where.stmt if roles.device_binding is not None else None
+        if any(_uses(block[i], plan, users, default) or (device is not None and _contains(block[i], device))
+               for i in range(index, last + 1)):
+            plan.report(CODE, block[last], (
+                "the process group is initialised here by the script's own helper, but `accelerator` is "
+                "needed before this line; the Accelerator was not moved after it (created before, it would "
+                "initialise the group twice): remove the helper's `init_process_group` and let the "
+                "Accelerator join the group"
+            ))
+        return block, last + 1
+    return block, index
+
+
+def _contains(stmt: cst.BaseStatement, target: cst.BaseStatement) -> bool:
+    return stmt is target or any(_chain(block, target) is not None for block in _blocks(stmt))
+
+
+def _uses(stmt: cst.BaseStatement, plan: EditPlan, users: set[str], default: cst.BaseStatement) -> bool:
+    """True when the rewritten `stmt` reads `accelerator` when it runs (defs and classes: later)."""
+    found = False
+
+    class Finder(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            if found or isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return False
+            if node is not default and _edit_uses(node, plan):
+                found = True
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in users:
+                found = True
+            return not found
+
+    walk(stmt, Finder())
+    return found
+
+
+def _edit_uses(node: cst.CSTNode, plan: EditPlan) -> bool:
+    if node in plan.new_args:
+        return True
+    produced: list[cst.CSTNode] = []
+    try:
+        for edits in (plan.calls, plan.attributes, plan.subscripts):
+            if node in edits:
+                produced.append(edits[node](node))  # type: ignore[index,arg-type]
+    except Exception:  # an edit that needs the updated node: assume it uses the accelerator
+        return True
+    for exprs in (plan.comparisons, plan.if_tests, plan.wrap_loop_body):
+        if node in exprs:
+            produced.append(exprs[node])  # type: ignore[index]
+    for stmts in (plan.replace_stmt, plan.insert_before, plan.insert_after):
+        produced.extend(stmts.get(node, []))  # type: ignore[call-overload]
+    empty = cst.Module([])
+    return any(re.search(r"\baccelerator\b", empty.code_for_node(p)) for p in produced)
+
+
+def _global_users(roles: Roles, plan: EditPlan) -> set[str]:
+    """Module functions that read the module-level `accelerator`, directly or through others."""
+    functions = roles.facts.functions
+    users = {name for name, fn in functions.items() if fn in plan.uses_accelerator}
+    changed = True
+    while changed:
+        changed = False
+        for name, fn in functions.items():
+            if name not in users and any(site.callee in users for site in fn.calls):
+                users.add(name)
+                changed = True
+    return users
+
+
+def _initialises_group(roles: Roles, stmt: cst.BaseStatement) -> bool:
+    """`init_distributed_mode(args)`, `utils.init_distributed_mode(args)`, `setup()` of this file
+    that calls `init_process_group`: a call that sets up the default process group."""
+    found = False
+    local = _group_initialisers(roles)
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            func = node.func
+            name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
+            if isinstance(func, cst.Name) and name in local:
+                found = True
+            elif name not in roles.facts.functions and _INIT_HELPERS.match(name):
+                found = True
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    walk(stmt, Finder())
+    return found
+
+
+def _group_initialisers(roles: Roles) -> set[str]:
+    functions = roles.facts.functions
+    found = {name for name, fn in functions.items() if any(c.qualified == _INIT for c in fn.library_calls)}
+    changed = True
+    while changed:
+        changed = False
+        for name, fn in functions.items():
+            if name not in found and any(site.callee in found for site in fn.calls):
+                found.add(name)
+                changed = True
+    return found
+
+
+def _string_device(roles: Roles, scope: Scope, binding: DeviceBinding) -> bool:
+    """A device chosen as a string (`"cuda" if ... else "cpu"`, or an `if` assigning strings) that
+    the script also uses as a string (`"cuda" in device`, `device == "cuda"`, `device_type=device`)."""
+    if binding.value is not None:
+        values = [binding.value]
+    else:
+        values = [
+            stmt.body[0].value
+            for block in _blocks(binding.where.stmt)
+            for stmt in block
+            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)
+        ]
+    if not values or not all(isinstance(v, (cst.SimpleString, cst.IfExp, cst.FormattedString)) and _is_str(v) for v in values):
+        return False
+    node = scope.node
+    assert isinstance(node, (cst.Module, cst.FunctionDef))
+    return used_as_string(roles.facts.module, node, binding.name)
+
+
+def _is_str(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.IfExp):
+        return _is_str(expr.body) and _is_str(expr.orelse)
+    return isinstance(expr, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString))
 
 
 def _thread_parameter(roles: Roles, plan: EditPlan) -> None:

@@ -343,3 +343,25 @@ def _argument(call: cst.Call, index: int, name: str) -> cst.BaseExpression | Non
         elif arg.keyword.value == name:
             return arg.value
     return None
+
+
+def used_as_string(module: cst.Module, scope_node: cst.Module | cst.FunctionDef, name: str) -> bool:
+    """True when `name` in the scope of `scope_node` is used in a way only a string supports, there
+    or in a same-module function it is passed to by name (what create-accelerator asks before
+    binding a string device to `accelerator.device`)."""
+    scanned = _Module(module)
+    scope = next((s for s in scanned.scopes.values() if s.node is scope_node), None)
+    if scope is None:
+        return False
+    if scope.uses.get(name):
+        return True
+    for callee, call in scope.calls:
+        qualname = scanned.functions.get(callee)
+        target = scanned.scopes.get(qualname) if qualname is not None else None
+        if target is None:
+            continue
+        for index, param in enumerate(target.params):
+            arg = _argument(call, index, param)
+            if isinstance(arg, cst.Name) and arg.value == name and target.uses.get(param) and not target.values.get(param):
+                return True
+    return False
