@@ -1,34 +1,57 @@
-"""Prepare evaluation loaders and pass metric inputs through `accelerator.gather_for_metrics`.
+"""Prepare evaluation loaders and pass the per-sample tensors that feed a metric through `gather_for_metrics`.
 
 What it does:
     For an evaluation loop (no backward) over a DataLoader built next to the model, finds the
     statements that accumulate a metric across batches (`correct += (pred == y).sum().item()`,
-    `total += y.size(0)`, `losses.append(loss)`), and inserts, before the first of them,
-    `pred, y = accelerator.gather_for_metrics((pred, y))` for the per-batch values they read. The
-    loader is then prepared with the training objects and its batch moves go.
+    `total += y.size(0)`, `preds.append(pred)`, `meter.update(loss.item(), x.size(0))`) and traces
+    what they read back to per-sample tensors: batch values and model outputs (and values derived
+    from them element by element, such as `pred = out.argmax(1)`). A scalar that a metric reads
+    (`loss = criterion(out, y)`, then `test_loss += loss.item()`) is never gathered: the gather is
+    placed before the line that computes it, so it is computed from every process's samples. The
+    inserted statement is `out, y = accelerator.gather_for_metrics((out, y))`; a model call inside
+    a metric (`preds.append(model(x).argmax(-1))`) is wrapped in place. The loader is then
+    prepared with the training objects and its batch moves go.
 
 Why:
     A prepared loader gives each process a share of the evaluation set; the gathered values cover
     all of it, exactly once (the padding that evens out the last batch is dropped), so
-    `correct / len(loader.dataset)` stays right on any number of processes.
+    `correct / len(loader.dataset)` stays right on any number of processes, and every process
+    computes the same value (an LR plateau, early stop or best-model choice made from it agrees on
+    every process). Gathering a 0-d loss instead would stack one value per process and break
+    `.item()` on two processes only.
 
 Example:
     for data, target in test_loader:
-        pred = model(data).argmax(dim=1)
-        +pred, target = accelerator.gather_for_metrics((pred, target))
-        correct += (pred == target).sum().item()
+        output = model(data)
+        +output, target = accelerator.gather_for_metrics((output, target))
+        test_loss += F.nll_loss(output, target, reduction="sum").item()
+        pred = output.argmax(dim=1)
+        correct += pred.eq(target).sum().item()
 
-Leaves alone:
-    Evaluation loops with no metric accumulation it recognises, or whose metric statements sit in
-    nested blocks, and loaders iterated by several loops not all of which it can convert: those
-    loaders stay unprepared and keep their `.to(device)`, so each process evaluates everything
-    (correct, only redundant).
+Leaves alone (each reported unless no metric is recognised):
+    - evaluation loops with no metric accumulation it recognises, or whose metric statements sit
+      in nested blocks;
+    - a metric that is not a sum over samples once computed from gathered batches: a sum of
+      per-batch means (`test_loss += criterion(out, y).item()` with the default
+      `reduction="mean"`), one value per batch (`losses.append(loss.item())`), a value from a
+      function it cannot see into, or a loss the model returns itself; gathered, each batch holds
+      the samples of N batches, so the sum would have N times fewer terms;
+    - a loop whose function divides by `len(loader)` (after prepare: the batches of one process);
+    - loaders iterated by several loops not all of which it can convert.
+    Those loaders stay unprepared and keep their `.to(device)`: each process evaluates all of it
+    (correct and the same on every process, only N times the work).
 
 Fix safety:
-    Safe on one process: gathering one process's values returns them unchanged.
+    Safe on one process: gathering one process's values returns them unchanged, and nothing that
+    is computed changes. On N processes the metrics equal the one-process ones up to float
+    summation order.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -36,34 +59,77 @@ from migrate.analysis import Loop, Scope
 from migrate.edits import EditPlan
 from migrate.names import target_names
 from migrate.roles import Roles
-from migrate.rules.base import assignment, names_read
+from migrate.rules.base import accelerator_call, assignment, reference
 from migrate.walk import walk
 
 CODE = "AM010"
 NAME = "gather-eval-metrics"
 
+# Reductions that turn per-sample tensors into one value when called without a dimension.
+_REDUCTIONS = frozenset({"sum", "mean", "max", "min", "prod", "std", "var", "norm", "all", "any", "median", "count_nonzero"})
+_SCALAR_METHODS = frozenset({"item"})
+_PASS_THROUGH = frozenset({"item", "detach", "cpu", "float", "double", "clone", "cuda", "to"})
+_LOSS_NAME = re.compile(r"loss|criterion|cross_entropy|nll|mse|bce|kl_div|l1|hinge|huber", re.IGNORECASE)
+_TORCH_REDUCTIONS = frozenset({"torch.sum", "torch.mean"})
+_NOT_EXACT = "on N processes each gathered batch holds the samples of N batches, so there would be N times fewer terms"
+
+
+@dataclass
+class _Refusal:
+    node: cst.CSTNode
+    message: str
+
+
+@dataclass
+class _Line:
+    index: int
+    stmt: cst.SimpleStatementLine
+    small: cst.BaseSmallStatement
+
+
+@dataclass
+class _Plan:
+    insert_at: cst.BaseStatement
+    names: list[str]
+    wraps: list[cst.Call] = field(default_factory=list)
+
 
 def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models or roles.home.prepared:
         return
-    planned: dict[str, list[tuple[Scope, Loop, cst.BaseStatement, list[str]]]] = {}
+    planned: dict[str, list[tuple[Scope, _Plan]]] = {}
     refused: set[str] = set()
     for scope, loop, loader in roles.eval_loops:
         if loop.gathers:
             continue
-        found = _metric_inputs(roles, scope, loop) if roles.can_reach(scope) else None
+        if not roles.can_reach(scope):
+            refused.add(loader)
+            continue
+        found = _Loop(roles, scope, loop).plan()
         if found is None:
             refused.add(loader)
+        elif isinstance(found, _Refusal):
+            refused.add(loader)
+            plan.report(
+                CODE,
+                found.node,
+                f"{found.message}; `{loader}` was left unprepared, so each process evaluates all of it "
+                "(correct, N times the work)",
+            )
         else:
-            planned.setdefault(loader, []).append((scope, loop, *found))
+            planned.setdefault(loader, []).append((scope, found))
     for loader, entries in planned.items():
         if loader in refused:
             continue
-        for scope, loop, first_metric, names in entries:
-            stmt = assignment(names, "accelerator.gather_for_metrics", [_packed(names)], 0)
-            plan.insert_before.setdefault(first_metric, []).append(stmt)
+        for scope, found in entries:
+            if found.names:
+                stmt = assignment(found.names, "accelerator.gather_for_metrics", [_packed(found.names)], 0)
+                plan.insert_before.setdefault(found.insert_at, []).append(stmt)
+                plan.change(CODE, found.insert_at, f"metric inputs {', '.join(found.names)} gathered across processes")
+            for call in found.wraps:
+                plan.calls[call] = lambda updated: accelerator_call("gather_for_metrics", [cst.Arg(updated)])
+                plan.change(CODE, call, "model outputs that feed a metric gathered across processes")
             plan.use_accelerator(scope)
-            plan.change(CODE, first_metric, f"metric inputs {', '.join(names)} gathered across processes")
         plan.eval_loaders.append(loader)
 
 
@@ -71,51 +137,455 @@ def _packed(names: list[str]) -> str:
     return f"({', '.join(names)})" if len(names) > 1 else names[0]
 
 
-def _metric_inputs(roles: Roles, scope: Scope, loop: Loop) -> tuple[cst.BaseStatement, list[str]] | None:
-    """The first metric statement of the loop body and the per-batch names the metrics read.
+class _Loop:
+    """One evaluation loop: its straight-line statements, what binds each name, and its metrics."""
 
-    None when there is none, or when a metric runs the model itself (`preds.append(model(x))`):
-    gathering its inputs would make every process evaluate the whole set.
-    """
-    body = loop.node.body
-    if not isinstance(body, cst.IndentedBlock):
+    def __init__(self, roles: Roles, scope: Scope, loop: Loop) -> None:
+        self.roles = roles
+        self.scope = scope
+        self.loop = loop
+        self.lines: list[_Line] = []
+        self.opaque: set[str] = set()  # names bound in nested blocks: their kind is not known
+        self.nested_metrics: list[cst.CSTNode] = []
+        self.leaves: dict[str, int] = {}  # per-sample name -> index of the line that binds it
+        self.derived: dict[str, tuple[int, cst.BaseExpression]] = {}  # per-sample values computed in the loop
+        self.wraps: list[cst.Call] = []
+        self.recomputed: set[int] = set()  # lines that will run on gathered values
+        self.refusal: _Refusal | None = None
+
+    # -- structure ----------------------------------------------------------------------
+
+    def _flatten(self, body: cst.BaseSuite) -> None:
+        if not isinstance(body, cst.IndentedBlock):
+            return
+        for stmt in body.body:
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    self.lines.append(_Line(len(self.lines), stmt, small))
+            elif isinstance(stmt, cst.With):
+                self._flatten(stmt.body)
+            else:
+                self.opaque.update(_bound_in(stmt))
+                self.nested_metrics.extend(_metric_nodes(stmt))
+
+    def _binding(self, name: str, before: int) -> _Line | None:
+        """The last line before `before` that binds `name`."""
+        for line in reversed(self.lines[:before]):
+            if name in _assigned(line.small):
+                return line
         return None
-    per_batch = set(loop.batch_names)
-    first: cst.BaseStatement | None = None
-    inputs: list[str] = []
-    for stmt in body.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            if first is None:
-                per_batch.update(_bound_in(stmt))
-            continue
-        for small in stmt.body:
-            read = _metric_reads(small)
-            if read is None:
-                if isinstance(small, (cst.Assign, cst.AnnAssign)) and first is None:
-                    targets = small.targets if isinstance(small, cst.Assign) else [small]
-                    for target in targets:
-                        per_batch.update(target_names(target.target))
+
+    # -- the plan -------------------------------------------------------------------------
+
+    def plan(self) -> _Plan | _Refusal | None:
+        self._flatten(self.loop.node.body)
+        metrics = [
+            (line, kind, values)
+            for line in self.lines
+            for kind, values in [_metric(line.small)]
+            if kind and not (kind == "weighted" and not self._count(values[1], line.index))
+        ]
+        if self.nested_metrics:
+            return None  # accumulated under a condition: not something it can place a gather for
+        if not metrics:
+            return None
+        for line, kind, values in metrics:
+            refusal = self._check_metric(line, kind, values)
+            if refusal is not None:
+                return refusal
+        if self.refusal is not None:
+            return self.refusal
+        divisor = self._loader_length()
+        if divisor is not None:
+            return _Refusal(
+                divisor,
+                f"`len({self.loop.source})` is the number of batches of one process once the loader is "
+                f"prepared, while the gathered metrics cover all processes; divide by `len({self.loop.source}.dataset)` "
+                "(the number of samples)",
+            )
+        while True:
+            # A per-sample value computed after the gather point is computed from gathered inputs.
+            first = min([line.index for line, _, _ in metrics] + sorted(self.recomputed))
+            late = [name for name, (index, _) in self.derived.items() if index >= first]
+            if not late:
+                break
+            for name in late:
+                index, value = self.derived.pop(name)
+                self.recomputed.add(index)
+                self._trace(value, index)
+        if self.refusal is not None:
+            return self.refusal
+        for name, (index, _) in self.derived.items():
+            self.leaves.setdefault(name, index)
+        if any(index >= first for index in self.leaves.values()):
+            late_name = next(name for name, index in self.leaves.items() if index >= first)
+            return _Refusal(self.lines[first].stmt, f"`{late_name}` is bound after the metric that reads it starts")
+        return _Plan(insert_at=self.lines[first].stmt, names=list(self.leaves), wraps=self.wraps)
+
+    def _check_metric(self, line: _Line, kind: str, values: list[cst.BaseExpression]) -> _Refusal | None:
+        text = _code(line.small)
+        if kind == "collect":
+            for value in values:
+                if self._scalar(value, line.index):
+                    return _Refusal(line.stmt, f"`{text}` collects one value per batch; {_NOT_EXACT}: collect "
+                                    "per-sample values (e.g. `reduction=\"none\"`) instead")
+                self._trace(value, line.index)
+            return None
+        if kind == "weighted":
+            value, count = values
+            self._trace(value, line.index)
+            self._trace(count, line.index)
+            return None
+        value = values[0]
+        if self._scalar(value, line.index) and not self._additive(value, line.index, self.scope, 0):
+            return _Refusal(
+                line.stmt,
+                f"`{text}` sums a per-batch value that is not a sum over samples (a mean, or a function it "
+                f"cannot see into); {_NOT_EXACT}: use `reduction=\"sum\"` (and divide by `len(loader.dataset)`), "
+                "or multiply a batch mean by the batch size",
+            )
+        self._trace(value, line.index)
+        return None
+
+    # -- tracing back to per-sample values -----------------------------------------------
+
+    def _trace(self, expr: cst.BaseExpression, at: int) -> None:
+        """Record the per-sample names and model calls `expr` (evaluated at line `at`) reads."""
+        for node in _reads(expr, self._is_model):
+            if isinstance(node, cst.Call):
+                self.wraps.append(node)
                 continue
-            if any(roles.all_in(scope, n, roles.models) for n in _called_names(read)):
+            name = node.value
+            if name in self.opaque:
+                self.refusal = self.refusal or _Refusal(self.loop.node, f"`{name}` is bound in a nested block of the loop")
+                continue
+            binding = self._binding(name, at)
+            if binding is None:
+                if name in self.loop.batch_names:
+                    self.leaves.setdefault(name, -1)
+                continue
+            value = _assigned_value(binding.small, name)
+            if value is None:
+                continue
+            if self._is_model_output(value) or (name in self.loop.batch_names and not self._scalar_expr(value, binding.index)):
+                self.leaves[name] = max(self.leaves.get(name, -1), binding.index)
+            elif self._scalar_expr(value, binding.index) or _calls_model(self.roles, self.scope, value):
+                self.recomputed.add(binding.index)
+                self._trace(value, binding.index)
+            else:
+                self.derived[name] = (binding.index, value)
+
+    def _is_model_output(self, value: cst.BaseExpression) -> bool:
+        """`model(x)`, `model(x).squeeze()`, `model(x)[0]`: a model's per-sample outputs."""
+        inner = value
+        while True:
+            if isinstance(inner, cst.Call) and self._is_model(inner.func):
+                return True
+            if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):
+                if inner.func.attr.value in _REDUCTIONS | _SCALAR_METHODS:
+                    return False
+                inner = inner.func.value
+            elif isinstance(inner, (cst.Subscript, cst.Attribute)):
+                inner = inner.value
+            else:
+                return False
+
+    def _is_model(self, func: cst.BaseExpression) -> bool:
+        ref = reference(func)
+        return ref is not None and self.roles.all_in(self.scope, ref, self.roles.models)
+
+    # -- what kind of value -------------------------------------------------------------
+
+    def _scalar(self, expr: cst.BaseExpression, at: int) -> bool:
+        return self._scalar_expr(expr, at)
+
+    def _scalar_expr(self, expr: cst.BaseExpression, at: int, depth: int = 0) -> bool:
+        """One value per batch (not per sample): a reduction, a loss, `.item()`, an unknown function."""
+        if depth > 20:
+            return True
+        if isinstance(expr, cst.Call):
+            func = expr.func
+            if self._is_model(func):
+                return False
+            qualified = self.roles.facts.aliases.qualify(func)
+            if qualified in _TORCH_REDUCTIONS and not _has_dim(expr, positional_from=1):
+                return True
+            if isinstance(func, cst.Attribute):
+                method = func.attr.value
+                if method in _SCALAR_METHODS or (method in _REDUCTIONS and not _has_dim(expr, positional_from=0)):
+                    return True
+                if qualified is None and not _is_loss_name(method):
+                    return self._scalar_expr(func.value, at, depth + 1)
+            if _is_loss_call(expr):
+                return not _reduction_is(expr, "none")
+            if qualified is not None and qualified.startswith("torch."):
+                return any(self._scalar_expr(a.value, at, depth + 1) for a in expr.args)
+            if isinstance(func, cst.Name) and func.value in ("float", "int"):
+                return True
+            return True  # a function of this script or a library: it may reduce
+        if isinstance(expr, cst.Name):
+            if _is_loss_name(expr.value):
+                return True
+            binding = self._binding(expr.value, at)
+            if binding is None:
+                return False
+            value = _assigned_value(binding.small, expr.value)
+            return value is not None and self._scalar_expr(value, binding.index, depth + 1)
+        if isinstance(expr, cst.Attribute) and _is_loss_name(expr.attr.value):
+            return True  # `outputs.loss`: the model computed the batch's loss itself
+        if isinstance(expr, (cst.Attribute, cst.Subscript)):
+            return self._scalar_expr(expr.value, at, depth + 1)
+        if isinstance(expr, (cst.BinaryOperation, cst.Comparison)):
+            operands = [expr.left, expr.right] if isinstance(expr, cst.BinaryOperation) else [
+                expr.left, *[c.comparator for c in expr.comparisons]
+            ]
+            return any(self._scalar_expr(o, at, depth + 1) for o in operands)
+        if isinstance(expr, cst.UnaryOperation):
+            return self._scalar_expr(expr.expression, at, depth + 1)
+        return False
+
+    def _count(self, expr: cst.BaseExpression, at: int) -> bool:
+        """`x.size(0)`, `x.shape[0]`, `len(x)`: the number of samples of a batch."""
+        if isinstance(expr, cst.Call):
+            func = expr.func
+            if isinstance(func, cst.Name) and func.value == "len" and len(expr.args) == 1:
+                return not self._scalar_expr(expr.args[0].value, at)
+            if isinstance(func, cst.Attribute) and func.attr.value == "size" and len(expr.args) == 1:
+                arg = expr.args[0].value
+                return isinstance(arg, cst.Integer) and arg.value == "0"
+            return False
+        if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Attribute) and expr.value.attr.value == "shape":
+            index = expr.slice[0].slice
+            return isinstance(index, cst.Index) and isinstance(index.value, cst.Integer) and index.value.value == "0"
+        if isinstance(expr, cst.Name):
+            binding = self._binding(expr.value, at)
+            value = _assigned_value(binding.small, expr.value) if binding is not None else None
+            return value is not None and self._count(value, binding.index)  # type: ignore[union-attr]
+        return False
+
+    def _additive(self, expr: cst.BaseExpression, at: int, scope: Scope, depth: int) -> bool:
+        """A sum over the samples it is computed from: adding it up per gathered batch is exact."""
+        if depth > 20:
+            return False
+        if self._count(expr, at) and scope is self.scope:
+            return True
+        if isinstance(expr, (cst.Integer, cst.Float)):
+            return False
+        if isinstance(expr, cst.Call):
+            func = expr.func
+            if isinstance(func, cst.Name) and func.value in ("float", "int") and len(expr.args) == 1:
+                return self._additive(expr.args[0].value, at, scope, depth + 1)
+            if isinstance(func, cst.Attribute) and func.attr.value in _PASS_THROUGH:
+                return self._additive(func.value, at, scope, depth + 1)
+            if isinstance(func, cst.Attribute) and func.attr.value == "sum" and not _has_dim(expr, positional_from=0):
+                return not self._scalar_in(func.value, at, scope)
+            qualified = self.roles.facts.aliases.qualify(func)
+            if qualified == "torch.sum" and expr.args and not _has_dim(expr, positional_from=1):
+                return not self._scalar_in(expr.args[0].value, at, scope)
+            if isinstance(func, cst.Name) and func.value in self.roles.facts.functions:
+                helper = self.roles.facts.functions[func.value]
+                return bool(helper.returns) and all(
+                    self._additive(r, 1 << 30, helper, depth + 1) for r in helper.returns
+                )
+            if _is_loss_call(expr):
+                return _reduction_is(expr, "sum") or self._criterion_sums(expr.func, scope)
+            return False
+        if isinstance(expr, cst.BinaryOperation):
+            if isinstance(expr.operator, (cst.Add, cst.Subtract)):
+                return self._additive(expr.left, at, scope, depth + 1) and self._additive(expr.right, at, scope, depth + 1)
+            if isinstance(expr.operator, cst.Multiply):
+                for one, other in ((expr.left, expr.right), (expr.right, expr.left)):
+                    if _is_constant(other) and self._additive(one, at, scope, depth + 1):
+                        return True
+                    if scope is self.scope and self._count(other, at) and self._scalar_expr(one, at):
+                        return True  # a batch mean times the batch size
+            return False
+        if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+            return self._additive(expr.expression, at, scope, depth + 1)
+        if isinstance(expr, cst.Name):
+            value = self._value_in(expr.value, at, scope)
+            return value is not None and self._additive(value[0], value[1], scope, depth + 1)
+        return False
+
+    def _value_in(self, name: str, at: int, scope: Scope) -> tuple[cst.BaseExpression, int] | None:
+        if scope is self.scope:
+            binding = self._binding(name, at)
+            if binding is None:
                 return None
-            used = [n for n in names_read(read) if n in per_batch and n not in inputs]
-            if used:
-                first = first or stmt
-                inputs.extend(used)
-    if first is None or not inputs:
-        return None
-    return first, inputs
+            value = _assigned_value(binding.small, name)
+            return (value, binding.index) if value is not None else None
+        bindings = [b for b in scope.bindings.get(name, []) if b.value is not None]
+        return (bindings[-1].value, 1 << 30) if len(bindings) == 1 else None  # type: ignore[return-value]
+
+    def _scalar_in(self, expr: cst.BaseExpression, at: int, scope: Scope) -> bool:
+        if scope is self.scope:
+            return self._scalar_expr(expr, at)
+        return _is_loss_call(expr) if isinstance(expr, cst.Call) else False
+
+    def _criterion_sums(self, func: cst.BaseExpression, scope: Scope) -> bool:
+        """`criterion(out, y)` where `criterion = nn.XLoss(reduction="sum")`."""
+        if not isinstance(func, cst.Name):
+            return False
+        found = self.roles.origins(scope, func.value)
+        if not found:
+            return False
+        for origin_scope, name in found:
+            values = [b.value for b in origin_scope.bindings.get(name, [])]
+            if not values or not all(isinstance(v, cst.Call) and _reduction_is(v, "sum") for v in values):
+                return False
+        return True
+
+    def _loader_length(self) -> cst.CSTNode | None:
+        """A `len(loader)` of this loop's loader anywhere in its function."""
+        source = self.loop.source
+        found: list[cst.CSTNode] = []
+
+        class Visitor(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                if (
+                    isinstance(node.func, cst.Name)
+                    and node.func.value == "len"
+                    and len(node.args) == 1
+                    and reference(node.args[0].value) == source
+                ):
+                    found.append(node)
+
+            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+                return node is scope_node
+
+        scope_node = self.scope.node
+        walk(scope_node, Visitor())
+        return found[0] if found else None
 
 
-def _metric_reads(small: cst.BaseSmallStatement) -> cst.CSTNode | None:
-    """What a metric-accumulating statement reads: `acc += <expr>` or `acc.append(<expr>)`."""
+# -- small helpers ----------------------------------------------------------------------------
+
+
+def _metric(small: cst.BaseSmallStatement) -> tuple[str, list[cst.BaseExpression]]:
+    """("sum", [value]) for `acc += value`, ("collect", args) for `acc.append(x)` / `.extend(x)` /
+    `metric.add_batch(...)`, ("weighted", [value, count]) for `meter.update(value, count)`."""
     if isinstance(small, cst.AugAssign) and isinstance(small.operator, cst.AddAssign):
-        return small.value
+        return "sum", [small.value]
     if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-        func = small.value.func
-        if isinstance(func, cst.Attribute) and func.attr.value in ("append", "extend"):
+        call = small.value
+        func = call.func
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            if method in ("append", "extend") and len(call.args) == 1:
+                return "collect", [call.args[0].value]
+            if method == "add_batch" and call.args:
+                return "collect", [a.value for a in call.args]
+            if method == "update" and len(call.args) == 2 and not any(a.keyword for a in call.args):
+                return "weighted", [call.args[0].value, call.args[1].value]
+    return "", []
+
+
+def _metric_nodes(stmt: cst.BaseStatement) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            found.extend(small for small in node.body if _metric(small)[0])
+
+    walk(stmt, Visitor())
+    return found
+
+
+def _assigned(small: cst.BaseSmallStatement) -> list[str]:
+    if isinstance(small, cst.Assign):
+        return [n for t in small.targets for n in target_names(t.target)]
+    if isinstance(small, cst.AnnAssign):
+        return target_names(small.target)
+    return []
+
+
+def _assigned_value(small: cst.BaseSmallStatement, name: str) -> cst.BaseExpression | None:
+    """What `name` is bound to: the value, or its element for `a, b = x, y`; a tuple target
+    unpacking one call (`_, pred = torch.max(out, 1)`) gives the call."""
+    if isinstance(small, cst.AnnAssign):
+        return small.value
+    if not isinstance(small, cst.Assign):
+        return None
+    for target in small.targets:
+        node = target.target
+        if isinstance(node, cst.Name) and node.value == name:
             return small.value
+        if isinstance(node, (cst.Tuple, cst.List)):
+            names = [e.value.value if isinstance(e.value, cst.Name) else None for e in node.elements]
+            if name not in names:
+                continue
+            value = small.value
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(names):
+                return value.elements[names.index(name)].value
+            return value
     return None
+
+
+def _reads(expr: cst.BaseExpression, is_model: Callable[[cst.BaseExpression], bool]) -> list[cst.Name | cst.Call]:
+    """Names read in `expr` (not attribute names), in first-seen order, and the model calls in it
+    (whose arguments are then not looked into: the call's output is what gets gathered)."""
+    found: list[cst.Name | cst.Call] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            found.append(node)
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            walk(node.value, self)
+            return False
+
+        def visit_Call(self, node: cst.Call) -> bool:
+            if is_model(node.func):
+                found.append(node)
+                return False
+            return True
+
+    walk(expr, Visitor())
+    return found
+
+
+def _calls_model(roles: Roles, scope: Scope, expr: cst.BaseExpression) -> bool:
+    found = False
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            ref = reference(node.func)
+            if ref is not None and roles.all_in(scope, ref, roles.models):
+                found = True
+
+    walk(expr, Visitor())
+    return found
+
+
+def _has_dim(call: cst.Call, positional_from: int) -> bool:
+    positional = [a for a in call.args if a.keyword is None]
+    return len(positional) > positional_from or any(
+        a.keyword is not None and a.keyword.value in ("dim", "axis") for a in call.args
+    )
+
+
+def _is_loss_name(name: str) -> bool:
+    return bool(_LOSS_NAME.search(name))
+
+
+def _is_loss_call(call: cst.Call) -> bool:
+    func = call.func
+    name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+    return _is_loss_name(name)
+
+
+def _reduction_is(call: cst.Call, wanted: str) -> bool:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "reduction":
+            return isinstance(arg.value, cst.SimpleString) and arg.value.evaluated_value == wanted
+    return False
+
+
+def _is_constant(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+        return _is_constant(expr.expression)
+    return isinstance(expr, (cst.Integer, cst.Float))
 
 
 def _bound_in(stmt: cst.BaseStatement) -> set[str]:
@@ -129,13 +599,6 @@ def _bound_in(stmt: cst.BaseStatement) -> set[str]:
     return names
 
 
-def _called_names(node: cst.CSTNode) -> list[str]:
-    called: list[str] = []
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            if isinstance(call.func, cst.Name):
-                called.append(call.func.value)
-
-    walk(node, Visitor())
-    return called
+def _code(node: cst.CSTNode) -> str:
+    text = cst.Module(body=[]).code_for_node(node).strip()
+    return text if len(text) <= 60 else text[:57] + "..."
