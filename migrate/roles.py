@@ -544,22 +544,46 @@ _DISTRIBUTED_SAMPLER = frozenset({"torch.utils.data.DistributedSampler", "torch.
 
 
 def _shards_by_rank(roles: Roles, home: Scope, loader: str) -> bool:
-    """A DataLoader built with a DistributedSampler (inline or through a name) shards itself."""
+    """A DataLoader built with a DistributedSampler (inline or through a name) shards itself, also
+    when a helper function of this file builds it (`loader = build_loader(dataset)`)."""
+    return any(
+        any(_call_name(roles, v, _DISTRIBUTED_SAMPLER) for v in sampler_values(roles, scope, call))
+        for scope, call in loader_calls(roles, home, loader)
+    )
+
+
+def loader_calls(roles: Roles, home: Scope, loader: str) -> list[tuple[Scope, cst.Call]]:
+    """The `DataLoader(...)` calls that build `loader` of home, with the scope each sits in: home's
+    own, or those a same-file helper returns (`return DataLoader(...)`, or a name bound to one)."""
+    found: list[tuple[Scope, cst.Call]] = []
     for binding in home.bindings.get(loader, []):
         value = binding.value
         if not isinstance(value, cst.Call):
             continue
-        for arg in value.args:
-            if arg.keyword is None or arg.keyword.value not in ("sampler", "batch_sampler"):
-                continue
-            sampler = arg.value
-            if isinstance(sampler, cst.Name):
-                values = [b.value for b in home.bindings.get(sampler.value, [])]
-            else:
-                values = [sampler]
-            if any(_call_name(roles, v, _DISTRIBUTED_SAMPLER) for v in values):
-                return True
-    return False
+        if _call_name(roles, value, _DATALOADER):
+            found.append((home, value))
+        elif _built_by_helper(roles, value):
+            assert isinstance(value.func, cst.Name)
+            helper = roles.facts.functions[value.func.value]
+            for returned in helper.returns:
+                values = (
+                    [b.value for b in helper.bindings.get(returned.value, [])]
+                    if isinstance(returned, cst.Name)
+                    else [returned]
+                )
+                found.extend((helper, v) for v in values if isinstance(v, cst.Call) and _call_name(roles, v, _DATALOADER))
+    return found
+
+
+def sampler_values(roles: Roles, scope: Scope, call: cst.Call) -> list[cst.BaseExpression | None]:
+    """What the `sampler=` / `batch_sampler=` argument of a DataLoader call is bound to in `scope`."""
+    for arg in call.args:
+        if arg.keyword is None or arg.keyword.value not in ("sampler", "batch_sampler"):
+            continue
+        if isinstance(arg.value, cst.Name):
+            return [b.value for b in scope.bindings.get(arg.value.value, [])]
+        return [arg.value]
+    return []
 
 
 def _prefer_attributes(roles: Roles) -> None:

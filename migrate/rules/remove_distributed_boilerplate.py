@@ -13,7 +13,10 @@ What it does:
     - `model = DDP(model, ...)` and `model = nn.DataParallel(model)` go (prepare wraps the model);
       `model.module` becomes `accelerator.unwrap_model(model)`.
     - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader, `sampler.set_epoch(...)`
-      goes (prepared loaders reshuffle each epoch themselves), and the loader is prepared.
+      and `loader.sampler.set_epoch(...)` go (prepared loaders reshuffle each epoch themselves),
+      and the loader is prepared. Also when a helper of the same file builds the loader
+      (`train_loader = build_loader(dataset)` returning `DataLoader(..., sampler=DistributedSampler(...))`):
+      the sampler goes inside the helper, so the prepared loader is sharded once, not N^2 ways.
     - `dist.barrier()` becomes `accelerator.wait_for_everyone()`.
 
 Why:
@@ -28,7 +31,9 @@ Example:
 
 Leaves alone:
     `mp.spawn` launchers, a process group initialised in another function than the one that
-    builds the optimizer, samplers with options that have no DataLoader equivalent, and explicit
+    builds the optimizer, samplers with options that have no DataLoader equivalent, a loader
+    helper whose sampler also shards loaders other than the training one (those loaders keep
+    sharding themselves, so the training loader is not prepared either), and explicit
     collectives (`dist.all_reduce`: they still work under the runtime, which initialises the
     process group) — each reported.
 
@@ -43,8 +48,8 @@ import libcst as cst
 from migrate.analysis import Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.names import root_name
-from migrate.roles import Roles
-from migrate.rules.base import accelerator_call
+from migrate.roles import Roles, loader_calls
+from migrate.rules.base import accelerator_call, reference
 from migrate.walk import walk
 
 CODE = "AM007"
@@ -299,14 +304,20 @@ def _remove_samplers(roles: Roles, plan: EditPlan) -> None:
     home = roles.home
     assert home is not None
     for loader in roles.rank_sampled:
-        for binding in home.bindings.get(loader, []):
-            value = binding.value
-            if not isinstance(value, cst.Call):
+        for scope, value in loader_calls(roles, home, loader):
+            if scope is not home and not _only_builds_training_loaders(roles, scope):
+                plan.report(
+                    CODE,
+                    value,
+                    f"`{scope.name}` builds loaders with a DistributedSampler for more than the training loop; "
+                    f"the sampler was kept and `{loader}` not prepared (preparing it would shard it twice): drop "
+                    "the sampler (keep its shuffle on the DataLoader) and prepare every loader it builds",
+                )
                 continue
             for index, arg in enumerate(value.args):
                 if arg.keyword is None or arg.keyword.value != "sampler":
                     continue
-                converted = _sampler_shuffle(roles, plan, home, arg.value)
+                converted = _sampler_shuffle(roles, plan, scope, arg.value)
                 if converted is None:
                     continue
                 shuffle, sampler_name = converted
@@ -318,11 +329,72 @@ def _remove_samplers(roles: Roles, plan: EditPlan) -> None:
                 plan.change(CODE, value, f"DistributedSampler removed from `{loader}`; prepare shards it")
                 if sampler_name is not None:
                     _remove_sampler_uses(roles, plan, sampler_name)
+        if loader in plan.unsharded_loaders:
+            _remove_loader_set_epoch(roles, plan, loader)
+
+
+def _only_builds_training_loaders(roles: Roles, helper: Scope) -> bool:
+    """Every call of `helper` binds a training loader that shards by rank (and will be prepared):
+    removing the sampler inside it then unshards nothing that stays unprepared."""
+    sites = roles.call_sites(helper)
+    if not sites:
+        return False
+    for caller, call in sites:
+        if caller is not roles.home:
+            return False
+        bound = [n for n, bs in caller.bindings.items() for b in bs if b.value is call]
+        if not bound or not all(n in roles.rank_sampled for n in bound):
+            return False
+    return True
+
+
+def _remove_loader_set_epoch(roles: Roles, plan: EditPlan, loader: str) -> None:
+    """`loader.sampler.set_epoch(epoch)`: the sampler is gone, and the prepared loader reshuffles itself."""
+    for scope in roles.facts.scopes:
+        if not scope.is_function and scope is not roles.facts.module_scope:
+            continue
+        for stmt in _own_statements(scope.node):
+            small = stmt.body[0] if len(stmt.body) == 1 else None
+            if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+                continue
+            func = small.value.func
+            if not (
+                isinstance(func, cst.Attribute)
+                and func.attr.value == "set_epoch"
+                and isinstance(func.value, cst.Attribute)
+                and func.value.attr.value == "sampler"
+            ):
+                continue
+            ref = reference(func.value.value)
+            if ref is not None and roles.all_in(scope, ref, [loader]):
+                plan.replace_stmt[stmt] = []
+                plan.change(CODE, small.value, "`set_epoch` removed: prepared loaders reshuffle each epoch")
+
+
+def _own_statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
+    """Simple statements of a function or module, not those of functions and classes inside it."""
+    found: list[cst.SimpleStatementLine] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> bool:
+            found.append(stmt)
+            return False
+
+        def visit_FunctionDef(self, inner: cst.FunctionDef) -> bool:
+            return inner is node
+
+        def visit_ClassDef(self, inner: cst.ClassDef) -> bool:
+            return False
+
+    walk(node, Visitor())
+    return found
 
 
 def _sampler_shuffle(
     roles: Roles, plan: EditPlan, home: Scope, sampler: cst.BaseExpression
 ) -> tuple[cst.BaseExpression, str | None] | None:
+    """The shuffle the DataLoader takes over from a DistributedSampler bound in `home` (the scope
+    the DataLoader call is in); the sampler's binding is removed."""
     name = sampler.value if isinstance(sampler, cst.Name) else None
     calls = [b.value for b in home.bindings.get(name, [])] if name is not None else [sampler]
     if len(calls) != 1 or not isinstance(calls[0], cst.Call):
