@@ -99,7 +99,7 @@ def _unwrapped_state_dicts(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     `module.` prefix, and it would refuse a checkpoint saved by the single-device script. Only
     after the objects are prepared (or in another function), so `accelerator` exists.
     """
-    prepared_at = roles.prepare_after.order if roles.prepare_after is not None else 0
+    prepared_at = roles.prepare_after.order if roles.prepare_after is not None else _existing_prepare(roles)
     for site in scope.method_calls:
         func = site.call.func
         assert isinstance(func, cst.Attribute) and isinstance(site.receiver, cst.Name)
@@ -115,6 +115,21 @@ def _unwrapped_state_dicts(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         )
         plan.use_accelerator(scope)
         plan.change(CODE, site.call, f"`{model}.{func.attr.value}` on the unwrapped model")
+
+
+def _existing_prepare(roles: Roles) -> int:
+    """Document order of the home's own `accelerator.prepare(...)` (a script migrated before): a
+    state dict loaded before it is the plain model's and stays as it is, so a second run is a no-op."""
+    home = roles.home
+    if home is None or not home.prepared:
+        return 0
+    orders = [
+        site.where.order
+        for site in home.method_calls
+        if isinstance(site.call.func, cst.Attribute) and site.call.func.attr.value == "prepare"
+        and isinstance(site.receiver, cst.Name) and site.receiver.value == "accelerator"
+    ]
+    return min(orders, default=0)
 
 
 def _unwrap_state_dicts(roles: Roles, plan: EditPlan, scope: Scope, expr: cst.BaseExpression) -> None:
