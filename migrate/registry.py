@@ -16,6 +16,7 @@ from migrate.rules import (
     create_accelerator,
     gather_eval_metrics,
     prepare_training_objects,
+    reduce_per_rank_decisions,
     remove_device_moves,
     remove_distributed_boilerplate,
     replace_loss_backward,
@@ -32,6 +33,9 @@ RULES: list[Rule] = [
     Rule.from_module(accumulate_gradients),  # before clipping: clipping inside it is guarded
     Rule.from_module(clip_gradients),
     Rule.from_module(checkpoints_and_output),  # after the rules that decide who uses accelerator
+    # after AM007 and AM010 (which decide which loaders get prepared: only sums over those differ
+    # per rank) and before AM001, which creates the accelerator for every function that uses it
+    Rule.from_module(reduce_per_rank_decisions),
     Rule.from_module(create_accelerator),
 ]
 

@@ -1,0 +1,321 @@
+"""Make a value that decides the course of training the same on every process before it is used.
+
+What it does:
+    Finds values each process computes from its own share of the training data: sums kept across
+    a training loop over a prepared loader (`train_loss += loss.item()`), what is computed from
+    them afterwards (`avg = train_loss / len(loader)`), and what a function returns from them
+    (`train_loss = train_epoch(...)`). Where such a value decides something, namely
+    `scheduler.step(value)` (ReduceLROnPlateau), an `if`/`while` on it (best-model choice, early
+    stopping, `break`), it inserts, right after the value is bound,
+    `value = accelerator.reduce(torch.tensor(value, device=accelerator.device), "mean").item()`
+    (`"sum"` for the running sum itself).
+
+Why:
+    Each process sees 1/N of the data, so each one's loss sum differs. A plateau scheduler fed
+    with it lowers the LR on some processes only, and an early stop fed with it ends the loop on
+    some processes while the others wait in the next all-reduce until the timeout: replicas drift
+    apart or hang. Reduced, every process takes the same decision, from the value over all data.
+
+Example:
+    train_loss = train_epoch(model, train_loader, optimizer)
+    +train_loss = accelerator.reduce(torch.tensor(train_loss, device=accelerator.device), "mean").item()
+    scheduler.step(train_loss)
+    if train_loss < best: ...
+
+Leaves alone:
+    Values from evaluation (gathered with `gather_for_metrics`, or over an unprepared loader: the
+    same on every process already), values only printed or logged, and decisions on a per-rank
+    value it cannot reduce where it is bound (bound inside a nested block, a tuple element, a
+    function that cannot reach the accelerator): reported with the line to add.
+
+Fix safety:
+    Changes no value on one process (a reduction over one process returns its input, as a Python
+    float). On N processes the reduced value is the mean of the processes' values, which equals the
+    one-process value up to float summation order when every process runs the same number of
+    batches (the prepared loader evens them out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from migrate.analysis import Scope
+from migrate.edits import EditPlan
+from migrate.names import target_names
+from migrate.roles import Roles
+from migrate.rules.base import names_read, prepared_loaders
+from migrate.walk import walk
+
+CODE = "AM011"
+NAME = "reduce-per-rank-decisions"
+
+
+@dataclass(eq=False)
+class _Value:
+    """A per-rank value: the statement after which it is final, and how to reduce it."""
+
+    name: str
+    after: cst.BaseStatement | None  # None: bound where a reduction cannot be inserted
+    reduction: str
+
+
+def apply(roles: Roles, plan: EditPlan) -> None:
+    if roles.home is None or not roles.models or roles.refused:
+        return
+    loaders = prepared_loaders(roles, plan)
+    if not loaders:
+        return
+    torch_names = roles.facts.aliases.local_names_for("torch")
+    returning: set[str] = set()  # functions that return a per-rank value
+    per_scope: dict[int, dict[str, _Value]] = {}
+    for scope in roles.facts.scopes:
+        values = _accumulators(roles, scope, loaders)
+        if values:
+            per_scope[id(scope)] = values
+            if scope.is_function and not scope.is_method and _returns_any(scope, values):
+                returning.add(scope.name)
+    for scope in roles.facts.scopes:
+        values = per_scope.setdefault(id(scope), {})
+        _results_of_calls(scope, returning, values)
+        for name in [n for n in values if _already_reduced(scope, n)]:
+            del values[name]
+        if not values:
+            continue
+        done: set[str] = set()
+        for stmt, block, name in _decisions(scope, values):
+            if name in done:
+                continue
+            done.add(name)
+            value = values[name]
+            fixable = (
+                value.after is not None
+                and _before_in(block, value.after, stmt)
+                and torch_names
+                and roles.can_reach(scope)
+            )
+            line = (
+                f'{name} = accelerator.reduce({torch_names[0] if torch_names else "torch"}.tensor({name}, '
+                f'device=accelerator.device), "{value.reduction}").item()'
+            )
+            if not fixable:
+                plan.report(
+                    CODE,
+                    stmt,
+                    f"`{name}` differs per process (each sums its own share of the training data) and decides "
+                    f"here, so processes would take different decisions (LR, early stop, best model) or hang: "
+                    f"add `{line}` where it is computed",
+                )
+                continue
+            assert value.after is not None
+            plan.insert_after.setdefault(value.after, []).append(cst.parse_statement(line + "\n"))
+            plan.use_accelerator(scope)
+            plan.change(CODE, value.after, f"`{name}` reduced across processes before it decides")
+
+
+def _accumulators(roles: Roles, scope: Scope, loaders: list[str]) -> dict[str, _Value]:
+    """Running sums of the training loops of `scope` over prepared loaders, and what is computed
+    from them after the loop in the same block."""
+    body = _body(scope.node)
+    if body is None:
+        return {}
+    found: dict[str, _Value] = {}
+    for loop in scope.loops:
+        if loop.source is None or not roles.is_training_loop(loop) or not roles.all_in(scope, loop.source, loaders):
+            continue
+        for name in _summed_in(loop.node):
+            if scope.binds(name) and not name.startswith("self."):
+                found[name] = _Value(name, loop.node, "sum")
+    if not found:
+        return found
+    _derived(body, found)
+    return found
+
+
+def _derived(body: list[cst.BaseStatement], values: dict[str, _Value]) -> None:
+    """`avg = total / len(loader)`: per-rank too (a mean of the rank's batches). In document order,
+    in any block of the scope (not in nested functions)."""
+    candidates: dict[str, cst.SimpleStatementLine] = {}
+    for stmt in _simple_statements(body):
+        if len(stmt.body) != 1:
+            continue
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+            name = small.targets[0].target.value
+            if name in values or isinstance(small.value, cst.Name):
+                continue  # `best = mean_loss` copies a value that is reduced where it decides
+            if any(n in values for n in names_read(small.value)):
+                values[name] = _Value(name, stmt, "mean")
+                candidates[name] = stmt
+    for name, stmt in candidates.items():
+        # Per-rank only when every binding of the name is computed from per-rank values.
+        others = [s for s in _simple_statements(body) if s is not stmt and name in _assigned_names(s)]
+        if others:
+            del values[name]
+
+
+def _simple_statements(body: list[cst.BaseStatement]) -> list[cst.SimpleStatementLine]:
+    found: list[cst.SimpleStatementLine] = []
+    for stmt in body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            found.append(stmt)
+        elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            for child in _child_blocks(stmt):
+                found.extend(_simple_statements(child))
+    return found
+
+
+def _assigned_names(stmt: cst.SimpleStatementLine) -> list[str]:
+    names: list[str] = []
+    for small in stmt.body:
+        if isinstance(small, cst.Assign):
+            names.extend(n for t in small.targets for n in target_names(t.target))
+        elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+            names.extend(target_names(small.target))
+    return names
+
+
+def _already_reduced(scope: Scope, name: str) -> bool:
+    """`name = accelerator.reduce(...)` / `accelerator.gather(...)` somewhere in the scope."""
+    for binding in scope.bindings.get(name, []):
+        value = binding.value
+        if (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value == "item"
+            and isinstance(value.func.value, cst.Call)
+        ):
+            value = value.func.value
+        if (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in ("reduce", "gather", "gather_for_metrics")
+        ):
+            return True
+    return False
+
+
+def _results_of_calls(scope: Scope, returning: set[str], values: dict[str, _Value]) -> None:
+    """`train_loss = train_epoch(...)` where `train_epoch` returns a per-rank value."""
+    if not returning:
+        return
+    for name, bindings in scope.bindings.items():
+        for binding in bindings:
+            value = binding.value
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in returning:
+                stmt = binding.where.stmt
+                simple = isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(
+                    stmt.body[0], cst.Assign
+                ) and isinstance(stmt.body[0].targets[0].target, cst.Name)
+                values[name] = _Value(name, stmt if simple else None, "mean")
+
+
+def _returns_any(scope: Scope, values: dict[str, _Value]) -> bool:
+    return any(n in values for r in scope.returns for n in names_read(r))
+
+
+def _decisions(scope: Scope, values: dict[str, _Value]) -> list[tuple[cst.BaseStatement, object, str]]:
+    """Statements where a per-rank value decides: `x.step(value)`, `if`/`while` tests on it."""
+    body = _body(scope.node)
+    if body is None:
+        return []
+    found: list[tuple[cst.BaseStatement, object, str]] = []
+
+    def visit_block(block: list[cst.BaseStatement], owner: object) -> None:
+        for stmt in block:
+            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                continue
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    call = small.value if isinstance(small, cst.Expr) else None
+                    if (
+                        isinstance(call, cst.Call)
+                        and isinstance(call.func, cst.Attribute)
+                        and call.func.attr.value == "step"
+                        and call.args
+                    ):
+                        found.extend((stmt, owner, n) for n in names_read(call.args[0].value) if n in values)
+                continue
+            if isinstance(stmt, (cst.If, cst.While)):
+                found.extend((stmt, owner, n) for n in names_read(stmt.test) if n in values and not _only_output(stmt))
+            for child in _child_blocks(stmt):
+                visit_block(child, child)
+
+    visit_block(body, body)
+    return found
+
+
+def _before_in(block: object, first: cst.BaseStatement, then: cst.BaseStatement) -> bool:
+    """`first` and `then` are statements of the same block, `first` before `then`."""
+    assert isinstance(block, list)
+    index = {id(s): i for i, s in enumerate(block)}
+    return id(first) in index and id(then) in index and index[id(first)] < index[id(then)]
+
+
+def _only_output(stmt: cst.If | cst.While) -> bool:
+    """An `if` whose body only prints or logs: not a decision."""
+    if not isinstance(stmt, cst.If) or stmt.orelse is not None or not isinstance(stmt.body, cst.IndentedBlock):
+        return False
+    for inner in stmt.body.body:
+        if not (isinstance(inner, cst.SimpleStatementLine) and all(isinstance(s, cst.Expr) for s in inner.body)):
+            return False
+        for small in inner.body:
+            call = small.value if isinstance(small, cst.Expr) else None
+            func = call.func if isinstance(call, cst.Call) else None
+            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+            if name not in ("print", "info", "debug", "warning", "log", "add_scalar", "write"):
+                return False
+    return True
+
+
+def _child_blocks(stmt: cst.BaseStatement) -> list[list[cst.BaseStatement]]:
+    blocks: list[list[cst.BaseStatement]] = []
+    for suite in _suites(stmt):
+        if isinstance(suite, cst.IndentedBlock):
+            blocks.append(list(suite.body))
+    return blocks
+
+
+def _suites(stmt: cst.BaseStatement) -> list[cst.BaseSuite]:
+    suites: list[cst.BaseSuite] = []
+    body = getattr(stmt, "body", None)
+    if isinstance(body, cst.BaseSuite):
+        suites.append(body)
+    orelse = getattr(stmt, "orelse", None)
+    while orelse is not None:
+        if isinstance(orelse, cst.If):
+            suites.append(orelse.body)
+            orelse = orelse.orelse
+        else:
+            suites.append(orelse.body)
+            orelse = None
+    for handler in getattr(stmt, "handlers", ()) or ():
+        suites.append(handler.body)
+    final = getattr(stmt, "finalbody", None)
+    if final is not None:
+        suites.append(final.body)
+    return suites
+
+
+def _body(node: cst.CSTNode) -> list[cst.BaseStatement] | None:
+    if isinstance(node, cst.Module):
+        return list(node.body)
+    if isinstance(node, cst.FunctionDef) and isinstance(node.body, cst.IndentedBlock):
+        return list(node.body.body)
+    return None
+
+
+def _summed_in(loop: cst.For) -> list[str]:
+    names: list[str] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.operator, cst.AddAssign):
+                names.extend(n for n in target_names(node.target) if n not in names)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    walk(loop.body, Visitor())
+    return names
