@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
@@ -35,7 +36,7 @@ from .checkpoint import (
     write_file,
 )
 from .data import ActiveLoaders, PreparedDataLoader, prepare_data_loader
-from .errors import PrepareError, UnsupportedOptionError
+from .errors import GradientSyncError, PrepareError, UnsupportedOptionError
 from .accumulation import GradientState, check_accumulation_steps
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, unwrap_optimizer
 from .precision import select_precision
@@ -134,6 +135,8 @@ class Accelerator:
         self.timeout = timeout
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self._models: list[nn.Module] = []
+        # DDP models whose gradient synchronisation backward has not verified yet (see backward).
+        self._unverified_ddp: list[DistributedDataParallel] = []
         self._active_loaders = ActiveLoaders()
         # Checkpointing (runtime/checkpoint.py); project_dir wins over project_config's.
         self.project_configuration = project_config or ProjectConfiguration()
@@ -237,8 +240,11 @@ class Accelerator:
         With fp16/bf16 its forward runs under autocast and returns fp32 outputs; the user's module
         itself is never modified (see runtime/precision.py).
         """
-        wrapped = self.precision.wrap_model(self.strategy.wrap_model(model))
+        placed = self.strategy.wrap_model(model)
+        wrapped = self.precision.wrap_model(placed)
         self._models.append(wrapped)
+        if isinstance(placed, DistributedDataParallel) and placed not in self._unverified_ddp:
+            self._unverified_ddp.append(placed)
         return wrapped
 
     def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
@@ -289,6 +295,51 @@ class Accelerator:
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
+        if self._unverified_ddp:
+            self._verify_gradient_sync()
+
+    def _verify_gradient_sync(self) -> None:
+        """Once per prepared DDP model: check that its first synchronising backward synchronised.
+
+        DDP synchronises a backward only when some call of the wrapper itself (``model(x)``)
+        prepared it; a loss computed only through ``model.encoder(x)`` or
+        ``model.compute_loss(x)`` (which the prepared model forwards to the user's module) leaves
+        every gradient local, silently. Each rank sums its gradients (and their squares); one
+        all-gather compares them. Every rank sees the same gathered values, so all raise
+        together (no hang). Checked once per model, never again once verified.
+        """
+        pending = [m for m in self._unverified_ddp if m.require_backward_grad_sync]
+        if not pending:
+            return
+        rows = []
+        for model in pending:
+            ignored = getattr(model, "parameters_to_ignore", ())
+            total = torch.zeros(2, dtype=torch.float64, device=self.device)
+            for name, param in model.module.named_parameters():
+                if param.grad is None or not param.requires_grad or name in ignored:
+                    continue
+                grad = param.grad.detach().to(torch.float64)
+                total += torch.stack((grad.sum(), grad.square().sum()))
+            rows.append(total)
+        gathered = self.gather(torch.stack(rows).unsqueeze(0)).cpu()  # (ranks, models, 2)
+        for index, model in enumerate(pending):
+            values = gathered[:, index]
+            if not torch.isfinite(values).all():
+                continue  # inf/nan gradients (fp16 overflow): check the next backward instead
+            spread = (values.max(0).values - values.min(0).values).abs()
+            scale = values.abs().max(0).values
+            if bool((spread > 1e-6 * scale + 1e-12).any()):
+                name = type(model.module).__name__
+                raise GradientSyncError(
+                    f"after accelerator.backward(), the gradients of the prepared {name} differ "
+                    f"between the {self.num_processes} processes: DDP did not synchronise them.",
+                    "a training loss computed through a call of the prepared model itself, "
+                    "model(...): DDP synchronises only backward passes that its forward prepared.",
+                    f"compute the loss inside {name}.forward (e.g. return self.compute_loss(x) "
+                    "from forward) and call model(...); calls such as model.encoder(x) or "
+                    "model.compute_loss(x) run the module's code without DDP's forward.",
+                )
+            self._unverified_ddp.remove(model)
 
     @contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
@@ -472,15 +523,24 @@ class Accelerator:
         keep = self._real_samples_in_last_round()
         if keep is None:
             return gathered
+        if isinstance(keep, list):  # a kept DistributedSampler's padding (see runtime/data.py)
+            if as_objects:
+                return [gathered[i] for i in keep]
+            return ops.apply_to_tensors(
+                gathered, lambda t: t[torch.tensor(keep, device=t.device)]
+            )
         if as_objects:
             return gathered[:keep]
         return ops.apply_to_tensors(gathered, lambda t: t[:keep])
 
-    def _real_samples_in_last_round(self) -> int | None:
-        """On a loader's padded last batch: how many gathered samples are real; else None."""
+    def _real_samples_in_last_round(self) -> int | list[int] | None:
+        """On a loader's padded last batch: how many gathered samples are real (or which rows
+        are, for a kept DistributedSampler); else None."""
         active = self._active_loaders.current
         if active is None or not active.end_of_dataloader:
             return None
+        if active.loader.keep_rows is not None:
+            return active.loader.keep_rows
         remainder = active.loader.remainder
         if remainder < 0:  # iterable dataset of unknown length: the shard counted it
             remainder = getattr(active.loader.dataset, "remainder", 0)
@@ -659,7 +719,8 @@ class Accelerator:
             torch.save(obj, f)
 
     def end_training(self) -> None:
-        """Finish the job: wait for every process, then destroy the process group."""
+        """Finish the job: wait for every process, then destroy the process group the runtime
+        created (a group the script initialised itself is left for the script to destroy)."""
         if self.state.distributed:
             ops.barrier(self.state)
         destroy_process_group()

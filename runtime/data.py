@@ -20,12 +20,24 @@ iterates the whole dataset, cuts it into buffers of ``batch_size * n`` samples (
 with ``split_batches``) and keeps its slice ``i`` of each buffer; an unfinished last buffer is
 completed by cycling the epoch's first samples (dropped instead with ``drop_last``). On one
 process the original loader's batches come through unchanged.
+
+A loader that already shards by rank (``kept_sharding_sampler``: its sampler, batch sampler or
+batch sampler's sampler is a ``DistributedSampler``, or has ``num_replicas`` and ``rank``) is
+never sharded again: sharding it a second time would give each rank 1/N^2 of the data. It is kept
+as it is (device placement, epoch counting, end-of-loader bookkeeping added), with one warning on
+the main process; a sampler built for another number of processes or another rank is a
+``PrepareError`` naming both. The runtime sets such a sampler's epoch itself unless the script
+does (``sampler.set_epoch(e)`` before iterating wins). For torch's ``DistributedSampler``,
+``gather_for_metrics`` drops the samples it repeats to pad the epoch (``keep_rows``), so an
+epoch again gathers exactly ``len(dataset)`` items; the padding of other sharding samplers is
+unknown and stays in.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
@@ -34,6 +46,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+from torch.utils.data.distributed import DistributedSampler
 
 from .checkpoint import capture_rng_state, restore_rng_state
 from .errors import PrepareError
@@ -507,12 +520,20 @@ class PreparedDataLoader(DataLoader):
         device: torch.device,
         remainder: int = 0,
         active_loaders: ActiveLoaders | None = None,
+        keep_rows: list[int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.device = device
         # Real samples in the last gathered round (0: the last round holds no padding).
         self.remainder = remainder
+        # A kept DistributedSampler's padding is not a tail of the last gathered round: the rows
+        # of that round that are real samples (None: all of them, or use ``remainder``).
+        self.keep_rows = keep_rows
+        # A sharding sampler kept as it is, and the epoch this loader last gave it (to tell
+        # whether the script set another one itself: then the script's value wins).
+        self._kept_sampler: Any = None
+        self._kept_epoch: list[Any] = [None]  # shared with skip_first_batches views
         self.active_loaders = active_loaders
         # Epoch counter and checkpoint position; shared with skip_first_batches views.
         self._progress = LoaderProgress()
@@ -541,9 +562,13 @@ class PreparedDataLoader(DataLoader):
         else:
             epoch, start = progress.next_epoch, self.skip_batches
         progress.next_epoch = epoch + 1
-        for obj in (self.batch_sampler, self.sampler):
-            if obj is not None and hasattr(obj, "set_epoch"):
-                obj.set_epoch(epoch)
+        kept = self._kept_sampler
+        if kept is not None:
+            self._set_kept_epoch(kept, epoch)
+        else:
+            for obj in (self.batch_sampler, self.sampler):
+                if obj is not None and hasattr(obj, "set_epoch"):
+                    obj.set_epoch(epoch)
         generators = find_generators(self)
         if resume is not None:
             # Replay the epoch's start from the RNG states it began with (same shuffle, same
@@ -565,6 +590,17 @@ class PreparedDataLoader(DataLoader):
         progress.epoch, progress.epoch_start = epoch, epoch_start
         progress.current = weakref.ref(device_iterator)
         return device_iterator
+
+    def _set_kept_epoch(self, sampler: Any, epoch: int) -> None:
+        """Give a kept sharding sampler this iteration's epoch, unless the script set one."""
+        if not hasattr(sampler, "set_epoch"):
+            return
+        current, given = getattr(sampler, "epoch", None), self._kept_epoch[0]
+        if current is not None and given is not None and current != given:
+            self._kept_epoch[0] = current  # the script called set_epoch itself: keep its value
+            return
+        sampler.set_epoch(epoch)
+        self._kept_epoch[0] = getattr(sampler, "epoch", epoch)
 
     def _start_iteration(self, start: int) -> Iterator[Any]:
         """``DataLoader.__iter__``, with the epoch's first ``start`` batches skipped.
@@ -700,6 +736,9 @@ def prepare_data_loader(
     )
     dataset = loader.dataset
     n, rank = state.world_size, state.rank
+    sharding = kept_sharding_sampler(loader)
+    if sharding is not None:
+        return _keep_sharded(loader, sharding, state, common)
     batch_size = loader.batch_size
     if batch_size is None:  # a custom batch_sampler: DataLoader.batch_size is None then
         batch_size = getattr(loader.batch_sampler, "batch_size", None)
@@ -772,6 +811,106 @@ def prepare_data_loader(
         if isinstance(sampler, Sized):
             remainder = len(sampler) % (n * shard.batch_size)
     return PreparedDataLoader(dataset, batch_sampler=shard, remainder=remainder, **common)
+
+
+def kept_sharding_sampler(loader: DataLoader) -> Any | None:
+    """The sampler of ``loader`` that already shards by rank, or None.
+
+    Looks at the sampler, the batch sampler and the batch sampler's sampler: a
+    ``DistributedSampler`` (or subclass), or any object with ``num_replicas`` and ``rank``.
+    """
+    batch_sampler = loader.batch_sampler
+    candidates = (loader.sampler, batch_sampler, getattr(batch_sampler, "sampler", None))
+    for obj in candidates:
+        if isinstance(obj, DistributedSampler):
+            return obj
+    for obj in candidates:
+        if obj is not None and hasattr(obj, "num_replicas") and hasattr(obj, "rank"):
+            return obj
+    return None
+
+
+def _keep_sharded(
+    loader: DataLoader, sharding: Any, state: ProcessState, common: dict[str, Any]
+) -> PreparedDataLoader:
+    """``loader`` with its own sharding sampler, after checking it was built for this job."""
+    name = type(sharding).__name__
+    replicas, rank = getattr(sharding, "num_replicas"), getattr(sharding, "rank")
+    if replicas != state.world_size:
+        raise PrepareError(
+            f"the DataLoader's {name} shards for num_replicas={replicas} processes, but this "
+            f"job runs {state.world_size} process(es) (WORLD_SIZE={state.world_size}).",
+            f"a sampler built for {state.world_size} process(es), or none that shards.",
+            f"drop the {name} and pass shuffle=... to the DataLoader (prepare() shards it for "
+            "every process), or build it with num_replicas=accelerator.num_processes, "
+            "rank=accelerator.process_index.",
+        )
+    if rank != state.rank:
+        raise PrepareError(
+            f"the DataLoader's {name} was built for rank={rank}, but this process is rank "
+            f"{state.rank} of {state.world_size}.",
+            "every process's sampler built with its own rank.",
+            f"drop the {name} (prepare() shards the DataLoader itself), or build it with "
+            "rank=accelerator.process_index.",
+        )
+    keep_rows = _distributed_sampler_keep_rows(loader, sharding)
+    if state.is_main_process and state.distributed:
+        trimmed = type(sharding).__iter__ is DistributedSampler.__iter__
+        warnings.warn(
+            f"prepare(): the DataLoader's {name} already shards by rank (num_replicas={replicas}); "
+            "it is kept as it is and not sharded again. "
+            + (
+                "gather_for_metrics drops the samples it repeats to pad the epoch."
+                if trimmed
+                else "gather_for_metrics cannot tell which samples it repeats: they stay in."
+            ),
+            stacklevel=6,
+        )
+    batch_sampler = loader.batch_sampler
+    if batch_sampler is None:
+        prepared = PreparedDataLoader(
+            loader.dataset, sampler=loader.sampler, batch_size=None, keep_rows=keep_rows, **common
+        )
+    else:
+        prepared = PreparedDataLoader(
+            loader.dataset, batch_sampler=batch_sampler, keep_rows=keep_rows, **common
+        )
+    prepared._kept_sampler = sharding
+    prepared._kept_epoch = [getattr(sharding, "epoch", None)]
+    return prepared
+
+
+def _distributed_sampler_keep_rows(loader: DataLoader, sampler: Any) -> list[int] | None:
+    """The real rows of the last gathered round over a kept ``DistributedSampler``.
+
+    ``DistributedSampler`` pads its index list to ``num_samples * num_replicas`` by repeating
+    its first indices, then gives rank ``r`` positions ``r, r + n, ...``: position ``p`` is rank
+    ``p % n``'s item ``p // n`` and is padding when ``p >= len(dataset)``. The last gathered
+    round holds each rank's last batch (``k`` items from rank-local position ``start``) in rank
+    order, so row ``r * k + j`` is real when ``(start + j) * n + r < len(dataset)``. None when
+    the round holds no padding or the sampler is not torch's (its order is then unknown).
+    """
+    if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
+        return None
+    if type(sampler).__iter__ is not DistributedSampler.__iter__:
+        return None
+    n, per_rank = sampler.num_replicas, sampler.num_samples
+    total = len(sampler.dataset)  # type: ignore[arg-type]
+    if per_rank * n <= total:
+        return None
+    batch_sampler = loader.batch_sampler
+    if batch_sampler is None:
+        start, k = per_rank - 1, 1
+    else:
+        if getattr(batch_sampler, "sampler", None) is not sampler or type(batch_sampler) is not BatchSampler:
+            return None
+        batches = len(batch_sampler)
+        if batches == 0:
+            return None
+        start = (batches - 1) * batch_sampler.batch_size
+        k = min(batch_sampler.batch_size, per_rank - start)
+    rows = [r * k + j for r in range(n) for j in range(k) if (start + j) * n + r < total]
+    return None if len(rows) == n * k else rows
 
 
 def _check_split(loader: DataLoader, batch_size: int | None, num_processes: int) -> None:

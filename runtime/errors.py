@@ -39,3 +39,7 @@ class DistributedEnvironmentError(AccelError):
 
 class PrepareError(AccelError):
     """An object passed to ``Accelerator.prepare`` cannot be prepared."""
+
+
+class GradientSyncError(AccelError):
+    """A prepared model's gradients differ between processes after a synchronising backward."""

@@ -4,6 +4,24 @@
 default process group. The state is a frozen value; nothing is cached in module-level dicts, so a
 second ``Accelerator()`` in the same process simply reads the environment again and reuses the
 already-initialised group.
+
+A script that initialises the group itself (``init_distributed_mode(args)``, ``setup()``) works in
+either order:
+
+* the script's ``dist.init_process_group`` first, then ``Accelerator()``: the Accelerator reuses
+  that group (after checking its rank and size against torchrun's environment) and leaves it to
+  the script: ``end_training`` waits for every process but does not destroy it, so the script's
+  own ``dist.destroy_process_group()`` still works. At exit the group is torn down like one the
+  runtime created (barrier, destroy) if the script did not destroy it.
+* ``Accelerator()`` first, then the script's ``dist.init_process_group``: torch raises
+  "trying to initialize the default process group twice" on every rank (so nothing hangs), and
+  the traceback carries a note saying that the Accelerator created the group and what to do
+  (create the Accelerator after the script's own call, or guard the call with
+  ``if not dist.is_initialized()``). Making the second call succeed would mean replacing
+  ``torch.distributed.init_process_group`` for every library in the process, and it would still
+  miss a ``from torch.distributed import init_process_group`` bound before the runtime was
+  imported; the call's own arguments (backend, timeout, a ``file://`` init method) could also
+  contradict the existing group. A precise error is safer than a patched torch.
 """
 
 from __future__ import annotations
@@ -94,6 +112,7 @@ class ProcessState:
                     "create the group with the environment's rank and world size, or let the "
                     "Accelerator create it.",
                 )
+            _install_exit_handler()
             return cls(rank, local_rank, world_size, local_world_size, dist.get_backend(), device)
 
         missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in env]
@@ -112,14 +131,26 @@ class ProcessState:
             timeout=timeout,
         )
         _groups.append(dist.group.WORLD)  # freed by the exit handler (see _drop_groups)
+        _created.append(dist.group.WORLD)
         _install_exit_handler()
         return cls(rank, local_rank, world_size, local_world_size, chosen, device)
 
 
 def destroy_process_group() -> None:
-    """Destroy the default process group if one exists (idempotent, safe at exit)."""
-    if dist.is_available() and dist.is_initialized():
+    """Destroy the default process group if the runtime created it (idempotent, safe at exit).
+
+    A group the script initialised itself is the script's to destroy (its own
+    ``dist.destroy_process_group()`` would fail on a destroyed group); the exit handler tears it
+    down if the script does not.
+    """
+    if dist.is_available() and dist.is_initialized() and created_default_group():
         dist.destroy_process_group()
+    _created.clear()
+
+
+def created_default_group() -> bool:
+    """True when the current default process group was created by ``ProcessState.from_env``."""
+    return bool(_created) and dist.is_initialized() and _created[-1] is dist.group.WORLD
 
 
 _exit_handler_installed = False
@@ -130,6 +161,16 @@ _wrappers: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 # The groups this process created, held so that their last reference is dropped by the exit
 # handler, never by whatever frame happens to free the last DDP model (see _drop_groups).
 _groups: list[object] = []
+# The default group, while it is one this process's runtime created (not the script).
+_created: list[object] = []
+
+_TWICE = "trying to initialize the default process group twice"
+_TWICE_NOTE = (
+    "accel runtime: the Accelerator already initialised the default process group from "
+    "torchrun's environment, and the script then called dist.init_process_group itself.\n"
+    "  fix: create the Accelerator after the script's own init_process_group call (it then "
+    "reuses that group), guard the call with `if not dist.is_initialized():`, or remove it."
+)
 
 
 def release_at_exit(ddp_module: torch.nn.Module) -> None:
@@ -154,10 +195,22 @@ def _install_exit_handler() -> None:
     def record_failure(*exc_info) -> None:  # type: ignore[no-untyped-def]
         global _failed
         _failed = True
+        _explain_double_init(exc_info[1])
         previous_hook(*exc_info)
 
     sys.excepthook = record_failure
     atexit.register(_leave_process_group)
+
+
+def _explain_double_init(error: BaseException | None) -> None:
+    """Add a note naming the fix to torch's double-initialisation error, when the runtime's
+    Accelerator created the group the script tried to create again."""
+    if isinstance(error, ValueError) and _TWICE in str(error) and created_default_group():
+        notes = getattr(error, "__notes__", None)
+        if notes is None:
+            notes = error.__notes__ = []  # type: ignore[attr-defined]  # add_note is 3.11+
+        if _TWICE_NOTE not in notes:
+            notes.append(_TWICE_NOTE)
 
 
 def _leave_process_group() -> None:

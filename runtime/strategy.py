@@ -1,7 +1,16 @@
-"""How models are placed and wrapped: one device, or DistributedDataParallel across ranks."""
+"""How models are placed and wrapped: one device, or DistributedDataParallel across ranks.
+
+On N processes a model with trainable parameters is wrapped in ``PreparedDDP``, a
+``DistributedDataParallel`` that also answers for the user's module: ``model.output_shape``,
+``model.encoder(x)``, ``model.some_method()`` work as they did before ``prepare`` (plain DDP
+raises "'DistributedDataParallel' object has no attribute ..."). See ``PreparedDDP`` for what
+reads, writes and calls that bypass DDP's forward do. On one process the user's module itself is
+returned (moved to the device), so there is nothing to forward.
+"""
 
 from __future__ import annotations
 
+import warnings
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
@@ -36,6 +45,92 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+class PreparedDDP(DistributedDataParallel):
+    """``DistributedDataParallel`` whose attribute reads fall through to the wrapped module.
+
+    Reads: a name the wrapper does not have itself (its own attributes, DDP's, ``module``) is
+    looked up on ``self.module``, so ``model.encoder is model.module.encoder`` (identity kept:
+    optimizers built from ``model.encoder.parameters()`` see the real parameters). The lookup
+    runs only after normal attribute lookup failed (``__getattr__``): DDP's own attributes and
+    every training step cost exactly what they cost with plain DDP.
+
+    Writes: ``model.name = value`` goes to the wrapped module when that module already has
+    ``name`` and the wrapper does not (``model.temperature = 0.5`` changes what ``forward``
+    reads, as on one process); any other name stays on the wrapper, as with plain DDP (reads
+    find it there). Names starting with ``_`` always stay on the wrapper (DDP creates some of its
+    private attributes lazily). Replacing a parameter or submodule after ``prepare`` is
+    forwarded with a ``RuntimeWarning``: DDP registered the old one, so the new one's gradients
+    are not synchronised; replace it before ``prepare`` instead.
+
+    Calls that bypass DDP's forward: ``model.encoder(x)`` or ``model.compute_loss(x)`` run the
+    user's code directly, not ``DDP.forward``. DDP's reducer only synchronises a backward pass
+    that some ``model(...)`` call of the same step prepared, so (measured, 2 gloo processes,
+    tests/runtime/test_nprocess_safety.py):
+
+    * evaluation, ``torch.no_grad()``, reading shapes or configs: fine (no collective runs, so a
+      call on the main process only cannot hang);
+    * a training step that calls ``model(x)`` and also ``model.encoder(y)`` before one backward:
+      every gradient, including the encoder call's share, is synchronised;
+    * a training step whose only forward is such a call: plain DDP silently leaves every
+      gradient unsynchronised (ranks drift apart). ``Accelerator.backward`` checks the first
+      synchronising backward of each prepared model once (one small all-gather in the whole
+      run) and raises ``GradientSyncError`` naming the fix: compute the loss inside ``forward``.
+
+    Routing such calls through ``DDP.forward`` (Lightning Fabric's ``mark_forward_method``) was
+    rejected as a default: it would run DDP's buffer broadcast, a collective, on calls made by
+    one rank only (sampling or logging on the main process), which hangs, and it makes
+    ``model(x) + model.aux(x)`` fail with ``find_unused_parameters=True``.
+
+    Pickling, ``copy.deepcopy``, ``state_dict`` keys (``module.``-prefixed, as plain DDP),
+    ``isinstance(model, DistributedDataParallel)``, ``no_sync`` and ``torch.compile`` behave as
+    with plain DDP.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules")
+            inner = modules.get("module") if modules is not None else None
+            if inner is None or name.startswith("__"):
+                raise
+        try:
+            return getattr(inner, name)
+        except AttributeError:
+            raise AttributeError(
+                f"'{type(self).__name__}' object (a DistributedDataParallel around a "
+                f"'{type(inner).__name__}') has no attribute '{name}', and neither has the "
+                f"wrapped '{type(inner).__name__}'"
+            ) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_") and self._forwards_write(name):
+            inner = self.__dict__["_modules"]["module"]
+            if isinstance(value, (nn.Module, nn.Parameter)):
+                warnings.warn(
+                    f"replacing {type(inner).__name__}.{name} after prepare(): DDP registered "
+                    f"the old {name}, so the new one's gradients are not synchronised across "
+                    "processes. Replace it before accelerator.prepare(model).",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            setattr(inner, name, value)
+            return
+        super().__setattr__(name, value)
+
+    def _forwards_write(self, name: str) -> bool:
+        """True when ``name`` belongs to the wrapped module and not to this wrapper."""
+        own = self.__dict__
+        modules = own.get("_modules")
+        if modules is None or "module" not in modules or name in own:
+            return False
+        if name in modules or name in own.get("_parameters", ()) or name in own.get("_buffers", ()):
+            return False
+        if any(name in vars(klass) for klass in type(self).__mro__):
+            return False
+        return hasattr(modules["module"], name)
+
+
 class SingleDevice:
     """One process: move the model to the device, nothing else."""
 
@@ -68,7 +163,7 @@ class DDP:
         if not any(p.requires_grad for p in model.parameters()):
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        wrapped = PreparedDDP(model, device_ids=device_ids, **self.ddp_kwargs)
         release_at_exit(wrapped)
         return wrapped
 
