@@ -871,6 +871,17 @@ def _keep_sharded(
         prepared = PreparedDataLoader(
             loader.dataset, sampler=loader.sampler, batch_size=None, keep_rows=keep_rows, **common
         )
+    elif type(batch_sampler) is BatchSampler and batch_sampler.sampler is loader.sampler:
+        # DataLoader(sampler=..., batch_size=...): rebuilt the same way, so that
+        # ``prepared.sampler`` is still the script's sampler (``loader.sampler.set_epoch(e)``).
+        prepared = PreparedDataLoader(
+            loader.dataset,
+            sampler=loader.sampler,
+            batch_size=batch_sampler.batch_size,
+            drop_last=batch_sampler.drop_last,
+            keep_rows=keep_rows,
+            **common,
+        )
     else:
         prepared = PreparedDataLoader(
             loader.dataset, batch_sampler=batch_sampler, keep_rows=keep_rows, **common

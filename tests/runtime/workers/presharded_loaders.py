@@ -77,11 +77,11 @@ for name, cfg in CASES.items():
 # The script sets the epoch itself (e.g. resuming at epoch 5): its value wins.
 loader, sampler = build(CASES["padded"])
 prepared = accelerator.prepare(loader)
-sampler.set_epoch(5)
+prepared.sampler.set_epoch(5)
 got = [i for batch in prepared for i in ids(batch)]
 reference = DistributedSampler(loader.dataset, shuffle=True, seed=7)
 reference.set_epoch(5)
-result["script_epoch"] = {"got": got, "expected": list(reference)}
+result["script_epoch"] = {"got": got, "expected": list(reference), "sampler_kept": prepared.sampler is sampler}
 
 # A sampler built for another job size or rank is refused with both numbers.
 errors = {}
