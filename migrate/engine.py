@@ -3,12 +3,16 @@
 Pipeline: text pre-filter (`prefilter.py`: no training code, so untouched and not parsed) -> one
 parse -> statement start lines (`positions.py`) -> one analysis pass -> roles -> each selected rule
 records edits -> one rewrite pass, descending only towards edited nodes -> unused names removed ->
-imports added -> the output must compile, or the file is reported as failed and left untouched.
+imports added -> the output must compile, or the file is reported as failed and left untouched ->
+safety checks on the output (`migrate/safety/`: parsed once, every check of
+`migrate/safety/registry.py`, only when a rule changed the text): an output that fails one is not
+returned; the rules run again without the rule at fault, or the file is left as it is, and a
+diagnostic coded by the check says what was dropped (`migrate/safety/fallback.py`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -67,6 +71,45 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
         return result  # `# accel-migrate: skip` in the header: left as it is, reported as skipped
     result.parsed = True
 
+    attempt = run_rules(module, text, path, options, skipped)
+    if attempt.error is None and attempt.rewrites(text):
+        from migrate.safety.fallback import checked
+
+        attempt = checked(module, text, path, options, skipped, attempt)
+    result.changes = attempt.changes
+    result.diagnostics = attempt.diagnostics
+    result.error = attempt.error
+    if attempt.error is None and attempt.new_text is not None and attempt.new_text != text:
+        result.new_text = attempt.new_text
+    return result
+
+
+@dataclass
+class Attempt:
+    """What one run of the rules over a parsed module produced (nothing written, nothing checked)."""
+
+    changes: list[Change] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    new_text: str | None = None  # None: no edit planned
+    new_module: cst.Module | None = None  # the rewritten tree (`new_text` is its code)
+    error: FileError | None = None
+
+    def rewrites(self, text: str) -> bool:
+        """A rule changed the text (the runner writes only such outputs, so only they are checked)."""
+        return bool(self.changes) and self.new_text is not None and self.new_text != text
+
+
+def run_rules(
+    module: cst.Module, text: str, path: str, options: Options, skipped: set[int], report: bool = True
+) -> Attempt:
+    """The rules over one parsed module: analysis, roles, edits, one rewrite, cleanup, imports; the
+    output must compile. A pure function of its arguments: `module` is not changed, so the safety
+    fallback (`migrate/fallback.py`) and the idempotence check run it again on the same tree.
+
+    With `report=False` only the output is wanted (the idempotence check): changes and diagnostics
+    are not located, unless skip comments need the lines.
+    """
+    attempt = Attempt()
     facts = analyze(module)
     roles = find_roles(facts)
     plan = EditPlan(target=options.target)
@@ -77,22 +120,24 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
         if options.enabled(rule.code):
             rule.apply(roles, plan)
 
-    if plan.changes or plan.findings:
+    if (plan.changes or plan.findings) and (report or skipped):
         line = start_lines(module)
         if skipped:
             drop_skipped(plan, line.__getitem__, skipped)
         if options.annotate:
             annotate(module, plan, line.__getitem__)
-        result.changes = sorted(
+        attempt.changes = sorted(
             {Change(r.code, line[r.node], r.message) for r in plan.changes},
             key=lambda c: (c.line, c.code),
         )
-        result.diagnostics = sorted(
+        attempt.diagnostics = sorted(
             {Diagnostic(f.code, line[f.node], f.message) for f in plan.findings},
             key=lambda d: (d.line, d.code),
         )
+    elif plan.changes:
+        attempt.changes = [Change(r.code, 0, r.message) for r in plan.changes]
     if plan.empty:
-        return result
+        return attempt
 
     rewriter = Rewriter(plan, with_ancestors(module, plan.targets()))
     new_module = module.visit(rewriter)
@@ -104,16 +149,16 @@ def migrate_source(text: str, path: str = "<string>", options: Options = Options
     try:
         compile(new_text, path, "exec", dont_inherit=True)
     except SyntaxError as error:
-        result.error = FileError(
+        attempt.error = FileError(
             error.lineno or 0,
             error.offset or 0,
             f"internal error: the rewrite produced invalid Python ({error.msg}); the file was left "
             "untouched, please report this with the file",
         )
-        return result
-    if new_text != text:
-        result.new_text = new_text
-    return result
+        return attempt
+    attempt.new_text = new_text
+    attempt.new_module = new_module
+    return attempt
 
 
 def _syntax_error(text: str, path: str, error: cst.ParserSyntaxError) -> FileError:

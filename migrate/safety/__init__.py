@@ -30,6 +30,7 @@ class Violation:
 
     line: int  # 1-based line in the OUTPUT text; the engine maps it back to the input
     message: str  # what would go wrong, and why the edit was not written
+    rule: str | None = None  # the rule whose edit is at fault, when the check knows (else: nearest change)
 
 
 @dataclass
@@ -44,6 +45,17 @@ class CheckContext:
     options: object  # migrate.engine.Options (not imported here to avoid a cycle)
     # filled lazily by checks that need it and shared with the others (e.g. a metadata wrapper)
     cache: dict[str, object] = field(default_factory=dict)
+
+    def line_of(self, node: cst.CSTNode) -> int:
+        """The output line `node` (of `after`) starts on; 0 for a node not in `after`. Computed on
+        first use (one code-generation pass, a third of libcst's PositionProvider), so a check that
+        finds nothing pays nothing for positions."""
+        lines = self.cache.get("after_start_lines")
+        if lines is None:
+            from migrate.positions import start_lines
+
+            lines = self.cache["after_start_lines"] = start_lines(self.after)
+        return lines.get(node, 0)  # type: ignore[attr-defined]
 
 
 CheckFn = Callable[[CheckContext], list[Violation]]
