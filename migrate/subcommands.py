@@ -55,10 +55,15 @@ def verify_command(
     atol: float = typer.Option(1e-7, "--atol", min=0.0, help="Absolute tolerance for 'within tolerance'."),
     target: str = typer.Option("runtime", "--target", help="Migrate for runtime (bundled) or accelerate (HF)."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter for the runs (default: this one)."),
-    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds each run may take before it fails."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds each process may run; past it, it writes where it is (a hang names its rank and line) and exits."),
     keep: Optional[Path] = typer.Option(
         None, "--keep", help="Keep the migrated copy, bootstrap and run folders in this (new or empty) folder."
     ),
+    nproc: int = typer.Option(
+        1, "--nproc-per-node", min=1,
+        help="Run the migrated copy on N gloo CPU processes (torch.distributed.run, split_batches) against the original on 1.",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed for Python's, torch's and numpy's RNGs before each run."),
 ) -> None:
     from migrate.config import TARGETS
     from migrate.verify import verify
@@ -67,10 +72,16 @@ def verify_command(
         _fail_usage(f"--target must be one of {', '.join(TARGETS)}, not {target!r}")
     if keep is not None and keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
         _fail_usage(f"--keep {keep} exists and is not an empty folder")
-    typer.echo(f"accel-migrate verify: running {script} and its migrated copy ({steps or 'all'} optimizer steps each)", err=True)
+    if nproc > 1 and target != "runtime":
+        _fail_usage(f"--nproc-per-node {nproc} needs --target runtime (HF Accelerate runs several CPU processes only through MPI)")
+    where = "" if nproc == 1 else f" on {nproc} processes"
+    typer.echo(
+        f"accel-migrate verify: running {script} and its migrated copy{where} ({steps or 'all'} optimizer steps each)",
+        err=True,
+    )
     result = verify(
         script, list(args or []), steps=steps, rtol=rtol, atol=atol, target=target, python=python,
-        timeout=timeout, keep=keep,
+        timeout=timeout, keep=keep, nproc=nproc, seed=seed,
     )
     if result.exit_code == 2:
         typer.echo(f"accel-migrate verify: error: {result.message}", err=True)

@@ -15,8 +15,21 @@ divided out, and `Accelerator.backward` (runtime or HF accelerate) ends in `Tens
 `loss / gradient_accumulation_steps`, which is what a hand-written `(loss / N).backward()`
 back-propagates too, so both sides record comparable numbers.
 
+`--nproc-per-node N`: the original on one process against the migrated copy on N gloo CPU
+processes under `torch.distributed.run`, the runtime's split_batches forced by the environment
+(`ACCEL_SPLIT_BATCHES=1`, which the runtime's Accelerator reads when the script passes no
+split_batches), so the N processes together see the one-process batches in the one-process order
+and the mean over ranks of each backward call's loss is the one-process loss up to float
+summation order. Both runs are seeded alike (`ACCEL_VERIFY_SEED`), and rank r writes its own
+records. At the end (or the stop) every rank hashes the parameters of every optimizer that
+stepped; a rank whose hashes differ from rank 0's has drifted (DDP keeps replicas bit-identical).
+Every process has a deadline (`--timeout`): past it, it dumps its thread stacks (faulthandler) and
+exits, so a hang names the rank and the line it was stuck at; a crash names the rank, its
+exception and its line (the bootstrap records the exception before re-raising it); torchrun's
+failure summary gives the exit code of a rank that vanished without either.
+
 This module, like the rest of `migrate/`, never imports torch or `runtime`: the bootstrap is a
-string that only runs in the subprocesses.
+text file that only runs in the subprocesses.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +46,7 @@ DEFAULT_STEPS = 10
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-7
 DEFAULT_TIMEOUT = 600.0
+DEFAULT_SEED = 0
 
 EXIT_OK, EXIT_DIVERGED, EXIT_ERROR = 0, 1, 2
 
@@ -39,6 +54,10 @@ EXIT_OK, EXIT_DIVERGED, EXIT_ERROR = 0, 1, 2
 ENV_RECORD = "ACCEL_VERIFY_RECORD"  # record file prefix; rank r writes PREFIX.r.jsonl
 ENV_STEPS = "ACCEL_VERIFY_STEPS"  # stop before optimizer step K+1 (0 or unset: never stop)
 ENV_EXTRA_PATH = "ACCEL_VERIFY_EXTRA_PATH"  # appended to sys.path (the original script's folder)
+ENV_SEED = "ACCEL_VERIFY_SEED"  # seed random, torch and numpy before the script runs
+ENV_DEADLINE = "ACCEL_VERIFY_DEADLINE"  # seconds; past it a process dumps its stacks and exits 1
+ENV_CALL = "ACCEL_VERIFY_CALL"  # a function the script defines but never calls, called after it
+LAUNCHER_GRACE = 30.0  # seconds the launcher gets past the processes' deadline to report and exit
 
 # The code that runs inside the child processes (it imports torch, so it is kept out of this
 # package's Python modules: migrate/ itself never imports torch).
@@ -50,13 +69,16 @@ def bootstrap_code() -> str:
 
 @dataclass
 class Run:
-    """One instrumented run: its recorded losses (rank 0 unless asked) and its output."""
+    """One instrumented run: its recorded losses per rank, how each rank ended, and its output."""
 
     returncode: int
     stdout: str
     stderr: str
     records: dict[int, list[dict]] = field(default_factory=dict)  # rank -> loss records
-    ends: dict[int, dict] = field(default_factory=dict)  # rank -> end record
+    ends: dict[int, dict] = field(default_factory=dict)  # rank -> end record (the rank finished)
+    errors: dict[int, dict] = field(default_factory=dict)  # rank -> error record (the script raised)
+    stacks: dict[int, str] = field(default_factory=dict)  # rank -> thread stacks (deadline or SIGTERM)
+    exit_codes: dict[int, int] = field(default_factory=dict)  # rank -> exit code torchrun reported
     timed_out: bool = False
 
     def losses(self, rank: int = 0) -> list[float]:
@@ -65,11 +87,20 @@ class Run:
     def steps(self, rank: int = 0) -> list[int]:
         return [r["step"] for r in self.records.get(rank, [])]
 
+    def deadline_ranks(self) -> list[int]:
+        """Ranks that were still running at the deadline (their stacks start with `Timeout`)."""
+        return sorted(r for r, text in self.stacks.items() if text.lstrip().startswith("Timeout"))
+
 
 def write_bootstrap(folder: Path) -> Path:
     path = folder / "_accel_verify_bootstrap.py"
     path.write_text(bootstrap_code(), encoding="utf-8")
     return path
+
+
+def torchrun_launcher(python: str, nproc: int) -> list[str]:
+    """`python -m torch.distributed.run` on `nproc` local processes (a free port each time)."""
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
 
 
 def run_instrumented(
@@ -83,12 +114,19 @@ def run_instrumented(
     env: dict[str, str] | None = None,
     extra_path: Path | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    seed: int | None = None,
+    call: str | None = None,
 ) -> Run:
-    """Run `launcher bootstrap script args` in `workdir` and read the per-rank loss records.
+    """Run `launcher bootstrap script args` in `workdir` and read the per-rank records.
 
     `launcher` is e.g. `[sys.executable]`, `[accel, "launch", "--nproc-per-node", "2"]` or
-    `[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]`.
+    `torchrun_launcher(sys.executable, 2)`. Every process gets `timeout` seconds (the bootstrap's
+    own deadline: it writes its stacks and exits, so a hang names its rank); the launcher gets a
+    grace period on top, then SIGTERM (torchrun stops its workers, which run in sessions of their
+    own) and SIGKILL. Output goes through files, never pipes, so a worker that outlives the
+    launcher cannot keep this call waiting.
     """
+    import signal
     import subprocess
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -96,35 +134,93 @@ def run_instrumented(
     environment = dict(os.environ if env is None else env)
     environment[ENV_RECORD] = str(prefix)
     environment[ENV_STEPS] = str(steps)
+    environment[ENV_DEADLINE] = f"{timeout:g}"
     environment.setdefault("PYTHONUNBUFFERED", "1")
     if extra_path is not None:
         environment[ENV_EXTRA_PATH] = str(extra_path)
+    if seed is not None:
+        environment[ENV_SEED] = str(seed)
+    if call is not None:
+        environment[ENV_CALL] = call
     command = [*launcher, str(bootstrap), str(script), *args]
+    out_path, err_path = workdir / ".accel_verify_stdout", workdir / ".accel_verify_stderr"
     timed_out = False
-    try:
-        done = subprocess.run(
-            command, cwd=workdir, env=environment, capture_output=True, text=True, timeout=timeout
+    with out_path.open("w", encoding="utf-8") as out, err_path.open("w", encoding="utf-8") as err:
+        process = subprocess.Popen(
+            command, cwd=workdir, env=environment, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
-        returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as expired:
-        timed_out = True
-        returncode = -9
-        stdout = _text(expired.stdout)
-        stderr = _text(expired.stderr) + f"\n(timed out after {timeout:g} s)"
-    run = Run(returncode, stdout, stderr, timed_out=timed_out)
+        try:
+            returncode = process.wait(timeout=timeout + LAUNCHER_GRACE)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            for sig, wait in ((signal.SIGTERM, LAUNCHER_GRACE), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(process.pid, sig)
+                except ProcessLookupError:
+                    pass
+                try:
+                    process.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            returncode = process.returncode if process.returncode is not None else -9
+    stdout = out_path.read_text(encoding="utf-8", errors="replace")
+    stderr = err_path.read_text(encoding="utf-8", errors="replace")
+    if timed_out:
+        stderr += f"\n(the launcher was stopped {timeout + LAUNCHER_GRACE:g} s after it started)"
+    run = Run(returncode, stdout, stderr, timed_out=timed_out, exit_codes=torchrun_exit_codes(stderr))
     for path in sorted(workdir.glob(".accel_verify_losses.*.jsonl")):
         rank = int(path.name.split(".")[-2])
         records = []
         for line in path.read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line cut short by a kill
+                continue
             if record.get("end"):
                 run.ends[rank] = record
+            elif record.get("error"):
+                run.errors[rank] = record
             else:
                 records.append(record)
         run.records[rank] = records
+    for path in sorted(workdir.glob(".accel_verify_losses.*.stack.txt")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if text.strip():
+            run.stacks[int(path.name.split(".")[-3])] = text
+    if run.deadline_ranks():
+        run.timed_out = True
     return run
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:[^)]*\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def torchrun_exit_codes(stderr: str) -> dict[int, int]:
+    """rank -> exit code, from the failure summary torchrun prints when a worker fails."""
+    return {int(rank): int(code) for rank, code in _FAILURE.findall(stderr)}
+
+
+def stack_location(stack: str, script: Path) -> str:
+    """`file:line in function` where a dumped process was: the innermost frame in `script` of the
+    thread that shows one (the current thread first, then the oldest, which is the main thread:
+    faulthandler lists threads newest first and calls most recent first), else any innermost frame."""
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack) if "File " in b]
+    blocks = [b for b in blocks if "Current thread" in b] + [b for b in reversed(blocks) if "Current thread" not in b]
+    target = script.resolve()
+    first = None
+    for block in blocks:
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', block)
+        first = first or (frames[0] if frames else None)
+        mine = [f for f in frames if Path(f[0]).resolve() == target]
+        if mine:
+            return f"{target.name}:{mine[0][1]} in {mine[0][2]}"
+    if first is None:
+        return "an unknown place (no Python frame in its stack dump)"
+    return f"{first[0]}:{first[1]} in {first[2]}"
 
 
 def _text(data: bytes | str | None) -> str:
@@ -142,6 +238,7 @@ class Row:
     step: int | None
     original: float | None
     migrated: float | None
+    ranks: list[float | None] | None = None  # N processes: each rank's loss (migrated is their mean)
 
     @property
     def abs_diff(self) -> float | None:
@@ -179,6 +276,7 @@ def compare(
     *,
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
+    per_rank: list[list[float]] | None = None,
 ) -> Comparison:
     """Row by row: identical (every value bit-equal), within tolerance (|a - b| <= atol + rtol*|a|),
     or diverged at the first row that is not (a missing row, e.g. one run stopped early, diverges).
@@ -188,7 +286,8 @@ def compare(
         a = original[index] if index < len(original) else None
         b = migrated[index] if index < len(migrated) else None
         step = steps[index] if steps is not None and index < len(steps) else None
-        rows.append(Row(index, step, a, b))
+        ranks = None if per_rank is None else [r[index] if index < len(r) else None for r in per_rank]
+        rows.append(Row(index, step, a, b, ranks))
     identical = True
     for row in rows:
         a, b = row.original, row.migrated
@@ -204,7 +303,10 @@ def compare(
 
 
 def format_table(comparison: Comparison) -> str:
-    header = f"{'#':>4}  {'step':>5}  {'original loss':>16}  {'migrated loss':>16}  {'abs diff':>10}  {'rel diff':>10}"
+    nranks = max((len(r.ranks) for r in comparison.rows if r.ranks is not None), default=0)
+    migrated = f"migrated (mean of {nranks})" if nranks else "migrated loss"
+    header = f"{'#':>4}  {'step':>5}  {'original loss':>16}  {migrated:>20}  {'abs diff':>10}  {'rel diff':>10}"
+    header += "".join(f"  {f'rank {r}':>16}" for r in range(nranks))
     lines = [header, "-" * len(header)]
 
     def number(value: float | None) -> str:
@@ -216,9 +318,10 @@ def format_table(comparison: Comparison) -> str:
     for row in comparison.rows:
         mark = "  <- diverged" if comparison.diverged_at is row else ""
         step = "-" if row.step is None else str(row.step)
+        ranks = "".join(f"  {number(v):>16}" for v in (row.ranks or []))
         lines.append(
-            f"{row.index:>4}  {step:>5}  {number(row.original):>16}  {number(row.migrated):>16}  "
-            f"{small(row.abs_diff):>10}  {small(row.rel_diff):>10}{mark}"
+            f"{row.index:>4}  {step:>5}  {number(row.original):>16}  {number(row.migrated):>20}  "
+            f"{small(row.abs_diff):>10}  {small(row.rel_diff):>10}{ranks}{mark}"
         )
     return "\n".join(lines)
 
@@ -233,6 +336,149 @@ def verdict_line(comparison: Comparison, steps: int) -> str:
     assert row is not None
     where = f"step {row.step}" if row.step is not None else f"loss #{row.index}"
     return f"verdict: diverged at {where} (loss #{row.index}): {comparison.reason}"
+
+
+# -- N processes: ranks, replicas, failures -----------------------------------------------------
+
+
+def rank_mean(run: Run, nproc: int) -> tuple[list[float], list[list[float]], str]:
+    """(mean over ranks of each backward call's loss, each rank's losses, a problem or "").
+
+    With split_batches every rank's loss is the mean over its 1/N slice of the global batch, so
+    their mean is the mean over the whole batch: the 1-process loss, up to summation order. Ranks
+    that recorded different numbers of backward calls, or at different optimizer steps, did not
+    run the same loop: only the calls all ranks recorded are averaged, and the problem says so."""
+    per_rank = [run.losses(r) for r in range(nproc)]
+    counts = [len(losses) for losses in per_rank]
+    problem = step_mismatch(run, nproc)
+    if not problem and len(set(counts)) > 1:
+        problem = "the ranks recorded different numbers of backward calls: " + ", ".join(
+            f"rank {r} {n}" for r, n in enumerate(counts)
+        )
+    common = min(counts) if counts else 0
+    mean = [sum(losses[i] for losses in per_rank) / nproc for i in range(common)]
+    return mean, per_rank, problem
+
+
+def step_mismatch(run: Run, nproc: int) -> str:
+    """The first backward call (within those every rank recorded) that a rank made at another
+    optimizer step than rank 0: that rank skipped or added a step. "" if none."""
+    for r in range(1, nproc):
+        for index, (mine, reference) in enumerate(zip(run.steps(r), run.steps(0))):
+            if mine != reference:
+                return (
+                    f"rank {r} made backward call #{index} at optimizer step {mine}, rank 0 at step "
+                    f"{reference}: rank {r} skipped or added an optimizer step"
+                )
+    return ""
+
+
+def replica_report(run: Run, nproc: int) -> tuple[list[str], bool]:
+    """Lines saying whether every rank ended with rank 0's parameters (hashes of the tensors of every
+    optimizer that stepped, taken where the run stopped), and whether they all did."""
+    reference = run.ends.get(0, {}).get("weights") or []
+    if not reference:
+        return ["replicas: not compared (no optimizer stepped on rank 0)"], True
+    lines, in_sync = [], True
+    by_name0 = {w["name"]: w for w in reference}
+    for rank in range(1, nproc):
+        weights = run.ends.get(rank, {}).get("weights") or []
+        by_name = {w["name"]: w for w in weights}
+        differ = [n for n, w in by_name0.items() if n not in by_name or by_name[n]["sha"] != w["sha"]]
+        differ += [n for n in by_name if n not in by_name0]
+        if differ:
+            in_sync = False
+            shown = ", ".join(differ[:6]) + (f", ... ({len(differ) - 6} more)" if len(differ) > 6 else "")
+            lines.append(
+                f"replicas: rank {rank}'s final weights differ from rank 0's in {len(differ)} of "
+                f"{len(by_name0)} tensors: {shown}"
+            )
+    if in_sync:
+        steps = run.ends[0].get("steps")
+        lines.append(
+            f"replicas: in sync (all {len(reference)} parameter tensors bit-identical on ranks 0-{nproc - 1} "
+            f"after {steps} optimizer steps)"
+        )
+    return lines, in_sync
+
+
+_COLLECTIVE = re.compile(r"torch[/\\](distributed|autograd|nn[/\\]parallel)[/\\]")
+
+
+def _waiting(stack: str) -> bool:
+    """Whether the innermost frame of the dumped main thread is in a collective or a backward
+    (on N processes: waiting for the other ranks)."""
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack) if "File " in b]
+    if not blocks:
+        return False
+    current = [b for b in blocks if "Current thread" in b]
+    main = current[0] if current else blocks[-1]
+    first = re.search(r'File "([^"]+)", line \d+ in', main)
+    return bool(first and _COLLECTIVE.search(first.group(1)))
+
+
+def _main_stack(stack: str) -> str:
+    """The dumped stack of the thread stack_location reads (for the report)."""
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack) if "File " in b]
+    current = [b for b in blocks if "Current thread" in b]
+    return (current or blocks[-1:] or [stack])[0].strip()
+
+
+def failure_report(run: Run, nproc: int, script: Path, label: str, timeout: float) -> str | None:
+    """None when every rank finished; else a report that names each rank that crashed, hung, was
+    stopped or vanished, where it was (lines of `script`), and the traceback or stack of the rank
+    that caused it: a hang's culprit is a rank that was not waiting in a collective; a crash's, the
+    rank that raised first (the others then fail in the collective it left)."""
+    if run.returncode == 0 and all(r in run.ends for r in range(nproc)) and not run.timed_out:
+        return None
+    unfinished = [r for r in range(nproc) if r not in run.ends and r not in run.errors]
+    hung = [r for r in unfinished if r in run.stacks] if (run.deadline_ranks() or run.timed_out) else []
+    culprits = [r for r in hung if not _waiting(run.stacks[r])]
+    lines = [f"the {label} script failed on {nproc} processes:"]
+    for rank in range(nproc):
+        if rank in run.ends:
+            lines.append(f"  rank {rank}: finished")
+        elif rank in run.errors:
+            error = run.errors[rank]
+            where = error.get("where")
+            at = f" at {script.name}:{where['line']} in {where['function']}" if where else ""
+            what = "failed after the hang began" if hung else "crashed"
+            lines.append(f"  rank {rank}: {what}{at}: {error['type']}: {error['message'][:300]}")
+        elif rank in hung:
+            waiting = " (waiting in a collective or backward for the other ranks)" if _waiting(run.stacks[rank]) else ""
+            place = stack_location(run.stacks[rank], script)
+            lines.append(f"  rank {rank}: hung: still running after {timeout:g} s, at {place}{waiting}")
+        elif rank in run.stacks:
+            place = stack_location(run.stacks[rank], script)
+            lines.append(f"  rank {rank}: stopped by the launcher after another rank failed, at {place}")
+        elif rank in run.exit_codes:
+            lines.append(f"  rank {rank}: exited with code {run.exit_codes[rank]} without finishing (killed, or os._exit)")
+        else:
+            lines.append(f"  rank {rank}: never reported (it did not start the script, or was killed)")
+    detail = ""
+    if hung:
+        if culprits:
+            names = ", ".join(map(str, culprits))
+            lines.insert(1, f"  hang: rank {names} stopped making progress; the other ranks waited for it")
+            detail = f"rank {culprits[0]} stack:\n{_main_stack(run.stacks[culprits[0]])}"
+        else:
+            lines.insert(1, "  hang: the ranks waited in collectives for each other (different collectives, or a rank skipped one)")
+            detail = f"rank {hung[0]} stack:\n{_main_stack(run.stacks[hung[0]])}"
+    elif run.errors:
+        first = min(run.errors, key=lambda r: run.errors[r].get("time", 0.0))
+        later = sorted(r for r in run.errors if r != first)
+        after = f" (rank {', '.join(map(str, later))} failed after it, in the collective it left)" if later else ""
+        lines.insert(1, f"  crash: rank {first} first{after}")
+        detail = f"rank {first} traceback:\n{run.errors[first].get('traceback', '').rstrip()}"
+    else:
+        detail = (run.stderr.strip() or run.stdout.strip())[-2000:]
+    problem = step_mismatch(run, nproc)
+    if problem:
+        lines.append(f"  before that, {problem}")
+    if run.timed_out and not run.stacks:
+        lines.append(f"  (the launcher did not return within {timeout + LAUNCHER_GRACE:g} s)")
+    lines.append("  (lines are those of the migrated copy; `--keep DIR` keeps it)")
+    return "\n".join([*lines, "", detail[-3000:]])
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -286,15 +532,32 @@ def verify(
     python: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     keep: Path | None = None,
+    nproc: int = 1,
+    seed: int | None = DEFAULT_SEED,
 ) -> VerifyResult:
+    """Migrate `script`, run the original on one process and the migrated copy on `nproc`, compare.
+
+    nproc == 1: both as `python SCRIPT ARGS`; the losses of every backward call are compared.
+    nproc > 1: the migrated copy under `python -m torch.distributed.run --nproc-per-node N` on CPU
+    (gloo, ACCEL_CPU=1, no CUDA device visible to either run) with split_batches forced through
+    ACCEL_SPLIT_BATCHES=1, so that the N processes together load the original's batches in the
+    original's order; the mean over ranks of each backward call's loss is compared with the
+    original's loss, and every rank's final parameters with rank 0's.
+    """
     import shutil
     import tempfile
 
     script = script.resolve()
     if not script.is_file():
         return VerifyResult(EXIT_ERROR, f"{script}: no such file")
+    if nproc > 1 and target != "runtime":
+        return VerifyResult(
+            EXIT_ERROR,
+            f"--nproc-per-node {nproc} needs --target runtime: HF Accelerate runs several CPU processes "
+            "only through MPI, and under torchrun it treats each CPU process as a separate run",
+        )
     python = python or sys.executable
-    folder = Path(tempfile.mkdtemp(prefix="accel-verify-")) if keep is None else keep
+    folder = Path(tempfile.mkdtemp(prefix="accel-verify-")) if keep is None else keep.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     try:
         migrated, notes = migrate_copy(script, folder / "migrated", target)
@@ -302,34 +565,71 @@ def verify(
             return VerifyResult(EXIT_ERROR, notes)
         bootstrap = write_bootstrap(folder)
         environment = dict(os.environ)
-        for name in [n for n in environment if n.startswith("ACCEL_")]:
+        for name in [n for n in environment if n.startswith(("ACCEL_", "ACCELERATE_"))]:
             environment.pop(name)  # the user's accel settings must not change one run only
+        migrated_env = dict(environment)
+        if nproc > 1:
+            for env in (environment, migrated_env):
+                env["CUDA_VISIBLE_DEVICES"] = ""  # both on the CPU: the comparison is of the distribution
+            migrated_env.update(ACCEL_SPLIT_BATCHES="1", ACCEL_CPU="1")
         runs = {}
-        for label, path, extra in (("original", script, None), ("migrated", migrated, script.parent)):
+        plan = (
+            ("original", [python], script, None, environment),
+            ("migrated", [python] if nproc == 1 else torchrun_launcher(python, nproc), migrated, script.parent, migrated_env),
+        )
+        for label, launcher, path, extra, env in plan:
             runs[label] = run_instrumented(
-                [python], bootstrap, path, args, folder / f"run-{label}", steps=steps,
-                env=environment, extra_path=extra, timeout=timeout,
+                launcher, bootstrap, path, args, folder / f"run-{label}", steps=steps,
+                env=env, extra_path=extra, timeout=timeout, seed=seed,
             )
         text = migrated.read_text(encoding="utf-8")
-        for label, run in runs.items():
-            if run.returncode != 0 or 0 not in run.ends:
-                why = "timed out" if run.timed_out else f"exited with {run.returncode}"
-                tail = (run.stderr.strip() or run.stdout.strip())[-3000:]
-                return VerifyResult(
-                    EXIT_ERROR, f"the {label} script {why}:\n{tail}", None, runs["original"], runs.get("migrated"), text
-                )
         original, after = runs["original"], runs["migrated"]
+
+        def failed(message: str) -> VerifyResult:
+            return VerifyResult(EXIT_ERROR, message, None, original, after, text)
+
+        if original.returncode != 0 or 0 not in original.ends:
+            why = "timed out" if original.timed_out else f"exited with {original.returncode}"
+            tail = (original.stderr.strip() or original.stdout.strip())[-3000:]
+            return failed(f"the original script {why}:\n{tail}")
+        if nproc == 1:
+            if after.returncode != 0 or 0 not in after.ends:
+                why = "timed out" if after.timed_out else f"exited with {after.returncode}"
+                tail = (after.stderr.strip() or after.stdout.strip())[-3000:]
+                return failed(f"the migrated script {why}:\n{tail}")
+        else:
+            report = failure_report(after, nproc, migrated, "migrated", timeout)
+            if report is not None:
+                return failed(report)
         if not original.losses():
-            return VerifyResult(
-                EXIT_ERROR,
-                f"{script}: the original run called no .backward(): nothing to compare",
-                None, original, after, text,
+            return failed(f"{script}: the original run called no .backward(): nothing to compare")
+        header: list[str] = []
+        if nproc == 1:
+            comparison = compare(original.losses(), after.losses(), original.steps(), rtol=rtol, atol=atol)
+            tail_lines: list[str] = []
+            in_sync = True
+        else:
+            mean, per_rank, problem = rank_mean(after, nproc)
+            comparison = compare(original.losses(), mean, original.steps(), rtol=rtol, atol=atol, per_rank=per_rank)
+            header.append(
+                f"the original on 1 process against the migrated copy on {nproc} processes (torch.distributed.run, "
+                f"gloo, CPU, split_batches): the mean over ranks of each backward call's loss"
             )
-        comparison = compare(original.losses(), after.losses(), original.steps(), rtol=rtol, atol=atol)
-        message = format_table(comparison) + "\n" + verdict_line(comparison, steps)
+            for accelerator in (after.ends.get(0, {}).get("accelerators") or []):
+                if accelerator.get("split_batches") is False:
+                    header.append(
+                        f"note: the script's {accelerator['type']} has split_batches=False (given explicitly?): "
+                        f"each rank loaded whole batches, so the losses cannot match the original's"
+                    )
+            tail_lines, in_sync = replica_report(after, nproc)
+            if problem:
+                tail_lines.insert(0, f"ranks: {problem}")
+                in_sync = False
+        message = "\n".join([*header, format_table(comparison), verdict_line(comparison, steps), *tail_lines])
         if notes:
             message = f"migration diagnostics:{notes}\n\n{message}"
-        return VerifyResult(EXIT_OK if comparison.ok else EXIT_DIVERGED, message, comparison, original, after, text)
+        ok = comparison.ok and in_sync
+        return VerifyResult(EXIT_OK if ok else EXIT_DIVERGED, message, comparison, original, after, text)
     finally:
         if keep is None:
             shutil.rmtree(folder, ignore_errors=True)
@@ -337,16 +637,38 @@ def verify(
 
 HELP = (
     "Check that migrating SCRIPT preserves its training: migrate it into a temporary folder, run the "
-    "original and the migrated copy on one process for --steps optimizer steps, and compare the loss "
-    "of every backward call.\n\n"
+    "original on one process and the migrated copy on --nproc-per-node processes for --steps optimizer "
+    "steps, and compare the loss of every backward call.\n\n"
     "WARNING: this RUNS YOUR SCRIPT (twice), as `python SCRIPT ARGS` would, with the current Python "
     "interpreter (or --python). It never runs unless you invoke `accel-migrate verify`. Your files are "
     "never modified: the migrated copy lives in a temporary folder and each run gets its own empty "
     "working directory. Losses are recorded by patching torch.Tensor.backward in the child processes; "
-    "nothing in the script needs editing.\n\n"
+    "nothing in the script needs editing. Python's, torch's and numpy's RNGs are seeded with --seed "
+    "before each run (a script that seeds itself overrides it).\n\n"
     "Arguments after `--` are passed to the script, e.g. `accel-migrate verify train.py -- --epochs 1`.\n\n"
-    "Prints a table (step, original loss, migrated loss, absolute and relative difference) and a "
-    "verdict: identical, within tolerance (|a - b| <= atol + rtol * |a|), or diverged at step k.\n\n"
-    "Exit codes: 0 identical or within tolerance; 1 diverged; 2 the script cannot be migrated, has "
-    "nothing to migrate, crashes, times out or calls no backward."
+    "With --nproc-per-node N (N > 1, --target runtime) the migrated copy runs under "
+    "`python -m torch.distributed.run --nproc-per-node N` on N gloo CPU processes, with split_batches "
+    "forced (ACCEL_SPLIT_BATCHES=1), so the N processes together load the original's batches in the "
+    "original's order; no CUDA device is visible to either run. The mean over ranks of each backward "
+    "call's loss is compared with the original's (with split_batches each rank's loss is the mean of "
+    "its 1/N slice of the batch), and every rank's final parameters (those of every optimizer that "
+    "stepped) with rank 0's, bit for bit. A rank that crashes is named with its error and line; a rank "
+    "still running after --timeout seconds is named with the line it was at (a rank waiting in a "
+    "collective for the others is marked so).\n\n"
+    "What a pass proves: on this data, these arguments and this seed, for the steps run, the migrated "
+    "script follows the original's loss trajectory within tolerance, and on N processes its replicas "
+    "stay in sync (DDP averages the gradients of the whole batch; no rank trains alone). What it does "
+    "not prove: other data, arguments, seeds or step counts; GPUs, NCCL or mixed precision on a GPU "
+    "(the N-process check runs on CPU); code paths this run does not reach (resuming, evaluation "
+    "after --steps, branches behind flags); nondeterministic ops; split_batches=False (each rank "
+    "loading whole batches, the default) other than its sharding being exercised by the same code; "
+    "a loss reduced by sum rather than mean (DDP averages gradients, so it is reported as a "
+    "divergence, truthfully); the short last batch of an epoch that N does not divide (padded by "
+    "even_batches: a divergence there is real but expected).\n\n"
+    "Prints a table (step, original loss, migrated loss, absolute and relative difference, and each "
+    "rank's loss on N processes) and a verdict: identical, within tolerance (|a - b| <= atol + rtol * "
+    "|a|), or diverged at step k; on N processes also whether the replicas are in sync.\n\n"
+    "Exit codes: 0 identical or within tolerance (and replicas in sync); 1 diverged, or ranks whose "
+    "final weights differ, or ranks that ran different steps; 2 the script cannot be migrated, has "
+    "nothing to migrate, crashes, times out (hangs) or calls no backward."
 )
