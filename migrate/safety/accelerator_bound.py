@@ -36,7 +36,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from migrate.safety import CheckContext, Violation
 from migrate.walk import children
@@ -67,12 +66,9 @@ def check(context: CheckContext) -> list[Violation]:
 
 
 def line_of(context: CheckContext):  # type: ignore[no-untyped-def]
-    """A node -> output line lookup, computed once per output and shared through the cache."""
-    cached = context.cache.get("after_positions")
-    if cached is None:
-        cached = MetadataWrapper(context.after, unsafe_skip_copy=True).resolve(PositionProvider)
-        context.cache["after_positions"] = cached
-    return lambda node: cached[node].start.line if node in cached else 0
+    """A node -> output line lookup; the lines are computed on the first lookup and shared by every
+    check through the context (a check that finds nothing pays nothing for positions)."""
+    return context.line_of
 
 
 # -- what a statement does with the name --------------------------------------------------------
