@@ -7,8 +7,8 @@ What it does:
     (`train_loss = train_epoch(...)`). Where such a value decides something, namely
     `scheduler.step(value)` (ReduceLROnPlateau), an `if`/`while` on it (best-model choice, early
     stopping, `break`), it inserts, right after the value is bound,
-    `value = accelerator.reduce(torch.tensor(value, device=accelerator.device), "mean").item()`
-    (`"sum"` for the running sum itself).
+    `value = accelerator.reduce(torch.tensor(value, dtype=torch.float64, device=accelerator.device),
+    "mean").item()` (`"sum"` for the running sum itself).
 
 Why:
     Each process sees 1/N of the data, so each one's loss sum differs. A plateau scheduler fed
@@ -18,7 +18,9 @@ Why:
 
 Example:
     train_loss = train_epoch(model, train_loader, optimizer)
-    +train_loss = accelerator.reduce(torch.tensor(train_loss, device=accelerator.device), "mean").item()
+    +train_loss = accelerator.reduce(
+    +    torch.tensor(train_loss, dtype=torch.float64, device=accelerator.device), "mean"
+    +).item()
     scheduler.step(train_loss)
     if train_loss < best: ...
 
@@ -29,8 +31,9 @@ Leaves alone:
     function that cannot reach the accelerator): reported with the line to add.
 
 Fix safety:
-    Changes no value on one process (a reduction over one process returns its input, as a Python
-    float). On N processes the reduced value is the mean of the processes' values, which equals the
+    Changes no value on one process (a reduction over one process returns its input; float64
+    holds a Python float exactly, so `.item()` gives back the same float). float64 is not
+    available on Apple's MPS devices. On N processes the reduced value is the mean of the processes' values, which equals the
     one-process value up to float summation order when every process runs the same number of
     batches (the prepared loader evens them out).
 """
@@ -95,9 +98,11 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 and torch_names
                 and roles.can_reach(scope)
             )
+            torch_name = torch_names[0] if torch_names else "torch"
+            # float64: a Python float goes through the reduction unrounded (one process: unchanged).
             line = (
-                f'{name} = accelerator.reduce({torch_names[0] if torch_names else "torch"}.tensor({name}, '
-                f'device=accelerator.device), "{value.reduction}").item()'
+                f"{name} = accelerator.reduce(\n    {torch_name}.tensor({name}, dtype={torch_name}.float64, "
+                f'device=accelerator.device), "{value.reduction}"\n).item()'
             )
             if not fixable:
                 plan.report(
@@ -105,7 +110,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                     stmt,
                     f"`{name}` differs per process (each sums its own share of the training data) and decides "
                     f"here, so processes would take different decisions (LR, early stop, best model) or hang: "
-                    f"add `{line}` where it is computed",
+                    f"add `{' '.join(line.split())}` where it is computed",
                 )
                 continue
             assert value.after is not None
