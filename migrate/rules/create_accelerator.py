@@ -1,4 +1,4 @@
-"""Create the Accelerator where the device is chosen, and bind the device to `accelerator.device`.
+"""Create the Accelerator where every path sees it, and bind the device to `accelerator.device`.
 
 What it does:
     Adds `from runtime import Accelerator` (or `from accelerate import Accelerator` with
@@ -10,10 +10,28 @@ What it does:
     Accelerator is created at the top of the function that builds the optimizer (or after the
     imports for a module-level loop). Helpers of this file that now use `accelerator` receive it
     as a new trailing parameter, and their call sites in this file pass it.
+    The creation is then moved where every path through the scope sees it before its first use:
+    - a device chosen in the branches of an `if` (`if args.cuda: device = ... else: device = ...`)
+      gets the Accelerator before that `if`, and each branch `device = accelerator.device`;
+    - a statement above the device choice that now uses `accelerator` (a `print` turned into
+      `accelerator.print`, a call of a helper that now takes or reads it, a notebook cell above the
+      one choosing the device: notebooks are migrated as one script in cell order) gets it above;
+    - the script's own process-group setup (`init_distributed_mode(args)`, a helper of this file
+      that calls `dist.init_process_group`, `utils.init_distributed_mode(args)`) runs first: the
+      Accelerator is created right after it and joins the group it made (the runtime, like HF
+      Accelerate, reuses an initialised default group). When `accelerator` is needed before that
+      call, the placement is reported (the output then fails the accelerator-bound check and is
+      not written) rather than initialising the group twice.
+    A device chosen as a string (`"cuda" if ... else "cpu"`) that the script also uses as a string
+    (`"cuda" in device`, `device == "cuda"`, `pin_memory=device == "cuda"`,
+    `torch.autocast(device_type=device)`, formatting, dictionary keys; there or in a helper it is
+    passed to) becomes `device = accelerator.device.type`, so it stays a string.
 
 Why:
     One Accelerator per process owns the device, the process group and the precision; the rest of
-    the migration calls it.
+    the migration calls it. Created in one branch only, after a use, or before the script's own
+    `init_process_group`, it turns a working script into a NameError, or a torchrun job into
+    "trying to initialize the default process group twice".
 
 Example:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -21,13 +39,24 @@ Example:
     accelerator = Accelerator()
     device = accelerator.device
 
+    if args.cuda:                          accelerator = Accelerator()
+        device = torch.device("cuda")  ->  if args.cuda:
+    else:                                      device = accelerator.device
+        device = torch.device("cpu")       else:
+                                               device = accelerator.device
+
 Leaves alone:
     Files that already create an Accelerator (only missing parameters are threaded), files with no
     training step, and device choices inside loops.
 
 Fix safety:
     Safe: the device name is kept, so `torch.zeros(..., device=device)` still lands on the right
-    device for each process.
+    device for each process. A string device kept as `accelerator.device.type` is `"cuda"` without
+    an index: `.to("cuda")` and `device="cuda"` mean the current CUDA device, which the runtime
+    sets to this process's GPU with `torch.cuda.set_device(local_rank)` when it starts
+    (runtime/state.py; HF Accelerate does the same), so each rank still lands on its own GPU.
+    A string device only moved (`.to(device)`, `device=device`) becomes `accelerator.device`:
+    a torch.device works wherever the string did for those uses.
 """
 
 from __future__ import annotations
