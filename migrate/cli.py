@@ -280,8 +280,9 @@ def _build_options(target, select, ignore, mixed_precision="no", annotate=False)
 def _known_codes() -> set[str]:
     from migrate.registry import BY_CODE
     from migrate.runner import SHADOW_CODE
+    from migrate.safety.registry import BY_CODE as CHECKS_BY_CODE
 
-    return {*BY_CODE, SHADOW_CODE}
+    return {*BY_CODE, SHADOW_CODE, *CHECKS_BY_CODE}  # `--ignore AM104` turns a safety check off
 
 
 def options_from_flags(flags: list[str]):  # type: ignore[no-untyped-def]
@@ -474,8 +475,11 @@ def _rule_table() -> list[tuple[str, str, str, str]]:
     from migrate.registry import documented_rules
     from migrate.runner import SHADOW_CODE, SHADOW_DOC
 
+    from migrate.safety.registry import CHECKS
+
     table = [(r.code, r.name, r.summary, r.doc) for r in documented_rules()]
     table.append((SHADOW_CODE, "shadowed-runtime", SHADOW_DOC.strip().splitlines()[0], SHADOW_DOC))
+    table += [(c.code, c.name, c.doc.strip().splitlines()[0], c.doc) for c in sorted(CHECKS, key=lambda c: c.code)]
     return table
 
 
