@@ -287,7 +287,10 @@ class Accelerator:
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward(**kwargs)``, with the loss divided by ``gradient_accumulation_steps``
         and, with fp16, multiplied by the GradScaler's scale. DDP all-reduces during it unless
-        this is a non-synchronising micro-step of ``accumulate``.
+        this is a non-synchronising micro-step of ``accumulate``. The first synchronising
+        backward of each prepared DDP model is checked once: gradients that differ between
+        processes (a loss computed only through ``model.encoder(x)`` or another call that
+        bypasses DDP's forward) raise ``GradientSyncError`` instead of training apart.
         """
         steps = self.gradient_state.num_steps
         if steps > 1:
@@ -482,7 +485,7 @@ class Accelerator:
         Returns ``[None] * len(objects)``, to be assigned back (``model, opt = accelerator.free_memory(model, opt)``)
         so that the caller's references go too, as in Accelerate.
         """
-        for name in ("_models", "_optimizers", "_schedulers", "_dataloaders"):
+        for name in ("_models", "_optimizers", "_schedulers", "_dataloaders", "_unverified_ddp"):
             if isinstance(getattr(self, name, None), list):
                 setattr(self, name, [])
         self._active_loaders = ActiveLoaders()

@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .errors import AccelError, UnsupportedOptionError
 from .ops import apply_to_tensors
+from .strategy import wrapped_owns
 
 PRECISIONS = ("no", "fp16", "bf16")
 """The ``mixed_precision`` values this runtime implements."""
@@ -136,14 +137,17 @@ class AutocastModule(nn.Module):
 
     Attribute access falls through to the wrapped module (``model.fc``, ``model.config``), and
     ``state_dict`` / ``load_state_dict`` use the wrapped module's keys, so a one-process script
-    saves the same checkpoints as without mixed precision.
+    saves the same checkpoints as without mixed precision. Writes of names the wrapped module
+    has (``model.temperature = 0.5``) go to it, so its ``forward`` sees them; other names stay
+    on the wrapper (the rule of ``runtime.strategy.PreparedDDP``).
     """
 
     def __init__(self, module: nn.Module, precision: _AutocastPrecision) -> None:
         super().__init__()
         self.module = module
-        self.autocast_device_type = precision.device_type
-        self.autocast_dtype = precision.dtype
+        # Straight into __dict__: a wrapped module with these names must not receive them.
+        object.__setattr__(self, "autocast_device_type", precision.device_type)
+        object.__setattr__(self, "autocast_dtype", precision.dtype)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # No closure over the module: copy.deepcopy(prepared) (e.g. an EMA copy) calls its copy.
@@ -156,6 +160,12 @@ class AutocastModule(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._modules["module"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name[:1] != "_" and name not in self.__dict__ and wrapped_owns(self, name):
+            setattr(self.__dict__["_modules"]["module"], name, value)
+            return
+        super().__setattr__(name, value)
 
     def __getitem__(self, index: Any) -> Any:  # nn.Sequential / ModuleList / ModuleDict
         return self.module[index]  # type: ignore[index]

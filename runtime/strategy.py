@@ -45,6 +45,24 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def wrapped_owns(wrapper: nn.Module, name: str) -> bool:
+    """True when ``name`` belongs to ``wrapper.module`` and not to the wrapper itself.
+
+    The wrapper's own names are its instance attributes, parameters, buffers, submodules
+    (``module``) and anything its class defines (methods, properties such as DDP's
+    ``broadcast_buffers``).
+    """
+    own = wrapper.__dict__
+    modules = own.get("_modules")
+    if modules is None or "module" not in modules or name in own:
+        return False
+    if name in modules or name in own.get("_parameters", ()) or name in own.get("_buffers", ()):
+        return False
+    if any(name in vars(klass) for klass in type(wrapper).__mro__):
+        return False
+    return hasattr(modules["module"], name)
+
+
 class PreparedDDP(DistributedDataParallel):
     """``DistributedDataParallel`` whose attribute reads fall through to the wrapped module.
 
@@ -87,10 +105,12 @@ class PreparedDDP(DistributedDataParallel):
     """
 
     def __getattr__(self, name: str) -> Any:
+        modules = self.__dict__.get("_modules")
+        if modules is not None and name in modules:  # DDP's own self.module, once per step
+            return modules[name]
         try:
             return super().__getattr__(name)
         except AttributeError:
-            modules = self.__dict__.get("_modules")
             inner = modules.get("module") if modules is not None else None
             if inner is None or name.startswith("__"):
                 raise
@@ -104,7 +124,8 @@ class PreparedDDP(DistributedDataParallel):
             ) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if not name.startswith("_") and self._forwards_write(name):
+        # DDP writes its own attributes during every step: those leave at the first two tests.
+        if name[:1] != "_" and name not in self.__dict__ and wrapped_owns(self, name):
             inner = self.__dict__["_modules"]["module"]
             if isinstance(value, (nn.Module, nn.Parameter)):
                 warnings.warn(
@@ -117,18 +138,6 @@ class PreparedDDP(DistributedDataParallel):
             setattr(inner, name, value)
             return
         super().__setattr__(name, value)
-
-    def _forwards_write(self, name: str) -> bool:
-        """True when ``name`` belongs to the wrapped module and not to this wrapper."""
-        own = self.__dict__
-        modules = own.get("_modules")
-        if modules is None or "module" not in modules or name in own:
-            return False
-        if name in modules or name in own.get("_parameters", ()) or name in own.get("_buffers", ()):
-            return False
-        if any(name in vars(klass) for klass in type(self).__mro__):
-            return False
-        return hasattr(modules["module"], name)
 
 
 class SingleDevice:

@@ -115,6 +115,36 @@ def test_any_sampler_with_num_replicas_and_rank_counts_as_sharding() -> None:
     assert kept_sharding_sampler(DataLoader(dataset, batch_size=2, shuffle=True)) is None
 
 
+class _Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Linear(2, 2)
+        self.temperature = 1.0
+        self.autocast_dtype = "the user's own"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) / self.temperature
+
+
+def test_one_process_returns_the_users_module() -> None:
+    module = _Scaled()
+    assert Accelerator(cpu=True).prepare(module) is module
+
+
+def test_one_process_bf16_wrapper_reads_and_writes_reach_the_module() -> None:
+    module = _Scaled()
+    prepared = Accelerator(cpu=True, mixed_precision="bf16").prepare(module)
+    assert prepared is not module and prepared.encoder is module.encoder
+    assert module.autocast_dtype == "the user's own"  # the wrapper's own names stay its own
+    x = torch.ones(1, 2)
+    before = prepared(x)
+    prepared.temperature = 2.0
+    assert module.temperature == 2.0 and "temperature" not in prepared.__dict__
+    torch.testing.assert_close(prepared(x), before / 2.0)
+    prepared.new_flag = 1
+    assert prepared.new_flag == 1 and not hasattr(module, "new_flag")
+
+
 # -- 2 processes: a loader built with DistributedSampler -----------------------------------------
 
 
