@@ -128,9 +128,12 @@ def map_line(before: str, after: str, line: int) -> int:
     old, new = before.splitlines(), after.splitlines()
     index = max(line - 1, 0)
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
-        if j1 <= index < j2 or (tag == "delete" and j1 == index):
+        if j1 <= index < j2:
             if tag == "equal":
                 return i1 + (index - j1) + 1
+            if tag == "replace" and i2 - i1 <= 400:  # a rewritten block (re-indented, say): the likest line
+                wanted = new[index].strip()
+                return max(range(i1, i2), key=lambda i: (difflib.SequenceMatcher(None, old[i].strip(), wanted).ratio(), -i)) + 1
             return min(i1 + (index - j1), max(i2 - 1, i1), max(len(old) - 1, 0)) + 1
     return max(min(line, len(old)), 1)
 
@@ -157,10 +160,13 @@ def _note(failure: _Failure, text: str, kept_rest: bool) -> Diagnostic:
     assert attempt.new_text is not None
     line = map_line(text, attempt.new_text, violations[0].line)
     message = f"{check.name}: {violations[0].message}"
-    others = sorted({map_line(text, attempt.new_text, v.line) for v in violations[1:]} - {line})
-    if others:
-        message += f" (also at line{'s' if len(others) > 1 else ''} {', '.join(map(str, others[:8]))}"
-        message += ", ...)" if len(others) > 8 else ")"
+    same = {map_line(text, attempt.new_text, v.line) for v in violations[1:] if v.message == violations[0].message}
+    other = {map_line(text, attempt.new_text, v.line) for v in violations[1:] if v.message != violations[0].message}
+    for lines, label in ((same - {line}, "also at"), (other - {line}, "other such problems at")):
+        if lines:
+            shown = sorted(lines)
+            message += f" ({label} line{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown[:8]))}"
+            message += ", ...)" if len(shown) > 8 else ")"
     blamed = rule or failure.blamed
     if blamed in BY_CODE:
         lines = sorted({c.line for c in attempt.changes if c.code == blamed})
