@@ -233,8 +233,8 @@ def _placement(
     if len(chain) > 1 and _is_main_guard(chain[0][0][chain[0][1]]):
         level = 1
     level = min(level, len(chain) - 1)
-    if len(chain) == 1 or plan.create_at is default:
-        level = len(chain) - 1
+    if len(chain) == 1:
+        level = 0
     # A use before that point (a helper called first, a print above the device choice, a notebook
     # cell above the one choosing the device) moves it up: the outermost such use wins.
     users = _global_users(roles, plan) if scope is roles.facts.module_scope else set()
@@ -247,17 +247,17 @@ def _placement(
     block, index = chain[level]
     # The script's own process-group setup (`init_distributed_mode(args)`) runs first: created
     # before it, the Accelerator would join a group the helper then initialises a second time.
-    inits = [i for i in range(index, len(block)) if _initialises_group(roles, block[i])]
+    inits = [i for i in range(index, len(block)) if _initialises_group(roles, block[i], plan.create_at)]
     if inits:
         last = inits[-1]
         device = roles.device_binding.where.stmt if roles.device_binding is not None else None
         if any(_uses(block[i], plan, users, default) or (device is not None and _contains(block[i], device))
                for i in range(index, last + 1)):
             plan.report(CODE, block[last], (
-                "the process group is initialised here by the script's own helper, but `accelerator` is "
-                "needed before this line; the Accelerator was not moved after it (created before, it would "
-                "initialise the group twice): remove the helper's `init_process_group` and let the "
-                "Accelerator join the group"
+                "the process group is initialised here (`init_process_group`, or the script's own setup "
+                "helper), but `accelerator` is needed before this line, so the Accelerator cannot be "
+                "created after it (created before, it would initialise the group twice): remove this "
+                "`init_process_group` and let the Accelerator join the group"
             ))
         return block, last + 1
     return block, index
@@ -287,7 +287,7 @@ def _uses(stmt: cst.BaseStatement, plan: EditPlan, users: set[str], default: cst
 
 
 def _edit_uses(node: cst.CSTNode, plan: EditPlan) -> bool:
-    if node in plan.new_args:
+    if node in plan.new_args or node in plan.main_process_only:  # the latter: `if accelerator.is_main_process:`
         return True
     produced: list[cst.CSTNode] = []
     try:
@@ -319,9 +319,10 @@ def _global_users(roles: Roles, plan: EditPlan) -> set[str]:
     return users
 
 
-def _initialises_group(roles: Roles, stmt: cst.BaseStatement) -> bool:
+def _initialises_group(roles: Roles, stmt: cst.BaseStatement, replaced: cst.BaseStatement | None) -> bool:
     """`init_distributed_mode(args)`, `utils.init_distributed_mode(args)`, `setup()` of this file
-    that calls `init_process_group`: a call that sets up the default process group."""
+    that calls `init_process_group`, or `init_process_group` itself (not `replaced`: the one AM007
+    turns into the Accelerator): a call that sets up the default process group."""
     found = False
     local = _group_initialisers(roles)
 
@@ -332,11 +333,16 @@ def _initialises_group(roles: Roles, stmt: cst.BaseStatement) -> bool:
             name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
             if isinstance(func, cst.Name) and name in local:
                 found = True
+            elif roles.facts.aliases.qualify(func) == _INIT:
+                found = True  # `if ddp: init_process_group(...)` below the device choice
             elif name not in roles.facts.functions and _INIT_HELPERS.match(name):
                 found = True
 
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
             return False
+
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            return node is not replaced  # the init AM007 turns into the Accelerator itself
 
     walk(stmt, Finder())
     return found

@@ -14,7 +14,7 @@ import libcst as cst
 import pytest
 
 from migrate import notebooks
-from migrate.engine import migrate_source
+from migrate.engine import Options, migrate_source, run_rules
 from migrate.safety import CheckContext
 from migrate.safety import accelerator_bound
 
@@ -415,3 +415,48 @@ def test_notebook_whose_first_cell_prints() -> None:
     first = notebooks.split(notebook, result.new_text)[notebook.code_cells[0]]
     assert "accelerator = Accelerator()" in first
     assert first.index("accelerator = Accelerator()") < first.index("accelerator.print(torch.__version__)")
+
+
+def test_group_initialised_in_one_branch_becomes_the_accelerator_above_the_branch() -> None:
+    """nanoGPT's shape: `if ddp: init_process_group(...)`, the device chosen in the other branch.
+    The Accelerator (which joins the group itself) goes above the `if`, the init goes."""
+    source = (
+        "import os\nimport torch\nfrom torch.distributed import init_process_group\n"
+        "from torch.utils.data import DataLoader\n\n"
+        "ddp = int(os.environ.get('RANK', -1)) != -1\n"
+        "if ddp:\n    init_process_group(backend='gloo')\n    rank = int(os.environ['RANK'])\n"
+        "else:\n    rank = 0\n    device = 'cpu'\n    if torch.cuda.is_available():\n        device = 'cuda'\n"
+        "model = torch.nn.Linear(2, 1).to(device)\n"
+        "loader = DataLoader(torch.randn(8, 2), batch_size=2)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in loader:\n    model(x.to(device)).sum().backward()\n    optimizer.step()\n"
+    )
+    new = migrate_source(source, "train.py").new_text
+    assert new is not None
+    assert "init_process_group(" not in new
+    assert new.index("accelerator = Accelerator()") < new.index("if ddp:")
+    assert violations(new, source) == []
+
+
+def test_device_chosen_before_the_setup_helper_is_reported_not_initialised_twice() -> None:
+    """The device is chosen above `init_distributed_mode()`: the Accelerator can go neither above
+    the helper (a second init) nor below it (the device needs it): reported, file left as it is."""
+    source = (
+        "import torch\nimport torch.distributed as dist\nfrom torch.utils.data import DataLoader\n\n\n"
+        "def init_distributed_mode():\n    dist.init_process_group('gloo')\n\n\n"
+        "def main():\n"
+        "    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+        "    init_distributed_mode()\n"
+        "    model = torch.nn.Linear(2, 1).to(device)\n"
+        "    loader = DataLoader(torch.randn(8, 2), batch_size=2)\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x in loader:\n        model(x.to(device)).sum().backward()\n        optimizer.step()\n"
+    )
+    attempt = run_rules(cst.parse_module(source), source, "train.py", Options(), set())
+    assert any(d.code == "AM001" and "initialise the group twice" in d.message for d in attempt.diagnostics)
+    result = migrate_source(source, "train.py")
+    new = result.new_text
+    if new is None:
+        assert "AM101" in [d.code for d in result.diagnostics]  # left as it is, and said why
+    else:
+        assert new.index("init_distributed_mode()\n") < new.index("Accelerator()")
