@@ -48,6 +48,9 @@ class EditPlan:
     sync_ifs: set[cst.If] = field(default_factory=set)  # ifs now testing `accelerator.sync_gradients`
     keep_left_operand: set[cst.BinaryOperation] = field(default_factory=set)  # `loss / N` -> `loss`
     rebound: dict[cst.BaseStatement, str] = field(default_factory=dict)  # new statement -> name; removed if unused
+    # Statements run by the main process only: wrapped in `if accelerator.is_main_process:` (with
+    # their own edits applied; neighbours of one block share one `if`).
+    main_process_only: set[cst.BaseStatement] = field(default_factory=set)
     removes_boilerplate: bool = False  # imports may have been left unused (cleanup runs)
     annotations: dict[cst.BaseStatement, list[str]] = field(default_factory=dict)  # --annotate comments
     self_accelerator: set[cst.FunctionDef] = field(default_factory=set)  # methods using `self.accelerator`
@@ -73,7 +76,7 @@ class EditPlan:
             self.calls, self.replace_stmt, self.insert_before, self.insert_after, self.drop_if_trivial,
             self.new_params, self.new_args, self.wrap_loop_body, self.attributes, self.subscripts,
             self.comparisons, self.if_tests, self.keep_left_operand, self.rebound, self.annotations,
-            self.self_accelerator, self.stores_accelerator,
+            self.self_accelerator, self.stores_accelerator, self.main_process_only,
         ]
         found: set[cst.CSTNode] = set()
         for collection in keyed:
@@ -96,4 +99,5 @@ class EditPlan:
             or self.if_tests
             or self.keep_left_operand
             or self.annotations
+            or self.main_process_only
         )

@@ -15,6 +15,7 @@ from migrate.rules import (
     convert_mixed_precision,
     create_accelerator,
     gather_eval_metrics,
+    guard_experiment_loggers,
     prepare_training_objects,
     reduce_per_rank_decisions,
     remove_device_moves,
@@ -36,6 +37,9 @@ RULES: list[Rule] = [
     # after AM007 and AM010 (which decide which loaders get prepared: only sums over those differ
     # per rank) and before AM001, which creates the accelerator for every function that uses it
     Rule.from_module(reduce_per_rank_decisions),
+    # before AM001: the helpers whose logging it guards must receive the accelerator, and a guard
+    # above the device choice moves the Accelerator's creation up
+    Rule.from_module(guard_experiment_loggers),
     Rule.from_module(create_accelerator),
 ]
 

@@ -102,6 +102,7 @@ class Rewriter(cst.CSTTransformer):
         plan = self.plan
         out: list[cst.BaseStatement] = []
         carried: list[cst.EmptyLine] = []
+        opened: cst.BaseStatement | None = None  # the last `if accelerator.is_main_process:` added
         for original, new in zip(originals, updated):
             out.extend(plan.insert_before.get(original, []))
             if original in plan.replace_stmt:
@@ -116,6 +117,12 @@ class Rewriter(cst.CSTTransformer):
                     self.rebound[stmt] = name
             if replacement and original in plan.annotations:
                 replacement[0] = _with_todo(replacement[0], plan.annotations[original])
+            if original in plan.main_process_only and replacement == [new]:
+                guard = out[-1] if out and out[-1] is opened else None
+                replacement = _main_process_only(new, guard)
+                if guard is not None:
+                    out.pop()
+                opened = replacement[0]
             if replacement:
                 if carried:
                     replacement[0] = _prepend_lines(replacement[0], carried)
@@ -128,6 +135,16 @@ class Rewriter(cst.CSTTransformer):
             # A removed last statement: its comments stay at the end of the block.
             return out, carried
         return out, carried
+
+
+def _main_process_only(stmt: cst.BaseStatement, guard: cst.BaseStatement | None) -> list[cst.BaseStatement]:
+    """`stmt` inside `if accelerator.is_main_process:`, appended to `guard` (the one just before)."""
+    if isinstance(guard, cst.If) and isinstance(guard.body, cst.IndentedBlock):
+        body = guard.body
+        return [guard.with_changes(body=body.with_changes(body=[*body.body, stmt]))]
+    test = cst.Attribute(cst.Name(ACCELERATOR), cst.Name("is_main_process"))
+    inner = stmt.with_changes(leading_lines=[])
+    return [cst.If(test=test, body=cst.IndentedBlock([inner]), leading_lines=stmt.leading_lines)]
 
 
 def _comments_of(stmt: cst.BaseStatement) -> list[cst.EmptyLine]:

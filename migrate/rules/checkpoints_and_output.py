@@ -6,12 +6,15 @@ What it does:
     `print(...)` becomes `accelerator.print(...)`; `tqdm(...)` gets
     `disable=not accelerator.is_local_main_process`. Only in code that can reach the accelerator:
     the function that creates it, nested functions, and functions that already receive it.
+    A checkpoint saved and then loaded again in the same function (train, save, reload for
+    testing) gets `accelerator.wait_for_everyone()` before the first `torch.load` after the save.
 
 Why:
     Every process runs the script: without this, each of N processes writes the same checkpoint
     file at once, prints every line N times and draws N progress bars. After `prepare` the model
     may be wrapped (DistributedDataParallel): its state dict would carry a `module.` prefix that
-    the single-device script cannot load.
+    the single-device script cannot load. Only the main process writes the checkpoint: without the
+    barrier, the others would read a file it has not finished (or not started) writing.
 
 Example:
     torch.save(model.state_dict(), "net.pt")
@@ -21,7 +24,9 @@ Example:
 Leaves alone:
     `torch.save(model, path)` of a whole prepared module (reported: it would pickle the wrapper;
     save `accelerator.unwrap_model(model)` or its state dict), prints when the script patches
-    `builtins.print` for rank 0 itself (reported), tqdm calls that already pass `disable=`.
+    `builtins.print` for rank 0 itself (reported), tqdm calls that already pass `disable=`, a model
+    built anew after `prepare` (`model = Net()` to reload for inference: it is not wrapped), and
+    loads after a save inside a rank check or in another branch (a barrier there would hang).
 
 Fix safety:
     Safe: on one process the main process is the only process.
@@ -29,16 +34,20 @@ Fix safety:
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
-from migrate.analysis import Scope
+from migrate.analysis import Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.rules.base import accelerator_call, reference
+from migrate.rules.base import accelerator_call, names_read, reference
 
 CODE = "AM009"
 NAME = "checkpoints-and-output"
 
+# An `if` only some processes pass (a rank check, ours or the script's own).
+_RANK_TEST = re.compile(r"main_process|rank|primary|master", re.IGNORECASE)
 _TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.trange", "tqdm.auto.trange"})
 
 
@@ -49,19 +58,50 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if not roles.can_reach(scope):
             continue
         reached = scope in plan.uses_accelerator or not roles.needs_parameter(scope)
+        saves: list[StmtRef] = []
         for call in scope.library_calls:
             if call.qualified == "torch.save":
-                _checkpoint(roles, plan, scope, call.call)
+                if _checkpoint(roles, plan, scope, call.call):
+                    saves.append(call.where)
             elif call.qualified in _TQDM and reached:
                 _quiet_progress_bar(plan, scope, call.call)
         if reached:
             _prints(roles, plan, scope)
         _unwrapped_state_dicts(roles, plan, scope)
+        _wait_before_reload(plan, scope, saves)
 
 
-def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> None:
-    if not call.args:
+def _wait_before_reload(plan: EditPlan, scope: Scope, saves: list[StmtRef]) -> None:
+    """`accelerator.wait_for_everyone()` before the first `torch.load` that follows a checkpoint
+    saved by the main process, in the innermost block holding both (not inside a rank check)."""
+    if not saves:
         return
+    save = min(saves, key=lambda ref: ref.order)
+    loads = [c.where for c in scope.library_calls if c.qualified == "torch.load" and c.where.order > save.order]
+    if not loads:
+        return
+    load = min(loads, key=lambda ref: ref.order)
+    save_chain, load_chain = [*save.path, save], [*load.path, load]
+    depth = 0
+    while depth < min(len(save_chain), len(load_chain)) and save_chain[depth].stmt is load_chain[depth].stmt:
+        depth += 1
+    if depth == len(save_chain) or depth == len(load_chain):
+        return  # saved and loaded by one statement
+    before = load_chain[depth]
+    if save_chain[depth].block is not before.block:
+        return  # different branches of one statement: a load on a path without the save
+    empty = cst.Module([])
+    for outer in save_chain[:depth]:
+        if isinstance(outer.stmt, (cst.If, cst.While)) and _RANK_TEST.search(empty.code_for_node(outer.stmt.test)):
+            return  # only some processes get here: a barrier would hang
+    plan.insert_before.setdefault(before.stmt, []).append(cst.parse_statement("accelerator.wait_for_everyone()\n"))
+    plan.change(CODE, before.stmt, "every process waits for the main process to finish the checkpoint before loading it")
+
+
+def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> bool:
+    """Convert one `torch.save`; True when it now saves from the main process only."""
+    if not call.args:
+        return False
     saved = call.args[0].value
     if isinstance(saved, cst.Name) and roles.all_in(scope, saved.value, roles.models):
         plan.report(
@@ -70,7 +110,7 @@ def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> N
             f"`torch.save({saved.value}, ...)` saves the whole module; after `prepare` that would pickle "
             f"the distributed wrapper: save `accelerator.unwrap_model({saved.value}).state_dict()` instead",
         )
-        return
+        return False
     state_dicts = [c for c in _state_dict_calls(saved) if _model_root(roles, scope, c) is not None]
     if not state_dicts and isinstance(saved, cst.Name):
         # `weights = model.state_dict(); torch.save(weights, path)`: save once, from the main process.
@@ -83,13 +123,15 @@ def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> N
             )
             plan.use_accelerator(scope)
             plan.change(CODE, call, "checkpoint saved once, from the unwrapped model, by `accelerator.save`")
-        return
+            return True
+        return False
     if not state_dicts:
-        return
+        return False
     _unwrap_state_dicts(roles, plan, scope, saved)
     plan.calls[call] = lambda updated: updated.with_changes(func=cst.Attribute(cst.Name("accelerator"), cst.Name("save")))
     plan.use_accelerator(scope)
     plan.change(CODE, call, "checkpoint saved once, from the unwrapped model, by `accelerator.save`")
+    return True
 
 
 def _unwrapped_state_dicts(roles: Roles, plan: EditPlan, scope: Scope) -> None:
@@ -108,13 +150,27 @@ def _unwrapped_state_dicts(roles: Roles, plan: EditPlan, scope: Scope) -> None:
             continue
         if not roles.all_in(scope, model, roles.models):
             continue
-        if scope is roles.home and site.where.order <= prepared_at:
+        if scope is roles.home and (site.where.order <= prepared_at or _rebuilt_after(scope, model, prepared_at, site)):
             continue
         plan.calls[site.call] = lambda updated, model=model: updated.with_changes(
             func=updated.func.with_changes(value=accelerator_call("unwrap_model", [cst.Arg(cst.Name(model))]))
         )
         plan.use_accelerator(scope)
         plan.change(CODE, site.call, f"`{model}.{func.attr.value}` on the unwrapped model")
+
+
+def _rebuilt_after(scope: Scope, model: str, prepared_at: int, site: Site) -> bool:
+    """The model was built anew after `prepare` (`model = Net()` for inference): not prepared, so
+    nothing to unwrap."""
+    before = [b for b in scope.bindings.get(model, []) if b.where.order < site.where.order]
+    if not before:
+        return False
+    latest = max(before, key=lambda b: b.where.order)
+    return (
+        latest.where.order > prepared_at
+        and isinstance(latest.value, cst.Call)
+        and model not in names_read(latest.value)
+    )
 
 
 def _existing_prepare(roles: Roles) -> int:

@@ -26,7 +26,8 @@ Example:
 
 Leaves alone:
     Values from evaluation (gathered with `gather_for_metrics`, or over an unprepared loader: the
-    same on every process already), values only printed or logged, and decisions on a per-rank
+    same on every process already), counters incremented by a number (`iteration += 1`: every
+    process runs the same number of batches), values only printed or logged, and decisions on a per-rank
     value it cannot reduce where it is bound (bound inside a nested block, a tuple element, a
     function that cannot reach the accelerator): reported with the line to add.
 
@@ -312,15 +313,21 @@ def _body(node: cst.CSTNode) -> list[cst.BaseStatement] | None:
 
 
 def _summed_in(loop: cst.For) -> list[str]:
+    """Names the loop adds to. A counter only ever incremented by a number (`iteration += 1`) is
+    the same on every process: a prepared loader gives each one the same number of batches."""
     names: list[str] = []
+    counted: set[str] = set()  # incremented by something other than a number literal
 
     class Visitor(cst.CSTVisitor):
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
             if isinstance(node.operator, cst.AddAssign):
-                names.extend(n for n in target_names(node.target) if n not in names)
+                found = target_names(node.target)
+                names.extend(n for n in found if n not in names)
+                if not isinstance(node.value, (cst.Integer, cst.Float)):
+                    counted.update(found)
 
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
             return False
 
     walk(loop.body, Visitor())
-    return names
+    return [n for n in names if n in counted]
