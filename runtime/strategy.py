@@ -69,8 +69,9 @@ class PreparedDDP(DistributedDataParallel):
     Reads: a name the wrapper does not have itself (its own attributes, DDP's, ``module``) is
     looked up on ``self.module``, so ``model.encoder is model.module.encoder`` (identity kept:
     optimizers built from ``model.encoder.parameters()`` see the real parameters). The lookup
-    runs only after normal attribute lookup failed (``__getattr__``): DDP's own attributes and
-    every training step cost exactly what they cost with plain DDP.
+    runs only after normal attribute lookup failed (``__getattr__``); a DDP step passes through
+    these methods twice (``self.module``, ``require_forward_param_sync``), each a dict lookup,
+    no faster or slower than plain DDP within this machine's noise (about 1 µs).
 
     Writes: ``model.name = value`` goes to the wrapped module when that module already has
     ``name`` and the wrapper does not (``model.temperature = 0.5`` changes what ``forward``

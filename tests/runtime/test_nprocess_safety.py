@@ -250,6 +250,12 @@ def test_writes_to_the_modules_names_reach_its_forward(attrs) -> None:
         assert r["write_reaches_inner"] and r["forward_sees_write"] and r["new_name_on_wrapper"]
 
 
+def test_replacing_a_submodule_after_prepare_warns(attrs) -> None:
+    for r in attrs:
+        assert r["replace_reaches_inner"]
+        assert len(r["replace_warning"]) == 1 and "not synchronised" in r["replace_warning"][0]
+
+
 def test_pickle_deepcopy_and_compile(attrs) -> None:
     for r in attrs:
         assert r["pickle_roundtrip"] and r["deepcopy"]

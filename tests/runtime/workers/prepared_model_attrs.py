@@ -128,5 +128,15 @@ half = bf16.prepare(Net())
 result["bf16_output_shape"] = list(half.output_shape)
 result["bf16_embed"] = list(half.embed(x).shape)
 
+# -- replacing a submodule after prepare: forwarded, with a warning --------------------------------
+import warnings  # noqa: E402
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    new_head = nn.Linear(3, 1)
+    model.head = new_head
+result["replace_warning"] = [str(w.message) for w in caught if w.category is RuntimeWarning]
+result["replace_reaches_inner"] = inner.head is new_head
+
 (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
 accelerator.end_training()
