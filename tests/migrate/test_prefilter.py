@@ -3,7 +3,7 @@ run without it changes nothing and reports nothing. Checked on every fixture, on
 of what the rules act on, and on a sample of the installed torch package's own sources.
 
 "Without it" keeps the product's scope: a file that never mentions `torch` is out of scope by
-design (fixtures/create_accelerator/leave_no_torch.in.py), so only that test stays on."""
+design (fixtures/whole_file/prefiltered_no_torch.in.py), so only that test stays on."""
 
 from __future__ import annotations
 
