@@ -10,7 +10,12 @@ Per round, interleaved, each in a fresh process: read+decode only; libcst parse 
 floor); the engine in-process (read + migrate, no writes); the CLI (`--check`) with -j1 and -j2; and
 torchfix -j1/-j2 when a torchfix executable is found (PATH, $TORCHFIX, or --torchfix). Asserts nothing.
 
-Usage: python benchmarks/codemod.py   (or through python -m benchmarks)
+And issue 12's whole-process measure on a folder of real training code (`--corpus DIR`, for
+instance a scratch copy of a corpus of public scripts; the fixtures folder when none is given):
+`accel-migrate --check -j 1 DIR` over a fresh process that round-trips the same files through
+libcst, target <= 1.5x.
+
+Usage: python benchmarks/codemod.py   (or through python -m benchmarks [--corpus DIR])
 """
 
 from __future__ import annotations
@@ -129,6 +134,72 @@ def measure(name: str, directory: Path, files: list[Path], rounds: int, torchfix
     return rows, {k: [round(x, 4) for x in v] for k, v in t.items()}
 
 
+def _cpu_wall(args: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds user+system, stdout) of one fresh process: CPU time is what a
+    shared machine disturbs least, wall time is what the user waits."""
+    import resource
+    import time
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    result = subprocess.run(args, capture_output=True, env=env)
+    seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if result.returncode not in (0, 1):
+        raise RuntimeError(f"{args!r} exited {result.returncode}:\n{result.stderr.decode()[-3000:]}")
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), result.stdout.decode()
+
+
+_ROUND_TRIP = (
+    "import sys, libcst\n"
+    "for p in open(sys.argv[1]).read().splitlines():\n"
+    "    t = open(p, 'rb').read().decode('utf-8', 'replace')\n"
+    "    try:\n        libcst.parse_module(t).code\n"
+    "    except Exception:\n        pass\n"
+)
+
+
+def whole_process(folder: Path, rounds: int) -> tuple[list[Row], dict]:
+    """Issue 12's measure, on a folder of real training code: `accel-migrate --check -j 1 FOLDER`
+    (start-up, discovery, every check and fallback included) over one fresh process that reads
+    the same files and round-trips each through libcst (parse + print), interleaved per round."""
+    from migrate.discovery import discover
+
+    files = discover([folder]).files
+    with tempfile.TemporaryDirectory(prefix="accel-bench-list-") as tmp:
+        listfile = Path(tmp) / "files.list"
+        listfile.write_text("\n".join(str(p) for p in files))
+        return _whole_process(folder, files, listfile, rounds)
+
+
+def _whole_process(folder: Path, files: list[Path], listfile: Path, rounds: int) -> tuple[list[Row], dict]:
+    env = pinned_env(threads=None)
+    # the report as JSON (same work as the text report) so that the timed run also says what it found
+    cli = [PYTHON, "-m", "migrate", "--check", "-j", "1", "--output-format", "json", str(folder)]
+    floor = [PYTHON, "-c", _ROUND_TRIP, str(listfile)]
+    t: dict[str, list[float]] = {"cli": [], "floor": [], "cli_cpu": [], "floor_cpu": []}
+    stdout = ""
+    for r in range(rounds):
+        log(f"  whole-process {folder.name}: round {r + 1}/{rounds}")
+        for key, args in (("floor", floor), ("cli", cli)):
+            seconds, cpu, out = _cpu_wall(args, env)
+            t[key].append(seconds)
+            t[f"{key}_cpu"].append(cpu)
+            stdout = out if key == "cli" else stdout
+    report = json.loads(stdout)
+    checks = Counter(d["code"] for f in report["files"] for d in f.get("diagnostics") or []
+                     if d["code"] in ("AM101", "AM102", "AM103", "AM104"))
+    parsed = report["summary"]["files"] - report["summary"]["skipped"]
+    changed = sum(1 for f in report["files"] if f["status"] == "changed")
+    tag = f"{folder.name} ({len(files)} files, {parsed} parsed, {changed} changed)"
+    cpu = median(t["cli_cpu"]) / median(t["floor_cpu"])
+    rows = [ratio_row("codemod corpus", f"accel-migrate --check -j 1, whole process, {tag}",
+                      "libcst parse+print process", t["cli"], t["floor"], "<= 1.5x", limit=1.5,
+                      detail=f"CPU time ratio {cpu:.3f}x; safety-check diagnostics: "
+                      + (", ".join(f"{k} x{v}" for k, v in sorted(checks.items())) or "none"))]
+    return rows, {k: [round(x, 4) for x in v] for k, v in t.items()}
+
+
 def false_positives(directory: Path) -> dict:
     """What --check would change in a tree that holds (almost) no training scripts."""
     text = subprocess.run([PYTHON, "-m", "migrate", "--check", "--output-format", "json", "-j", "2", str(directory)],
@@ -151,10 +222,15 @@ def false_positives(directory: Path) -> dict:
     }
 
 
-def run(rounds: int, copies: int, torch_sample: int, torchfix: str | None, fp_report: bool) -> tuple[list[Row], dict]:
+def run(rounds: int, copies: int, torch_sample: int, torchfix: str | None, fp_report: bool,
+        corpus: list[Path] | None = None) -> tuple[list[Row], dict]:
     torchfix = find_torchfix(torchfix)
     extra: dict = {"torchfix": torchfix or "not installed"}
     rows: list[Row] = []
+    for folder in corpus or [ROOT / "fixtures"]:
+        r, raw = whole_process(folder, rounds)
+        rows += r
+        extra[f"whole_process_{folder.name}_s"] = raw
     with tempfile.TemporaryDirectory(prefix="accel-bench-") as tmp:
         a = Path(tmp) / "fixtures"
         files = fixture_corpus(a, copies)

@@ -5,6 +5,7 @@ range of the per-round ratios).
     python -m benchmarks                       # everything, default repetitions (~6 min on 2 cores)
     python -m benchmarks --only cli,import     # a subset: codemod, cli, import, step
     python -m benchmarks --quick               # a tiny setting (smoke test; numbers meaningless)
+    python -m benchmarks --only codemod --corpus /tmp/corpus   # issue 12's ratio on real code
     python -m benchmarks --markdown perf.md --json perf.json
 
 Targets (issue 7) are shown next to each ratio; nothing here fails on a missed target.
@@ -18,6 +19,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 from benchmarks.common import Row, log
 
@@ -76,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fp-report", action="store_true",
                         help="skip the zero-false-positive pass over the whole torch package")
     parser.add_argument("--torchfix", help="torchfix executable (default: $TORCHFIX or PATH)")
+    parser.add_argument("--corpus", action="append", metavar="DIR",
+                        help="a folder of real training code for the whole-process codemod ratio (repeatable; "
+                        "default: fixtures/)")
     parser.add_argument("--no-two-process", action="store_true", help="skip the 2-process step benchmarks")
     parser.add_argument("--markdown", help="also write the table as Markdown to this file")
     parser.add_argument("--json", help="also write rows and raw samples as JSON to this file")
@@ -98,8 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import codemod
 
         log("codemod throughput ...")
+        corpus = [Path(folder) for folder in args.corpus] if args.corpus else None
+        for folder in corpus or []:
+            if not folder.is_dir():
+                parser.error(f"--corpus {folder}: not a folder")
         r, extra["codemod"] = codemod.run(codemod_rounds, copies, torch_sample, args.torchfix,
-                                          fp_report=not (q or args.no_fp_report))
+                                          fp_report=not (q or args.no_fp_report), corpus=corpus)
         rows += r
     if "cli" in only:
         from benchmarks import cli_startup

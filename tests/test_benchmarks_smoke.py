@@ -22,10 +22,11 @@ def test_benchmarks_entry_point_prints_table_and_writes_reports(tmp_path: Path) 
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines[0].split()[:4] == ["benchmark", "measure", "over", "value"]
-    for expected in ("libcst parse+round-trip", "accel-migrate --version", "fixed cost per step"):
+    for expected in ("libcst parse+round-trip", "libcst parse+print process", "accel-migrate --version",
+                     "fixed cost per step"):
         assert any(expected in line for line in lines), expected
     report = json.loads(out_json.read_text())
     groups = {row["group"] for row in report["rows"]}
-    assert {"codemod fixtures", "CLI start-up", "step, 1 process"} <= groups
+    assert {"codemod fixtures", "codemod corpus", "CLI start-up", "step, 1 process"} <= groups
     assert all(row["value"] == row["value"] for row in report["rows"])  # no NaN
     assert out_md.read_text().startswith("| benchmark | measure |")
