@@ -341,3 +341,18 @@ def test_two_processes_fixture_scripts(name: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"verdict: (identical|within tolerance)", result.stdout)
     assert "replicas: in sync" in result.stdout
+
+
+def test_two_processes_explicit_split_batches_false_is_explained(tmp_path: Path) -> None:
+    # a half-migrated script whose own Accelerator(split_batches=False) overrides verify's
+    # ACCEL_SPLIT_BATCHES=1: each rank loads whole batches, so the losses diverge, and verify says why
+    script = tmp_path / "train.py"
+    script.write_text(
+        TINY.format(extra="", perturb="")
+        .replace("import torch\n", "import torch\nfrom runtime import Accelerator\n", 1)
+        .replace("torch.manual_seed(0)\n", "torch.manual_seed(0)\naccelerator = Accelerator(split_batches=False)\n", 1)
+    )
+    result = _verify(str(script), "--steps", "2", "--nproc-per-node", "2", "--timeout", "60", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "has split_batches=False (given explicitly?)" in result.stdout
+    assert "verdict: diverged at step 0" in result.stdout
