@@ -79,12 +79,14 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     # cannot be guarded anywhere in the file stays on every process, everywhere.
     broken = {family for item in found for family, _, _ in item.problems if family}
     for item in found:
+        if (item.guarded or item.problems) and not roles.can_reach(item.scope):
+            broken.update(family for family, _ in item.guarded if family)  # logs on every process there
+    for item in found:
         scope = item.scope
-        guarded = [stmt for family, stmt in item.guarded if family not in broken]
-        if not guarded and not item.problems:
+        if not item.guarded and not item.problems:
             continue
         if not roles.can_reach(scope):
-            first = guarded[0] if guarded else item.problems[0][1]
+            first = item.guarded[0][1] if item.guarded else item.problems[0][1]
             plan.report(
                 CODE, first,
                 f"experiment logging in `{scope.name}`, which cannot reach the accelerator, runs on every "
@@ -94,6 +96,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             continue
         for _, node, message in item.problems:
             plan.report(CODE, node, message)
+        guarded = [stmt for family, stmt in item.guarded if family not in broken]
         for stmt in guarded:
             if stmt not in plan.main_process_only:
                 plan.main_process_only.add(stmt)
@@ -232,10 +235,21 @@ class _ReadsOf(cst.CSTVisitor):
 
 
 def _unguardable_call(qualified: str, stmt: cst.BaseStatement) -> str:
-    where = "a `with` statement" if isinstance(stmt, cst.With) else "an expression"
+    if isinstance(stmt, cst.With):
+        where = "a `with` statement"
+    elif isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(s, (cst.Assign, cst.AnnAssign)) for s in stmt.body):
+        where = "an assignment"
+    else:
+        where = "an expression"
+    family = _family(qualified)
+    left = (
+        f"so every `{family}` call of this file stays on every process (N runs: a call on a process where "
+        f"the run was not started raises or starts a run of its own)"
+        if family else "so it runs on every process (N copies)"
+    )
     return (
-        f"`{qualified}(...)` is part of {where} here, so it was not moved to the main process: on N "
-        f"processes each one logs (N runs or copies); run it under `if accelerator.is_main_process:`"
+        f"`{qualified}(...)` is part of {where} here, which cannot simply run on the main process only, "
+        f"{left}: run it and what uses its result under `if accelerator.is_main_process:`"
     )
 
 
