@@ -32,7 +32,9 @@ Leaves alone:
     or run that is also used other than as the receiver of a logging statement (passed to a
     helper, stored, used in an expression or a `with`: on the other processes it would not
     exist), one kept as an attribute (`self.writer = SummaryWriter()`), a logging call that is part
-    of an expression, and logging in a function that cannot reach the accelerator.
+    of an expression, and logging in a function that cannot reach the accelerator. When one wandb
+    (or mlflow) call cannot be guarded, none of that library's calls in the file is: `wandb.log`
+    on a process where `wandb.init` did not run raises.
 
 Fix safety:
     On one process the main process is the only process: nothing changes. On N processes the
