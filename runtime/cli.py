@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from .launch import add_launch_arguments, launch
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line (``accel launch: error: ...``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``accel`` parser with its subcommands."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="accel",
         description="Run training scripts written against the bundled Accelerate-compatible "
         "runtime on one or many processes.",

@@ -6,10 +6,17 @@ What this adds to torchrun (everything else is torchrun's own machinery):
   ``--config-file`` reach the script's ``Accelerator`` as ``ACCEL_*`` environment variables (see
   ``runtime/settings.py`` for the precedence); the config file also supplies launch defaults
   (``num_processes``, ``num_machines``, ``machine_rank``, ``main_process_ip``, ``main_process_port``);
-- every worker runs under torchelastic's ``@record`` (``runtime/worker_entry.py``), so a failing
-  rank's exception lands in its error file; the failure summary orders the failures by when the
-  error files were written, so "Root Cause" names the rank that failed first, not a rank that
-  only failed because its peer was gone;
+- every worker runs through ``runtime/worker_entry.py``, which records a failing rank's exception
+  in torchrun's error file (as ``@record`` does) with the traceback starting at the user's code;
+- the failure summary (torchrun's own, titled with the user's script) names as "Root Cause" the
+  rank that failed first, not a rank that only failed because its peer was gone: failures that
+  are consequences (torchrun's SIGTERM, gloo "connection closed by peer") come after real ones
+  (an exception, SIGKILL, SIGSEGV), then by the exact time of the error file. The other failures
+  are cut to one line, and a last line says ``rank R failed first: <error> (at file, line N)``;
+- usage errors (``--nproc-per-node 0``, a missing script) are one line and exit status 2, before
+  torch is imported; Ctrl-C (or SIGTERM) to the launcher stops every worker (torchrun's signal
+  handling) and exits 128 + the signal number (130), without a traceback;
+- ``--max-restarts K`` restarts a failed worker group on fresh rendezvous stores (see ``launch``);
 - on one node a busy default port (29500) is replaced by a free one; a busy port given explicitly
   is an error before any worker starts.
 """
@@ -18,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -283,13 +292,23 @@ def runtime_environment(args: argparse.Namespace, config_path: Path | None) -> d
     return env
 
 
-def order_failures_by_time(failures: dict[int, Any]) -> None:
-    """Make torchrun's "Root Cause" the rank that failed first.
+# Messages of a collective that failed because a peer process was gone: a consequence, never the
+# root cause, when another rank failed too.
+PEER_LOST_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote worker crashing",
+    "remote worker hanging",
+)
 
-    torchrun stamps failures with whole seconds and breaks ties by rank, so a rank that only
-    failed because its peer died (gloo "connection closed") could be named as the root cause.
-    The error file written by ``@record`` carries the exact time of the exception (its mtime);
-    a failure without an error file is placed at the end of the second it was observed in.
+
+def order_failures_by_time(failures: dict[int, Any]) -> None:
+    """Give every failure the exact time it happened, as far as it is known.
+
+    torchrun stamps failures with whole seconds and breaks ties by rank. The error file written
+    by the worker entry carries the exact time of the exception (its mtime); a failure without
+    an error file is placed at the end of the second it was observed in.
     """
     for failure in failures.values():
         error_file = getattr(failure, "error_file", None)
@@ -299,13 +318,128 @@ def order_failures_by_time(failures: dict[int, Any]) -> None:
             failure.timestamp = int(failure.timestamp) + 0.999999
 
 
+def is_consequence(failure: Any) -> bool:
+    """Whether a failure merely followed another rank's: torchrun's SIGTERM, or a peer-gone error.
+
+    A rank killed by another signal (SIGKILL from the OOM killer, SIGSEGV, ...) leaves no error
+    file and is only observed after its peers' "connection closed" errors were written, so time
+    alone would blame a peer.
+    """
+    error_file = getattr(failure, "error_file", None)
+    if not (error_file and os.path.isfile(error_file)):
+        return failure.exitcode in (-signal.SIGTERM, -signal.SIGINT)
+    return any(marker in failure_text(failure).lower() for marker in PEER_LOST_MARKERS)
+
+
+def root_cause(failures: dict[int, Any]) -> int:
+    """The rank whose failure caused the others: root causes before consequences, then by time."""
+    return min(failures, key=lambda rank: (is_consequence(failures[rank]), failures[rank].timestamp))
+
+
+def failure_text(failure: Any) -> str:
+    """The whole recorded message of a torchelastic ``ProcessFailure`` (traceback included)."""
+    message = failure.message
+    if isinstance(message, dict):
+        extra = message.get("extraInfo", {})
+        return str(extra.get("py_callstack") or message.get("message", ""))
+    return str(message)
+
+
 def failure_message(failure: Any) -> str:
     """The one-line error of a torchelastic ``ProcessFailure``."""
+    if failure.exitcode < 0 and not (failure.error_file and os.path.isfile(failure.error_file)):
+        try:
+            name = signal.Signals(-failure.exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"killed by signal {-failure.exitcode} ({name})"
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message", "")
     return str(message).strip().splitlines()[-1] if str(message).strip() else "no error message"
 
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def user_location(failure: Any) -> str | None:
+    """``file, line N`` of the innermost frame of the traceback outside torch and this package."""
+    library_dirs = [str(Path(torch_dir).resolve()) for torch_dir in _library_dirs()]
+    location = None
+    for path, line in _FRAME.findall(failure_text(failure)):
+        resolved = str(Path(path).resolve()) if not path.startswith("<") else path
+        if path.startswith("<") or any(resolved.startswith(d + os.sep) for d in library_dirs):
+            continue
+        location = f"{path}, line {line}"
+    return location
+
+
+def _library_dirs() -> list[str]:
+    import sysconfig
+
+    dirs = {Path(__file__).resolve().parent}
+    for key in ("purelib", "platlib", "stdlib"):
+        dirs.add(Path(sysconfig.get_paths()[key]))
+    return [str(d) for d in dirs]
+
+
+def report_failure(error: Any, script: str) -> tuple[int, Any]:
+    """Print torchrun's summary with the right root cause; return ``(rank, failure)`` of it.
+
+    The summary's title names the user's script, not the worker entry; the other failures are
+    cut to their last line (the root cause keeps its traceback, which starts at the user's code).
+    """
+    failures = error.failures
+    order_failures_by_time(failures)
+    rank = root_cause(failures)
+    first = failures[rank]
+    for other_rank, failure in failures.items():
+        if other_rank != rank:
+            failure.message = failure_message(failure)
+    error.name = script
+    error.get_first_failure = lambda: (rank, first)  # what format_msg asks for the root cause
+    print(error.format_msg(), file=sys.stderr)
+    location = user_location(first)
+    where = f" (at {location})" if location else ""
+    print(f"accel launch: rank {rank} failed first: {failure_message(first)}{where}", file=sys.stderr)
+    return rank, first
+
+
+def exit_code(failure: Any) -> int:
+    """The launcher's exit status for the root-cause failure (128 + N for a signal, as shells do)."""
+    code = failure.exitcode
+    if isinstance(code, int) and code < 0:
+        return 128 + (-code) if -code < 128 else 1
+    return code if isinstance(code, int) and 0 < code < 256 else 1
+
+
+NPROC_WORDS = ("gpu", "cpu", "xpu", "auto")
+
+
+def usage_problem(args: argparse.Namespace) -> str | None:
+    """The first invalid launcher option (after config defaults), as one line; None when all are valid.
+
+    Checked before torch is imported, so that a typo is answered at once and without a traceback.
+    """
+    nproc = str(args.nproc_per_node)
+    if nproc not in NPROC_WORDS and not (nproc.isdigit() and int(nproc) >= 1):
+        return (
+            f"--nproc-per-node {nproc}: expected a positive number of processes or one of "
+            f"{', '.join(NPROC_WORDS)}"
+        )
+    nnodes = str(args.nnodes)
+    match = re.fullmatch(r"(\d+)(?::(\d+))?", nnodes)
+    if not match or int(match.group(1)) < 1 or (match.group(2) and int(match.group(2)) < int(match.group(1))):
+        return f"--nnodes {nnodes}: expected a positive number, or MIN:MAX with 1 <= MIN <= MAX"
+    if int(args.max_restarts) < 0:
+        return f"--max-restarts {args.max_restarts}: expected 0 or more restarts"
+    if int(args.node_rank) < 0:
+        return f"--node-rank {args.node_rank}: expected 0 or more"
+    if args.timeout is not None and not args.timeout > 0:
+        return f"--timeout {args.timeout:g}: expected a positive number of seconds"
+    if not args.module and not Path(args.script).is_file():
+        return f"script {args.script!r} not found"
+    return None
 
 
 def shadowing_module(script: str) -> Path | None:
@@ -330,27 +464,29 @@ class LaunchError(Exception):
 
 
 def launch(args: argparse.Namespace) -> int:
-    """Run the job through torchrun's engine; return the exit code for the shell."""
+    """Run the job through torchrun's engine; return the exit code for the shell.
+
+    0 on success; 2 for a usage error (one line, before torch is imported); the root-cause
+    rank's exit code (128 + N when it was killed by signal N) when a rank fails; 128 + N when
+    the launcher itself gets signal N (130 for Ctrl-C), after torchrun has stopped every worker.
+    """
     try:
         config_path = (
             Path(args.config_file) if args.config_file else settings.active_config_path()
         )
         config = settings.read_config_file(config_path) if config_path is not None else {}
         apply_config_defaults(args, config)
+        problem = usage_problem(args)
+        if problem is not None:
+            print(f"accel launch: error: {problem}", file=sys.stderr)
+            return 2
         note = choose_master_port(args)
     except (LaunchError, settings.SettingsError) as error:
         print(f"accel launch: error: {error}", file=sys.stderr)
         return 2
     if note:
         print(note, file=sys.stderr)
-
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
     if not args.module:
-        if not Path(args.script).is_file():
-            print(f"accel launch: error: script {args.script!r} not found", file=sys.stderr)
-            return 2
         shadow = shadowing_module(args.script)
         if shadow is not None:
             print(
@@ -359,19 +495,30 @@ def launch(args: argparse.Namespace) -> int:
                 "Rename it (or move the script).",
                 file=sys.stderr,
             )
-    torchrun_args = get_args_parser().parse_args(torchrun_argv(args))
-    os.environ.update(runtime_environment(args, config_path))
+    if int(args.max_restarts) > 0:
+        # With the c10d rendezvous (--standalone included) torchrun shares its TCPStore with the
+        # workers by default, and a restarted worker group then finds the previous attempt's keys
+        # in it: init_process_group connects to dead peers (gloo "connectFullMesh ... Connection
+        # refused") or waits forever (pytorch/pytorch#135712). Unshared, rank 0 of every attempt
+        # hosts a fresh store on a new port.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
     try:
+        torchrun_args = get_args_parser().parse_args(torchrun_argv(args))
+        os.environ.update(runtime_environment(args, config_path))
         run(torchrun_args)
+    except KeyboardInterrupt:  # before torchrun installed its signal handlers: no worker yet
+        print("accel launch: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     except ChildFailedError as error:
-        # torchrun's message names the failing rank, its exit code and its traceback.
-        order_failures_by_time(error.failures)
-        print(error.format_msg(), file=sys.stderr)
-        rank, first = error.get_first_failure()
-        print(
-            f"accel launch: rank {rank} failed first: {failure_message(first)}",
-            file=sys.stderr,
-        )
-        code = first.exitcode
-        return code if isinstance(code, int) and 0 < code < 256 else 1
+        _, first = report_failure(error, args.script)
+        return exit_code(first)
+    except SignalException as error:  # torchrun has already stopped every worker
+        name = signal.Signals(error.sigval).name
+        print(f"accel launch: stopped by {name}; every worker was stopped", file=sys.stderr)
+        return 128 + int(error.sigval)
     return 0
