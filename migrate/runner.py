@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from migrate.discovery import discover
-from migrate.files import SourceFile, UnreadableFile, decode_source, read_source, write_atomic
+from migrate.files import FileChanged, SourceFile, UnreadableFile, decode_source, read_source, write_atomic
 from migrate.results import FileError, FileResult
 
 SHADOW_CODE = "AM900"
@@ -198,11 +198,24 @@ def process_file(path: Path, settings: Settings) -> FileResult:
         _check_shadowing(result, target.parent, settings.options)
         if settings.write and result.changed and result.error is None:
             assert result.new_text is not None
-            write_atomic(source, result.new_text, None if target == path else target)
-            result.written_to = str(target)
+            _write(result, source, None if target == path else target)
     except Exception:  # noqa: BLE001 - a bug must not stop the other files; reported as exit 123
         return _internal_error(display, source)
     return result
+
+
+def _write(result: FileResult, source: SourceFile, target: Path | None) -> None:
+    """Write the new text; a file changed meanwhile or a failed write (disk full) is this file's error."""
+    try:
+        write_atomic(source, result.new_text or "", target)
+    except FileChanged as error:
+        result.error = FileError(0, 0, str(error))
+    except OSError as error:
+        where = f" {target}" if target is not None else ""
+        reason = error.strerror or str(error)
+        result.error = FileError(0, 0, f"cannot write{where}: {reason}; the file was left untouched")
+    else:
+        result.written_to = str(target or source.path)
 
 
 def _destination(path: Path, settings: Settings) -> Path:
