@@ -69,7 +69,7 @@ import libcst as cst
 from migrate.analysis import DeviceBinding, Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.rules.base import statement
+from migrate.rules.base import names_read, statement
 from migrate.safety.device_type import used_as_string
 from migrate.walk import walk
 
@@ -88,8 +88,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
 
 
 def _create(roles: Roles, plan: EditPlan, target: str) -> None:
-    kwargs = ", ".join(f"{name}={value}" for name, value in plan.accelerator_kwargs.items())
-    create = statement(f"accelerator = Accelerator({kwargs})\n")
+    cpu = _cpu_flag(roles)
     binding = roles.device_binding
     scope = roles.accelerator_scope
     assert scope is not None
@@ -114,6 +113,10 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
         return
     place = _placement(roles, plan, scope, chain, default)
     block, index = place
+    if cpu is not None and "cpu" not in plan.accelerator_kwargs and _bound_before(cpu[1], scope, block, index):
+        plan.accelerator_kwargs["cpu"] = cpu[0]
+    kwargs = ", ".join(f"{name}={value}" for name, value in plan.accelerator_kwargs.items())
+    create = statement(f"accelerator = Accelerator({kwargs})\n")
     replaced = plan.create_at if plan.create_at is not None else binding.where.stmt if binding is not None else None
     in_place = replaced is not None and index < len(block) and block[index] is replaced
     if in_place:
@@ -151,6 +154,87 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
         plan.change(CODE, stmt, f"`{later.name}` chosen again: now `{device_value}` as well")
     plan.imports.add((TARGET_MODULES[target], "Accelerator"))
     plan.change(CODE, default, message)
+
+
+def _cpu_flag(roles: Roles) -> tuple[str, cst.BaseExpression] | None:
+    """`not (<test>)` (or `<test>`), and the test, when a flag picks between the accelerator and the CPU:
+    `if use_accel: device = torch.device("cuda") else: device = torch.device("cpu")`.
+
+    Both branches become `accelerator.device`, so without `Accelerator(cpu=...)` the CPU branch
+    (`--no-accel`, `--cpu`) would silently run on the GPU. Only when the test is more than an
+    availability check (`if torch.cuda.is_available():` needs no flag: the Accelerator checks)."""
+    first = roles.device_binding
+    if first is None or not first.where.path:
+        return None
+    parent = first.where.path[-1].stmt
+    if not isinstance(parent, cst.If) or not isinstance(parent.orelse, cst.Else):
+        return None
+    if _is_availability(parent.test):
+        return None
+    branches = {"body": parent.body, "orelse": parent.orelse.body}
+    side: dict[str, bool] = {}  # branch -> chooses the CPU
+    for binding in (first, *roles.later_device_bindings):
+        for branch, block in branches.items():
+            if isinstance(block, cst.IndentedBlock) and any(stmt is binding.where.stmt for stmt in block.body):
+                side[branch] = _is_cpu(binding.value)
+    if len(side) != 2 or side["body"] == side["orelse"]:
+        return None
+    test = cst.Module([]).code_for_node(parent.test)
+    if side["body"]:
+        return test, parent.test
+    simple = isinstance(parent.test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
+    return (f"not {test}" if simple else f"not ({test})"), parent.test
+
+
+def _bound_before(test: cst.BaseExpression, scope: Scope, block: Sequence[cst.BaseStatement], index: int) -> bool:
+    """Every name the flag's test reads is bound before the Accelerator is created there: in an
+    earlier statement of the same block, as a parameter, or (in a function) at the module's top
+    level. Otherwise `cpu=` would read a name not yet assigned; then no flag is written."""
+    earlier: set[str] = set(scope.params)
+    for stmt in block[:index]:
+        earlier |= _bound_names(stmt)
+    if not isinstance(scope.node, cst.Module):
+        # A function runs after its module's top level: names bound there (imports included) count.
+        module_scope = scope
+        while module_scope.parent is not None:
+            module_scope = module_scope.parent
+        assert isinstance(module_scope.node, cst.Module)
+        for stmt in module_scope.node.body:
+            earlier |= _bound_names(stmt)
+    return all(name in earlier for name in names_read(test))
+
+
+def _bound_names(stmt: cst.BaseStatement) -> set[str]:
+    names: set[str] = set()
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return {stmt.name.value}
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return names  # a compound statement may not run its bindings: not counted
+    for small in stmt.body:
+        if isinstance(small, cst.Assign):
+            for target in small.targets:
+                names |= {n for n in names_read(target.target)} if isinstance(target.target, (cst.Name, cst.Tuple)) else set()
+        elif isinstance(small, (cst.AnnAssign, cst.AugAssign)) and isinstance(small.target, cst.Name):
+            names.add(small.target.value)
+        elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+            for alias in small.names:
+                bound = alias.asname.name if alias.asname else alias.name
+                names.add(cst.Module([]).code_for_node(bound).split(".")[0])
+    return names
+
+
+def _is_availability(test: cst.BaseExpression) -> bool:
+    return (
+        isinstance(test, cst.Call)
+        and isinstance(test.func, cst.Attribute)
+        and test.func.attr.value == "is_available"
+    )
+
+
+def _is_cpu(value: cst.BaseExpression | None) -> bool:
+    if isinstance(value, cst.Call) and len(value.args) == 1:
+        value = value.args[0].value  # torch.device("cpu")
+    return isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu"
 
 
 def _rebind(name: str, value: str, original: cst.BaseStatement, keep_leading: bool = False) -> cst.BaseStatement:
