@@ -17,7 +17,13 @@ half-written target; the stale temporary directory is removed by the next save. 
 fsynced before the rename. All ranks must see the same filesystem (as with Accelerate).
 
 Every file is read with ``torch.load(weights_only=True)``: RNG states are stored as tensors,
-ints and tuples (numpy's state array as an int64 tensor), so no pickled code is ever executed.
+ints and tuples (numpy's state array as an int64 tensor), so no pickled code is ever executed; a
+file that would run code is refused with a ``CheckpointError``.
+
+Loading fails loudly, naming what is wrong: a truncated or corrupted file (the file's path), a
+model of another shape (the parameter and both shapes, before anything is loaded into it), other
+numbers of objects. A checkpoint from another number of processes restores the model, optimizer,
+scheduler and registered objects and warns that RNG states and loader positions were not.
 """
 
 from __future__ import annotations
@@ -381,21 +387,74 @@ def load_file(path: Path, map_location: str | torch.device = "cpu") -> Any:
             f"{path.name} in {path.parent}, as save_state writes it.",
             "load a directory written by save_state with the same prepared objects.",
         ) from None
-    except pickle.UnpicklingError as exc:  # what weights_only raises for anything unsafe
+    except pickle.UnpicklingError as exc:  # weights_only refused a global, or the bytes are no pickle
+        reason = _unpickler_reason(str(exc))
+        if "global" not in reason.lower():
+            raise _corrupted(path, exc) from exc
         raise CheckpointError(
             f"{path} contains objects that torch.load(weights_only=True) refuses to unpickle "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0]}).",
+            f"({reason}); nothing in it was run.",
             "tensors, numbers, strings, lists, tuples and dicts only (what state_dict() returns).",
             "make the object's state_dict() return only such values, or, if you trust the file, "
             "allow its classes with torch.serialization.add_safe_globals([...]).",
         ) from exc
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:  # truncated or corrupted
+        raise _corrupted(path, exc) from exc
+
+
+def _unpickler_reason(message: str) -> str:
+    """The specific part of torch's weights_only error ("Unsupported global: GLOBAL x ...")."""
+    for line in message.splitlines():
+        if "WeightsUnpickler error:" in line:
+            reason = line.split("WeightsUnpickler error:", 1)[1].strip()
+            if reason:
+                return reason.split(". ")[0]
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    index = next((i for i, line in enumerate(lines) if "WeightsUnpickler error" in line), None)
+    if index is not None and index + 1 < len(lines):
+        return lines[index + 1].split(". ")[0]
+    return lines[0] if lines else "no details"
+
+
+def _corrupted(path: Path, exc: BaseException) -> CheckpointError:
+    text = str(exc).strip()
+    detail = _unpickler_reason(text) if "WeightsUnpickler" in text else (text.splitlines() or [""])[0]
+    return CheckpointError(
+        f"the checkpoint file {path} cannot be read: it is truncated or corrupted "
+        f"({type(exc).__name__}: {detail}).",
+        f"{path.name} as save_state writes it (a complete torch.save file).",
+        "load an older checkpoint (save_state writes atomically, so an interrupted save never "
+        "replaces a complete one), or save this one again.",
+    )
+
+
+def check_model_shapes(path: Path, model: nn.Module, weights: dict[str, Any]) -> None:
+    """Raise ``CheckpointError`` naming the first parameter whose saved shape differs."""
+    current = model.state_dict()
+    for name, saved in weights.items():
+        now = current.get(name)
+        if isinstance(saved, torch.Tensor) and isinstance(now, torch.Tensor) and saved.shape != now.shape:
+            raise CheckpointError(
+                f"{path} holds {name} with shape {tuple(saved.shape)}, but this model's {name} "
+                f"has shape {tuple(now.shape)}.",
+                "a checkpoint of the same model architecture (same layer sizes).",
+                "build the model with the sizes used when saving, or load a checkpoint of this model.",
+            )
 
 
 def _check_counts(directory: Path, contents: CheckpointContents) -> dict[str, Any]:
     manifest_path = directory / MANIFEST_NAME
     if not manifest_path.exists():
         return {}
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(
+            f"the checkpoint file {manifest_path} cannot be read: it is truncated or corrupted "
+            f"({type(exc).__name__}: {exc}).",
+            f"{MANIFEST_NAME} as save_state writes it (JSON).",
+            "load an older checkpoint, or save this one again.",
+        ) from exc
     saved = manifest.get("counts", {})
     now = contents.counts()
     for kind in ("models", "optimizers", "schedulers", "custom_objects"):
@@ -438,6 +497,7 @@ def load_checkpoint(
     manifest = _check_counts(path, contents)
     for i, model in enumerate(contents.models):
         weights = load_file(path / model_file(i))
+        check_model_shapes(path / model_file(i), model, weights)
         if load_model is None:
             model.load_state_dict(weights)
         else:
