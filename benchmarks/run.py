@@ -7,6 +7,7 @@ range of the per-round ratios).
     python -m benchmarks --quick               # a tiny setting (smoke test; numbers meaningless)
     python -m benchmarks --only codemod --corpus /tmp/corpus   # issue 12's ratio on real code
     python -m benchmarks --markdown perf.md --json perf.json
+    python -m benchmarks corpus DIR [--json PATH]   # per-unit report on real code (benchmarks/corpus.py)
 
 Targets (issue 7) are shown next to each ratio; nothing here fails on a missed target.
 """
@@ -65,6 +66,11 @@ def print_table(rows: list[Row]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["corpus"]:
+        from benchmarks import corpus
+
+        return corpus.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))

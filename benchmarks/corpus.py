@@ -1,0 +1,274 @@
+"""The corpus report: what the tool does to every unit of a folder of real training code.
+
+What it does:
+    Splits DIR into units, copies each into a scratch folder (DIR itself is never written), migrates
+    the copy in this process through the engine's own entry point (`migrate.runner.run`, the one
+    the CLI calls, default options, `--target runtime`, one job), and reports per unit:
+
+    - status: `migrated` (some file changed; `partial` when a safety check made the engine leave
+      some edits out or leave a file as it is, see AM101-AM104), `refused` (nothing changed, with
+      the diagnostics saying why: AM004 a library module, AM007 `mp.spawn`, AM10x a safety check
+      failed...), `no-training-code` (every file skipped by the text pre-filter), `silent` (files
+      were parsed, nothing changed and nothing was said: on real training code that is a bug),
+      `failed` (a file could not be processed: syntax error, internal error);
+    - files changed / files seen, and the diagnostics by code;
+    - safety: every written output re-checked directly with the checks of
+      `migrate/safety/registry.py` (`CheckContext` built from the copy before and after), which
+      it passes by construction; the report says which check fails if one does. The idempotence
+      check (AM103) is judged by the real thing instead: a second run over the migrated copy
+      (the fallback of `migrate/safety/fallback.py` makes a second run drop the same rules again,
+      which a bare AM103 check with default options would not know);
+    - idempotent: whether that second run changes any file;
+    - time: milliseconds of the first run (discovery, read, migrate, checks, write).
+
+    Units: each .py/.ipynb file directly in DIR or in DIR/files is one unit (the tool is run on the
+    file); each folder in DIR/repos, and each other folder directly in DIR, is one unit (the tool is
+    run on the folder, as a user would on a repository).
+
+Usage:
+    python -m benchmarks corpus DIR [--json PATH] [--markdown PATH] [--details]
+    python -m benchmarks.corpus DIR ...
+
+    Prints a Markdown table and a summary line; `--details` adds, per unit, every diagnostic
+    (file:line code message) and any failure; `--json` writes everything, diagnostics included.
+    Not run in CI: the corpus (../shared/corpus) is measurement material, not part of the product.
+    Exit status 0 when the report was made, whatever it says; 2 when DIR is not a folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SAFETY_CODES = ("AM101", "AM102", "AM103", "AM104")
+SUFFIXES = (".py", ".ipynb")
+
+
+@dataclass
+class Unit:
+    name: str  # relative to DIR
+    source: Path
+    is_dir: bool
+
+
+@dataclass
+class UnitReport:
+    unit: str
+    kind: str  # "file" or "repo"
+    status: str = ""
+    files: int = 0
+    changed: int = 0
+    diagnostics: dict[str, int] = field(default_factory=dict)
+    fallbacks: dict[str, int] = field(default_factory=dict)  # AM101-AM104 diagnostics from the engine
+    safety_failures: list[str] = field(default_factory=list)  # "path: AM10x name: message" of a re-check
+    idempotent: bool | None = None  # None: nothing was written
+    second_run_changed: list[str] = field(default_factory=list)
+    ms: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)  # every diagnostic, "path:line code message"
+
+    @property
+    def safety(self) -> str:
+        if not self.changed:
+            return "-"
+        codes = sorted({code for failure in self.safety_failures for code in re.findall(r": (AM1\d\d) ", failure)[:1]})
+        return "FAIL " + ",".join(codes) if self.safety_failures else "pass"
+
+
+def units(directory: Path) -> list[Unit]:
+    """The units of `directory` (see the module docstring), sorted by name."""
+    found: list[Unit] = []
+
+    def visible(path: Path) -> bool:
+        return not path.name.startswith(".") and path.name != "__pycache__"
+
+    for child in sorted(directory.iterdir()):
+        if not visible(child):
+            continue
+        if child.is_file() and child.suffix in SUFFIXES:
+            found.append(Unit(child.name, child, False))
+        elif child.is_dir() and child.name == "files":
+            found += [Unit(f"files/{f.name}", f, False) for f in sorted(child.iterdir())
+                      if f.is_file() and f.suffix in SUFFIXES and visible(f)]
+        elif child.is_dir() and child.name == "repos":
+            found += [Unit(f"repos/{d.name}", d, True) for d in sorted(child.iterdir()) if d.is_dir() and visible(d)]
+        elif child.is_dir():
+            found.append(Unit(child.name, child, True))
+    return found
+
+
+def _script(path: str, text: str) -> str | None:
+    """The text the engine migrates: the file, or a notebook's joined code cells (None: not Python)."""
+    if not path.endswith(".ipynb"):
+        return text
+    from migrate import notebooks
+
+    try:
+        return notebooks.load(text).script
+    except (notebooks.NotPython, notebooks.NotebookError):
+        return None
+
+
+def recheck(path: str, before_text: str, after_text: str) -> list[str]:
+    """Every safety check but AM103 run directly on one written output: 'path: CODE name: message'
+    for each failing place (empty: it passes)."""
+    import libcst as cst
+
+    from migrate.engine import Options
+    from migrate.safety import CheckContext
+    from migrate.safety.registry import CHECKS
+
+    before, after = _script(path, before_text), _script(path, after_text)
+    if before is None or after is None:
+        return [f"{path}: AM103 parses: the written notebook cannot be read back"]
+    try:
+        after_module = cst.parse_module(after)
+    except cst.ParserSyntaxError as error:
+        return [f"{path}: AM103 parses: libcst cannot parse the output: {error.message}"]
+    context = CheckContext(path=path, before=cst.parse_module(before), after=after_module, before_text=before,
+                           after_text=after, options=Options())
+    failures = []
+    for check in CHECKS:
+        if check.code == "AM103":  # judged by a real second run (see the module docstring)
+            continue
+        for violation in check.run(context):
+            failures.append(f"{path}: {check.code} {check.name}: output line {violation.line}: {violation.message}")
+    return failures
+
+
+def measure(unit: Unit, scratch: Path) -> UnitReport:
+    """Migrate a scratch copy of `unit`, re-check what was written, run again; never raises."""
+    from migrate import runner
+    from migrate.engine import Options
+
+    report = UnitReport(unit.name, "repo" if unit.is_dir else "file")
+    target = scratch / unit.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if unit.is_dir:
+        shutil.copytree(unit.source, target, symlinks=True)
+    else:
+        shutil.copy2(unit.source, target)
+    base = target.parent if not unit.is_dir else target
+    options = Options()
+    try:
+        start = time.perf_counter()
+        first = runner.run([target], options, write=True, jobs=1)
+        report.ms = (time.perf_counter() - start) * 1000
+    except Exception as error:  # noqa: BLE001 - one unit's crash must not stop the report
+        report.status, report.errors = "failed", [f"runner crashed: {error!r}"]
+        return report
+    codes: Counter[str] = Counter()
+    for result in first.results:
+        shown = str(Path(result.path).relative_to(base)) if Path(result.path).is_relative_to(base) else result.path
+        for d in result.diagnostics:
+            codes[d.code] += 1
+            where = f"{shown}:cell {d.cell}:{d.line}" if d.cell is not None else f"{shown}:{d.line}"
+            report.details.append(f"{where} {d.code} {d.message}")
+        if result.error is not None:
+            report.errors.append(f"{shown}:{result.error.line}: {result.error.message}"
+                                 + (" (internal error)" if result.traceback else ""))
+        if result.changed and result.error is None:
+            written = Path(result.written_to or result.path)
+            report.safety_failures += recheck(shown, result.old_text, written.read_text(encoding="utf-8"))
+    report.files = len(first.results)
+    report.changed = len(first.changed)
+    report.diagnostics = dict(sorted(codes.items()))
+    report.fallbacks = {code: n for code, n in report.diagnostics.items() if code in SAFETY_CODES}
+    if report.changed:
+        second = runner.run([target], options, write=False, jobs=1)
+        report.second_run_changed = [str(Path(r.path).relative_to(base)) for r in second.changed]
+        report.idempotent = not report.second_run_changed
+    if report.errors:
+        report.status = "failed"
+    elif report.changed:
+        report.status = "partial" if report.fallbacks else "migrated"
+    elif report.diagnostics:
+        report.status = "refused"
+    elif not any(r.parsed for r in first.results):
+        report.status = "no-training-code"
+    else:
+        report.status = "silent"
+    return report
+
+
+def run(directory: Path) -> list[UnitReport]:
+    with tempfile.TemporaryDirectory(prefix="accel-migrate-corpus-") as scratch:
+        return [measure(unit, Path(scratch)) for unit in units(directory)]
+
+
+def _codes(counts: dict[str, int]) -> str:
+    return ", ".join(f"{code} x{n}" if n > 1 else code for code, n in counts.items()) or "-"
+
+
+def table_lines(reports: list[UnitReport]) -> list[str]:
+    header = ["unit", "status", "changed/files", "diagnostics by code", "safety re-check", "idempotent", "ms"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in reports:
+        idempotent = "-" if r.idempotent is None else ("yes" if r.idempotent else "NO")
+        cells = [r.unit, r.status, f"{r.changed}/{r.files}", _codes(r.diagnostics), r.safety, idempotent,
+                 f"{r.ms:.0f}"]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return lines
+
+
+def summary(reports: list[UnitReport]) -> str:
+    statuses = Counter(r.status for r in reports)
+    order = ("migrated", "partial", "refused", "no-training-code", "silent", "failed")
+    parts = [f"{statuses[s]} {s}" for s in order if statuses[s]]
+    written = [r for r in reports if r.changed]
+    failing = [r.unit for r in written if r.safety_failures]
+    not_fixed = [r.unit for r in written if r.idempotent is False]
+    line = f"{len(reports)} units: " + ", ".join(parts) + "."
+    line += f" Safety re-check of every written output: {len(written) - len(failing)}/{len(written)} units pass"
+    line += f" (failing: {', '.join(failing)})." if failing else "."
+    line += f" Idempotent: {len(written) - len(not_fixed)}/{len(written)}"
+    line += f" (not: {', '.join(not_fixed)})." if not_fixed else "."
+    line += f" {sum(r.changed for r in reports)}/{sum(r.files for r in reports)} files changed,"
+    line += f" {sum(sum(r.diagnostics.values()) for r in reports)} diagnostics, {sum(r.ms for r in reports) / 1000:.1f} s."
+    return line
+
+
+def detail_lines(reports: list[UnitReport]) -> list[str]:
+    lines = []
+    for r in reports:
+        items = r.errors + r.safety_failures + [f"second run changes {p}" for p in r.second_run_changed] + r.details
+        if items:
+            lines.append(f"- `{r.unit}` ({r.status}):")
+            lines += [f"  - {item.splitlines()[0]}" for item in items]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks corpus", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("directory", type=Path, metavar="DIR", help="a folder of real training code")
+    parser.add_argument("--json", help="also write every unit's report as JSON to this file")
+    parser.add_argument("--markdown", help="also write the table and summary as Markdown to this file")
+    parser.add_argument("--details", action="store_true", help="also print every diagnostic and failure per unit")
+    args = parser.parse_args(argv)
+    if not args.directory.is_dir():
+        parser.error(f"{args.directory}: not a folder")
+    reports = run(args.directory)
+    lines = table_lines(reports) + ["", summary(reports)]
+    if args.details:
+        lines += ["", *detail_lines(reports)]
+    print("\n".join(lines))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
+    if args.json:
+        document = {"directory": str(args.directory), "summary": summary(reports),
+                    "units": [{**asdict(r), "safety": r.safety} for r in reports]}
+        Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

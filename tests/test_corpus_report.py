@@ -1,0 +1,91 @@
+"""Smoke test of the corpus report (`python -m benchmarks corpus DIR`, benchmarks/corpus.py) on a
+tiny synthetic corpus: one file unit migrated, one without training code, one repo unit refused
+(a library module). Timings are never asserted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.corpus import recheck
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRAIN = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+loader = DataLoader(data, batch_size=8, shuffle=True)
+model = nn.Linear(4, 1).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+ENGINE = """\
+import torch
+
+
+def train_one_epoch(model, loader, optimizer):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def _tree_digest(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    (corpus / "files").mkdir(parents=True)
+    (corpus / "repos" / "proj").mkdir(parents=True)
+    (corpus / "files" / "train.py").write_text(TRAIN)
+    (corpus / "files" / "notes.py").write_text('print("no torch here")\n')
+    (corpus / "repos" / "proj" / "engine.py").write_text(ENGINE)
+    (corpus / "repos" / "proj" / "utils.py").write_text("def average(v):\n    return sum(v) / len(v)\n")
+    before = _tree_digest(corpus)
+    out_json = tmp_path / "report.json"
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "corpus", str(corpus), "--json", str(out_json),
+                             "--details"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _tree_digest(corpus) == before  # the corpus itself is never written
+
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| unit | status | changed/files | diagnostics by code | safety re-check |")
+    rows = {cells[0]: cells[1:] for cells in
+            ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:] if line.startswith("| "))}
+    assert list(rows) == ["files/notes.py", "files/train.py", "repos/proj"]
+    assert rows["files/train.py"][:5] == ["migrated", "1/1", "-", "pass", "yes"]
+    assert rows["files/notes.py"][:5] == ["no-training-code", "0/1", "-", "-", "-"]
+    assert rows["repos/proj"][:5] == ["refused", "0/2", "AM003", "-", "-"]
+    assert any(line.startswith("3 units: 1 migrated, 1 refused, 1 no-training-code.") for line in lines)
+    assert any("engine.py:8 AM003" in line for line in lines)  # --details: where and why it refused
+
+    report = json.loads(out_json.read_text())
+    units = {u["unit"]: u for u in report["units"]}
+    assert units["files/train.py"]["idempotent"] is True and units["files/train.py"]["safety_failures"] == []
+    assert units["repos/proj"]["kind"] == "repo" and units["repos/proj"]["diagnostics"] == {"AM003": 1}
+
+
+def test_recheck_reports_an_output_that_fails_a_safety_check() -> None:
+    broken = TRAIN.replace("loss.backward()", "accelerator.backward(loss)")  # `accelerator` never bound
+    failures = recheck("train.py", TRAIN, broken)
+    assert failures and failures[0].startswith("train.py: AM101 accelerator-bound: output line 15:")
+    assert recheck("train.py", TRAIN, TRAIN) == []
+    assert recheck("train.py", TRAIN, "x = (\n")[0].startswith("train.py: AM103 parses:")
