@@ -29,7 +29,8 @@ Usage:
     python -m benchmarks corpus DIR [--json PATH] [--markdown PATH] [--details]
     python -m benchmarks.corpus DIR ...
 
-    Prints a Markdown table and a summary line; `--details` adds, per unit, every diagnostic
+    Prints a Markdown table, a summary line and, for each refused, partial or failed unit, why (its
+    first diagnostic of each code, file:line); `--details` adds, per unit, every diagnostic
     (file:line code message) and any failure; `--json` writes everything, diagnostics included.
     Not run in CI: the corpus (../shared/corpus) is measurement material, not part of the product.
     Exit status 0 when the report was made, whatever it says; 2 when DIR is not a folder.
@@ -236,6 +237,28 @@ def summary(reports: list[UnitReport]) -> str:
     return line
 
 
+def reason_lines(reports: list[UnitReport], width: int = 200) -> list[str]:
+    """Why each refused, partial or failed unit was not (fully) migrated: its errors, then its first
+    diagnostic of each code (AM10x first), each cut to `width` characters."""
+    lines = []
+    for r in reports:
+        if r.status not in ("refused", "partial", "failed", "silent"):
+            continue
+        first: dict[str, str] = {}
+        for item in r.details:
+            code = item.split(" ", 2)[1]
+            first.setdefault(code, item)
+        ordered = sorted(first, key=lambda code: (code not in SAFETY_CODES, code))
+        items = r.errors + [first[code] for code in ordered] or ["no diagnostic: a silent no-op"]
+        lines.append(f"- `{r.unit}` ({r.status}): " + "; ".join(_cut(item, width) for item in items))
+    return lines
+
+
+def _cut(text: str, width: int) -> str:
+    text = text.splitlines()[0] if text else text
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def detail_lines(reports: list[UnitReport]) -> list[str]:
     lines = []
     for r in reports:
@@ -258,8 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.directory}: not a folder")
     reports = run(args.directory)
     lines = table_lines(reports) + ["", summary(reports)]
+    reasons = reason_lines(reports)
+    if reasons:
+        lines += ["", "Not (fully) migrated, and why:", *reasons]
     if args.details:
-        lines += ["", *detail_lines(reports)]
+        lines += ["", "Every diagnostic:", *detail_lines(reports)]
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")

@@ -1,6 +1,6 @@
 """Smoke test of the corpus report (`python -m benchmarks corpus DIR`, benchmarks/corpus.py) on a
-tiny synthetic corpus: one file unit migrated, one without training code, one repo unit refused
-(a library module). Timings are never asserted."""
+tiny synthetic corpus: one file unit migrated, one without training code, one with a syntax error, one
+repo unit refused (a library module); and the unit discovery of a flat folder. Timings are never asserted."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.corpus import recheck
+from benchmarks.corpus import recheck, units
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,6 +57,7 @@ def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
     (corpus / "repos" / "proj").mkdir(parents=True)
     (corpus / "files" / "train.py").write_text(TRAIN)
     (corpus / "files" / "notes.py").write_text('print("no torch here")\n')
+    (corpus / "files" / "broken.py").write_text("import torch\noptimizer = torch.optim.SGD(\nloss.backward()\n")
     (corpus / "repos" / "proj" / "engine.py").write_text(ENGINE)
     (corpus / "repos" / "proj" / "utils.py").write_text("def average(v):\n    return sum(v) / len(v)\n")
     before = _tree_digest(corpus)
@@ -70,12 +71,15 @@ def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
     assert lines[0].startswith("| unit | status | changed/files | diagnostics by code | safety re-check |")
     rows = {cells[0]: cells[1:] for cells in
             ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:] if line.startswith("| "))}
-    assert list(rows) == ["files/notes.py", "files/train.py", "repos/proj"]
+    assert list(rows) == ["files/broken.py", "files/notes.py", "files/train.py", "repos/proj"]
+    assert rows["files/broken.py"][:2] == ["failed", "0/1"]
     assert rows["files/train.py"][:5] == ["migrated", "1/1", "-", "pass", "yes"]
     assert rows["files/notes.py"][:5] == ["no-training-code", "0/1", "-", "-", "-"]
     assert rows["repos/proj"][:5] == ["refused", "0/2", "AM003", "-", "-"]
-    assert any(line.startswith("3 units: 1 migrated, 1 refused, 1 no-training-code.") for line in lines)
-    assert any("engine.py:8 AM003" in line for line in lines)  # --details: where and why it refused
+    assert any(line.startswith("4 units: 1 migrated, 1 refused, 1 no-training-code, 1 failed.") for line in lines)
+    assert any(line.startswith("- `repos/proj` (refused): engine.py:8 AM003 `.backward()`") for line in lines)
+    details = lines[lines.index("Every diagnostic:"):]  # --details
+    assert "- `repos/proj` (refused):" in details and any(line.startswith("  - engine.py:8 AM003") for line in details)
 
     report = json.loads(out_json.read_text())
     units = {u["unit"]: u for u in report["units"]}
@@ -89,3 +93,13 @@ def test_recheck_reports_an_output_that_fails_a_safety_check() -> None:
     assert failures and failures[0].startswith("train.py: AM101 accelerator-bound: output line 15:")
     assert recheck("train.py", TRAIN, TRAIN) == []
     assert recheck("train.py", TRAIN, "x = (\n")[0].startswith("train.py: AM103 parses:")
+
+
+def test_units_of_a_flat_folder(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("")
+    (tmp_path / "b.ipynb").write_text("{}")
+    (tmp_path / "README.md").write_text("")
+    (tmp_path / "proj" / "pkg").mkdir(parents=True)
+    (tmp_path / ".git").mkdir()
+    found = [(u.name, u.is_dir) for u in units(tmp_path)]
+    assert found == [("a.py", False), ("b.ipynb", False), ("proj", True)]
