@@ -74,7 +74,7 @@ class UnitReport:
     second_run_changed: list[str] = field(default_factory=list)
     ms: float = 0.0
     errors: list[str] = field(default_factory=list)
-    details: list[str] = field(default_factory=list)  # every diagnostic, "path:line code message"
+    details: list[str] = field(default_factory=list)  # every diagnostic: "[path:]line CODE message"
 
     @property
     def safety(self) -> str:
@@ -171,7 +171,8 @@ def measure(unit: Unit, scratch: Path) -> UnitReport:
         shown = str(Path(result.path).relative_to(base)) if Path(result.path).is_relative_to(base) else result.path
         for d in result.diagnostics:
             codes[d.code] += 1
-            where = f"{shown}:cell {d.cell}:{d.line}" if d.cell is not None else f"{shown}:{d.line}"
+            cell = f"cell {d.cell}:" if d.cell is not None else ""
+            where = f"{shown}:{cell}{d.line}" if unit.is_dir else (f"{cell}{d.line}" if cell else f"line {d.line}")
             report.details.append(f"{where} {d.code} {d.message}")
         if result.error is not None:
             report.errors.append(f"{shown}:{result.error.line}: {result.error.message}"
@@ -227,7 +228,7 @@ def summary(reports: list[UnitReport]) -> str:
     written = [r for r in reports if r.changed]
     failing = [r.unit for r in written if r.safety_failures]
     not_fixed = [r.unit for r in written if r.idempotent is False]
-    line = f"{len(reports)} units: " + ", ".join(parts) + "."
+    line = f"{len(reports)} unit{'s' if len(reports) != 1 else ''}: " + ", ".join(parts) + "."
     line += f" Safety re-check of every written output: {len(written) - len(failing)}/{len(written)} units pass"
     line += f" (failing: {', '.join(failing)})." if failing else "."
     line += f" Idempotent: {len(written) - len(not_fixed)}/{len(written)}"
@@ -237,7 +238,7 @@ def summary(reports: list[UnitReport]) -> str:
     return line
 
 
-def reason_lines(reports: list[UnitReport], width: int = 200) -> list[str]:
+def reason_lines(reports: list[UnitReport], width: int = 240) -> list[str]:
     """Why each refused, partial or failed unit was not (fully) migrated: its errors, then its first
     diagnostic of each code (AM10x first), each cut to `width` characters."""
     lines = []
@@ -246,7 +247,7 @@ def reason_lines(reports: list[UnitReport], width: int = 200) -> list[str]:
             continue
         first: dict[str, str] = {}
         for item in r.details:
-            code = item.split(" ", 2)[1]
+            code = re.findall(r"\b(AM\d{3})\b", item)[0]
             first.setdefault(code, item)
         ordered = sorted(first, key=lambda code: (code not in SAFETY_CODES, code))
         items = r.errors + [first[code] for code in ordered] or ["no diagnostic: a silent no-op"]
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if reasons:
         lines += ["", "Not (fully) migrated, and why:", *reasons]
     if args.details:
-        lines += ["", "Every diagnostic:", *detail_lines(reports)]
+        lines += ["", "Every diagnostic:", *(detail_lines(reports) or ["(none)"])]
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")
