@@ -234,7 +234,8 @@ def summary(reports: list[UnitReport]) -> str:
     line += f" Idempotent: {len(written) - len(not_fixed)}/{len(written)}"
     line += f" (not: {', '.join(not_fixed)})." if not_fixed else "."
     line += f" {sum(r.changed for r in reports)}/{sum(r.files for r in reports)} files changed,"
-    line += f" {sum(sum(r.diagnostics.values()) for r in reports)} diagnostics, {sum(r.ms for r in reports) / 1000:.1f} s."
+    diagnostics = sum(sum(r.diagnostics.values()) for r in reports)
+    line += f" {diagnostics} diagnostics, {sum(r.ms for r in reports) / 1000:.1f} s."
     return line
 
 
