@@ -11,7 +11,8 @@ What it does:
       failed...), `no-training-code` (every file skipped by the text pre-filter), `silent` (files
       were parsed, nothing changed and nothing was said: on real training code that is a bug),
       `failed` (a file could not be processed: syntax error, internal error);
-    - files changed / files seen, and the diagnostics by code;
+    - files changed / files seen, and the diagnostics by code; under the table, the parsed files of
+      a refused repository that were neither changed nor diagnosed (often its entry point);
     - safety: every written output re-checked directly with the checks of
       `migrate/safety/registry.py` (`CheckContext` built from the copy before and after), which
       it passes by construction; the report says which check fails if one does. The idempotence
@@ -75,6 +76,8 @@ class UnitReport:
     ms: float = 0.0
     errors: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)  # every diagnostic: "[path:]line CODE message"
+    file_status: dict[str, str] = field(default_factory=dict)  # path -> changed/unchanged/skipped/failed
+    silent_files: list[str] = field(default_factory=list)  # parsed, nothing changed, nothing said
 
     @property
     def safety(self) -> str:
@@ -169,6 +172,9 @@ def measure(unit: Unit, scratch: Path) -> UnitReport:
     codes: Counter[str] = Counter()
     for result in first.results:
         shown = str(Path(result.path).relative_to(base)) if Path(result.path).is_relative_to(base) else result.path
+        report.file_status[shown] = result.status
+        if result.status == "unchanged" and not result.diagnostics:
+            report.silent_files.append(shown)
         for d in result.diagnostics:
             codes[d.code] += 1
             cell = f"cell {d.cell}:" if d.cell is not None else ""
@@ -176,7 +182,7 @@ def measure(unit: Unit, scratch: Path) -> UnitReport:
             report.details.append(f"{where} {d.code} {d.message}")
         if result.error is not None:
             report.errors.append(f"{shown}:{result.error.line}: {result.error.message}"
-                                 + (" (internal error)" if result.traceback else ""))
+                                 + (f" ({result.traceback.strip().splitlines()[-1]})" if result.traceback else ""))
         if result.changed and result.error is None:
             written = Path(result.written_to or result.path)
             report.safety_failures += recheck(shown, result.old_text, written.read_text(encoding="utf-8"))
@@ -235,7 +241,9 @@ def summary(reports: list[UnitReport]) -> str:
     line += f" (not: {', '.join(not_fixed)})." if not_fixed else "."
     line += f" {sum(r.changed for r in reports)}/{sum(r.files for r in reports)} files changed,"
     diagnostics = sum(sum(r.diagnostics.values()) for r in reports)
-    line += f" {diagnostics} diagnostics, {sum(r.ms for r in reports) / 1000:.1f} s."
+    silent = sum(len(r.silent_files) for r in reports)
+    line += f" {diagnostics} diagnostics; {silent} parsed files neither changed nor diagnosed;"
+    line += f" {sum(r.ms for r in reports) / 1000:.1f} s."
     return line
 
 
@@ -252,6 +260,8 @@ def reason_lines(reports: list[UnitReport], width: int = 240) -> list[str]:
             first.setdefault(code, item)
         ordered = sorted(first, key=lambda code: (code not in SAFETY_CODES, code))
         items = r.errors + [first[code] for code in ordered] or ["no diagnostic: a silent no-op"]
+        if r.silent_files and r.kind == "repo":
+            items.append("parsed, neither changed nor diagnosed: " + ", ".join(r.silent_files))
         lines.append(f"- `{r.unit}` ({r.status}): " + "; ".join(_cut(item, width) for item in items))
     return lines
 
