@@ -125,15 +125,32 @@ class ProcessState:
         chosen = backend or ("nccl" if use_cuda else "gloo")
         dist.init_process_group(
             backend=chosen,
-            init_method="env://",
             rank=rank,
             world_size=world_size,
             timeout=timeout,
+            **_rendezvous(env, world_size, timeout),
         )
         _groups.append(dist.group.WORLD)  # freed by the exit handler (see _drop_groups)
         _created.append(dist.group.WORLD)
         _install_exit_handler()
         return cls(rank, local_rank, world_size, local_world_size, chosen, device)
+
+
+def _rendezvous(env: Mapping[str, str], world_size: int, timeout: timedelta) -> dict[str, object]:
+    """``init_method="env://"``, except in a restarted torchelastic attempt on the agent's store.
+
+    torchrun's agent keeps one store for every attempt (always with ``--master-addr``, static
+    rendezvous), so a restarted worker group finds the previous attempt's keys: a peer's stale
+    address makes init fail ("Gloo connectFullMesh failed ... Connection refused") or wait
+    forever (pytorch/pytorch#135712). Each restarted attempt therefore uses its own key prefix.
+    """
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt == "0":
+        return {"init_method": "env://"}
+    store = dist.TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
+    return {"store": dist.PrefixStore(f"/accel/attempt_{attempt}", store)}
 
 
 def destroy_process_group() -> None:

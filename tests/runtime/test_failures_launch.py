@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -135,22 +134,29 @@ def test_argparse_errors_are_one_line_too(tmp_path: Path) -> None:
     assert "--max-restarts" in proc.stderr and "invalid int value" in proc.stderr
 
 
-def test_max_restarts_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
-    script = str(WORKERS / "elastic_resume.py")
-    straight, restarted = tmp_path / "straight", tmp_path / "restarted"
-    straight.mkdir(), restarted.mkdir()
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(lambda job: accel_launch(*job[1:], cwd=job[0], timeout=240), [
-            (straight, script, str(straight)),
-            (restarted, "--max-restarts", "1", script, str(restarted), "--kill-at", "4"),
-        ]))
-    for proc in runs:
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (straight / "attempt.txt").read_text() == "0"
-    assert (restarted / "attempt.txt").read_text() == "1"  # the second attempt finished the job
-    assert "failed (exitcode: -9) local_rank: 1" in runs[1].stderr  # rank 1 was killed once
-    expected = torch.load(straight / "final.pt", weights_only=True)
-    got = torch.load(restarted / "final.pt", weights_only=True)
-    assert expected.keys() == got.keys()
-    for name in expected:
-        assert torch.equal(expected[name], got[name]), name
+@pytest.fixture(scope="module")
+def uninterrupted_weights(tmp_path_factory) -> dict[str, torch.Tensor]:
+    out = tmp_path_factory.mktemp("straight")
+    proc = accel_launch(str(WORKERS / "elastic_resume.py"), str(out), cwd=out, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "attempt.txt").read_text() == "0"
+    return torch.load(out / "final.pt", weights_only=True)
+
+
+# standalone: torchrun's c10d rendezvous (accel launch's default on one node); static: a fixed
+# --master-addr/--master-port, the multi-node form. Both reuse one store across attempts.
+@pytest.mark.parametrize("rendezvous", [[], ["--master-addr", "127.0.0.1"]], ids=["standalone", "static"])
+def test_max_restarts_resumes_to_the_uninterrupted_weights(
+    tmp_path: Path, uninterrupted_weights, rendezvous: list[str]
+) -> None:
+    # --timeout: a restarted group that hangs in init_process_group fails in 30 s, not 30 min.
+    proc = accel_launch(*rendezvous, "--max-restarts", "1", "--timeout", "30",
+                        str(WORKERS / "elastic_resume.py"), str(tmp_path), "--kill-at", "4",
+                        cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "failed (exitcode: -9) local_rank: 1" in proc.stderr  # rank 1 was killed once
+    assert (tmp_path / "attempt.txt").read_text() == "1"  # the second attempt finished the job
+    got = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert uninterrupted_weights.keys() == got.keys()
+    for name, expected in uninterrupted_weights.items():
+        assert torch.equal(expected, got[name]), name

@@ -5,7 +5,8 @@ Usage: elastic_resume.py PROJECT_DIR [--kill-at STEP]
 The resume idiom under ``accel launch --max-restarts K``: automatic checkpoint naming under
 ``project_dir``, and ``load_state()`` at start when a ``checkpoint_*`` directory exists. With
 ``--kill-at``, rank 1 of the first attempt (``TORCHELASTIC_RESTART_COUNT=0``) SIGKILLs itself right
-after the checkpoint of that step; the restarted attempt resumes from it. Rank 0 writes the final
+after the checkpoint of that step; the restarted attempt resumes from it (its rank 1 starts 2 s
+late, which made a restarted group that read the previous attempt's rendezvous keys fail). Rank 0 writes the final
 weights to PROJECT_DIR/final.pt and the number of attempts it saw to PROJECT_DIR/attempt.txt.
 The model has dropout and the loader shuffles: the RNG states and loader positions must be
 restored exactly for the final weights to match an uninterrupted run.
@@ -17,6 +18,7 @@ import glob
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -42,6 +44,10 @@ class Step:
 def main() -> None:
     project_dir = sys.argv[1]
     kill_at = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--kill-at" else None
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT") == "1" and os.environ.get("RANK") == "1":
+        # A restarted rank that reaches init_process_group late (slow imports, a busy node):
+        # its peer then reads the rendezvous store before this rank's new address is in it.
+        time.sleep(2)
     torch.manual_seed(0)
     accelerator = Accelerator(
         project_dir=project_dir,
