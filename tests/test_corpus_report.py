@@ -60,6 +60,9 @@ def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
     (corpus / "files" / "broken.py").write_text("import torch\noptimizer = torch.optim.SGD(\nloss.backward()\n")
     (corpus / "repos" / "proj" / "engine.py").write_text(ENGINE)
     (corpus / "repos" / "proj" / "utils.py").write_text("def average(v):\n    return sum(v) / len(v)\n")
+    # parsed (it mentions torch and optim) but nothing to do or say
+    (corpus / "repos" / "proj" / "helpers.py").write_text(
+        'import torch\n\n\ndef zeros(n):\n    """For torch.optim tests."""\n    return torch.zeros(n)\n')
     before = _tree_digest(corpus)
     out_json = tmp_path / "report.json"
     result = subprocess.run([sys.executable, "-m", "benchmarks", "corpus", str(corpus), "--json", str(out_json),
@@ -75,9 +78,13 @@ def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
     assert rows["files/broken.py"][:2] == ["failed", "0/1"]
     assert rows["files/train.py"][:5] == ["migrated", "1/1", "-", "pass", "yes"]
     assert rows["files/notes.py"][:5] == ["no-training-code", "0/1", "-", "-", "-"]
-    assert rows["repos/proj"][:5] == ["refused", "0/2", "AM003", "-", "-"]
-    assert any(line.startswith("4 units: 1 migrated, 1 refused, 1 no-training-code, 1 failed.") for line in lines)
-    assert any(line.startswith("- `repos/proj` (refused): engine.py:8 AM003 `.backward()`") for line in lines)
+    assert rows["repos/proj"][:5] == ["refused", "0/3", "AM003", "-", "-"]
+    [total] = [line for line in lines if line.startswith("4 units: ")]
+    assert total.startswith("4 units: 1 migrated, 1 refused, 1 no-training-code, 1 failed.")
+    assert "1 parsed files neither changed nor diagnosed" in total
+    [reason] = [line for line in lines if line.startswith("- `repos/proj` (refused): ")]
+    assert reason.startswith("- `repos/proj` (refused): engine.py:8 AM003 `.backward()`")
+    assert reason.endswith("; parsed, neither changed nor diagnosed: helpers.py")
     details = lines[lines.index("Every diagnostic:"):]  # --details
     assert "- `repos/proj` (refused):" in details and any(line.startswith("  - engine.py:8 AM003") for line in details)
 
@@ -85,6 +92,8 @@ def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
     units = {u["unit"]: u for u in report["units"]}
     assert units["files/train.py"]["idempotent"] is True and units["files/train.py"]["safety_failures"] == []
     assert units["repos/proj"]["kind"] == "repo" and units["repos/proj"]["diagnostics"] == {"AM003": 1}
+    assert units["repos/proj"]["file_status"] == {"engine.py": "unchanged", "helpers.py": "unchanged",
+                                                  "utils.py": "skipped"}
 
 
 def test_recheck_reports_an_output_that_fails_a_safety_check() -> None:
