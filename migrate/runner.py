@@ -2,7 +2,8 @@
 
 Files are processed in a process pool (`jobs` workers; in this process for one file or one job),
 each worker reading, migrating and writing its own files. Results come back sorted by path, so the
-output does not depend on the scheduling. A file is written only when a rule changed it.
+output does not depend on the scheduling. A file is written only when a rule changed it, and only
+over the bytes that were read (`migrate/files.py`); a failed write is that file's error, not the run's.
 """
 
 from __future__ import annotations

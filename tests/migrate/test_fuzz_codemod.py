@@ -168,3 +168,13 @@ def test_an_accelerator_created_in_a_class_body() -> None:
     )
     result = migrate_source(text, "setup.py")
     assert result.error is None
+
+
+def test_the_long_run_counts_every_program_and_groups_failures() -> None:
+    from benchmarks import fuzz
+
+    tally = fuzz.run(8, seed_value=0, progress_every=4)
+    assert tally.programs == 8
+    assert set(tally.counts) == set(tally.groups)
+    problem = '\nTraceback (most recent call last):\n  File "/r/migrate/roles.py", line 9, in f\nAssertionError\n'
+    assert fuzz.signature("1: exception" + problem) == "N: exception AssertionError at migrate/roles.py:9 f"
