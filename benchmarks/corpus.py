@@ -157,7 +157,8 @@ def measure(unit: Unit, scratch: Path) -> UnitReport:
     target = scratch / unit.name
     target.parent.mkdir(parents=True, exist_ok=True)
     if unit.is_dir:
-        shutil.copytree(unit.source, target, symlinks=True)
+        # links are copied as what they point to: DIR is never written through one
+        shutil.copytree(unit.source, target, ignore_dangling_symlinks=True)
     else:
         shutil.copy2(unit.source, target)
     base = target.parent if not unit.is_dir else target
