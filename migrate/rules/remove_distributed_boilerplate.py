@@ -48,7 +48,7 @@ import libcst as cst
 from migrate.analysis import Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.names import root_name
-from migrate.roles import Roles, loader_calls
+from migrate.roles import Roles, SpawnLaunch, loader_calls
 from migrate.rules.base import accelerator_call, reference
 from migrate.walk import walk
 
@@ -81,6 +81,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models or roles.accelerator_exists:
         return
     plan.removes_boilerplate = True
+    if roles.spawn is not None:
+        _convert_spawn(roles.spawn, plan)
     creation_order = _place_creation(roles, plan)
     rank_names: dict[tuple[int, str], str] = {}  # (scope id, name) -> accelerator property
     for scope in roles.facts.scopes:
@@ -132,9 +134,8 @@ def _library_call(
     roles: Roles, plan: EditPlan, scope: Scope, qualified: str, call: cst.Call, where: StmtRef, reach: bool
 ) -> None:
     if qualified in _SPAWN:
-        plan.report(CODE, call, "`mp.spawn` starts its own processes: launch the script with `accel launch "
-                    "--nproc-per-node N` and call the worker function directly instead")
-    elif qualified in _COLLECTIVES:
+        return  # converted by `_convert_spawn` (the roles refuse the shapes it cannot convert)
+    if qualified in _COLLECTIVES:
         plan.report(CODE, call, "explicit collective kept: it works under the runtime's process group, but "
                     "fails on a single process started without torchrun; prefer `accelerator.reduce/gather`")
     elif qualified == _INIT and where.stmt is not plan.create_at and where.stmt not in plan.replace_stmt:
@@ -158,6 +159,29 @@ def _library_call(
         plan.calls[call] = lambda updated, prop=prop: cst.Attribute(cst.Name("accelerator"), cst.Name(prop))
         plan.use_accelerator(scope)
         plan.change(CODE, call, f"`{qualified.rsplit('.', 1)[1]}()` -> `accelerator.{prop}`")
+
+
+def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
+    """`mp.spawn(worker, args=(a, n), nprocs=n)` -> `worker(<LOCAL_RANK>, a, <WORLD_SIZE>)`."""
+    environ = spawn.environ
+    if environ is None:
+        plan.imports.add(("os", "environ"))
+        environ = "environ"
+    rank = cst.parse_expression(f'int({environ}.get("LOCAL_RANK", "0"))')
+    size = cst.parse_expression(f'int({environ}.get("WORLD_SIZE", "1"))')
+    args = [cst.Arg(rank), *(cst.Arg(size if i in spawn.world_size_args else a) for i, a in enumerate(spawn.args))]
+    stmt = spawn.stmt
+    assert isinstance(stmt, cst.SimpleStatementLine)
+    plan.replace_stmt[stmt] = [stmt.with_changes(body=[cst.Expr(cst.Call(cst.Name(spawn.worker.name), args))])]
+    count = spawn.nprocs.value if isinstance(spawn.nprocs, cst.Integer) else "N"
+    plan.change(CODE, spawn.call, f"`mp.spawn` -> `{spawn.worker.name}(...)` called directly, its rank from "
+                f"`LOCAL_RANK`: launch the script with `accel launch --nproc-per-node {count}`")
+    if spawn.nprocs_binding is not None:
+        plan.replace_stmt[spawn.nprocs_binding] = []
+        plan.change(CODE, spawn.nprocs_binding, "process count removed: the launcher's `--nproc-per-node` replaces it")
+    for master in spawn.master_env:
+        plan.replace_stmt[master] = []
+        plan.change(CODE, master, "`MASTER_ADDR` / `MASTER_PORT` assignment removed: the launcher sets them")
 
 
 def _env_rank_bindings(
