@@ -33,7 +33,9 @@ Usage:
     Prints a Markdown table, a summary line and, for each refused, partial or failed unit, why (its
     first diagnostic of each code, file:line); `--details` adds, per unit, every diagnostic
     (file:line code message) and any failure; `--json` writes everything, diagnostics included.
-    Not run in CI: the corpus (../shared/corpus) is measurement material, not part of the product.
+    Not run in CI on real code: the corpus (../shared/corpus) is measurement material, not part of
+    the product; tests/test_corpus_report.py runs the command on a synthetic corpus. A unit's own
+    `[tool.accel-migrate]` settings are not read (every unit gets the defaults).
     Exit status 0 when the report was made, whatever it says; 2 when DIR is not a folder.
 """
 
