@@ -300,6 +300,7 @@ PEER_LOST_MARKERS = (
     "broken pipe",
     "remote worker crashing",
     "remote worker hanging",
+    "remote process exited",  # NCCL
 )
 
 
