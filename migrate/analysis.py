@@ -8,6 +8,8 @@ facts into roles (which names are the model, the optimizer, the training loader.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -315,7 +317,7 @@ class _Collector(Visitor):
         if single:
             name = self._simple_target(node.targets[0].target)
             assert name is not None
-            if is_device_choice(node.value, self.aliases):
+            if is_device_choice(node.value, self.aliases) or _is_gpu_index(name, node.value):
                 self.frame.scope.devices.append(DeviceBinding(name, self.here, node.value))
         self._extend_batch_names(node)
 
@@ -548,6 +550,16 @@ def _value_root(expr: cst.BaseExpression) -> str | None:
 
 _DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
 _AVAILABILITY_CHECKS = ("torch.cuda.is_available", "torch.backends.mps.is_available", "torch.xpu.is_available")
+
+
+_GPU_INDEX_NAMES = re.compile(r"^(device|gpu|gpu_id|device_id|cuda_device)$")
+
+
+def _is_gpu_index(name: str, value: cst.BaseExpression) -> bool:
+    """`device = 0` / `gpu_id = 0`: a literal GPU index chosen for the one process (the DDP
+    tutorial's single-GPU script). Every rank would use cuda:0; it is a device choice like
+    `torch.device("cuda:0")`. Only for names that say they hold a device."""
+    return isinstance(value, cst.Integer) and _GPU_INDEX_NAMES.match(name) is not None
 
 
 def is_device_choice(expr: cst.BaseExpression, aliases: ImportAliases) -> bool:
