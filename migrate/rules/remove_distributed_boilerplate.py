@@ -18,6 +18,16 @@ What it does:
       (`train_loader = build_loader(dataset)` returning `DataLoader(..., sampler=DistributedSampler(...))`):
       the sampler goes inside the helper, so the prepared loader is sharded once, not N^2 ways.
     - `dist.barrier()` becomes `accelerator.wait_for_everyone()`.
+    - An `mp.spawn(worker, args=(a, n), nprocs=n)` launcher becomes the direct call
+      `worker(int(os.environ.get("LOCAL_RANK", "0")), a, int(os.environ.get("WORLD_SIZE", "1")))`
+      (an argument that passes `nprocs` gets the launcher's process count), `os.environ["MASTER_ADDR"]`
+      / `["MASTER_PORT"]` assignments in the worker or the spawning block go (torchrun sets them),
+      and so does `world_size = torch.cuda.device_count()` when only the spawn read it. The worker's
+      process group becomes the Accelerator as above; launch the script with
+      `accel launch --nproc-per-node N script.py`. The rank is read from the environment at the call
+      rather than from the Accelerator inside the worker: it is then the same value spawn passed (the
+      process index on its node, which is also a device index) from the worker's first statement on,
+      before the Accelerator exists, and the worker's signature stays as it is.
 
 Why:
     The Accelerator owns the process group, the rank and the device, and its prepared objects do
@@ -30,7 +40,9 @@ Example:
     if dist.get_rank() == 0:                        if accelerator.is_main_process:
 
 Leaves alone:
-    `mp.spawn` launchers, a process group initialised in another function than the one that
+    `mp.spawn` launchers of another shape (see `migrate.roles.SpawnLaunch`: a process group set up
+    in a helper, a computed rank or world size, a worker also called directly, an optimizer built
+    outside the worker, ...: the whole file is refused with the reason), a process group initialised in another function than the one that
     builds the optimizer, samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
     sharding themselves, so the training loader is not prepared either), and explicit
