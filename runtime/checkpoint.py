@@ -403,16 +403,18 @@ def load_file(path: Path, map_location: str | torch.device = "cpu") -> Any:
 
 
 def _unpickler_reason(message: str) -> str:
-    """The specific part of torch's weights_only error ("Unsupported global: GLOBAL x ...")."""
-    for line in message.splitlines():
+    """The specific part of torch's weights_only error, e.g. "Unsupported global: GLOBAL x ...".
+
+    torch puts it after "WeightsUnpickler error:", on the same line or the next non-empty one.
+    """
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
         if "WeightsUnpickler error:" in line:
             reason = line.split("WeightsUnpickler error:", 1)[1].strip()
+            if not reason and i + 1 < len(lines):
+                reason = lines[i + 1]
             if reason:
                 return reason.split(". ")[0]
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    index = next((i for i, line in enumerate(lines) if "WeightsUnpickler error" in line), None)
-    if index is not None and index + 1 < len(lines):
-        return lines[index + 1].split(". ")[0]
     return lines[0] if lines else "no details"
 
 

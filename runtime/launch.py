@@ -16,7 +16,8 @@ What this adds to torchrun (everything else is torchrun's own machinery):
 - usage errors (``--nproc-per-node 0``, a missing script) are one line and exit status 2, before
   torch is imported; Ctrl-C (or SIGTERM) to the launcher stops every worker (torchrun's signal
   handling) and exits 128 + the signal number (130), without a traceback;
-- ``--max-restarts K`` restarts a failed worker group on fresh rendezvous stores (see ``launch``);
+- ``--max-restarts K`` restarts a failed worker group with a rendezvous store that holds none of
+  the previous attempt's keys (see ``launch`` and ``runtime.state._rendezvous``);
 - on one node a busy default port (29500) is replaced by a free one; a busy port given explicitly
   is an error before any worker starts.
 """
