@@ -121,7 +121,9 @@ def run_rules(
             rule.apply(roles, plan)
 
     if (plan.changes or plan.findings) and (report or skipped):
-        line = start_lines(module)
+        # Skip comments and annotations look up other nodes' lines; otherwise only the reported ones.
+        line = start_lines(module, None if skipped or options.annotate else
+                           [*(r.node for r in plan.changes), *(f.node for f in plan.findings)])
         if skipped:
             drop_skipped(plan, line.__getitem__, skipped)
         if options.annotate:
