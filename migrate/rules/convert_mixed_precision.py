@@ -20,7 +20,8 @@ Example:
     scaler.update()
 
 Leaves alone:
-    Scripts whose autocast is switched by a variable (`enabled=args.amp`), or that use the scaler
+    Scripts whose autocast is switched by a variable (`enabled=args.amp`) or chosen by a
+    condition (`ctx = nullcontext() if device_type == "cpu" else torch.autocast(...)`), or that use the scaler
     in other ways (`scaler.state_dict()`, `get_scale()`): reported, and the AMP code is kept as
     it is (it still works: `accelerator.backward(scaler.scale(loss))`). Files that already create
     an Accelerator.
@@ -38,6 +39,7 @@ from migrate.analysis import Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import accelerator_call
+from migrate.walk import walk
 
 CODE = "AM006"
 NAME = "convert-mixed-precision"
@@ -87,8 +89,31 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     plan.removes_boilerplate = True
 
 
+def _chosen_by_condition(module: cst.Module, calls: list[cst.Call]) -> cst.Call | None:
+    """The first autocast call inside a conditional expression (`autocast() if c else nullcontext()`)."""
+    wanted = {id(c) for c in calls}
+    found: list[cst.Call] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_IfExp(self, node: cst.IfExp) -> None:
+            for branch in (node.body, node.orelse):
+                if id(branch) in wanted and isinstance(branch, cst.Call):
+                    found.append(branch)
+
+    walk(module, Finder())
+    return found[0] if found else None
+
+
 def _precision(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> str | None:  # type: ignore[type-arg]
     dtypes: set[str] = set()
+    switched = _chosen_by_condition(roles.facts.module, [call.call for _, call in autocasts])
+    if switched is not None:
+        # A prepared model runs its forward under the Accelerator's precision on every step:
+        # `accelerator.autocast() if cond else nullcontext()` would be mixed precision always.
+        plan.report(CODE, switched, "autocast is chosen by a condition (`... if cond else nullcontext()`); the AMP "
+                    "code was kept as it is: pass `mixed_precision=` to the Accelerator (or `accel launch "
+                    "--mixed-precision`) instead")
+        return None
     for _, call in autocasts:
         for arg in call.call.args:
             keyword = arg.keyword.value if arg.keyword else None
