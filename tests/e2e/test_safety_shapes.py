@@ -211,7 +211,7 @@ def test_migration_creates_the_accelerator_where_every_path_sees_it(name: str, t
     assert "accelerator.backward(loss)" in migrated
     if name == "flag_branches":
         assert migrated.count("device = accelerator.device.type") == 2
-        assert migrated.index("accelerator = Accelerator()") < migrated.index("if not args.cpu")
+        assert migrated.index("accelerator = Accelerator(") < migrated.index("if not args.cpu")
     if name == "notebook_helper":
         assert migrated.index("accelerator = Accelerator()") < migrated.index("data = download(128)")
     if name == "init_helper":
