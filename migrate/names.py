@@ -96,3 +96,19 @@ def target_names(target: cst.BaseExpression) -> list[str]:
     if isinstance(target, cst.StarredElement):
         return target_names(target.value)
     return []
+
+
+def call_argument(call: cst.Call, index: int, name: str) -> cst.BaseExpression | None:
+    """The argument a call passes for parameter `name` at position `index`; None when absent or
+    hidden behind `*args`/`**kwargs`."""
+    positional = 0
+    for arg in call.args:
+        if arg.star:
+            return None
+        if arg.keyword is None:
+            if positional == index:
+                return arg.value
+            positional += 1
+        elif arg.keyword.value == name:
+            return arg.value
+    return None

@@ -21,7 +21,7 @@ import libcst as cst
 
 from migrate.analysis import Binding, DeviceBinding, Facts, Loop, Scope, StmtRef, is_device_choice
 from migrate.imports import is_docstring
-from migrate.names import dotted_name, root_name
+from migrate.names import call_argument, dotted_name, root_name
 from migrate.walk import walk
 
 _OPTIMIZER = re.compile(r"^torch\.optim\.[A-Z]\w*$|^transformers\.(optimization\.)?(AdamW|Adafactor)$")
@@ -132,7 +132,7 @@ class Roles:
                 return None
         found: set[Origin] = set()
         for caller, call in self.call_sites(scope):
-            arg = _argument_for(call, index, name)
+            arg = call_argument(call, index, name)
             if not isinstance(arg, cst.Name):
                 return None
             sub = self.origins(caller, arg.value, seen)
@@ -956,20 +956,6 @@ def _binds_device(scope: Scope, name: str) -> bool:
     if any(d.name == name for d in scope.devices):
         return True
     return any(b.value is not None and _is_accelerator_device(b.value) for b in scope.bindings.get(name, []))
-
-
-def _argument_for(call: cst.Call, index: int, name: str) -> cst.BaseExpression | None:
-    positional = 0
-    for arg in call.args:
-        if arg.star:
-            return None
-        if arg.keyword is None:
-            if positional == index:
-                return arg.value
-            positional += 1
-        elif arg.keyword.value == name:
-            return arg.value
-    return None
 
 
 def _enclosing_function_or_module(scope: Scope) -> Scope | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 
@@ -138,3 +138,24 @@ def with_ancestors(root: cst.CSTNode, targets: set[cst.CSTNode]) -> set[cst.CSTN
 
     visit(root)
     return found
+
+
+def statement_blocks(stmt: cst.BaseStatement) -> list[Sequence[cst.BaseStatement]]:
+    """The statement blocks of a compound statement (not of a def or class: they run later)."""
+    if isinstance(stmt, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef)):
+        return []
+    out: list[Sequence[cst.BaseStatement]] = []
+    for part in (getattr(stmt, "body", None), getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None)):
+        if isinstance(part, cst.If):
+            out.extend(statement_blocks(part))
+        elif isinstance(part, (cst.Else, cst.Finally)):
+            part = part.body
+        if isinstance(part, cst.IndentedBlock):
+            out.append(part.body)
+    for handler in getattr(stmt, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            out.append(handler.body.body)
+    for case in getattr(stmt, "cases", ()):
+        if isinstance(case.body, cst.IndentedBlock):
+            out.append(case.body.body)
+    return out

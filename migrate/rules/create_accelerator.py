@@ -71,7 +71,7 @@ from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import names_read, statement
 from migrate.safety.device_type import used_as_string
-from migrate.walk import walk
+from migrate.walk import statement_blocks, walk
 
 CODE = "AM001"
 NAME = "create-accelerator"
@@ -261,32 +261,11 @@ def _scope_body(roles: Roles, scope: Scope) -> Sequence[cst.BaseStatement]:
     return node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
 
 
-def _blocks(stmt: cst.BaseStatement) -> list[Sequence[cst.BaseStatement]]:
-    """The statement blocks of a compound statement (not of a def or class: they run later)."""
-    if isinstance(stmt, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef)):
-        return []
-    out: list[Sequence[cst.BaseStatement]] = []
-    for part in (getattr(stmt, "body", None), getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None)):
-        if isinstance(part, cst.If):
-            out.extend(_blocks(part))
-        elif isinstance(part, (cst.Else, cst.Finally)):
-            part = part.body
-        if isinstance(part, cst.IndentedBlock):
-            out.append(part.body)
-    for handler in getattr(stmt, "handlers", ()):
-        if isinstance(handler.body, cst.IndentedBlock):
-            out.append(handler.body.body)
-    for case in getattr(stmt, "cases", ()):
-        if isinstance(case.body, cst.IndentedBlock):
-            out.append(case.body.body)
-    return out
-
-
 def _chain(body: Sequence[cst.BaseStatement], target: cst.BaseStatement) -> Chain | None:
     for index, stmt in enumerate(body):
         if stmt is target:
             return [(body, index)]
-        for block in _blocks(stmt):
+        for block in statement_blocks(stmt):
             inner = _chain(block, target)
             if inner is not None:
                 return [(body, index), *inner]
@@ -348,7 +327,7 @@ def _placement(
 
 
 def _contains(stmt: cst.BaseStatement, target: cst.BaseStatement) -> bool:
-    return stmt is target or any(_chain(block, target) is not None for block in _blocks(stmt))
+    return stmt is target or any(_chain(block, target) is not None for block in statement_blocks(stmt))
 
 
 def _uses(stmt: cst.BaseStatement, plan: EditPlan, users: set[str], default: cst.BaseStatement) -> bool:
@@ -453,7 +432,7 @@ def _string_device(roles: Roles, scope: Scope, binding: DeviceBinding) -> bool:
     else:
         values = [
             stmt.body[0].value
-            for block in _blocks(binding.where.stmt)
+            for block in statement_blocks(binding.where.stmt)
             for stmt in block
             if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)
         ]

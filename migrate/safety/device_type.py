@@ -32,7 +32,8 @@ import libcst as cst
 
 from migrate.safety import CheckContext, Violation
 from migrate.safety.accelerator_bound import line_of
-from migrate.walk import children
+from migrate.names import call_argument
+from migrate.walk import children, statement_blocks
 
 CODE = "AM102"
 NAME = "device-type-kept"
@@ -115,7 +116,7 @@ def _statements(stmts: Sequence[cst.BaseStatement]) -> Iterable[cst.BaseStatemen
             yield stmt
             continue
         yield _HeaderOnly(stmt)  # type: ignore[misc]
-        for block in _blocks(stmt):
+        for block in statement_blocks(stmt):
             yield from _statements(block)
 
 
@@ -124,25 +125,6 @@ class _HeaderOnly:
 
     def __init__(self, stmt: cst.BaseStatement) -> None:
         self.stmt = stmt
-
-
-def _blocks(stmt: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
-    out: list[Sequence[cst.BaseStatement]] = []
-    for name in ("body", "orelse", "finalbody"):
-        part = getattr(stmt, name, None)
-        if isinstance(part, cst.IndentedBlock):
-            out.append(part.body)
-        elif isinstance(part, (cst.Else, cst.Finally)) and isinstance(part.body, cst.IndentedBlock):
-            out.append(part.body.body)
-        elif isinstance(part, cst.If):
-            out.extend(_blocks(part))
-    for handler in getattr(stmt, "handlers", ()):
-        if isinstance(handler.body, cst.IndentedBlock):
-            out.append(handler.body.body)
-    for case in getattr(stmt, "cases", ()):
-        if isinstance(case.body, cst.IndentedBlock):
-            out.append(case.body.body)
-    return out
 
 
 def _header_parts(stmt: cst.CSTNode) -> list[cst.CSTNode]:
@@ -324,25 +306,11 @@ def _passed(module: _Module, scope: _Scope, name: str) -> list[tuple[_Scope, str
         for callee, call in caller.calls:
             if callee != scope.node.name.value:
                 continue
-            arg = _argument(call, index, name)
+            arg = call_argument(call, index, name)
             if not isinstance(arg, cst.Name):
                 return []
             out.append((caller, arg.value))
     return out
-
-
-def _argument(call: cst.Call, index: int, name: str) -> cst.BaseExpression | None:
-    positional = 0
-    for arg in call.args:
-        if arg.star:
-            return None
-        if arg.keyword is None:
-            if positional == index:
-                return arg.value
-            positional += 1
-        elif arg.keyword.value == name:
-            return arg.value
-    return None
 
 
 def used_as_string(module: cst.Module, scope_node: cst.Module | cst.FunctionDef, name: str) -> bool:
@@ -361,7 +329,7 @@ def used_as_string(module: cst.Module, scope_node: cst.Module | cst.FunctionDef,
         if target is None:
             continue
         for index, param in enumerate(target.params):
-            arg = _argument(call, index, param)
+            arg = call_argument(call, index, param)
             if isinstance(arg, cst.Name) and arg.value == name and target.uses.get(param) and not target.values.get(param):
                 return True
     return False
