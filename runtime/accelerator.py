@@ -44,6 +44,7 @@ from .precision import unwrap as unwrap_precision
 from .settings import resolve as resolve_settings
 from .state import ProcessState, destroy_process_group
 from .strategy import DDP, SingleDevice
+from .tracking import GeneralTracker, Tracking
 
 
 class DistributedType(str, enum.Enum):
@@ -74,6 +75,7 @@ class Accelerator:
         even_batches: bool | None = None,
         project_dir: str | os.PathLike[str] | None = None,
         project_config: ProjectConfiguration | None = None,
+        log_with: Any = None,
     ) -> None:
         # Settings: explicit argument > ACCEL_* environment > ACCEL_CONFIG_FILE > default
         # (None means "not given"; see runtime/settings.py).
@@ -144,6 +146,10 @@ class Accelerator:
             self.project_configuration.set_directories(project_dir)
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
+        # Experiment trackers (runtime/tracking.py): written by the main process only.
+        self._tracking = Tracking(
+            log_with, lambda: self.project_configuration.logging_dir, self.state.is_main_process
+        )
 
     # -- who am I -------------------------------------------------------------------------------
 
@@ -721,9 +727,57 @@ class Accelerator:
         if self.is_main_process:
             torch.save(obj, f)
 
+    # -- experiment trackers (runtime/tracking.py) -----------------------------------------------
+
+    @property
+    def trackers(self) -> list[GeneralTracker]:
+        """The trackers this process writes to (empty on processes other than the main one)."""
+        return list(self._tracking.trackers)
+
+    @property
+    def logging_dir(self) -> str | None:
+        """Where file trackers write: ``<logging_dir>/<project_name>`` (``project_dir`` by default)."""
+        return self.project_configuration.logging_dir
+
+    def init_trackers(
+        self,
+        project_name: str,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """Start the trackers of ``log_with`` for ``project_name`` and record ``config`` (main process).
+
+        ``init_kwargs`` maps a tracker name to its constructor's keyword arguments
+        (``{"wandb": {"mode": "offline"}}``).
+        """
+        self._tracking.init(project_name, config, init_kwargs)
+
+    def log(
+        self,
+        values: dict[str, Any],
+        step: int | None = None,
+        log_kwargs: dict[str, dict[str, Any]] | None = None,
+        *,
+        samples: float | None = None,
+        tokens: float | None = None,
+    ) -> None:
+        """Write ``values`` to every tracker (main process only); tensors are logged as numbers.
+
+        ``samples`` / ``tokens``: how many this process handled since the previous call with counts;
+        adds ``throughput/samples_per_sec`` and ``throughput/tokens_per_sec`` (see runtime/tracking.py).
+        """
+        self._tracking.log(values, step, log_kwargs, self.num_processes, samples=samples, tokens=tokens)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker named ``name`` (its library object with ``unwrap=True``); a no-op one on
+        processes that do not write."""
+        return self._tracking.get(name, unwrap)
+
     def end_training(self) -> None:
-        """Finish the job: wait for every process, then destroy the process group the runtime
-        created (a group the script initialised itself is left for the script to destroy)."""
+        """Finish the job: close the trackers, wait for every process, then destroy the process
+        group the runtime created (a group the script initialised itself is left for the script
+        to destroy)."""
+        self._tracking.finish()
         if self.state.distributed:
             ops.barrier(self.state)
         destroy_process_group()
