@@ -71,10 +71,15 @@ def text_lines(result: FileResult, write: bool, verbose: bool, quiet: bool) -> l
     if verbose:
         for change in result.changes:
             lines.append(("change", f"{_where(result.path, change.line, change.cell)}: {change.code} {change.message}"))
-    for diagnostic in result.diagnostics:
-        where = _where(result.path, diagnostic.line, diagnostic.cell)
-        lines.append(("warning", f"{where}: {diagnostic.code} {diagnostic.severity}: {diagnostic.message}"))
+    lines += [("warning", line) for line in diagnostic_lines(result)]
     return lines
+
+
+def diagnostic_lines(result: FileResult) -> list[str]:
+    """One `path:line: CODE severity: message` line per diagnostic (also printed by `accel launch --migrate`)."""
+    return [
+        f"{_where(result.path, d.line, d.cell)}: {d.code} {d.severity}: {d.message}" for d in result.diagnostics
+    ]
 
 
 def summary(report, write: bool) -> str:  # type: ignore[no-untyped-def]

@@ -13,6 +13,9 @@ What this adds to torchrun (everything else is torchrun's own machinery):
   are consequences (torchrun's SIGTERM, gloo "connection closed by peer") come after real ones
   (an exception, SIGKILL, SIGSEGV), then by the exact time of the error file. The other failures
   are cut to one line, and a last line says ``rank R failed first: <error> (at file, line N)``;
+- ``--migrate`` runs an unmodified single-device script: it is migrated in this process into a
+  temporary copy, which the workers run as if it were the script; a migration with diagnostics
+  is refused (``runtime/launch_migrated.py`` says what blocks and why);
 - usage errors (``--nproc-per-node 0``, a missing script) are one line and exit status 2, before
   torch is imported; Ctrl-C (or SIGTERM) to the launcher stops every worker (torchrun's signal
   handling) and exits 128 + the signal number (130), without a traceback;
@@ -167,6 +170,14 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "$ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml if it exists)",
     )
     parser.add_argument(
+        "--migrate",
+        action="store_true",
+        help="run an unmodified single-device script: migrate it into a temporary copy first "
+        "(its changes and diagnostics are printed) and run the copy; refused with exit status 2 "
+        "when the migration leaves a place it could not rewrite safely. The script itself is "
+        "never written",
+    )
+    parser.add_argument(
         "-m",
         "--module",
         action="store_true",
@@ -250,8 +261,9 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
     """torchrun's command line for parsed ``accel launch`` options.
 
     One node without rendezvous options uses ``--standalone`` (a local rendezvous on a free port).
-    The workers run ``runtime/worker_entry.py SCRIPT ARGS`` (``-m MODULE ARGS`` with ``-m``),
-    which runs the script under torchelastic's ``@record``.
+    The workers run ``runtime/worker_entry.py SCRIPT ARGS`` (``-m MODULE ARGS`` with ``-m``,
+    ``--migrated COPY SCRIPT ARGS`` with ``--migrate``), which runs the script under
+    torchelastic's ``@record``.
     """
     args = apply_config_defaults(args, {})
     argv = ["--nproc-per-node", str(args.nproc_per_node), "--nnodes", str(args.nnodes)]
@@ -275,7 +287,13 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
         if args.master_port is not None:
             argv += ["--master-port", str(args.master_port)]
     argv += ["--max-restarts", str(args.max_restarts)]
-    target = ["-m", args.script] if args.module else [args.script]
+    copy = getattr(args, "migrated_copy", None)
+    if args.module:
+        target = ["-m", args.script]
+    elif copy is not None:  # --migrate: the copy's code runs as the script (see worker_entry)
+        target = ["--migrated", str(copy), args.script]
+    else:
+        target = [args.script]
     return [*argv, str(WORKER_ENTRY), *target, *args.script_args]
 
 
@@ -488,8 +506,18 @@ def launch(args: argparse.Namespace) -> int:
         return 2
     if note:
         print(note, file=sys.stderr)
+    if args.migrate and args.module:
+        print("accel launch: error: --migrate needs a script file, not -m MODULE", file=sys.stderr)
+        return 2
     if not args.module:
         shadow = shadowing_module(args.script)
+        if shadow is not None and args.migrate:
+            print(
+                f"accel launch: error: {shadow} shadows the bundled runtime package, which the migrated "
+                "copy imports (`from runtime import Accelerator`); rename it (or move the script)",
+                file=sys.stderr,
+            )
+            return 2
         if shadow is not None:
             print(
                 f"accel launch: warning: {shadow} shadows the bundled runtime package; "
@@ -497,6 +525,31 @@ def launch(args: argparse.Namespace) -> int:
                 "Rename it (or move the script).",
                 file=sys.stderr,
             )
+    migrated = None
+    if args.migrate:
+        from .launch_migrated import MigrationRefused, migrate_for_launch
+
+        try:
+            migrated = migrate_for_launch(Path(args.script), sys.stderr)
+        except MigrationRefused as error:
+            print(f"accel launch: error: {error}", file=sys.stderr)
+            return 2
+        args.migrated_copy = None if migrated is None else migrated.copy
+    code = _run(args, config_path)
+    if migrated is not None:
+        if code == 0:
+            migrated.remove()
+        else:
+            print(
+                f"accel launch: the migrated copy is kept in {migrated.folder} (the traceback's line "
+                "numbers are its lines); remove it when done",
+                file=sys.stderr,
+            )
+    return code
+
+
+def _run(args: argparse.Namespace, config_path: Path | None) -> int:
+    """torchrun's engine over the settled options; the exit code for the shell."""
     if int(args.max_restarts) > 0:
         # With the c10d rendezvous (--standalone included) torchrun shares its TCPStore with the
         # workers by default, and a restarted worker group then finds the previous attempt's keys

@@ -2,8 +2,12 @@
 
 torchrun starts every worker as ``python <this file> SCRIPT ARGS`` (or ``... -m MODULE ARGS``).
 This file puts the script's folder first on ``sys.path`` (as ``python SCRIPT`` does), then runs it
-as ``__main__``. It does what torchelastic's ``@record`` does, with the traceback trimmed to the
-user's frames:
+as ``__main__``. ``accel launch --migrate`` starts ``... --migrated COPY SCRIPT ARGS``: the code of
+COPY (the migrated temporary copy) runs as if it were SCRIPT, so that everything a script derives
+from where it lives keeps working: ``__file__`` and ``sys.argv[0]`` are SCRIPT, and ``sys.path``
+starts with COPY's folder (other migrated files of the run) then SCRIPT's (its unmodified sibling
+modules). The working directory is the launcher's, as always. It does what torchelastic's
+``@record`` does, with the traceback trimmed to the user's frames:
 
 - an uncaught exception is written to the error file torchrun gives each worker (torch's own
   ``ErrorHandler``), so torchrun's failure summary shows the failing rank's exception instead of
@@ -23,6 +27,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import types
 from collections.abc import Callable
 from types import TracebackType
 
@@ -30,7 +35,7 @@ _INTERNAL_FILES = {os.path.abspath(__file__), "<frozen runpy>", os.path.abspath(
 
 
 def _usage() -> None:
-    sys.stderr.write("usage: worker_entry.py SCRIPT [ARGS...] | -m MODULE [ARGS...]\n")
+    sys.stderr.write("usage: worker_entry.py SCRIPT [ARGS...] | -m MODULE [ARGS...] | --migrated COPY SCRIPT [ARGS...]\n")
     raise SystemExit(2)
 
 
@@ -68,6 +73,26 @@ def run_recorded(target: Callable[[], object]) -> None:
         sys.exit(1)
 
 
+def run_as(copy: str, script: str) -> None:
+    """Run the code of ``copy`` as ``__main__`` with ``__file__`` set to ``script``.
+
+    Compiled under ``copy``'s name, so tracebacks show the lines that actually ran.
+    """
+    with open(copy, "rb") as source:
+        code = compile(source.read(), copy, "exec", dont_inherit=True)
+    main_module = types.ModuleType("__main__")
+    main_module.__file__ = script
+    main_module.__cached__ = None  # as for `python SCRIPT`: no bytecode file, no spec
+    main_module.__spec__ = None
+    previous = sys.modules.get("__main__")
+    sys.modules["__main__"] = main_module
+    try:
+        exec(code, main_module.__dict__)
+    finally:
+        if previous is not None:
+            sys.modules["__main__"] = previous
+
+
 def main(argv: list[str]) -> None:
     """Run ``argv`` (``SCRIPT ARGS`` or ``-m MODULE ARGS``) like ``python`` would, recorded."""
     if not argv:
@@ -79,6 +104,13 @@ def main(argv: list[str]) -> None:
         sys.argv = [module, *args]
         sys.path[0] = os.getcwd()  # what `python -m` puts first
         run_recorded(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+    elif argv[0] == "--migrated":
+        if len(argv) < 3:
+            _usage()
+        copy, script, args = argv[1], argv[2], argv[3:]
+        sys.argv = [script, *args]
+        sys.path[0:1] = [os.path.dirname(os.path.abspath(copy)), os.path.dirname(os.path.abspath(script))]
+        run_recorded(lambda: run_as(copy, script))
     else:
         script, args = argv[0], argv[1:]
         sys.argv = [script, *args]
