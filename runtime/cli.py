@@ -1,4 +1,4 @@
-"""The ``accel`` command line: ``accel launch``, ``accel config`` and ``accel env``.
+"""The ``accel`` command line: ``accel launch``, ``accel config``, ``accel env`` and ``accel estimate-memory``.
 
 Importing this module must not import torch (``accel --help`` answers instantly); commands import
 what they need when they run.
@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import NoReturn
 
+from . import memory_estimate
 from .launch import add_launch_arguments, launch
 
 
@@ -70,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="config file to show (default: $ACCEL_CONFIG_FILE, else the default location)",
     )
+    estimate_parser = commands.add_parser(
+        "estimate-memory",
+        help="bytes per rank of params, grads and optimizer state for each strategy",
+        description="Build the model with MODULE:CALLABLE on the meta device (nothing is allocated) "
+        "and print the parameter, gradient and optimizer-state bytes of the fullest rank under "
+        "ddp, zero1, fsdp-zero2 and fsdp-zero3, for each number of processes and precision.",
+    )
+    memory_estimate.add_arguments(estimate_parser)
     return parser
 
 
@@ -93,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(environment_report(Path(args.config_file) if args.config_file else None))
         return 0
+    if args.command == "estimate-memory":
+        return memory_estimate.command(args, sys.stdout, sys.stderr)
     parser.error(f"unknown command {args.command!r}")
     return 2
 
