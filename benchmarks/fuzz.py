@@ -3,6 +3,7 @@
     python -m benchmarks.fuzz --examples 10000            # the long run (about 20-40 min on 2 cores)
     python -m benchmarks.fuzz --examples 200 --seed 7     # a short one
     python -m benchmarks.fuzz --json fuzz.json            # also the counts and one example per failure
+    python -m benchmarks.fuzz --minutes 40                # stop generating after 40 min, report what ran
 
 Programs come from `benchmarks/fuzz_programs.py` (statements of our own fixtures, recombined,
 renamed, nested and reformatted); the properties are `fuzz_programs.failures` (no internal error,
@@ -30,6 +31,7 @@ from benchmarks.fuzz_programs import Program, failures, programs
 @dataclass
 class Tally:
     programs: int = 0
+    stopped: bool = False  # the time budget ran out before `examples` programs
     changed: int = 0
     groups: dict[str, list[str]] = field(default_factory=dict)  # signature -> [shortest program, detail]
     counts: dict[str, int] = field(default_factory=dict)
@@ -46,7 +48,11 @@ def signature(problem: str) -> str:
     return f"{head} {lines[-1][:80]} at {where}"
 
 
-def run(examples: int, seed_value: int, progress_every: int = 500) -> Tally:
+class _OutOfTime(BaseException):
+    """Ends the run at the time budget (a BaseException: hypothesis does not treat it as a failure)."""
+
+
+def run(examples: int, seed_value: int, progress_every: int = 500, minutes: float | None = None) -> Tally:
     from migrate.engine import Options
     from migrate.runner import migrate_text
 
@@ -63,6 +69,9 @@ def run(examples: int, seed_value: int, progress_every: int = 500) -> Tally:
     )
     @given(programs())
     def one(program: Program) -> None:
+        if minutes is not None and time.perf_counter() - started > minutes * 60:
+            tally.stopped = True
+            raise _OutOfTime
         tally.programs += 1
         problems = failures(program.text)
         if not problems:
@@ -80,7 +89,10 @@ def run(examples: int, seed_value: int, progress_every: int = 500) -> Tally:
             print(f"fuzz: {tally.programs} programs, {sum(tally.counts.values())} failures, "
                   f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
-    one()
+    try:
+        one()
+    except _OutOfTime:
+        pass
     return tally
 
 
@@ -89,20 +101,22 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=10000, help="programs to generate (default 10000)")
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0: reproducible)")
+    parser.add_argument("--minutes", type=float, help="stop generating after this many minutes (default: no limit)")
     parser.add_argument("--json", help="also write the counts and one program per failure group here")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    tally = run(args.examples, args.seed)
+    tally = run(args.examples, args.seed, minutes=args.minutes)
     seconds = time.perf_counter() - started
     total = sum(tally.counts.values())
     print(f"programs checked: {tally.programs}; outputs changed by a rule: {tally.changed}; "
-          f"failures: {total} in {len(tally.groups)} group(s); {seconds:.0f} s (seed {args.seed})")
+          f"failures: {total} in {len(tally.groups)} group(s); {seconds:.0f} s (seed {args.seed})"
+          + (f"; stopped by --minutes {args.minutes:g} before {args.examples}" if tally.stopped else ""))
     for key, count in sorted(tally.counts.items(), key=lambda item: -item[1]):
         text, detail = tally.groups[key]
         print(f"\n[{count}x] {key}\n--- shortest program ({len(text)} chars):\n{text}\n--- detail:\n{detail[-2000:]}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"programs": tally.programs, "changed": tally.changed, "seconds": seconds, "seed": args.seed,
+            json.dump({"programs": tally.programs, "stopped": tally.stopped, "changed": tally.changed, "seconds": seconds, "seed": args.seed,
                        "failures": {k: {"count": tally.counts[k], "program": v[0], "detail": v[1]}
                                     for k, v in tally.groups.items()}}, handle, indent=1)
     return 1 if total else 0

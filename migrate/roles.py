@@ -79,6 +79,10 @@ class Roles:
                 for binding in current.bindings.get(name, []):
                     if not _is_self_move(binding):
                         found.add((current, name))
+                if not found and name not in current.params:
+                    # Bound here by self-moves only (`model = DDP(model)` with no `model = Net()`):
+                    # the name is still this scope's, as it is once the wrapper becomes `prepare`.
+                    found.add((current, name))
                 if name in current.params:
                     from_callers = self._param_origins(current, name, seen)
                     if from_callers is None:
@@ -285,6 +289,8 @@ def _find_roles(roles: Roles) -> None:
     roles._training_functions = _training_functions(facts)
     _find_home_and_optimizers(roles)
     _find_existing_accelerator(roles)
+    if _built_in_a_class_body(roles):
+        return
     if roles.home is None:
         return
     _find_models(roles)
@@ -299,6 +305,42 @@ def _find_roles(roles: Roles) -> None:
     _find_eval_loops(roles)
     _place_accelerator(roles)
     _place_prepare(roles)
+
+
+def _built_in_a_class_body(roles: Roles) -> bool:
+    """An optimizer or an Accelerator created in a class body refuses the file.
+
+    A class body runs once, when the class is defined, and its names are class attributes that
+    neither its methods nor the module's functions can read by their plain name: an `accelerator`
+    created there is out of reach of every function that would use it, and a `prepare(...)` there
+    would rebind attributes the methods read through `self` or the class. No placement is right
+    for every such shape, so the file is reported and left as it is.
+    """
+    home, scope = roles.home, roles.accelerator_scope
+    if scope is not None and isinstance(scope.node, cst.ClassDef):
+        binding = scope.accelerators[0]
+        finding = Finding(
+            "AM001",
+            binding.where.stmt,
+            f"the Accelerator is created in the body of class `{scope.name}`, where the functions and "
+            "methods of this file cannot read it as `accelerator`, so the file was left as it is: create it "
+            "in the function that trains (or at module level) and run accel-migrate again",
+        )
+    elif home is not None and isinstance(home.node, cst.ClassDef):
+        binding = home.bindings[roles.optimizers[0]][0]
+        finding = Finding(
+            "AM004",
+            binding.where.stmt,
+            f"the optimizer `{binding.name}` is built in the body of class `{home.name}`, which runs once "
+            "when the class is defined and whose names its methods cannot read, so `accelerator.prepare(...)` "
+            "has no safe place and the file was left as it is: build the training objects in a function "
+            "(or in `__init__` as `self.` attributes) and run accel-migrate again",
+        )
+    else:
+        return False
+    roles.refused = True
+    roles.findings = [finding]
+    return True
 
 
 def _training_functions(facts: Facts) -> set[str]:
