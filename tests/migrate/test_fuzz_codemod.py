@@ -121,6 +121,26 @@ def test_the_oracle_reports_a_failing_check_and_a_second_run_that_changes(monkey
     assert any(p.startswith("4:") for p in problems), problems
 
 
+def test_the_oracle_reports_a_program_without_training_code_that_comes_back_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import migrate.engine
+
+    real = migrate.engine.migrate_source
+
+    def touching(text, path="<string>", options=migrate.engine.Options()):  # type: ignore[no-untyped-def]
+        result = real(text, path, options)
+        if "backward" not in text:  # the stripped programs of properties 5 and 6: one byte more
+            result.new_text = text + "\n"
+        return result
+
+    monkeypatch.setattr(migrate.engine, "migrate_source", touching)
+    script = (Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "train_mlp.py").read_text()
+    problems = failures(script)
+    assert any(p.startswith("5: a program without training code was not left alone") for p in problems), problems
+    assert any(p.startswith("6: a program without training code was not left alone") for p in problems), problems
+
+
 def test_a_program_without_training_code_is_stripped_of_it() -> None:
     script = (Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "train_mlp.py").read_text()
     stripped = without_training_code(script)

@@ -156,7 +156,7 @@ class Payload:
         return (Path.touch, (self.marker,))
 
 
-@pytest.mark.parametrize("name", ["optimizer.bin", "custom_checkpoint_0.pkl", "random_states_0.pkl"])
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "optimizer.bin", "custom_checkpoint_0.pkl", "random_states_0.pkl"])
 def test_file_that_runs_code_is_refused_and_the_code_does_not_run(tmp_path: Path, name: str) -> None:
     accelerator, *_ = _setup()
     target = tmp_path / "ckpt"

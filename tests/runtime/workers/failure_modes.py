@@ -5,6 +5,8 @@ Usage: failure_modes.py OUT_DIR MODE
 - ``sigkill``: rank 1 kills itself with SIGKILL while rank 0 waits at a barrier;
 - ``sleep``: every rank writes OUT_DIR/pid<rank> and "ready <rank>" on stdout, then sleeps
   (the test sends Ctrl-C).
+A failing rank writes OUT_DIR/failing_at (`time.time()` just before it fails), which
+benchmarks/launcher_failures.py reads to time how long the launcher takes to report it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def main() -> None:
     accelerator = Accelerator()
     accelerator.wait_for_everyone()
     rank = accelerator.process_index
+    if mode in ("raise", "sigkill") and rank == 1:
+        (out / "failing_at").write_text(repr(time.time()))
     if mode == "raise" and rank == 1:
         fail_on_purpose()
     if mode == "sigkill" and rank == 1:
