@@ -47,7 +47,8 @@ Example:
 
 Leaves alone:
     Files that already create an Accelerator (only missing parameters are threaded), files with no
-    training step, and device choices inside loops.
+    training step, and device choices inside loops. An Accelerator created in a class body is
+    out of reach of the file's functions by the name `accelerator`: reported, the file left as it is.
 
 Fix safety:
     Safe: the device name is kept, so `torch.zeros(..., device=device)` still lands on the right

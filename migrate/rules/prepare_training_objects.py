@@ -24,7 +24,9 @@ Leaves alone:
     no optimizer. Objects created inside a loop, in another function, or as attributes
     (`self.model`) are reported instead. Test modules (importing unittest or pytest, or defining a
     `...TestCase`) and library modules (no entry point, no DataLoader built or iterated) are
-    reported and left as they are: their models and data come from elsewhere.
+    reported and left as they are: their models and data come from elsewhere. An optimizer built
+    in a class body (`class Setup: optimizer = SGD(...)`, run once when the class is defined) is
+    reported and the file left as it is: no placement of `prepare` there is right for its methods.
 
 Fix safety:
     Safe on one process: the prepared loader yields the same batches in the same order.
