@@ -25,6 +25,10 @@ _BOILERPLATE_PREFIXES = (
     "torch.cuda.amp",
     "torch.amp",
     "torch.multiprocessing",
+    # loggers whose calls AM012 turned into the tracker API
+    "torch.utils.tensorboard",
+    "tensorboardX",
+    "wandb",
 )
 
 

@@ -79,6 +79,9 @@ class GeneralTracker:
     requires_logging_directory: bool = False
     main_process_only: bool = True
     package: str | None = None  # pip package the kind needs (None: none)
+    # Built-in trackers finish once: `get_tracker(name).finish()` in the script, then
+    # `end_training()` or the exit, must not end a wandb run or an mlflow run twice.
+    finished: bool = False
 
     @property
     def tracker(self) -> Any:
@@ -165,7 +168,9 @@ class TensorBoardTracker(GeneralTracker):
         self.writer.flush()
 
     def finish(self) -> None:
-        self.writer.close()
+        if not self.finished:
+            self.finished = True
+            self.writer.close()
 
 
 def _hparam(value: Any) -> Any:
@@ -204,7 +209,9 @@ class JSONLTracker(GeneralTracker):
         self.file.flush()  # a crashed run keeps every line logged before the crash
 
     def finish(self) -> None:
-        self.file.close()
+        if not self.finished:
+            self.finished = True
+            self.file.close()
 
 
 class WandBTracker(GeneralTracker):
@@ -230,7 +237,9 @@ class WandBTracker(GeneralTracker):
         self.run.log(_plain(values), step=step, **kwargs)
 
     def finish(self) -> None:
-        self.run.finish()
+        if not self.finished:
+            self.finished = True
+            self.run.finish()
 
 
 class MLflowTracker(GeneralTracker):
@@ -263,7 +272,9 @@ class MLflowTracker(GeneralTracker):
         self.mlflow.log_metrics(metrics, step=step, **kwargs)
 
     def finish(self) -> None:
-        self.mlflow.end_run()
+        if not self.finished:
+            self.finished = True
+            self.mlflow.end_run()
 
 
 TRACKERS: dict[str, type[GeneralTracker]] = {

@@ -44,12 +44,14 @@ Fix safety:
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate.analysis import Scope, StmtRef
+from migrate.analysis import LibraryCall, Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.walk import walk
@@ -83,6 +85,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     for item in found:
         if (item.guarded or item.problems) and not roles.can_reach(item.scope):
             broken.update(family for family, _ in item.guarded if family)  # logs on every process there
+    converted = _convert(roles, plan, found)
     for item in found:
         scope = item.scope
         if not item.guarded and not item.problems:
@@ -98,7 +101,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             continue
         for _, node, message in item.problems:
             plan.report(CODE, node, message)
-        guarded = [stmt for family, stmt in item.guarded if family not in broken]
+        guarded = [stmt for family, stmt in item.guarded if family not in broken and stmt not in converted]
         for stmt in guarded:
             if stmt not in plan.main_process_only:
                 plan.main_process_only.add(stmt)
@@ -112,6 +115,9 @@ class _Found:
     scope: Scope
     guarded: list[tuple[str, cst.BaseStatement]] = field(default_factory=list)  # (family, statement)
     problems: list[tuple[str, cst.CSTNode, str]] = field(default_factory=list)  # (family, node, message)
+    # Writers used only as receivers of logging statements: (name, creating call, those statements).
+    writers: list[tuple[str, LibraryCall, list[Site]]] = field(default_factory=list)
+    unconvertible: set[str] = field(default_factory=set)  # tracker kinds seen here that cannot convert
 
 
 def _family(qualified: str) -> str:
@@ -122,7 +128,7 @@ def _family(qualified: str) -> str:
 
 def _collect(item: _Found) -> None:
     scope = item.scope
-    writers: dict[str, str] = {}  # name -> the call that created it
+    writers: dict[str, LibraryCall] = {}  # name -> the call that created it
     logging_stmts: set[int] = set()
     calls = [c for c in scope.library_calls if _is_logging(c.qualified)]
     for call in calls:
@@ -130,7 +136,7 @@ def _collect(item: _Found) -> None:
         if kind == "expression" or (kind is not None and call.qualified in _WRITERS):
             logging_stmts.add(id(call.where.stmt))
             if kind != "expression":
-                writers.setdefault(kind, call.qualified)
+                writers.setdefault(kind, call)
             if not _already_guarded(call.where):
                 item.guarded.append((_family(call.qualified), call.where.stmt))
     for call in calls:
@@ -138,16 +144,20 @@ def _collect(item: _Found) -> None:
             continue  # `wandb.log({"img": wandb.Image(x)})`: inside a guarded statement
         # Part of an expression, a `with`, or `x = wandb.Image(...)`: not a statement to guard.
         item.problems.append((_family(call.qualified), call.call, _unguardable_call(call.qualified, call.where.stmt)))
-    for name, created_by in writers.items():
+        item.unconvertible.add(_tracker_kind(call.qualified))
+    for name, creation in writers.items():
+        created_by = creation.qualified
         sites, bad = _writer_uses(scope, name)
         family = _family(created_by)
         if bad is not None:
             item.problems.append((family, bad, _unguardable_writer(name, created_by)))
+            item.unconvertible.add(_tracker_kind(created_by))
             # Its creation stays on every process: so does every statement writing through it.
             creations = {id(b.where.stmt) for b in scope.bindings.get(name, [])}
             item.guarded = [(f, s) for f, s in item.guarded if id(s) not in creations]
             continue
-        item.guarded.extend((family, s.stmt) for s in sites if not _already_guarded(s))
+        item.guarded.extend((family, s.where.stmt) for s in sites if not _already_guarded(s.where))
+        item.writers.append((name, creation, sites))
 
 
 def _is_logging(qualified: str) -> bool:
@@ -181,15 +191,15 @@ def _already_guarded(where: StmtRef) -> bool:
     return False
 
 
-def _writer_uses(scope: Scope, name: str) -> tuple[list[StmtRef], cst.CSTNode | None]:
+def _writer_uses(scope: Scope, name: str) -> tuple[list[Site], cst.CSTNode | None]:
     """The statements `name.method(...)` of `scope`, and the first other read of `name` (None:
     every read is such a statement). A rebinding other than by the creating call counts too."""
-    receivers: dict[int, StmtRef] = {}
+    receivers: dict[int, Site] = {}
     for site in scope.method_calls:
         if isinstance(site.receiver, cst.Name) and site.receiver.value == name and _statement_kind(
             site.where.stmt, site.call
         ) == "expression":
-            receivers[id(site.receiver)] = site.where
+            receivers[id(site.receiver)] = site
     for binding in scope.bindings.get(name, []):
         value = binding.value
         if not isinstance(value, cst.Call) or _statement_kind(binding.where.stmt, value) != name:
@@ -263,3 +273,233 @@ def _unguardable_writer(name: str, created_by: str) -> str:
         f"with `{name} = {short}(...) if accelerator.is_main_process else None` and write through it under "
         f"`if {name} is not None:`"
     )
+
+
+# -- conversion to the tracker API -------------------------------------------------------------
+
+_LOG_DIR_KEYWORD = {
+    "torch.utils.tensorboard.SummaryWriter": "log_dir",
+    "torch.utils.tensorboard.writer.SummaryWriter": "log_dir",
+    "tensorboardX.SummaryWriter": "logdir",
+}
+# SummaryWriter arguments the tracker passes on unchanged (`init_kwargs={"tensorboard": {...}}`).
+_WRITER_OPTIONS = frozenset({"comment", "purge_step", "max_queue", "flush_secs", "filename_suffix"})
+_WANDB_CALLS = frozenset({"wandb.init", "wandb.log", "wandb.finish"})
+_EMPTY = cst.Module([])
+
+
+def _tracker_kind(qualified: str) -> str:
+    return "tensorboard" if qualified.endswith("SummaryWriter") else qualified.split(".", 1)[0]
+
+
+def _convert(roles: Roles, plan: EditPlan, found: list[_Found]) -> set[cst.BaseStatement]:
+    """Convert one kind of logging (a SummaryWriter, else wandb) to the tracker API where that is
+    provably the same log; return the statements converted (the rest is guarded as before).
+
+    One kind only: with `log_with=["tensorboard", "wandb"]` every `accelerator.log` would write to
+    both, where the script wrote some values to one and some to the other."""
+    if roles.accelerator_exists or "log_with" in plan.accelerator_kwargs:
+        return set()  # an existing Accelerator's arguments are the script's own
+    for convert in (_convert_tensorboard, _convert_wandb):
+        done = convert(roles, plan, found)
+        if done:
+            plan.removes_boilerplate = True  # `from torch.utils.tensorboard import SummaryWriter` may go
+            return done
+    return set()
+
+
+def _convert_tensorboard(roles: Roles, plan: EditPlan, found: list[_Found]) -> set[cst.BaseStatement]:
+    if any("tensorboard" in item.unconvertible for item in found):
+        return set()
+    writers = [(item, w) for item in found for w in item.writers if _tracker_kind(w[1].qualified) == "tensorboard"]
+    if len(writers) != 1:
+        return set()  # two writers would be two trackers of one kind: the API has one
+    item, (name, creation, sites) = writers[0]
+    where = _log_dir(creation)
+    if (
+        where is None
+        or not roles.can_reach(item.scope)
+        or creation.where.in_loop
+        or _already_guarded(creation.where)
+        or len(item.scope.bindings.get(name, [])) != 1
+    ):
+        return set()
+    edits: list[tuple[Site, str]] = []
+    for site in sites:
+        assert isinstance(site.call.func, cst.Attribute)
+        method = site.call.func.attr.value
+        if _already_guarded(site.where):
+            return set()
+        if method == "add_scalar" and _scalar_args(site.call) is not None:
+            edits.append((site, method))
+        elif method in ("flush", "close") and not site.call.args:
+            edits.append((site, method))
+        else:
+            return set()  # add_histogram, add_image, ...: only the writer can write those
+    project_dir, run_name, options = where
+    plan.accelerator_kwargs["log_with"] = '"tensorboard"'
+    plan.accelerator_kwargs["project_dir"] = project_dir
+    init_kwargs = f', init_kwargs={{"tensorboard": {{{options}}}}}' if options else ""
+    stmt = creation.where.stmt
+    plan.replace_stmt[stmt] = [_statement_like(stmt, f"accelerator.init_trackers({run_name}{init_kwargs})")]
+    plan.change(CODE, stmt, f"`{name}` is the tensorboard tracker: `init_trackers({run_name})` under project_dir={project_dir}")
+    converted = {stmt}
+    for site, method in edits:
+        stmt = site.where.stmt
+        converted.add(stmt)
+        if method == "add_scalar":
+            plan.calls[site.call] = _scalar_to_log
+            plan.change(CODE, stmt, f"`{name}.add_scalar` is `accelerator.log` (main process only)")
+        elif method == "flush":
+            plan.replace_stmt[stmt] = []  # the tracker flushes after every log
+            plan.change(CODE, stmt, f"`{name}.flush()` removed: the tracker flushes after every log")
+        else:
+            plan.calls[site.call] = lambda _: _finish_call("tensorboard")
+            plan.change(CODE, stmt, f"`{name}.close()` closes the tensorboard tracker")
+    plan.use_accelerator(item.scope)
+    return converted
+
+
+def _log_dir(creation: LibraryCall) -> tuple[str, str, str] | None:
+    """For `SummaryWriter("runs/exp", flush_secs=10)`: the project_dir and run name whose join is
+    that directory (`"runs"`, `"exp"`), and the other options as dict items; None unless the
+    directory is a string literal (only then is the split known here)."""
+    keyword = _LOG_DIR_KEYWORD[creation.qualified]
+    directory: cst.BaseExpression | None = None
+    options: list[str] = []
+    for index, arg in enumerate(creation.call.args):
+        if arg.star:
+            return None
+        name = arg.keyword.value if arg.keyword is not None else None
+        if (name is None and index == 0) or name == keyword:
+            directory = arg.value
+        elif name in _WRITER_OPTIONS and keyword == "log_dir":
+            options.append(f'"{name}": {_EMPTY.code_for_node(arg.value)}')
+        else:
+            return None
+    if not isinstance(directory, cst.SimpleString):
+        return None  # `SummaryWriter()` (a dated directory), `SummaryWriter(args.log_dir)`
+    path = directory.evaluated_value
+    if not isinstance(path, str):
+        return None
+    head, _, tail = path.rstrip("/").rpartition("/")
+    if tail in ("", ".", ".."):
+        return None
+    project_dir = head or ("/" if path.startswith("/") else ".")
+    return json.dumps(project_dir, ensure_ascii=False), json.dumps(tail, ensure_ascii=False), ", ".join(options)
+
+
+def _scalar_args(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression | None] | None:
+    """`add_scalar(tag, value[, step])` (step also as `global_step=`); None for any other shape
+    (`walltime=`, `new_style=`, ...)."""
+    positional: list[cst.BaseExpression] = []
+    step: cst.BaseExpression | None = None
+    for arg in call.args:
+        if arg.star:
+            return None
+        if arg.keyword is None and step is None:
+            positional.append(arg.value)
+        elif arg.keyword is not None and arg.keyword.value == "global_step" and len(positional) == 2:
+            step = arg.value
+        else:
+            return None
+    if len(positional) == 3 and step is None:
+        positional, step = positional[:2], positional[2]
+    if len(positional) != 2:
+        return None
+    return positional[0], positional[1], step
+
+
+def _scalar_to_log(updated: cst.Call) -> cst.BaseExpression:
+    """`writer.add_scalar(tag, value, step)` -> `accelerator.log({tag: value}, step=step)`."""
+    parts = _scalar_args(updated)
+    assert parts is not None
+    tag, value, step = parts
+    args = [cst.Arg(cst.Dict([cst.DictElement(tag, value)]))]
+    if step is not None:
+        args.append(_keyword("step", step))
+    return cst.Call(cst.Attribute(cst.Name("accelerator"), cst.Name("log")), args)
+
+
+def _convert_wandb(roles: Roles, plan: EditPlan, found: list[_Found]) -> set[cst.BaseStatement]:
+    if any("wandb" in item.unconvertible for item in found):
+        return set()
+    if any(_tracker_kind(w[1].qualified) == "wandb" for item in found for w in item.writers):
+        return set()  # `run = wandb.init(...)`: the run object is used, the tracker API has none
+    calls = [(item, c) for item in found for c in item.scope.library_calls if c.qualified.startswith("wandb.")]
+    inits = [c for _, c in calls if c.qualified == "wandb.init"]
+    if len(inits) != 1 or inits[0].where.in_loop:
+        return set()
+    for item, call in calls:
+        if (
+            call.qualified not in _WANDB_CALLS  # wandb.watch, wandb.Image, wandb.config...
+            or _statement_kind(call.where.stmt, call.call) != "expression"
+            or _already_guarded(call.where)
+            or not roles.can_reach(item.scope)
+            or _wandb_edit(call) is None
+        ):
+            return set()
+    plan.accelerator_kwargs["log_with"] = '"wandb"'
+    converted: set[cst.BaseStatement] = set()
+    for item, call in calls:
+        plan.calls[call.call] = _wandb_edit(call)  # type: ignore[assignment]
+        converted.add(call.where.stmt)
+        plan.change(CODE, call.where.stmt, f"`{call.qualified}` is the wandb tracker's")
+        plan.use_accelerator(item.scope)
+    return converted
+
+
+def _wandb_edit(call: LibraryCall) -> Callable[[cst.Call], cst.BaseExpression] | None:
+    """The edit turning this wandb call into the tracker API, or None when its arguments have no
+    equivalent there."""
+    args = call.call.args
+    if any(arg.star for arg in args):
+        return None
+    keywords = {arg.keyword.value: arg for arg in args if arg.keyword is not None}
+    if call.qualified == "wandb.init":
+        if len(keywords) != len(args) or "project" not in keywords:
+            return None  # without a project name wandb picks one; init_trackers needs one
+        return _init_to_trackers
+    if call.qualified == "wandb.log":
+        positional = len(args) - len(keywords)
+        if positional != 1 or args[0].keyword is not None or set(keywords) - {"step"}:
+            return None  # `commit=`, `data=`: no tracker-API spelling
+        return lambda updated: updated.with_changes(func=cst.Attribute(cst.Name("accelerator"), cst.Name("log")))
+    if call.qualified == "wandb.finish" and not args:
+        return lambda _: _finish_call("wandb")
+    return None
+
+
+def _init_to_trackers(updated: cst.Call) -> cst.BaseExpression:
+    """`wandb.init(project=P, config=C, name=N)` ->
+    `accelerator.init_trackers(P, config=C, init_kwargs={"wandb": {"name": N}})`."""
+    keywords = {arg.keyword.value: arg.value for arg in updated.args if arg.keyword is not None}
+    args = [cst.Arg(keywords.pop("project"))]
+    if "config" in keywords:
+        args.append(_keyword("config", keywords.pop("config")))
+    if keywords:
+        inner = cst.Dict([cst.DictElement(cst.SimpleString(f'"{k}"'), v) for k, v in keywords.items()])
+        args.append(_keyword("init_kwargs", cst.Dict([cst.DictElement(cst.SimpleString('"wandb"'), inner)])))
+    return cst.Call(cst.Attribute(cst.Name("accelerator"), cst.Name("init_trackers")), args)
+
+
+def _finish_call(kind: str) -> cst.BaseExpression:
+    """`accelerator.get_tracker(kind).finish()`: closes that tracker only (`end_training` would
+    also end the process group, which the script may still use after this line)."""
+    return cst.parse_expression(f'accelerator.get_tracker("{kind}").finish()')
+
+
+def _keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(
+        value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+
+
+def _statement_like(original: cst.BaseStatement, code: str) -> cst.BaseStatement:
+    """`code` as a statement with `original`'s leading comments and trailing comment."""
+    new = cst.parse_statement(code + "\n").with_changes(leading_lines=original.leading_lines)
+    if isinstance(original, cst.SimpleStatementLine):
+        new = new.with_changes(trailing_whitespace=original.trailing_whitespace)
+    return new

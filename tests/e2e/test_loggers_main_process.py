@@ -1,8 +1,9 @@
 """Experiment logging on 2 processes: only the main process creates and writes the logs (AM012).
 
-A training script logs through a TensorBoard-style `SummaryWriter` (`tensorboardX`), wandb
-(`init` / `log` / `finish`) and `logging.basicConfig(filename=...)` + `logger.info`, then saves its
-checkpoint and loads it back (AM009 puts a barrier between). Neither tensorboardX nor wandb is
+A training script logs through a TensorBoard-style `SummaryWriter` (`tensorboardX`, its directory
+computed: guarded), wandb (`init` / `log` / `finish`: converted to the tracker API, which the
+runtime's wandb tracker runs through the fake's run object) and `logging.basicConfig(filename=...)`
++ `logger.info`, then saves its checkpoint and loads it back (AM009 puts a barrier between). Neither tensorboardX nor wandb is
 installed here: fake modules of the same names, put on PYTHONPATH by the test, record each call
 with the rank that made it (and `wandb.log` refuses to run before `wandb.init`, like wandb does).
 The script is migrated with the CLI and launched with `accel launch --nproc-per-node 2`: rank 0
@@ -37,13 +38,27 @@ FAKE_WANDB = _RECORD + '''
 _run = None
 
 
+class Run:
+    class config:
+        @staticmethod
+        def update(values, allow_val_change=False):
+            _record("wandb.config " + ",".join(sorted(values)))
+
+    def log(self, values, step=None):
+        log(values, step)
+
+    def finish(self):
+        finish()
+
+
 def init(**kwargs):
     global _run
-    _record("wandb.init")
-    _run = object()
+    _record("wandb.init " + kwargs["project"])
+    _run = Run()
+    return _run
 
 
-def log(values):
+def log(values, step=None):
     if _run is None:
         raise RuntimeError("You must call wandb.init() before wandb.log()")
     _record("wandb.log " + ",".join(sorted(values)))
@@ -144,9 +159,13 @@ def test_logging_runs_on_the_main_process_only(tmp_path: Path) -> None:
     text = migrated.read_text()
     assert "if accelerator.is_main_process:\n        writer = SummaryWriter(" in text, text
     assert "accelerator.wait_for_everyone()" in text, text
+    # wandb's init/log/finish are converted to the tracker API (the runtime's wandb tracker calls
+    # the fake's run); the writer's directory is computed, so it is guarded instead.
+    assert 'Accelerator(log_with="wandb")' in text and 'accelerator.init_trackers("e2e")' in text, text
+    assert "wandb" not in text.replace('"wandb"', ""), text
 
     expected = [
-        "wandb.init", "SummaryWriter",
+        "wandb.init e2e", "SummaryWriter",
         "add_scalar loss 0", "wandb.log epoch",
         "add_scalar loss 1", "wandb.log epoch",
         "close", "wandb.finish",
