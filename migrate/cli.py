@@ -169,6 +169,13 @@ def migrate(
     mixed_precision: Optional[str] = typer.Option(
         None, "--mixed-precision", help="Default precision for Accelerator(): no (default), fp16 or bf16."
     ),
+    strategy: Optional[str] = typer.Option(
+        None,
+        "--strategy",
+        help="Write Accelerator(strategy=...): ddp, zero1 (optimizer state sharded), fsdp (ZeRO-3-like), "
+        "fsdp-zero2. A script that shards by hand keeps its own choice. Runtime target only.",
+        show_default=False,
+    ),
     output_dir: Optional[Path] = typer.Option(
         None,
         "--output-dir",
@@ -219,6 +226,7 @@ def migrate(
                 "select": select,
                 "ignore": ignore,
                 "mixed_precision": mixed_precision,
+                "strategy": strategy,
                 "annotate": annotate or None,
                 "exclude": _patterns(exclude),
                 "extend_exclude": _patterns(extend_exclude),
@@ -254,8 +262,8 @@ def migrate(
     raise typer.Exit(code)
 
 
-def _build_options(target, select, ignore, mixed_precision="no", annotate=False):  # type: ignore[no-untyped-def]
-    from migrate.config import MIXED_PRECISION, TARGETS
+def _build_options(target, select, ignore, mixed_precision="no", annotate=False, strategy=None):  # type: ignore[no-untyped-def]
+    from migrate.config import MIXED_PRECISION, STRATEGIES, TARGETS
     from migrate.engine import Options
 
     known = _known_codes()
@@ -265,6 +273,11 @@ def _build_options(target, select, ignore, mixed_precision="no", annotate=False)
     mixed_precision = mixed_precision or "no"
     if mixed_precision not in MIXED_PRECISION:
         _fail_usage(f"--mixed-precision must be one of {', '.join(MIXED_PRECISION)}, not {mixed_precision!r}")
+    if strategy is not None and strategy not in STRATEGIES:
+        _fail_usage(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    if strategy is not None and target != "runtime":
+        _fail_usage("--strategy needs --target runtime: HF Accelerate's Accelerator has no strategy argument "
+                    "(choose FSDP or DeepSpeed with `accelerate config` instead)")
     unknown = sorted((_codes(select) | _codes(ignore)) - known)
     if unknown:
         _fail_usage(f"unknown rule code(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -274,6 +287,7 @@ def _build_options(target, select, ignore, mixed_precision="no", annotate=False)
         ignore=_codes(ignore),
         mixed_precision=mixed_precision,
         annotate=bool(annotate),
+        strategy=strategy,
     )
 
 
@@ -291,7 +305,8 @@ def options_from_flags(flags: list[str]):  # type: ignore[no-untyped-def]
     with command.make_context("accel-migrate", [*flags, "-"]) as context:
         params = context.params
     return _build_options(
-        params["target"], params["select"], params["ignore"], params["mixed_precision"], params["annotate"]
+        params["target"], params["select"], params["ignore"], params["mixed_precision"], params["annotate"],
+        params["strategy"],
     )
 
 
@@ -352,6 +367,7 @@ def _main(
         settings.get("ignore"),
         settings.get("mixed_precision"),
         settings.get("annotate"),
+        settings.get("strategy"),
     )
     mode = "diff" if diff else "check" if check else "write"
     if stdin:

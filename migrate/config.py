@@ -20,6 +20,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 TARGETS = ("runtime", "accelerate")
 MIXED_PRECISION = ("no", "fp16", "bf16")
+# The runtime's strategy names (runtime/settings.py); "fsdp" is ZeRO-3-like, "fsdp-zero2" keeps the
+# gathered parameters from forward to backward.
+STRATEGIES = ("ddp", "zero1", "fsdp", "fsdp-zero2", "fsdp-zero3")
 OUTPUT_FORMATS = ("text", "json", "github", "sarif")
 SECTION = "accel-migrate"
 
@@ -72,6 +75,7 @@ KEYS = {
     "force-exclude": ("force_exclude", lambda v: _bool(v)),
     "annotate": ("annotate", lambda v: _bool(v)),
     "mixed-precision": ("mixed_precision", lambda v: _string(v, MIXED_PRECISION)),
+    "strategy": ("strategy", lambda v: _string(v, STRATEGIES)),
     "jobs": ("jobs", _jobs),
     "output-format": ("output_format", lambda v: _string(v, OUTPUT_FORMATS)),
 }

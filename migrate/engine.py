@@ -37,6 +37,7 @@ class Options:
     select: frozenset[str] = frozenset()  # empty: every rule
     ignore: frozenset[str] = frozenset()
     mixed_precision: str = "no"  # Accelerator(mixed_precision=...) when the script has no AMP code
+    strategy: str | None = None  # Accelerator(strategy=...) unless the script shards by hand (AM007)
     annotate: bool = False  # leave `# TODO(accel-migrate): ...` above each diagnostic's statement
 
     def enabled(self, code: str) -> bool:
@@ -115,6 +116,8 @@ def run_rules(
     plan = EditPlan(target=options.target)
     if options.mixed_precision != "no":
         plan.accelerator_kwargs["mixed_precision"] = f'"{options.mixed_precision}"'
+    if options.strategy is not None:
+        plan.accelerator_kwargs["strategy"] = f'"{options.strategy}"'
     plan.findings.extend(f for f in roles.findings if options.enabled(f.code))
     for rule in RULES if not roles.refused else ():
         if options.enabled(rule.code):

@@ -19,12 +19,17 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from migrate import hand_sharding
 from migrate.analysis import Binding, DeviceBinding, Facts, Loop, Scope, StmtRef, is_device_choice
+from migrate.hand_sharding import HandSharding
 from migrate.imports import is_docstring
 from migrate.names import call_argument, dotted_name, root_name
 from migrate.walk import walk
 
-_OPTIMIZER = re.compile(r"^torch\.optim\.[A-Z]\w*$|^transformers\.(optimization\.)?(AdamW|Adafactor)$")
+_OPTIMIZER = re.compile(
+    r"^torch\.optim\.[A-Z]\w*$|^transformers\.(optimization\.)?(AdamW|Adafactor)$"
+    r"|^torch\.distributed\.optim\.(zero_redundancy_optimizer\.)?ZeroRedundancyOptimizer$"  # AM007 unwraps it
+)
 _SCHEDULER = re.compile(r"^torch\.optim\.lr_scheduler\.\w+$|^transformers\.(optimization\.)?get_\w*schedule\w*$")
 _DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 
@@ -60,6 +65,7 @@ class Roles:
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     spawn: "SpawnLaunch | None" = None  # an understood `mp.spawn` launcher (AM007 converts it)
+    sharding: "HandSharding | None" = None  # hand-written FSDP / fully_shard / ZeRO that AM007 converts
     _training_functions: set[str] = field(default_factory=set)
 
     # -- name resolution ---------------------------------------------------------------------
@@ -281,6 +287,13 @@ def find_roles(facts: Facts) -> Roles:
     _find_roles(roles)
     if spawn is not None and not roles.refused:
         _check_spawn_worker(roles, spawn)
+    if roles.home is not None and roles.models and not roles.refused and not roles.accelerator_exists:
+        sharding = hand_sharding.find(roles)
+        if isinstance(sharding, Finding):
+            roles.refused = True
+            roles.findings = [sharding]
+        else:
+            roles.sharding = sharding
     return roles
 
 
@@ -979,7 +992,7 @@ def _is_self_move(binding: Binding) -> bool:
         return root_name(value.func.value) == binding.name
     name = value.func.attr.value if isinstance(value.func, cst.Attribute) else getattr(value.func, "value", "")
     return (
-        name in ("DDP", "DistributedDataParallel", "DataParallel")
+        name in ("DDP", "DistributedDataParallel", "DataParallel", "FSDP", "FullyShardedDataParallel")
         and bool(value.args)
         and root_name(value.args[0].value) == binding.name
     )

@@ -55,10 +55,13 @@ Fix safety:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from migrate.analysis import Scope, StmtRef
 from migrate.edits import EditPlan
+from migrate.hand_sharding import HandSharding
 from migrate.names import root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
 from migrate.rules.base import accelerator_call, reference
@@ -108,6 +111,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             _module_accesses(roles, plan, scope)
     _remove_wrappers(roles, plan)
     _remove_samplers(roles, plan)
+    if roles.sharding is not None:
+        _convert_hand_sharding(roles.sharding, plan)
 
 
 def _place_creation(roles: Roles, plan: EditPlan) -> int:
@@ -329,6 +334,35 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> None:
             else:
                 plan.calls[value] = lambda updated: updated.args[0].value
             plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
+
+
+def _convert_hand_sharding(sharding: HandSharding, plan: EditPlan) -> None:
+    """FSDP / fully_shard go and ZeroRedundancyOptimizer becomes its optimizer class (see
+    `migrate.hand_sharding` for which shapes amount to which strategy); the Accelerator gets it."""
+    for stmt, node, message in sharding.removed:
+        plan.replace_stmt[stmt] = []
+        plan.change(CODE, node, message)
+    for call, klass, kept in sharding.optimizers:
+        keep = [index for index, arg in enumerate(call.args) if any(arg is k for k in kept)]
+        plan.calls[call] = lambda updated, klass=klass, keep=keep: updated.with_changes(
+            func=klass, args=_ending_as(updated.args, [updated.args[i] for i in keep])
+        )
+        plan.change(CODE, call, f"`ZeroRedundancyOptimizer` -> `{cst.Module([]).code_for_node(klass)}`: "
+                    f"`Accelerator(strategy=\"{sharding.strategy}\")` shards its state in `accelerator.prepare`")
+    if plan.target != "runtime":
+        node = sharding.removed[0][1] if sharding.removed else sharding.optimizers[0][0]
+        plan.report(CODE, node, f"the hand-written sharding was converted for `{sharding.strategy}`, but HF "
+                    "Accelerate's Accelerator has no strategy argument: choose FSDP (or DeepSpeed ZeRO) in "
+                    "`accelerate config`, or the script trains with plain DDP")
+        return
+    plan.accelerator_kwargs["strategy"] = f'"{sharding.strategy}"'
+
+
+def _ending_as(original: Sequence[cst.Arg], args: list[cst.Arg]) -> list[cst.Arg]:
+    """`args` whose last one ends as the original last one did (its comma, its line break)."""
+    if args and original:
+        args[-1] = args[-1].with_changes(comma=original[-1].comma)
+    return args
 
 
 def _only_statement(parent: cst.If, stmt: cst.BaseStatement) -> bool:

@@ -267,6 +267,22 @@ def test_unknown_config_key_is_an_error_naming_file_and_key(tmp_path: Path) -> N
     assert result.exit_code == 2 and "jobs must be a positive integer" in result.output
 
 
+
+def test_strategy_from_config_and_command_line(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[tool.accel-migrate]\nstrategy = "zero1"\n')
+    script = write(tmp_path / "train.py", PLAIN)
+    assert '+accelerator = Accelerator(strategy="zero1")' in invoke("--diff", str(script)).stdout
+    assert '+accelerator = Accelerator(strategy="fsdp")' in invoke("--diff", "--strategy", "fsdp", str(script)).stdout
+    result = invoke("--diff", "--strategy", "zero3", str(script))
+    assert result.exit_code == 2 and "--strategy must be one of ddp, zero1, fsdp" in result.output
+    result = invoke("--diff", "--strategy", "fsdp", "--target", "accelerate", str(script))
+    assert result.exit_code == 2 and "`accelerate config`" in result.output
+    write(tmp_path / "pyproject.toml", '[tool.accel-migrate]\nstrategy = "deepspeed"\n')
+    result = invoke(str(script))
+    assert result.exit_code == 2 and "strategy must be one of ddp, zero1, fsdp" in result.output
+    assert script.read_text() == PLAIN
+
+
 # -- parallel and progress ----------------------------------------------------------------------
 
 
