@@ -21,6 +21,12 @@ EXIT_OK, EXIT_WOULD_CHANGE, EXIT_FAILED, EXIT_INTERNAL = 0, 1, 2, 123
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `git log | head`
 PROGRESS_MIN_FILES = 8  # a progress bar only for more files than this, on a terminal
 SUBCOMMANDS = ("rules", "explain", "verify")
+# As black and ruff: paths without Python files are a warning, not an error (exit 0), so that a
+# hook or CI step over a folder with no scripts yet passes.
+def no_files(excluded: int) -> str:
+    """The warning for a run that found no Python file (`excluded`: paths the excludes left out)."""
+    left_out = f" ({excluded} path{'s' if excluded != 1 else ''} excluded)" if excluded else ""
+    return f"accel-migrate: warning: no Python files (*.py, *.ipynb) found under the given paths{left_out}; nothing to do."
 
 HELP = (
     "Rewrite single-device PyTorch training scripts to run distributed through an Accelerator.\n\n"
@@ -33,12 +39,15 @@ HELP = (
     "one, `accel-migrate verify SCRIPT [-- ARGS]` runs a script and its migrated copy and compares their "
     "losses (it runs your code; see `accel-migrate verify --help`). A file named rules, explain or verify "
     "is migrated as ./rules.\n\n"
-    "Exit codes: 0 nothing to change or changes written; 1 changes would be made (--check, --diff); "
+    "Exit codes: 0 nothing to change or changes written (also when no Python file is found: a "
+    "warning); 1 changes would be made (--check, --diff); "
     "2 a file could not be processed (the others still are), or a usage/configuration error; "
     "123 internal error (please report)."
 )
 
-app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
+# Plain (click-style) help, not rich panels: at 80 columns the panels squeeze each option's text
+# into a narrow third column and cut words and option names short.
+app = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]})
 
 
 def _version(value: bool) -> None:
@@ -130,7 +139,39 @@ class _PlainValues:
 _SLOW = object()
 
 
-class _Command(typer.core.TyperCommand):
+class ReadableHelp(typer.core.TyperCommand):
+    """A command whose help reads well at 80 columns: each value is shown by its metavar alone.
+
+    typer would add its type label after an argument's metavar (`PATHS <list[Path]>`), a range
+    after an option's (`N [x>=1]`, said in the help text instead) and write a required argument
+    as `{PATHS}` in the usage line; these hooks are typer's internals, so each is replaced only
+    where it exists.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if getattr(param, "metavar", None) is None:
+                continue
+            if param.param_type_name == "argument":
+                if hasattr(param, "display_type_rich"):
+                    param.display_type_rich = lambda ctx: None
+                if hasattr(param, "_usage_display_name"):
+                    param._usage_display_name = _usage_name(param)
+            elif hasattr(param, "_get_number_range_help_str"):
+                param._get_number_range_help_str = lambda: None
+
+
+def _usage_name(param):  # type: ignore[no-untyped-def]
+    """click's usage form: `PATHS...` when required, `[PATHS]...` when not (`[-- ARGS]` as written)."""
+    if param.metavar.startswith("["):
+        return lambda: param.metavar
+    name = param.metavar if param.required else f"[{param.metavar}]"
+    suffix = "..." if param.nargs != 1 and not param.metavar.endswith("...") else ""
+    return lambda: name + suffix
+
+
+class _Command(ReadableHelp):
     """The main command, its plain parameters coerced by _PlainValues (typer's internals permitting)."""
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -161,13 +202,14 @@ def migrate(
     target: Optional[str] = typer.Option(
         None,
         "--target",
+        metavar="[runtime|accelerate]",
         help="Where Accelerator comes from: runtime (bundled, the default) or accelerate (HF).",
         show_default=False,
     ),
-    select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes, comma-separated."),
-    ignore: Optional[str] = typer.Option(None, "--ignore", help="Skip these rule codes, comma-separated."),
+    select: Optional[str] = typer.Option(None, "--select", metavar="CODES", help="Only these rule codes, comma-separated."),
+    ignore: Optional[str] = typer.Option(None, "--ignore", metavar="CODES", help="Skip these rule codes, comma-separated."),
     mixed_precision: Optional[str] = typer.Option(
-        None, "--mixed-precision", help="Default precision for Accelerator(): no (default), fp16 or bf16."
+        None, "--mixed-precision", metavar="[no|fp16|bf16]", help="Default precision for Accelerator(): no (default), fp16 or bf16."
     ),
     strategy: Optional[str] = typer.Option(
         None,
@@ -179,6 +221,7 @@ def migrate(
     output_dir: Optional[Path] = typer.Option(
         None,
         "--output-dir",
+        metavar="DIR",
         help="Write migrated copies under this folder (mirroring the inputs' layout) instead of in place; "
         "only files that change are written.",
     ),
@@ -186,26 +229,28 @@ def migrate(
     exclude: Optional[list[str]] = typer.Option(
         None,
         "--exclude",
+        metavar="PATTERNS",
         help="Gitignore-style patterns (comma-separated, repeatable) to skip in directories; replaces the "
         "defaults (.git, .venv, venv, build, dist, site-packages, __pycache__, ...).",
     ),
     extend_exclude: Optional[list[str]] = typer.Option(
-        None, "--extend-exclude", help="Patterns to skip in addition to the excludes."
+        None, "--extend-exclude", metavar="PATTERNS", help="Patterns to skip in addition to the excludes."
     ),
     force_exclude: Optional[bool] = typer.Option(
         None, "--force-exclude/--no-force-exclude", help="Apply the excludes to files named explicitly too."
     ),
     jobs: Optional[int] = typer.Option(
-        None, "--jobs", "-j", min=1, help="Worker processes (default: the number of CPUs).", show_default=False
+        None, "--jobs", "-j", min=1, metavar="N", help="Worker processes, 1 or more (default: the number of CPUs).",
+        show_default=False,
     ),
     output_format: Optional[str] = typer.Option(
-        None, "--output-format", help="Report format: text (default), json, github or sarif (on stdout)."
+        None, "--output-format", metavar="[text|json|github|sarif]", help="Report format: text (default), json, github or sarif (on stdout)."
     ),
     stdin_filename: Optional[str] = typer.Option(
-        None, "--stdin-filename", help="The name of the file read from stdin, for messages and config matching."
+        None, "--stdin-filename", metavar="NAME", help="The name of the file read from stdin, for messages and config matching."
     ),
     config: Optional[Path] = typer.Option(
-        None, "--config", help="Read settings from this pyproject.toml instead of searching for one."
+        None, "--config", metavar="FILE", help="Read settings from this pyproject.toml instead of searching for one."
     ),
     annotate: bool = typer.Option(
         False, "--annotate", help="Also leave a `# TODO(accel-migrate): ...` comment above each diagnostic's line."
@@ -398,6 +443,8 @@ def _main(
         bar.stop()
     code = exit_code(report, mode)
     _report(report, mode, code, settings["output_format"], verbose, quiet)
+    if not report.results and not quiet and settings["output_format"] in ("json", "sarif"):
+        typer.echo(no_files(len(report.excluded)), err=True)  # the text report says it in place of its summary
     return code
 
 
@@ -432,7 +479,7 @@ def _report(report, mode: str, code: int, output_format: str, verbose: bool, qui
         if output_format == "github":
             sys.stdout.write(output.to_github(report, write))
         if not quiet:
-            typer.echo(output.summary(report, write), err=True)
+            typer.echo(output.summary(report, write) if report.results else no_files(len(report.excluded)), err=True)
     if verbose:
         for result in report.internal_errors:
             typer.echo(f"{result.path}: internal error traceback:\n{result.traceback}", err=True)
@@ -583,6 +630,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     Dispatched here, before typer parses, so that PATHS keeps working as the default command.
     """
     args = sys.argv[1:] if argv is None else list(argv)
+    mistyped = _mistyped_subcommand(args)
+    if mistyped is not None:
+        typer.echo(f"accel-migrate: error: {mistyped}", err=True)
+        raise SystemExit(EXIT_FAILED)
     try:
         if args and args[0] in SUBCOMMANDS:
             from migrate.subcommands import commands
@@ -593,6 +644,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     finally:
         if argv is None:  # the process exits next (console script, python -m migrate)
             _skip_final_collection()
+
+
+def _mistyped_subcommand(args: list[str]) -> Optional[str]:
+    """The error for a first argument that is neither a path nor a subcommand but close to one
+    (`accel-migrate explian`); None otherwise (a missing path is then the runner's error)."""
+    if not args or args[0].startswith("-") or args[0] in SUBCOMMANDS or os.path.lexists(args[0]):
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(args[0], SUBCOMMANDS, n=1, cutoff=0.6)
+    if not close:
+        return None
+    return f"{args[0]!r} is neither a file nor a command; did you mean `accel-migrate {close[0]}`?"
 
 
 def _skip_final_collection() -> None:

@@ -82,27 +82,13 @@ def diagnostic_lines(result: FileResult) -> list[str]:
     ]
 
 
-def summary(report, write: bool) -> str:  # type: ignore[no-untyped-def]
-    changed, failed = report.count("changed"), report.count("failed")
-    unchanged, skipped = report.count("unchanged"), report.count("skipped")
-    diagnostics = report.diagnostics
-    seen = len(report.results)
-    verb = "migrated" if write else "would be migrated"
-    parts = [f"{changed} file{'s' if changed != 1 else ''} {verb}", f"{unchanged + skipped} unchanged"]
-    if failed:
-        parts.append(f"{failed} failed")
-    line = ", ".join(parts) + f"; {diagnostics} diagnostic{'s' if diagnostics != 1 else ''}."
-    line += f" Seen {seen} file{'s' if seen != 1 else ''}: {skipped} skipped (no training code)"
-    if report.excluded:
-        line += f", {len(report.excluded)} path{'s' if len(report.excluded) != 1 else ''} excluded"
-    line += "."
-    counts = report.rule_counts()
-    if counts:
-        line += " Changes by rule: " + ", ".join(f"{code} x{n}" for code, n in counts.items()) + "."
-    return line
+def counts(report) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The run's counts: the one source of the text summary and of JSON's `summary`.
 
-
-def _summary_dict(report) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    files: every path reported (a missing one counts as failed), each counted once under its
+    status: changed + unchanged + skipped + failed == files. excluded: paths the excludes left
+    out (not among the files). diagnostics: over all files.
+    """
     return {
         "files": len(report.results),
         "changed": report.count("changed"),
@@ -113,6 +99,27 @@ def _summary_dict(report) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         "diagnostics": report.diagnostics,
         "changes_by_rule": report.rule_counts(),
     }
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def summary(report, write: bool) -> str:  # type: ignore[no-untyped-def]
+    """`1 file migrated, 1 unchanged, 2 skipped (no training code), 1 failed; 3 diagnostics. ...`"""
+    c = counts(report)
+    verb = "migrated" if write else "would be migrated"
+    parts = [f"{_plural(c['changed'], 'file')} {verb}", f"{c['unchanged']} unchanged",
+             f"{c['skipped']} skipped (no training code)"]
+    if c["failed"]:
+        parts.append(f"{c['failed']} failed")
+    line = ", ".join(parts) + f"; {_plural(c['diagnostics'], 'diagnostic')}. {_plural(c['files'], 'file')} seen"
+    if c["excluded"]:
+        line += f", {_plural(c['excluded'], 'path')} excluded"
+    line += "."
+    if c["changes_by_rule"]:
+        line += " Changes by rule: " + ", ".join(f"{code} x{n}" for code, n in c["changes_by_rule"].items()) + "."
+    return line
 
 
 def to_json(report, mode: str, exit_code: int, with_diff: bool) -> str:  # type: ignore[no-untyped-def]
@@ -140,7 +147,7 @@ def to_json(report, mode: str, exit_code: int, with_diff: bool) -> str:  # type:
         "tool": {"name": "accel-migrate", "version": version()},
         "mode": mode,
         "exit_code": exit_code,
-        "summary": _summary_dict(report),
+        "summary": counts(report),
         "files": files,
     }
     return json.dumps(document, indent=2) + "\n"

@@ -12,12 +12,12 @@ from typing import Optional
 
 import typer
 
-from migrate.cli import EXIT_FAILED, _fail_usage, _rule_table
+from migrate.cli import EXIT_FAILED, ReadableHelp, _fail_usage, _rule_table
 
-commands = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
+commands = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]})
 
 
-@commands.command("rules", help="List the rules: code, name and what each does.")
+@commands.command("rules", cls=ReadableHelp, help="List the rules: code, name and what each does.")
 def rules_command() -> None:
     rows = _rule_table()
     width = max(len(name) for _, name, _, _ in rows)
@@ -25,12 +25,32 @@ def rules_command() -> None:
         typer.echo(f"{code}  {name:<{width}}  {summary}")
 
 
-@commands.command("explain", help="Print the documentation of one rule, e.g. `accel-migrate explain AM003`.")
-def explain_command(code: str = typer.Argument(..., help="A rule code such as AM003.", metavar="CODE")) -> None:
-    rows = {row[0]: row for row in _rule_table()}
-    row = rows.get(code.strip().upper())
+@commands.command(
+    "explain",
+    cls=ReadableHelp,
+    help="Print the documentation of one rule, e.g. `accel-migrate explain AM003` or "
+    "`accel-migrate explain replace-loss-backward`.",
+)
+def explain_command(
+    code: str = typer.Argument(
+        ...,
+        help="A rule code (AM003), a rule name (replace-loss-backward) or its module name (replace_loss_backward).",
+        metavar="RULE",
+    ),
+) -> None:
+    table = _rule_table()
+    keys = {key: row for row in table for key in (row[0].upper(), _name_key(row[1]))}
+    row = keys.get(code.strip().upper()) or keys.get(_name_key(code))
     if row is None:
-        typer.echo(f"accel-migrate: error: unknown rule code {code!r}; known: {', '.join(sorted(rows))}", err=True)
+        import difflib
+
+        close = difflib.get_close_matches(_name_key(code), [_name_key(r[1]) for r in table], n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        typer.echo(
+            f"accel-migrate: error: no rule {code!r}; {hint}the codes are {', '.join(sorted(r[0] for r in table))} "
+            "(`accel-migrate rules` lists them with their names)",
+            err=True,
+        )
         raise typer.Exit(EXIT_FAILED)
     _, name, _, doc = row
     typer.echo(f"{row[0]} ({name})\n\n{_dedent(doc)}")
@@ -44,26 +64,27 @@ def _verify_help() -> str:
 
 @commands.command(
     "verify",
+    cls=ReadableHelp,
     help=_verify_help(),
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 def verify_command(
     script: Path = typer.Argument(..., help="The training script to check (it is run).", metavar="SCRIPT"),
     args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script, after `--`.", metavar="[-- ARGS]"),
-    steps: int = typer.Option(10, "--steps", min=0, help="Optimizer steps to run each version for (0: the whole script)."),
-    rtol: float = typer.Option(1e-5, "--rtol", min=0.0, help="Relative tolerance for 'within tolerance'."),
-    atol: float = typer.Option(1e-7, "--atol", min=0.0, help="Absolute tolerance for 'within tolerance'."),
-    target: str = typer.Option("runtime", "--target", help="Migrate for runtime (bundled) or accelerate (HF)."),
-    python: Optional[str] = typer.Option(None, "--python", help="Interpreter for the runs (default: this one)."),
-    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds each process may run; past it, it writes where it is (a hang names its rank and line) and exits."),
+    steps: int = typer.Option(10, "--steps", min=0, metavar="N", help="Optimizer steps to run each version for (0: the whole script)."),
+    rtol: float = typer.Option(1e-5, "--rtol", min=0.0, metavar="TOL", help="Relative tolerance for 'within tolerance'."),
+    atol: float = typer.Option(1e-7, "--atol", min=0.0, metavar="TOL", help="Absolute tolerance for 'within tolerance'."),
+    target: str = typer.Option("runtime", "--target", metavar="[runtime|accelerate]", help="Migrate for runtime (bundled) or accelerate (HF)."),
+    python: Optional[str] = typer.Option(None, "--python", metavar="PYTHON", help="Interpreter for the runs (default: this one)."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, metavar="SECONDS", help="Seconds each process may run; past it, it writes where it is (a hang names its rank and line) and exits."),
     keep: Optional[Path] = typer.Option(
-        None, "--keep", help="Keep the migrated copy, bootstrap and run folders in this (new or empty) folder."
+        None, "--keep", metavar="DIR", help="Keep the migrated copy, bootstrap and run folders in this (new or empty) folder."
     ),
     nproc: int = typer.Option(
-        1, "--nproc-per-node", min=1,
+        1, "--nproc-per-node", min=1, metavar="N",
         help="Run the migrated copy on N gloo CPU processes (torch.distributed.run, split_batches) against the original on 1.",
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed for Python's, torch's and numpy's RNGs before each run."),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="Seed for Python's, torch's and numpy's RNGs before each run."),
 ) -> None:
     from migrate.config import TARGETS
     from migrate.verify import verify
@@ -88,6 +109,11 @@ def verify_command(
     else:
         typer.echo(result.message)
     raise typer.Exit(result.exit_code)
+
+
+def _name_key(name: str) -> str:
+    """A rule name as typed: `replace-loss-backward`, `replace_loss_backward` and `Replace-Loss-Backward` alike."""
+    return name.strip().lower().replace("_", "-")
 
 
 def _dedent(doc: str) -> str:

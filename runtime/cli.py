@@ -8,17 +8,64 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import NoReturn
 
 from . import memory_estimate
 from .launch import add_launch_arguments, launch
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, readable at 80 columns: lines are never broken inside a hyphenated word
+    (``--master-`` / ``addr``), and an option with an alias shows its value once
+    (``--nproc-per-node, --nproc_per_node N``, not the metavar after each spelling)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.fill(
+            text, width, initial_indent=indent, subsequent_indent=indent,
+            break_on_hyphens=False, break_long_words=False,
+        )
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings or action.nargs == 0:
+            return super()._format_action_invocation(action)
+        value = self._format_args(action, self._get_default_metavar_for_optional(action))
+        return f"{', '.join(action.option_strings)} {value}"
+
+
 class _Parser(argparse.ArgumentParser):
     """An argparse parser whose usage errors are one line (``accel launch: error: ...``), exit 2."""
 
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def commands(parser: argparse.ArgumentParser) -> list[str]:
+    """The names of the parser's subcommands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
+
+
+def unknown_command(argv: list[str], known: list[str]) -> str | None:
+    """The error for a first argument that is no command (``accel lauch``), with the closest one."""
+    if not argv or argv[0].startswith("-") or argv[0] in known:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(argv[0], known, n=1, cutoff=0.6)
+    hint = f"; did you mean `accel {close[0]}`?" if close else f"; the commands are {', '.join(known)}"
+    return f"accel: error: unknown command {argv[0]!r}{hint} (see accel --help)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,12 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--config_file",
         dest="config_file",
         default=None,
+        metavar="FILE",
         help="where to write the config (default: see above)",
     )
     config_parser.add_argument(
         "--default",
         action="store_true",
         help="write the defaults without asking (1 process, fp32, no accumulation, 1800 s timeout)",
+    )
+    config_parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing config file (without it, an existing file is left as it is and "
+        "the command exits 1)",
     )
     env_parser = commands.add_parser(
         "env",
@@ -69,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config_file",
         dest="config_file",
         default=None,
+        metavar="FILE",
         help="config file to show (default: $ACCEL_CONFIG_FILE, else the default location)",
     )
     estimate_parser = commands.add_parser(
@@ -85,7 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``accel`` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    problem = unknown_command(argv, commands(parser))
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
@@ -94,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         from .envinfo import config_command
 
-        return config_command(args.config_file, args.default, sys.stdin, sys.stdout)
+        return config_command(args.config_file, args.default, sys.stdin, sys.stdout, force=args.force)
     if args.command == "env":
         from pathlib import Path
 

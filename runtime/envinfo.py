@@ -114,11 +114,24 @@ def ask_config(stdin: TextIO, stdout: TextIO) -> dict[str, Any]:
     return config
 
 
-def config_command(config_file: str | None, use_defaults: bool, stdin: TextIO, stdout: TextIO) -> int:
-    """``accel config``: write the config file; return the exit code."""
+def config_command(
+    config_file: str | None, use_defaults: bool, stdin: TextIO, stdout: TextIO, force: bool = False,
+    stderr: TextIO = sys.stderr,
+) -> int:
+    """``accel config``: write the config file; return the exit code.
+
+    An existing file is replaced only with ``force`` (checked before any question is asked):
+    otherwise the command says so and exits 1, the file untouched.
+    """
     path = Path(config_file) if config_file else Path(
         os.environ.get(settings.CONFIG_FILE_ENV) or settings.default_config_path()
     )
+    if path.exists() and not force:
+        stderr.write(
+            f"accel config: error: {path} already exists; pass --force to overwrite it, "
+            "or --config-file to write another file\n"
+        )
+        return 1
     config = default_config() if use_defaults else ask_config(stdin, stdout)
     settings.write_config_file(path, config)
     stdout.write(f"accel config: wrote {path}\n")

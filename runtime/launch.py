@@ -67,12 +67,14 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "--nproc_per_node",
         dest="nproc_per_node",
         default=None,
+        metavar="N",
         help="processes per node: a number, or torchrun's 'gpu' / 'cpu' / 'auto' "
         "(default: the config file's num_processes, else 1)",
     )
     parser.add_argument(
         "--nnodes",
         default=None,
+        metavar="NODES",
         help="number of nodes, or a MIN:MAX range for elastic jobs "
         "(default: the config file's num_machines, else 1)",
     )
@@ -82,6 +84,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         dest="node_rank",
         type=int,
         default=None,
+        metavar="RANK",
         help="rank of this node for static rendezvous with --master-addr (default: 0)",
     )
     parser.add_argument(
@@ -89,6 +92,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "--rdzv_endpoint",
         dest="rdzv_endpoint",
         default=None,
+        metavar="HOST:PORT",
         help="HOST:PORT of the rendezvous server (multi-node, c10d rendezvous)",
     )
     parser.add_argument(
@@ -96,6 +100,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "--rdzv_backend",
         dest="rdzv_backend",
         default=None,
+        metavar="BACKEND",
         help="rendezvous backend (default: c10d with --rdzv-endpoint, static otherwise)",
     )
     parser.add_argument(
@@ -103,6 +108,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "--rdzv_id",
         dest="rdzv_id",
         default=None,
+        metavar="ID",
         help="job id shared by all nodes of a c10d rendezvous",
     )
     parser.add_argument(
@@ -110,6 +116,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "--master_addr",
         dest="master_addr",
         default=None,
+        metavar="HOST",
         help="address of the node with --node-rank 0 (static rendezvous)",
     )
     parser.add_argument(
@@ -118,6 +125,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         dest="master_port",
         type=int,
         default=None,
+        metavar="PORT",
         help=f"free port on the master node (static rendezvous; default: {DEFAULT_MASTER_PORT}, "
         "replaced by a free port on one node when it is busy)",
     )
@@ -127,6 +135,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         dest="max_restarts",
         type=int,
         default=None,
+        metavar="N",
         help="restart the worker group this many times after a failure (default: 0)",
     )
     ours = parser.add_argument_group("runtime settings (passed to the script's Accelerator)")
@@ -145,6 +154,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         dest="gradient_accumulation_steps",
         type=_positive_int,
         default=None,
+        metavar="N",
         help="sets ACCEL_GRADIENT_ACCUMULATION_STEPS: micro-steps per optimizer step",
     )
     ours.add_argument(
@@ -166,6 +176,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "--config_file",
         dest="config_file",
         default=None,
+        metavar="FILE",
         help="YAML config written by `accel config` (sets ACCEL_CONFIG_FILE; default: "
         "$ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml if it exists)",
     )
@@ -183,10 +194,11 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="treat the script as a Python module name and run it like `python -m`",
     )
-    parser.add_argument("script", help="the training script (or module with -m)")
+    parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
     parser.add_argument(
         "script_args",
         nargs=argparse.REMAINDER,
+        metavar="ARGS",
         help="arguments passed to the script untouched",
     )
 

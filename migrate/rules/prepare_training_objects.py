@@ -6,7 +6,11 @@ What it does:
     of those objects is bound and before the training loop uses them. Models are the owners of the
     parameters given to a `torch.optim` optimizer; loaders are the `DataLoader`s a training loop
     (one that calls `.backward()`, directly or through a helper of this file) iterates; schedulers
-    are prepared only when they are stepped inside that per-batch loop.
+    are prepared only when they are stepped inside that per-batch loop. Attributes are followed
+    like names: when a method builds the optimizer from `self.model.parameters()`, the attributes
+    of that class (`self.model`, `self.optimizer`, `self.train_loader`) are prepared in that method,
+    `self.model, self.optimizer, self.train_loader = self.accelerator.prepare(...)`; objects built
+    outside a class and passed to it are prepared where they are built, before the call.
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
@@ -21,8 +25,9 @@ Example:
 Leaves alone:
     Evaluation loaders (their batches keep their `.to(device)`), schedulers stepped once per epoch
     (prepared, they would advance once per optimizer step and process), frozen models that feed
-    no optimizer. Objects created inside a loop, in another function, or as attributes
-    (`self.model`) are reported instead. Test modules (importing unittest or pytest, or defining a
+    no optimizer. Objects created inside a loop or in another function than the optimizer, an
+    attribute the class never sets (`self.model` assigned from outside), and an optimizer over
+    `self.parameters()` (the class itself is the model) are reported instead. Test modules (importing unittest or pytest, or defining a
     `...TestCase`) and library modules (no entry point, no DataLoader built or iterated) are
     reported and left as they are: their models and data come from elsewhere. An optimizer built
     in a class body (`class Setup: optimizer = SGD(...)`, run once when the class is defined) is

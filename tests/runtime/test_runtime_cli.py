@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 from rt_helpers import run_cmd
-from runtime.cli import build_parser
+from runtime.cli import build_parser, main
 from runtime.launch import WORKER_ENTRY, shadowing_module, torchrun_argv
 
 ACCEL = shutil.which("accel") or str(Path(sys.executable).with_name("accel"))
@@ -36,7 +38,7 @@ def test_accel_launch_help_describes_every_option(tmp_path) -> None:
     proc = run_cmd([ACCEL, "launch", "--help"], tmp_path)
     assert proc.returncode == 0
     for option in ("--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank",
-                   "--rdzv-endpoint", "--master-addr", "--master-port", "--module", "script_args"):
+                   "--rdzv-endpoint", "--master-addr", "--master-port", "--module", "--migrate", "ARGS"):
         assert option in proc.stdout, option
 
 
@@ -126,3 +128,44 @@ def test_accel_cli_answers_without_importing_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["launch"], ["config"], ["env"]], ids=lambda c: " ".join(c) or "accel")
+def test_help_is_readable_at_80_columns(command, capsys, monkeypatch) -> None:
+    import re
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and out.strip()
+    assert not [line for line in out.splitlines() if len(line) > 80]
+    assert not re.search(r"(\w-|\s--?)\n", out), out  # no word or option name cut at a hyphen
+    # Every option's value has a name of its own (not argparse's NPROC_PER_NODE), shown once.
+    parser = build_parser()
+    actions = [a for a in parser._actions if a.option_strings]
+    for sub in parser._actions[-1].choices.values():
+        actions += [a for a in sub._actions if a.option_strings]
+    for action in actions:
+        if action.nargs != 0 and action.choices is None:
+            assert action.metavar is not None, action.option_strings
+    assert "NPROC_PER_NODE" not in out and "CONFIG_FILE CONFIG_FILE" not in out
+
+
+def test_mistyped_command_suggests_the_right_one(capsys) -> None:
+    assert main(["lauch", "train.py"]) == 2
+    assert "unknown command 'lauch'; did you mean `accel launch`?" in capsys.readouterr().err
+    assert main(["frobnicate"]) == 2
+    assert "the commands are launch, config, env" in capsys.readouterr().err
+
+
+def test_config_default_does_not_overwrite_without_force(tmp_path, capsys) -> None:
+    path = tmp_path / "config.yaml"
+    assert main(["config", "--default", "--config-file", str(path)]) == 0
+    path.write_text("num_processes: 4\n")  # the user's own edit
+    assert main(["config", "--default", "--config-file", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path} already exists; pass --force to overwrite it" in err
+    assert path.read_text() == "num_processes: 4\n"
+    assert main(["config", "--default", "--force", "--config-file", str(path)]) == 0
+    assert "num_processes: 1" in path.read_text()
