@@ -151,6 +151,9 @@ class ReadableHelp(typer.core.TyperCommand):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         for param in self.params:
+            if param.param_type_name == "option" and param.metavar is None and not getattr(param, "is_flag", False):
+                # An option declared without a metavar is named after itself (`--seed SEED`), not its type.
+                param.metavar = param.opts[-1].lstrip("-").replace("-", "_").upper() if param.opts else None
             if getattr(param, "metavar", None) is None:
                 continue
             if param.param_type_name == "argument":
@@ -214,6 +217,7 @@ def migrate(
     strategy: Optional[str] = typer.Option(
         None,
         "--strategy",
+        metavar="[ddp|zero1|fsdp|fsdp-zero2]",
         help="Write Accelerator(strategy=...): ddp, zero1 (optimizer state sharded), fsdp (ZeRO-3-like), "
         "fsdp-zero2. A script that shards by hand keeps its own choice. Runtime target only.",
         show_default=False,
