@@ -20,7 +20,9 @@ What blocks the launch (exit status 2, the reasons printed, no worker started):
 - a ``runtime.py`` / ``runtime/`` next to the script: the copy's ``from runtime import
   Accelerator`` would import it (the script's folder is on ``sys.path``, see below);
 - a script with no training code the codemod recognises (not parsed by its pre-filter: no
-  optimizer and no ``.backward()``): launched as it is, it would run N independent copies.
+  optimizer and no ``.backward()``; or marked ``# accel-migrate: skip``): launched as it is, it
+  would run N independent copies;
+- a notebook (the workers run Python source).
 
 A script the codemod parses and leaves unchanged without a diagnostic (already written for an
 ``Accelerator``) is launched as it is. To run a script despite its diagnostics, review
@@ -71,6 +73,11 @@ def migrate_for_launch(script: Path, err: TextIO) -> MigratedCopy | None:
     """
     from migrate import output, runner
 
+    if script.suffix == ".ipynb":
+        raise MigrationRefused(
+            f"{script}: --migrate runs Python scripts, not notebooks; export it first "
+            "(`jupyter nbconvert --to script`) or migrate it in place with `accel-migrate`"
+        )
     options = _options(script)
     folder = Path(tempfile.mkdtemp(prefix="accel-launch-migrate-"))
     try:
@@ -102,7 +109,8 @@ def migrate_for_launch(script: Path, err: TextIO) -> MigratedCopy | None:
         if result.status == "skipped":
             raise MigrationRefused(
                 f"{script}: not launched: it has no training code the migration recognises (no optimizer, no "
-                "`.backward()`), so it would run as N independent copies. If it trains in another module, "
+                "`.backward()`) or is marked `# accel-migrate: skip`, so it would run as N independent copies. "
+                "If it trains in another module, "
                 "migrate the folder with `accel-migrate`; if it is already written for an Accelerator or "
                 "torch.distributed, launch it without --migrate"
             )
