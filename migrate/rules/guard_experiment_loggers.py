@@ -1,8 +1,21 @@
-"""Create and write experiment logs (TensorBoard, wandb, mlflow, `logging`) on the main process only.
+"""Convert experiment logging to the tracker API, or run it on the main process only.
 
 What it does:
-    In a training script it migrates, wraps each statement that creates or writes an experiment
-    log in `if accelerator.is_main_process:` (neighbouring statements share one `if`):
+    In a training script it migrates (and that has no Accelerator yet), one kind of logging is
+    converted to the tracker API when the result is provably the same log:
+    - a `SummaryWriter` whose directory is a string literal, written to with `add_scalar(tag,
+      value[, step])` / `flush()` / `close()` only: `Accelerator(log_with="tensorboard",
+      project_dir=<parent>)`, `accelerator.init_trackers(<last part>)` (the tracker writes to
+      `<project_dir>/<project_name>`: the same directory), `accelerator.log({tag: value},
+      step=step)`, `flush()` removed (the tracker flushes after every log) and `close()` ->
+      `accelerator.get_tracker("tensorboard").finish()`. Its other options (`flush_secs=`, ...)
+      go to `init_kwargs={"tensorboard": {...}}`;
+    - otherwise `wandb.init(project=..., config=..., **options)` + `wandb.log(values[, step=])` +
+      `wandb.finish()`: `Accelerator(log_with="wandb")`, `accelerator.init_trackers(project,
+      config=..., init_kwargs={"wandb": options})`, `accelerator.log(...)`,
+      `accelerator.get_tracker("wandb").finish()`.
+    The tracker API writes on the main process only, so these lines need no guard. Everything
+    else it wraps in `if accelerator.is_main_process:` (neighbouring statements share one `if`):
     - `writer = SummaryWriter(...)` (`torch.utils.tensorboard`, `tensorboardX`) and every
       `writer.add_scalar(...)` / `writer.flush()` / `writer.close()` statement on that writer;
     - `wandb.init(...)`, `wandb.log(...)`, `wandb.finish()` (and `run = wandb.init(...)` with
@@ -16,19 +29,32 @@ What it does:
 Why:
     Every process runs the script. Without this, N processes each create an event file in the same
     TensorBoard directory (curves drawn N times, each from 1/N of the data), start N wandb or
-    mlflow runs, and write every log line N times, interleaved, into the same file.
+    mlflow runs, and write every log line N times, interleaved, into the same file. The tracker
+    API says the same without an `if` around every line, as HF Accelerate users write it.
 
 Example:
-    writer = SummaryWriter("runs/exp")          if accelerator.is_main_process:
-    ...                                     ->      writer = SummaryWriter("runs/exp")
+    writer = SummaryWriter("runs/exp")          accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
+    ...                                     ->  accelerator.init_trackers("exp")
     writer.add_scalar("loss", loss, step)       ...
+                                                accelerator.log({"loss": loss}, step=step)
+
+    writer = SummaryWriter(args.log_dir)        if accelerator.is_main_process:
+    ...                                     ->      writer = SummaryWriter(args.log_dir)
+    writer.add_histogram("w", w, step)          ...
                                                 if accelerator.is_main_process:
-                                                    writer.add_scalar("loss", loss, step)
+                                                    writer.add_histogram("w", w, step)
 
 Leaves alone:
     Statements already under a main-process or rank check (`if accelerator.is_main_process:`,
     `if rank == 0:`), files it does not otherwise migrate, and `logging` set up through handlers
-    (`logger.addHandler(...)`). Reported, with the line and the fix, rather than guarded: a writer
+    (`logger.addHandler(...)`). Not converted, guarded instead: a writer whose directory is
+    computed (`SummaryWriter(args.log_dir)`: which project_dir and run name it splits into is
+    not known before it runs) or missing (`SummaryWriter()` picks a dated directory), created in
+    a loop, one of two writers, or written with anything but `add_scalar` (`add_histogram`,
+    `add_image`: the tracker logs numbers and text); wandb with any other call (`wandb.watch`,
+    `wandb.Image`), `run = wandb.init(...)`, `init` without `project=`, or `log` with
+    `commit=`; both kinds at once (only the SummaryWriter is converted: `accelerator.log` would
+    send every value to both). Reported, with the line and the fix, rather than guarded: a writer
     or run that is also used other than as the receiver of a logging statement (passed to a
     helper, stored, used in an expression or a `with`: on the other processes it would not
     exist), one kept as an attribute (`self.writer = SummaryWriter()`), a logging call that is part
@@ -39,7 +65,10 @@ Leaves alone:
 Fix safety:
     On one process the main process is the only process: nothing changes. On N processes the
     guarded statements run on the main process only; every other use of the writer or run was
-    checked to be guarded too, so no process reads a name it did not bind.
+    checked to be guarded too, so no process reads a name it did not bind. A converted writer
+    writes the same scalars at the same steps into the same directory (tensors are logged as
+    their number); HF Accelerate's tensorboard tracker, unlike this runtime's, skips values that
+    are neither numbers, tensors nor text (a numpy float32, say): pass `float(x)` there.
 """
 
 from __future__ import annotations
@@ -54,6 +83,7 @@ import libcst as cst
 from migrate.analysis import LibraryCall, Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.rules.base import MAX_LINE
 from migrate.walk import walk
 
 CODE = "AM012"
@@ -339,9 +369,10 @@ def _convert_tensorboard(roles: Roles, plan: EditPlan, found: list[_Found]) -> s
     project_dir, run_name, options = where
     plan.accelerator_kwargs["log_with"] = '"tensorboard"'
     plan.accelerator_kwargs["project_dir"] = project_dir
-    init_kwargs = f', init_kwargs={{"tensorboard": {{{options}}}}}' if options else ""
+    args = [run_name] + ([f'init_kwargs={{"tensorboard": {{{options}}}}}'] if options else [])
     stmt = creation.where.stmt
-    plan.replace_stmt[stmt] = [_statement_like(stmt, f"accelerator.init_trackers({run_name}{init_kwargs})")]
+    init = _wrapped("accelerator.init_trackers", args, _indent(creation.where))
+    plan.replace_stmt[stmt] = [_statement_like(stmt, init)]
     plan.change(CODE, stmt, f"`{name}` is the tensorboard tracker: `init_trackers({run_name})` under project_dir={project_dir}")
     converted = {stmt}
     for site, method in edits:
@@ -436,20 +467,20 @@ def _convert_wandb(roles: Roles, plan: EditPlan, found: list[_Found]) -> set[cst
             or _statement_kind(call.where.stmt, call.call) != "expression"
             or _already_guarded(call.where)
             or not roles.can_reach(item.scope)
-            or _wandb_edit(call) is None
+            or _wandb_edit(call, 0) is None
         ):
             return set()
     plan.accelerator_kwargs["log_with"] = '"wandb"'
     converted: set[cst.BaseStatement] = set()
     for item, call in calls:
-        plan.calls[call.call] = _wandb_edit(call)  # type: ignore[assignment]
+        plan.calls[call.call] = _wandb_edit(call, _indent(call.where))  # type: ignore[assignment]
         converted.add(call.where.stmt)
         plan.change(CODE, call.where.stmt, f"`{call.qualified}` is the wandb tracker's")
         plan.use_accelerator(item.scope)
     return converted
 
 
-def _wandb_edit(call: LibraryCall) -> Callable[[cst.Call], cst.BaseExpression] | None:
+def _wandb_edit(call: LibraryCall, indent: int) -> Callable[[cst.Call], cst.BaseExpression] | None:
     """The edit turning this wandb call into the tracker API, or None when its arguments have no
     equivalent there."""
     args = call.call.args
@@ -459,7 +490,7 @@ def _wandb_edit(call: LibraryCall) -> Callable[[cst.Call], cst.BaseExpression] |
     if call.qualified == "wandb.init":
         if len(keywords) != len(args) or "project" not in keywords:
             return None  # without a project name wandb picks one; init_trackers needs one
-        return _init_to_trackers
+        return lambda updated: _init_to_trackers(updated, indent)
     if call.qualified == "wandb.log":
         positional = len(args) - len(keywords)
         if positional != 1 or args[0].keyword is not None or set(keywords) - {"step"}:
@@ -470,17 +501,32 @@ def _wandb_edit(call: LibraryCall) -> Callable[[cst.Call], cst.BaseExpression] |
     return None
 
 
-def _init_to_trackers(updated: cst.Call) -> cst.BaseExpression:
+def _init_to_trackers(updated: cst.Call, indent: int) -> cst.BaseExpression:
     """`wandb.init(project=P, config=C, name=N)` ->
     `accelerator.init_trackers(P, config=C, init_kwargs={"wandb": {"name": N}})`."""
-    keywords = {arg.keyword.value: arg.value for arg in updated.args if arg.keyword is not None}
-    args = [cst.Arg(keywords.pop("project"))]
+    keywords = {arg.keyword.value: _EMPTY.code_for_node(arg.value) for arg in updated.args if arg.keyword is not None}
+    args = [keywords.pop("project")]
     if "config" in keywords:
-        args.append(_keyword("config", keywords.pop("config")))
+        args.append(f"config={keywords.pop('config')}")
     if keywords:
-        inner = cst.Dict([cst.DictElement(cst.SimpleString(f'"{k}"'), v) for k, v in keywords.items()])
-        args.append(_keyword("init_kwargs", cst.Dict([cst.DictElement(cst.SimpleString('"wandb"'), inner)])))
-    return cst.Call(cst.Attribute(cst.Name("accelerator"), cst.Name("init_trackers")), args)
+        options = ", ".join(f'"{key}": {value}' for key, value in keywords.items())
+        args.append(f'init_kwargs={{"wandb": {{{options}}}}}')
+    return cst.parse_expression(_wrapped("accelerator.init_trackers", args, indent))
+
+
+def _indent(where: StmtRef) -> int:
+    """Columns of indentation of the statement: 4 per enclosing statement (def and class included)."""
+    return 4 * len(where.path)
+
+
+def _wrapped(function: str, args: list[str], indent: int) -> str:
+    """`function(args)`, its arguments on an indented line of their own (as black does) when the
+    call would pass MAX_LINE columns at `indent`."""
+    one_line = f"{function}({', '.join(args)})"
+    if indent + len(one_line) <= MAX_LINE:
+        return one_line
+    pad = " " * indent
+    return f"{function}(\n{pad}    {', '.join(args)}\n{pad})"
 
 
 def _finish_call(kind: str) -> cst.BaseExpression:
