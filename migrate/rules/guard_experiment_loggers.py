@@ -18,6 +18,8 @@ What it does:
     else it wraps in `if accelerator.is_main_process:` (neighbouring statements share one `if`):
     - `writer = SummaryWriter(...)` (`torch.utils.tensorboard`, `tensorboardX`) and every
       `writer.add_scalar(...)` / `writer.flush()` / `writer.close()` statement on that writer;
+      the same for `self.writer = SummaryWriter(...)` in a method and `self.writer.<method>(...)`
+      statements in the methods of that class, when those are its only uses in the file;
     - `wandb.init(...)`, `wandb.log(...)`, `wandb.finish()` (and `run = wandb.init(...)` with
       `run.log(...)`), `mlflow.start_run()`, `mlflow.log_metric(...)`, `mlflow.log_params(...)`;
     - `logging.basicConfig(...)`. The logger calls themselves stay as they are: on the other
@@ -57,7 +59,7 @@ Leaves alone:
     send every value to both). Reported, with the line and the fix, rather than guarded: a writer
     or run that is also used other than as the receiver of a logging statement (passed to a
     helper, stored, used in an expression or a `with`: on the other processes it would not
-    exist), one kept as an attribute (`self.writer = SummaryWriter()`), a logging call that is part
+    exist; for `self.writer`, also a read outside its class's methods), a logging call that is part
     of an expression, and logging in a function that cannot reach the accelerator. When one wandb
     (or mlflow) call cannot be guarded, none of that library's calls in the file is: `wandb.log`
     on a process where `wandb.init` did not run raises.
@@ -115,6 +117,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     for item in found:
         if (item.guarded or item.problems) and not roles.can_reach(item.scope):
             broken.update(family for family, _ in item.guarded if family)  # logs on every process there
+    _collect_attribute_writers(roles, found)
     converted = _convert(roles, plan, found)
     for item in found:
         scope = item.scope
@@ -148,6 +151,7 @@ class _Found:
     # Writers used only as receivers of logging statements: (name, creating call, those statements).
     writers: list[tuple[str, LibraryCall, list[Site]]] = field(default_factory=list)
     unconvertible: set[str] = field(default_factory=set)  # tracker kinds seen here that cannot convert
+    attribute_writers: list[tuple[str, LibraryCall]] = field(default_factory=list)  # `self.<attr> = SummaryWriter()`
 
 
 def _family(qualified: str) -> str:
@@ -163,6 +167,11 @@ def _collect(item: _Found) -> None:
     calls = [c for c in scope.library_calls if _is_logging(c.qualified)]
     for call in calls:
         kind = _statement_kind(call.where.stmt, call.call)
+        attribute = _attribute_target(scope, call)
+        if attribute is not None:
+            logging_stmts.add(id(call.where.stmt))
+            item.attribute_writers.append((attribute, call))  # its uses are in other methods too
+            continue
         if kind == "expression" or (kind is not None and call.qualified in _WRITERS):
             logging_stmts.add(id(call.where.stmt))
             if kind != "expression":
@@ -188,6 +197,137 @@ def _collect(item: _Found) -> None:
             continue
         item.guarded.extend((family, s.where.stmt) for s in sites if not _already_guarded(s.where))
         item.writers.append((name, creation, sites))
+
+
+def _attribute_target(scope: Scope, call: LibraryCall) -> str | None:
+    """`attr` for `self.attr = SummaryWriter(...)` (or `= wandb.init(...)`) in a method, else None."""
+    stmt = call.where.stmt
+    if not (scope.is_method and scope.params and call.qualified in _WRITERS):
+        return None
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    if not (isinstance(small, cst.Assign) and small.value is call.call and len(small.targets) == 1):
+        return None
+    target = small.targets[0].target
+    if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == scope.params[0]:
+        return target.attr.value
+    return None
+
+
+def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
+    """A writer kept as `self.writer` is guarded like a local one when every use of it, in every
+    method of the class, is a `self.writer.method(...)` statement: those run on the main process
+    only, with its creation. Any other use (passed on, read in an expression, rebound, used by a
+    nested function) leaves all of them on every process, reported."""
+    items = {id(item.scope): item for item in found}
+    for item in found:
+        for attribute, creation in item.attribute_writers:
+            owner = item.scope.parent
+            methods = [s for s in roles.facts.scopes if s.parent is owner and s.params]
+            family = _family(creation.qualified)
+            uses: list[tuple[_Found, cst.BaseStatement]] = []
+            bad: cst.CSTNode | None = None
+            for method in methods:
+                finder = _AttributeUses(method.params[0], attribute, creation.where.stmt)
+                walk(method.node, finder)
+                if finder.bad is not None:
+                    bad = finder.bad
+                    break
+                method_item = items.get(id(method))
+                if method_item is None:
+                    bad = method.node
+                    break
+                uses.extend((method_item, stmt) for stmt in finder.statements)
+            if bad is None:
+                # `trainer.writer` outside the class, or a subclass's `self.writer`: not followed.
+                inside = sum(_attribute_count(m.node, attribute) for m in methods)
+                if _attribute_count(roles.facts.module, attribute) > inside:
+                    bad = creation.call
+            if bad is not None:
+                item.problems.append((family, bad, _unguardable_writer(f"self.{attribute}", creation.qualified)))
+                item.unconvertible.add(_tracker_kind(creation.qualified))
+                continue
+            if not _already_guarded(creation.where):
+                item.guarded.append((family, creation.where.stmt))
+            for method_item, stmt in uses:
+                method_item.guarded.append((family, stmt))
+
+
+def _attribute_count(root: cst.CSTNode, attribute: str) -> int:
+    """How many `<anything>.<attribute>` nodes `root` holds."""
+    count = 0
+
+    class Counter(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            nonlocal count
+            count += node.attr.value == attribute
+
+    walk(root, Counter())
+    return count
+
+
+class _AttributeUses(cst.CSTVisitor):
+    """In one method: the statements `self.<attr>.method(...)` not already under a rank check
+    (`statements`), and the first other read of `self.<attr>` (`bad`)."""
+
+    def __init__(self, instance: str, attribute: str, creation: cst.BaseStatement) -> None:
+        self.instance = instance
+        self.attribute = attribute
+        self.creation = creation
+        self.statements: list[cst.BaseStatement] = []
+        self.bad: cst.CSTNode | None = None
+        self._guards = 0
+        self._depth = 0
+
+    def _is_writer(self, node: cst.CSTNode) -> bool:
+        return (
+            isinstance(node, cst.Attribute)
+            and isinstance(node.value, cst.Name)
+            and node.value.value == self.instance
+            and node.attr.value == self.attribute
+        )
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self._depth += 1
+        return True
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._depth -= 1
+
+    def visit_If(self, node: cst.If) -> None:
+        if _RANK_TEST.search(_EMPTY.code_for_node(node.test)):
+            self._guards += 1
+
+    def leave_If(self, original_node: cst.If) -> None:
+        if _RANK_TEST.search(_EMPTY.code_for_node(original_node.test)):
+            self._guards -= 1
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        if node is self.creation:
+            small = node.body[0]
+            assert isinstance(small, cst.Assign)
+            walk(small.value, self)
+            return False
+        small = node.body[0] if len(node.body) == 1 else None
+        if (
+            isinstance(small, cst.Expr)
+            and isinstance(small.value, cst.Call)
+            and isinstance(small.value.func, cst.Attribute)
+            and self._is_writer(small.value.func.value)
+            and self._depth <= 1  # a nested function may run anywhere
+        ):
+            if not self._guards:
+                self.statements.append(node)
+            for arg in small.value.args:
+                walk(arg, self)
+            return False
+        return True
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if self._is_writer(node) and self.bad is None:
+            self.bad = node
+        return True
 
 
 def _is_logging(qualified: str) -> bool:
