@@ -14,7 +14,7 @@ What holds (each asserted below):
 - 2 processes without a generator: Accelerate seeds the sampler at ``prepare`` time (one draw from
   the global RNG there), so its global order differs from one process's; our runtime draws the seed
   where a plain DataLoader does and shares rank 0's, so its order equals the one-process order
-  (README, runtime section; issue 3, "Equivalence"). Asserted as a documented difference.
+  (docs/runtime.md, "Compatibility with HF Accelerate"; issue 3, "Equivalence"). Asserted as a documented difference.
 - ``gather_for_metrics`` returns exactly len(eval dataset) = 37 items under both, on 1 and 2 processes.
 
 The accelerate-dependent tests skip when ``accelerate`` is not installed; the runtime-only ones do not.

@@ -1,4 +1,4 @@
-"""Checkpoints fail loudly and lose nothing (README "Failure behaviour").
+"""Checkpoints fail loudly and lose nothing (docs/safety.md, "Failure behaviour").
 
 - a process killed with SIGKILL inside ``save_state``: the previous checkpoint is intact and is the
   one ``load_state()`` picks; the next save succeeds;

@@ -1,7 +1,7 @@
 """``accel launch`` fails loudly and briefly: what the user sees when a rank or the launcher fails.
 
 Each test starts real 2-process gloo jobs through ``accel launch`` (torchrun's engine), with a
-timeout, and checks one guarantee of the README's "Failure behaviour" section:
+timeout, and checks one guarantee of docs/safety.md, "Failure behaviour":
 
 - an exception on one rank: non-zero exit; the last line names the rank, the exception and the
   user's file and line; the traceback has no worker-entry or runpy frames;
