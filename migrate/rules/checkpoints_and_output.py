@@ -4,8 +4,12 @@ What it does:
     `torch.save(model.state_dict(), path)` (also inside a checkpoint dict, and `model.module`)
     becomes `accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`;
     `print(...)` becomes `accelerator.print(...)`; `tqdm(...)` gets
-    `disable=not accelerator.is_local_main_process`. Only in code that can reach the accelerator:
-    the function that creates it, nested functions, and functions that already receive it.
+    `disable=not accelerator.is_local_main_process`; `model.state_dict()` and
+    `model.load_state_dict(...)` on a prepared model, after the prepare call, go through
+    `accelerator.unwrap_model(model)` (the wrapped model's keys carry a `module.` prefix, and it
+    would refuse the single-device script's checkpoint). Only in code that can reach the
+    accelerator: the function that creates it, nested functions, and functions that already
+    receive it.
     A checkpoint saved and then loaded again in the same function (train, save, reload for
     testing) gets `accelerator.wait_for_everyone()` before the first `torch.load` after the save.
 

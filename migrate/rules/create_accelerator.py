@@ -9,7 +9,8 @@ What it does:
     `accelerator = Accelerator()` + `device = accelerator.device`. Without a device choice the
     Accelerator is created at the top of the function that builds the optimizer (or after the
     imports for a module-level loop). Helpers of this file that now use `accelerator` receive it
-    as a new trailing parameter, and their call sites in this file pass it.
+    as a new trailing parameter (keyword-only when the signature has defaults, `*args` or
+    keyword-only parameters), and their call sites in this file pass it.
     The creation is then moved where every path through the scope sees it before its first use:
     - a device chosen in the branches of an `if` (`if args.cuda: device = ... else: device = ...`)
       gets the Accelerator before that `if`, and each branch `device = accelerator.device`;
@@ -26,6 +27,10 @@ What it does:
     (`"cuda" in device`, `device == "cuda"`, `pin_memory=device == "cuda"`,
     `torch.autocast(device_type=device)`, formatting, dictionary keys; there or in a helper it is
     passed to) becomes `device = accelerator.device.type`, so it stays a string.
+    A flag choosing between the accelerator and the CPU (`if use_accel: device =
+    torch.device("cuda") else: device = torch.device("cpu")`) becomes
+    `Accelerator(cpu=not use_accel)`, so `--no-accel` still means the CPU (an
+    `if torch.cuda.is_available():` test needs no flag: the Accelerator checks that itself).
 
 Why:
     One Accelerator per process owns the device, the process group and the precision; the rest of

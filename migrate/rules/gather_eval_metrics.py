@@ -39,7 +39,9 @@ Leaves alone (each reported unless no metric is recognised):
     - a loop whose function divides by `len(loader)` (after prepare: the batches of one process);
     - loaders iterated by several loops not all of which it can convert.
     Those loaders stay unprepared and keep their `.to(device)`: each process evaluates all of it
-    (correct and the same on every process, only N times the work).
+    (correct and the same on every process, only N times the work). The report says how to make
+    the metric gatherable: `reduction="sum"` (divided by `len(loader.dataset)`), or a batch mean
+    multiplied by the batch size.
 
 Fix safety:
     Safe on one process: gathering one process's values returns them unchanged, and nothing that

@@ -3,7 +3,9 @@
 What it does:
     Rewrites every `<expr>.backward(...)` call on a tensor to `accelerator.backward(<expr>, ...)`,
     whatever the receiver is (`loss`, `(a + b)`, `outputs.loss`). Positional arguments of
-    `Tensor.backward` (gradient, retain_graph, create_graph) become keywords.
+    `Tensor.backward` (gradient, retain_graph, create_graph) become keywords. A backward inside
+    an optimizer closure (`def closure(): ...; loss.backward(); return loss` for LBFGS) is
+    converted too.
 
 Why:
     The Accelerator scales the loss for mixed precision and divides it for gradient accumulation;
@@ -17,7 +19,10 @@ Example:
 Leaves alone:
     `torch.autograd.backward(...)`, calls on the accelerator itself, and any backward in a
     function that cannot receive the accelerator (not called from this file, or called from a
-    place that has none): those are reported instead, with the line to fix by hand.
+    place that has none): those are reported instead, with the line to fix by hand. Also
+    reported: a `.backward()` in a file that builds no optimizer (a library module: there is no
+    place to create the Accelerator), and an optimizer built in a file with no `.backward()` at
+    all (the step is hidden in another module, e.g. a trainer or a loss-scaler object).
 
 Fix safety:
     Safe: `accelerator.backward(loss)` calls `loss.backward()` when no scaling applies.
