@@ -81,7 +81,7 @@ def run_as(copy: str, script: str) -> None:
     with open(copy, "rb") as source:
         code = compile(source.read(), copy, "exec", dont_inherit=True)
     main_module = types.ModuleType("__main__")
-    main_module.__file__ = script
+    main_module.__file__ = os.path.abspath(script)  # as `python SCRIPT` sets it (Python 3.9+)
     main_module.__cached__ = None  # as for `python SCRIPT`: no bytecode file, no spec
     main_module.__spec__ = None
     previous = sys.modules.get("__main__")
