@@ -301,3 +301,25 @@ def test_link_checker_finds_broken_links(tmp_path: Path) -> None:
     assert links("see [a](docs/cli.md#x) and `[b](not-a-link.md)`\n```\n[c](code.md)\n```") == ["docs/cli.md#x"]
     assert github_anchor("On N processes: `--nproc-per-node N`") == "on-n-processes---nproc-per-node-n"
     assert section("# A\n## B\nb\n### C\nc\n## D\nd", "B") == "## B\nb\n### C\nc"
+
+
+# ---------------------------------------------------------------------------------------------
+# configuration
+
+
+def test_every_setting_key_and_variable_is_in_docs_configuration() -> None:
+    from migrate.config import KEYS
+    from runtime.launch import LAUNCH_CONFIG_KEYS
+    from runtime.settings import CONFIG_FILE_ENV, SPECS
+
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    toml = section(text, "accel-migrate: `[tool.accel-migrate]`") or ""
+    runtime = section(text, "The runtime") or ""
+    wanted = [(toml, f"{key} =", "its `[tool.accel-migrate]` example (`key = value  # ...`)") for key in KEYS]
+    wanted += [(runtime, f"`{spec.env}`", "its settings table") for spec in SPECS]
+    wanted += [(runtime, f"`{spec.config_key}`", "its settings table") for spec in SPECS]
+    wanted += [(runtime, f"`{key}`", "its table of launch defaults") for key in LAUNCH_CONFIG_KEYS]
+    wanted += [(runtime, f"`{CONFIG_FILE_ENV}`", "the text about the config file")]
+    assert len(wanted) > 20
+    missing = [f"{needle} (in {where})" for body, needle, where in wanted if needle not in body]
+    assert not missing, "docs/configuration.md does not document: " + "; ".join(missing)
