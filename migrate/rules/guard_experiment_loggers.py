@@ -60,7 +60,9 @@ Leaves alone:
     or run that is also used other than as the receiver of a logging statement (passed to a
     helper, stored, used in an expression or a `with`: on the other processes it would not
     exist; for `self.writer`, also a read outside its class's methods), a logging call that is part
-    of an expression, and logging in a function that cannot reach the accelerator. When one wandb
+    of an expression, and logging in a function that cannot reach the accelerator (the fix for a
+    writer passed on: `writer = SummaryWriter(...) if accelerator.is_main_process else None`, and
+    write through it under `if writer is not None:`). When one wandb
     (or mlflow) call cannot be guarded, none of that library's calls in the file is: `wandb.log`
     on a process where `wandb.init` did not run raises.
 

@@ -32,6 +32,12 @@ Leaves alone:
     reported and left as they are: their models and data come from elsewhere. An optimizer built
     in a class body (`class Setup: optimizer = SGD(...)`, run once when the class is defined) is
     reported and the file left as it is: no placement of `prepare` there is right for its methods.
+    Also reported: `torch.compile(model)` before the prepare call (it would compile the unwrapped
+    model: compile the prepared one), a training loop over something that is not a recognised
+    `DataLoader` or over a loader not bound where the model is prepared (it is not prepared, so
+    every process would see all the data), a loader still sharded by a `DistributedSampler`
+    (when AM007 is off: preparing it would shard twice), and a training step that no DataLoader
+    feeds (every process would train on the same data).
 
 Fix safety:
     Safe on one process: the prepared loader yields the same batches in the same order.

@@ -40,9 +40,13 @@ Example:
     if dist.get_rank() == 0:                        if accelerator.is_main_process:
 
 Leaves alone:
-    `mp.spawn` launchers of another shape (see `migrate.roles.SpawnLaunch`: a process group set up
-    in a helper, a computed rank or world size, a worker also called directly, an optimizer built
-    outside the worker, ...: the whole file is refused with the reason), a process group initialised in another function than the one that
+    `mp.spawn` launchers of another shape (`migrate.roles.SpawnLaunch`): the process group set up
+    in a helper rather than in the worker's body, `rank=` / `world_size=` computed
+    (`args.rank = node * ngpus + gpu`) rather than the spawn index and the process count, the
+    worker also called directly (a second launch path), the optimizer built outside the worker,
+    `nprocs` used for other things, `args` not a written-out tuple, `join=False`: the whole file
+    is refused with the reason (make the worker the entry point, or reshape it so, and run
+    again). Also a process group initialised in another function than the one that
     builds the optimizer, samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
     sharding themselves, so the training loader is not prepared either), and explicit
