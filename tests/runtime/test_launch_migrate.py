@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from rt_helpers import run_cmd
-from runtime.cli import build_parser
+from runtime.cli import build_parser, main
 from runtime.launch import WORKER_ENTRY, torchrun_argv
 
 ACCEL = shutil.which("accel") or str(Path(sys.executable).with_name("accel"))
@@ -128,6 +128,17 @@ def test_refused_migration_exits_2_with_the_reason_and_launches_nothing(tmp_path
     assert proc.returncode == 2 and "no training code" in proc.stderr, proc.stderr
     proc = run_cmd([ACCEL, "launch", "--migrate", "-m", "train"], workdir)
     assert proc.returncode == 2 and "--migrate needs a script file" in proc.stderr, proc.stderr
+
+
+def test_shadowing_runtime_module_and_notebooks_are_refused_before_migrating(tmp_path: Path, capsys) -> None:
+    project, _ = _project(tmp_path)
+    (project / "runtime.py").write_text("")
+    assert main(["launch", "--migrate", str(project / "train.py")]) == 2
+    assert "runtime.py shadows the bundled runtime package" in capsys.readouterr().err
+    notebook = tmp_path / "train.ipynb"
+    notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    assert main(["launch", "--migrate", str(notebook)]) == 2
+    assert "not notebooks" in capsys.readouterr().err
 
 
 def test_workers_run_the_copy_as_the_script() -> None:
