@@ -98,11 +98,13 @@ def migrate_for_launch(script: Path, err: TextIO) -> MigratedCopy | None:
         for line in output.diagnostic_lines(result):
             err.write(line + "\n")
         if result.diagnostics:
-            codes = ", ".join(sorted({d.code for d in result.diagnostics}))
+            count = len(result.diagnostics)
+            places = "1 place" if count == 1 else f"{count} places"
+            first = min(d.code for d in result.diagnostics)
             raise MigrationRefused(
-                f"{script}: not launched: the migration left {len(result.diagnostics)} place(s) it could not "
-                f"rewrite safely (above), and the script would not train correctly on several processes as it "
-                f"is. Fix them in the script (`accel-migrate explain {codes.split(', ')[0]}` says how), or write "
+                f"{script}: not launched: the migration left {places} it could not rewrite safely (above), "
+                "and the script would not train correctly on several processes as it is. Fix "
+                f"{'it' if count == 1 else 'them'} in the script (`accel-migrate explain {first}` says how), or write "
                 f"the copy with `accel-migrate --output-dir DIR {script}`, finish it by hand and launch it "
                 "with `accel launch`"
             )
