@@ -37,6 +37,9 @@ class EditPlan:
     new_args: dict[cst.Call, bool] = field(default_factory=dict)  # value: pass by keyword
     wrap_loop_body: dict[cst.For, cst.BaseExpression] = field(default_factory=dict)  # `with <expr>:`
     accelerator_kwargs: dict[str, str] = field(default_factory=dict)  # Accelerator(name=code)
+    # Accelerator(name=...) arguments that read names of the script (`args.amp`): written only
+    # where those names are bound when the Accelerator is created.
+    kwarg_reads: dict[str, cst.BaseExpression] = field(default_factory=dict)
     eval_loaders: list[str] = field(default_factory=list)  # prepared because their metrics are gathered
     unsharded_loaders: set[str] = field(default_factory=set)  # DistributedSampler removed (AM007)
     attributes: dict[cst.Attribute, Callable[[cst.Attribute], cst.BaseExpression]] = field(default_factory=dict)

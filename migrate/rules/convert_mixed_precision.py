@@ -6,7 +6,11 @@ What it does:
     -> `accelerator.backward(loss)`, `scaler.step(optimizer)` -> `optimizer.step()`,
     `scaler.update()` and `scaler.unscale_(optimizer)` are removed (the Accelerator unscales
     before clipping). The Accelerator is created with `mixed_precision="fp16"` (a scaler, or an
-    fp16 autocast) or `"bf16"` (a bfloat16 autocast without scaler).
+    fp16 autocast) or `"bf16"` (a bfloat16 autocast, or `torch.autocast("cpu")`, without scaler).
+    AMP switched by one flag (`GradScaler(enabled=args.amp)` with `autocast(enabled=args.amp)`,
+    or `ctx = autocast() if args.amp else nullcontext()`) becomes
+    `Accelerator(mixed_precision="fp16" if args.amp else "no")`; a chosen context keeps its
+    choice, with `accelerator.autocast()` as the AMP branch.
 
 Why:
     The Accelerator owns precision per device: the same script then runs fp16 on GPUs and
@@ -19,12 +23,18 @@ Example:
     scaler.step(optimizer)                                 optimizer.step()
     scaler.update()
 
+    scaler = GradScaler(enabled=args.amp)                 (removed)
+    with autocast(enabled=args.amp):                   ->  with accelerator.autocast():
+    (created with `Accelerator(mixed_precision="fp16" if args.amp else "no")`)
+
 Leaves alone:
-    Scripts whose autocast is switched by a variable (`enabled=args.amp`) or chosen by a
-    condition (`ctx = nullcontext() if device_type == "cpu" else torch.autocast(...)`), or that use the scaler
-    in other ways (`scaler.state_dict()`, `get_scale()`): reported, and the AMP code is kept as
-    it is (it still works: `accelerator.backward(scaler.scale(loss))`). Files that already create
-    an Accelerator.
+    AMP code switched by different conditions (`GradScaler(enabled=args.amp)` next to an
+    autocast that is always on: with the flag off the original still runs an fp16 forward), by a
+    condition the Accelerator's creation cannot read (a name bound later, or the device choice
+    itself: `nullcontext() if device_type == "cpu" else torch.autocast(...)`), or scripts that
+    use the scaler in other ways (`scaler.state_dict()`, `get_scale()`): reported, and the AMP
+    code is kept as it is (it still works: `accelerator.backward(scaler.scale(loss))`). Files
+    that already create an Accelerator.
 
 Fix safety:
     Safe. A script that clipped gradients without `scaler.unscale_` clipped scaled gradients; the
@@ -38,7 +48,7 @@ import libcst as cst
 from migrate.analysis import Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.rules.base import accelerator_call
+from migrate.rules.base import accelerator_call, names_read
 from migrate.walk import walk
 
 CODE = "AM006"
@@ -71,6 +81,9 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     precision = _precision(roles, scalers, autocasts, plan)
     if precision is None:
         return
+    switch = _switch(roles, scalers if precision == "fp16" else set(), autocasts, plan)
+    if switch is False:
+        return
     uses = _scaler_uses(roles, scalers, plan)
     if uses is None:
         return
@@ -85,44 +98,132 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     for scope, site, method in uses:
         _convert_use(plan, scope, site, method)
     _report_unscaled_clipping(roles, plan, scalers, uses)
-    plan.accelerator_kwargs["mixed_precision"] = f'"{precision}"'
+    if switch is None:
+        plan.accelerator_kwargs["mixed_precision"] = f'"{precision}"'
+    else:
+        plan.accelerator_kwargs["mixed_precision"] = f'"{precision}" if {_code(switch)} else "no"'
+        plan.kwarg_reads["mixed_precision"] = switch
     plan.removes_boilerplate = True
 
 
-def _chosen_by_condition(module: cst.Module, calls: list[cst.Call]) -> cst.Call | None:
-    """The first autocast call inside a conditional expression (`autocast() if c else nullcontext()`)."""
+def _chosen_by_condition(module: cst.Module, calls: list[cst.Call]) -> dict[int, cst.BaseExpression]:
+    """id(autocast call) -> the condition under which it is chosen, for autocast calls that are a
+    branch of a conditional expression (`autocast() if c else nullcontext()`: `c`; in the `else`
+    branch: `not c`)."""
     wanted = {id(c) for c in calls}
-    found: list[cst.Call] = []
+    found: dict[int, cst.BaseExpression] = {}
 
     class Finder(cst.CSTVisitor):
         def visit_IfExp(self, node: cst.IfExp) -> None:
-            for branch in (node.body, node.orelse):
-                if id(branch) in wanted and isinstance(branch, cst.Call):
-                    found.append(branch)
+            if id(node.body) in wanted:
+                found[id(node.body)] = node.test
+            if id(node.orelse) in wanted:
+                found[id(node.orelse)] = cst.UnaryOperation(cst.Not(), _parenthesized(node.test))
 
     walk(module, Finder())
-    return found[0] if found else None
+    return found
+
+
+def _parenthesized(test: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or test.lpar:
+        return test
+    return test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def _enabled(call: cst.Call) -> cst.BaseExpression | None:
+    """The `enabled=` argument unless it is absent or the literal `True`."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "enabled":
+            if isinstance(arg.value, cst.Name) and arg.value.value == "True":
+                return None
+            return arg.value
+    return None
+
+
+def _switch(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> cst.BaseExpression | None | bool:  # type: ignore[type-arg]
+    """The one condition that switches all of the AMP code, None when nothing is switched, False
+    (reported) when the switches differ or cannot be read where the Accelerator is created.
+
+    `GradScaler(enabled=c)`, `autocast(enabled=c)` and `autocast() if c else nullcontext()` with
+    the same `c` everywhere mean mixed precision exactly when `c` holds: that is
+    `Accelerator(mixed_precision="fp16" if c else "no")`; so does a scaler that is always on next
+    to an autocast switched by `c`. A scaler switched by a flag next to an
+    autocast that is always on (fp16 forward, unscaled backward when the flag is off) has no
+    Accelerator equivalent. (With bf16 a scaler does nothing: its switch is not asked for.)"""
+    switches: list[tuple[Scope, cst.CSTNode, cst.BaseExpression | None]] = []
+    for scope, name in scalers:
+        for binding in scope.bindings[name]:
+            assert isinstance(binding.value, cst.Call)
+            enabled = _enabled(binding.value)
+            # A scaler that is always on only multiplies fp32 gradients by a power of two and
+            # back when the autocast is off: exact, so it does not switch anything.
+            if enabled is not None or not autocasts:
+                switches.append((scope, binding.value, enabled))
+    chosen = _chosen_by_condition(roles.facts.module, [call.call for _, call in autocasts])
+    for scope, call in autocasts:
+        enabled, condition = _enabled(call.call), chosen.get(id(call.call))
+        if enabled is not None and condition is not None:
+            plan.report(CODE, call.call, "autocast is both chosen by a condition and switched by `enabled=`; the "
+                        "AMP code was kept as it is: pass `mixed_precision=` to the Accelerator instead")
+            return False
+        switches.append((scope, call.call, enabled if enabled is not None else condition))
+    conditions = {_code(c) for _, _, c in switches if c is not None}
+    if not conditions:
+        return None
+    if len(conditions) > 1 or any(c is None for _, _, c in switches):
+        shown = " and ".join(f"`{c}`" for c in sorted(conditions))
+        node = next(n for _, n, c in switches if c is not None)
+        plan.report(CODE, node, f"the AMP code is switched by {shown} but not all of it by the same condition "
+                    "(e.g. `GradScaler(enabled=flag)` next to an autocast that is always on): no single "
+                    "`mixed_precision=` does the same, so it was kept as it is; switch the autocast and the scaler "
+                    "by the same flag, or pass `mixed_precision=` to the Accelerator yourself")
+        return False
+    scope, node, condition = next((s, n, c) for s, n, c in switches if c is not None)
+    assert condition is not None
+    if not all(_readable_at_creation(roles, s, c) for s, _, c in switches if c is not None):
+        plan.report(CODE, node, f"the AMP code is switched by `{_code(condition)}`, which cannot be read where the "
+                    "Accelerator is created; it was kept as it is: pass `mixed_precision=` to the Accelerator "
+                    "(or `accel launch --mixed-precision`) instead")
+        return False
+    return condition
+
+
+def _readable_at_creation(roles: Roles, scope: Scope, condition: cst.BaseExpression) -> bool:
+    """Every name `condition` reads in `scope` is the same binding where the Accelerator is created,
+    and is bound there before it: a parameter, a module-level name, or a statement above the device
+    choice of the same function."""
+    target = roles.accelerator_scope
+    if target is None:
+        return False
+    created = roles.device_binding.where.order if roles.device_binding is not None else None
+    for name in names_read(condition):
+        here, there = roles.origins(scope, name), roles.origins(target, name)
+        if not here or here != there:
+            return False
+        for origin_scope, origin_name in there:
+            if origin_scope is target and not isinstance(target.node, cst.Module) and origin_name in target.params:
+                continue
+            if origin_scope is not target:
+                if origin_scope is roles.facts.module_scope:
+                    continue
+                return False
+            bindings = target.bindings.get(origin_name, [])
+            if created is None or not bindings or any(b.where.order >= created for b in bindings):
+                return False
+    return True
 
 
 def _precision(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> str | None:  # type: ignore[type-arg]
     dtypes: set[str] = set()
-    switched = _chosen_by_condition(roles.facts.module, [call.call for _, call in autocasts])
-    if switched is not None:
-        # A prepared model runs its forward under the Accelerator's precision on every step:
-        # `accelerator.autocast() if cond else nullcontext()` would be mixed precision always.
-        plan.report(CODE, switched, "autocast is chosen by a condition (`... if cond else nullcontext()`); the AMP "
-                    "code was kept as it is: pass `mixed_precision=` to the Accelerator (or `accel launch "
-                    "--mixed-precision`) instead")
-        return None
     for _, call in autocasts:
-        for arg in call.call.args:
+        for index, arg in enumerate(call.call.args):
             keyword = arg.keyword.value if arg.keyword else None
-            if keyword == "enabled" and not (isinstance(arg.value, cst.Name) and arg.value.value == "True"):
-                plan.report(CODE, call.call, "autocast is switched by `enabled=`; the AMP code was kept as it is: "
-                            "pass `mixed_precision=` to the Accelerator (or `accel launch --mixed-precision`) instead")
-                return None
             if keyword == "dtype":
                 dtypes.add(roles.facts.aliases.qualify(arg.value) or "")
+            elif keyword == "device_type" or (keyword is None and index == 0):
+                if isinstance(arg.value, cst.SimpleString) and arg.value.evaluated_value == "cpu":
+                    if not any(a.keyword is not None and a.keyword.value == "dtype" for a in call.call.args):
+                        dtypes.add("torch.bfloat16")  # a CPU autocast's default dtype
     if dtypes - {"torch.float16", "torch.half", "torch.bfloat16"}:
         plan.report(CODE, autocasts[0][1].call, "autocast dtype not recognised; the AMP code was kept as it is")
         return None
@@ -194,3 +295,7 @@ def _report_unscaled_clipping(roles: Roles, plan: EditPlan, scalers: set, uses: 
                     "the original clipped the *scaled* gradients (no `scaler.unscale_` before clipping); the "
                     "migrated script clips the true gradients, as intended: expect different numbers",
                 )
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)

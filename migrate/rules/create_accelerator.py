@@ -121,6 +121,13 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     block, index = place
     if cpu is not None and "cpu" not in plan.accelerator_kwargs and _bound_before(cpu[1], scope, block, index):
         plan.accelerator_kwargs["cpu"] = cpu[0]
+    for name, reads in plan.kwarg_reads.items():
+        if name in plan.accelerator_kwargs and not _bound_before(reads, scope, block, index):
+            plan.report(CODE, default, (
+                f"`{name}={plan.accelerator_kwargs.pop(name)}` reads names that are not bound yet where the "
+                f"Accelerator is created, so it was not written: pass `{name}=` to the Accelerator yourself "
+                "(or the matching `accel launch` option)"
+            ))
     kwargs = ", ".join(f"{name}={value}" for name, value in plan.accelerator_kwargs.items())
     create = statement(f"accelerator = Accelerator({kwargs})\n")
     replaced = plan.create_at if plan.create_at is not None else binding.where.stmt if binding is not None else None
