@@ -3,6 +3,10 @@
 What it does:
     The loop over a prepared training loader whose body calls `backward` gets its whole body
     wrapped in `with accelerator.accumulate(<models>):`, naming the prepared models the body uses.
+    Hand-written accumulation (`loss = loss / N`, `if (step + 1) % N == 0: optimizer.step()`)
+    becomes `Accelerator(gradient_accumulation_steps=N)` with `if accelerator.sync_gradients:`, and
+    a `model.require_backward_grad_sync = <that condition>` toggle goes with it.
+    `with model.no_sync():` on a prepared model becomes `with accelerator.no_sync(model):`.
 
 Why:
     Inside `accumulate`, the Accelerator skips the gradient all-reduce and the optimizer step on
@@ -17,10 +21,16 @@ Example:
         optimizer.step()                               accelerator.backward(loss)
                                                        optimizer.step()
 
+    with model.no_sync():                   ->  with accelerator.no_sync(model):
+        accelerator.backward(loss)                  accelerator.backward(loss)
+
+    (on one process the prepared model is the bare module, which has no `no_sync`)
+
 Leaves alone:
     Loops already inside `accelerator.accumulate(...)`, loops over data that is not a prepared
     loader, and loops whose backward sits in a helper function (the helper's own loop, if any, is
-    wrapped instead).
+    wrapped instead). A `require_backward_grad_sync` toggle on another condition is kept and
+    reported (it works while the prepared model is a DDP).
 
 Fix safety:
     Safe: with one accumulation step the block changes nothing numerically.
@@ -43,6 +53,7 @@ NAME = "accumulate-gradients"
 def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models:
         return
+    _convert_no_sync(roles, plan)
     done: set[int] = set()
     for scope in roles.facts.scopes:
         if not roles.can_reach(scope):
@@ -58,7 +69,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             )
             plan.use_accelerator(scope)
             plan.change(CODE, loop.node, f"loop body wrapped in `accelerator.accumulate({', '.join(models)})`")
-            _manual_accumulation(roles, plan, scope, loop)
+            gate = _manual_accumulation(roles, plan, scope, loop)
+            _sync_toggles(roles, plan, scope, loop, gate)
 
 
 def _training_loop(roles: Roles, scope: Scope, loops: tuple[Loop, ...], loaders: list[str]) -> Loop | None:
@@ -77,22 +89,72 @@ def wrapped_or_accumulating(plan: EditPlan, loops: tuple[Loop, ...]) -> bool:
 # -- hand-written accumulation --------------------------------------------------------------
 
 
-def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop) -> None:
+def _convert_no_sync(roles: Roles, plan: EditPlan) -> None:
+    """`model.no_sync()` -> `accelerator.no_sync(model)`: on one process the prepared model is the
+    bare module, which has no `no_sync`."""
+    for scope in roles.facts.scopes:
+        for site in scope.method_calls:
+            assert isinstance(site.receiver, cst.Name) and isinstance(site.call.func, cst.Attribute)
+            if site.call.func.attr.value != "no_sync" or site.call.args:
+                continue
+            name = site.receiver.value
+            if not roles.all_in(scope, name, roles.models) or not roles.can_reach(scope):
+                continue
+            plan.calls[site.call] = lambda updated, name=name: accelerator_call("no_sync", [cst.Arg(cst.Name(name))])
+            plan.use_accelerator(scope)
+            plan.change(CODE, site.call, f"`{name}.no_sync()` -> `accelerator.no_sync({name})`")
+
+
+_SYNC_FLAG = "require_backward_grad_sync"
+
+
+def _sync_toggles(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop, gate: cst.If | None) -> None:
+    """`model.require_backward_grad_sync = <cond>` in a training loop: DDP's own switch.
+
+    When the hand-written accumulation became `gradient_accumulation_steps` and the toggle tests
+    the same condition as the step, `accelerator.accumulate` already skips those all-reduces: the
+    toggle goes. Any other toggle is kept (it still works while the prepared model is a DDP, and
+    is a plain attribute of the bare module on one process) and reported."""
+    toggles: list[tuple[cst.SimpleStatementLine, cst.Assign]] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            for small in node.body:
+                if isinstance(small, cst.Assign) and any(
+                    isinstance(t.target, cst.Attribute) and t.target.attr.value == _SYNC_FLAG for t in small.targets
+                ):
+                    toggles.append((node, small))
+
+    walk(loop.node.body, Finder())
+    for stmt, assign in toggles:
+        if gate is not None and len(stmt.body) == 1 and _code(assign.value) == _code(gate.test):
+            plan.replace_stmt[stmt] = []
+            plan.change(CODE, stmt, f"`{_SYNC_FLAG}` toggle removed: `accelerator.accumulate` skips the same all-reduces")
+            continue
+        plan.report(CODE, stmt, (
+            f"`{_code(assign.targets[0].target)} = ...` switches DDP's gradient all-reduce by hand; it was kept "
+            "(it works while the prepared model is a DDP): prefer `with accelerator.no_sync(model):` around the "
+            "backward passes that must not synchronise, or `Accelerator(gradient_accumulation_steps=N)`"
+        ))
+
+
+def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop) -> cst.If | None:
     """`loss = loss / N` + `if (step + 1) % N == 0: optimizer.step()` -> gradient_accumulation_steps=N.
 
     The division goes (the Accelerator divides), so does a compensating `* N` in a log line; the
     step condition becomes `if accelerator.sync_gradients:` (true every N-th micro-step and at the
     end of the loader), which keeps whatever else the block does on optimizer steps only.
+    Returns the (original) step condition when it was converted.
     """
     body = loop.node.body
     if not isinstance(body, cst.IndentedBlock):
-        return
+        return None
     gates = [(stmt, n) for stmt in body.body if isinstance(stmt, cst.If) for n in [_step_gate(stmt)] if n is not None]
     if not gates:
-        return
+        return None
     steps = {_code(n) for _, n in gates}
     if len(steps) != 1:
-        return
+        return None
     count = gates[0][1]
     if not _available_at_creation(roles, plan, count):
         plan.report(
@@ -103,7 +165,7 @@ def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop)
             "processes); it was kept as it is: set `Accelerator(gradient_accumulation_steps=...)` yourself "
             "and drop the manual logic",
         )
-        return
+        return None
     for gate, _ in gates:
         plan.if_tests[gate] = cst.Attribute(cst.Name("accelerator"), cst.Name("sync_gradients"))
         plan.sync_ifs.add(gate)
@@ -112,6 +174,7 @@ def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop)
     if divided:
         _remove_compensation(plan, scope, divided, count)
     plan.accelerator_kwargs["gradient_accumulation_steps"] = _code(count)
+    return gates[0][0]
 
 
 def _step_gate(stmt: cst.If) -> cst.BaseExpression | None:

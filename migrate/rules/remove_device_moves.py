@@ -13,8 +13,13 @@ Why:
 
 Example:
     model = Net().to(device)           ->  model = Net()
+    criterion = nn.CrossEntropyLoss().cuda()  ->  criterion = nn.CrossEntropyLoss().to(accelerator.device)
     for x, y in loader:                    for x, y in loader:
         x, y = x.to(device), y.to(device)      (removed)
+
+    Any other `.cuda(...)` (a criterion, a fresh tensor, `x.cuda(args.gpu, non_blocking=True)`)
+    becomes `.to(accelerator.device, ...)`: the current CUDA device, or a GPU index read from the
+    command line, is this process's device under the Accelerator, and the script runs without CUDA.
 
 Leaves alone:
     Moves of freshly created tensors (`torch.zeros(3).to(device)`): `device` is now
@@ -48,6 +53,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 continue
             what = _moved_object(roles, scope, move, prepared_loaders(roles, plan), plan.eval_loaders)
             if what is None:
+                _retarget_cuda(roles, plan, scope, move)
                 continue
             kept = [i for i, arg in enumerate(move.call.args) if arg in move.kept_args]
             plan.calls[move.call] = lambda call, kept=kept: _strip(call, kept)
@@ -85,6 +91,34 @@ def _moved_object(
     if root in scope.params and _batch_parameter(roles, scope, root, loaders):
         return f"batch `{root}`"
     return None
+
+
+def _retarget_cuda(roles: Roles, plan: EditPlan, scope: Scope, move: Move) -> None:
+    """`criterion.cuda()`, `torch.zeros(3).cuda()`, `x.cuda(args.gpu, non_blocking=True)` that stay:
+    `.to(accelerator.device, ...)`, which is this process's GPU and also runs without CUDA."""
+    func = move.call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "cuda") or not roles.can_reach(scope):
+        return
+    if scope is roles.accelerator_scope and not _after_creation(roles, move):
+        return
+    device = cst.Attribute(cst.Name("accelerator"), cst.Name("device"))
+    plan.calls[move.call] = lambda call, device=device: _to_device(call, device)
+    plan.use_accelerator(scope)
+    plan.change(CODE, move.call, "`.cuda()` -> `.to(accelerator.device)`: this process's device")
+
+
+def _after_creation(roles: Roles, move: Move) -> bool:
+    """The move runs after the Accelerator is created in its own scope (at the device choice, or at
+    the top of the scope when there is none)."""
+    if roles.device_binding is None:
+        return roles.create_before is not None
+    return move.where.order > roles.device_binding.where.order
+
+
+def _to_device(call: cst.Call, device: cst.BaseExpression) -> cst.Call:
+    assert isinstance(call.func, cst.Attribute)
+    kept = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in call.args if a.keyword is not None]
+    return call.with_changes(func=call.func.with_changes(attr=cst.Name("to")), args=[cst.Arg(device), *kept])
 
 
 def _batch_parameter(roles: Roles, scope: Scope, name: str, loaders: list[str]) -> bool:
