@@ -111,6 +111,8 @@ class Rewriter(cst.CSTTransformer):
                 replacement = _drop_trivial(new)
             else:
                 replacement = [new]
+            if replacement == [new] and _emptied_guard(original, new):
+                replacement = []  # `if use_cuda: model = model.cuda()` once the move went
             for stmt in replacement:
                 name = plan.rebound.get(stmt) or (plan.rebound.get(original) if stmt is new else None)
                 if name is not None:
@@ -171,6 +173,26 @@ def _drop_trivial(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
     if isinstance(last, (cst.Expr, cst.Assign)) and last.semicolon is not cst.MaybeSentinel.DEFAULT:
         kept[-1] = last.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
     return [stmt.with_changes(body=kept)]
+
+
+def _emptied_guard(original: cst.BaseStatement, new: cst.BaseStatement) -> bool:
+    """An `if <name or attribute>:` without `else` whose statements the rewrite all removed (its body
+    is now the `pass` put in their place): the test has no effect left, so neither has the `if`."""
+    if not (isinstance(original, cst.If) and isinstance(new, cst.If)) or new.orelse is not None:
+        return False
+    if not isinstance(original.test, (cst.Name, cst.Attribute)) or not isinstance(new.body, cst.IndentedBlock):
+        return False
+    before = original.body.body if isinstance(original.body, cst.IndentedBlock) else ()
+    if not before or _only_pass(before):
+        return False
+    return _only_pass(new.body.body)
+
+
+def _only_pass(body: Sequence[cst.BaseStatement]) -> bool:
+    return all(
+        isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(small, cst.Pass) for small in stmt.body)
+        for stmt in body
+    )
 
 
 def _is_trivial(small: cst.BaseSmallStatement) -> bool:

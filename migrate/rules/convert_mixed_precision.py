@@ -180,7 +180,7 @@ def _switch(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> cst.
         return False
     scope, node, condition = next((s, n, c) for s, n, c in switches if c is not None)
     assert condition is not None
-    if not all(_readable_at_creation(roles, s, c) for s, _, c in switches if c is not None):
+    if not all(_readable_at_creation(roles, plan, s, c) for s, _, c in switches if c is not None):
         plan.report(CODE, node, f"the AMP code is switched by `{_code(condition)}`, which cannot be read where the "
                     "Accelerator is created; it was kept as it is: pass `mixed_precision=` to the Accelerator "
                     "(or `accel launch --mixed-precision`) instead")
@@ -188,14 +188,18 @@ def _switch(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> cst.
     return condition
 
 
-def _readable_at_creation(roles: Roles, scope: Scope, condition: cst.BaseExpression) -> bool:
+def _readable_at_creation(roles: Roles, plan: EditPlan, scope: Scope, condition: cst.BaseExpression) -> bool:
     """Every name `condition` reads in `scope` is the same binding where the Accelerator is created,
     and is bound there before it: a parameter, a module-level name, or a statement above the device
-    choice of the same function."""
+    choice (or the process-group initialisation the Accelerator replaces) of the same function."""
     target = roles.accelerator_scope
     if target is None:
         return False
-    created = roles.device_binding.where.order if roles.device_binding is not None else None
+    created: int | None = None
+    if plan.create_at is not None:
+        created = plan.create_at_order
+    elif roles.device_binding is not None:
+        created = roles.device_binding.where.order
     for name in names_read(condition):
         here, there = roles.origins(scope, name), roles.origins(target, name)
         if not here or here != there:

@@ -75,6 +75,9 @@ SPECS: dict[str, Spec] = {
         "instead of the 1-process 32, so the generator sees other inputs; only training is checked",
     ),
     "torchrun_ddp": Spec(kind="ddp"),
+    # no_sync accumulation, an --amp flag (off here) and .cuda() under `if use_cuda:`; on 1 process
+    # the migrated script must not call no_sync on the bare module
+    "research_ddp_flags": Spec(kind="ddp"),
     "amp_bf16_autocast": Spec(
         split_rtol=5e-2,
         split_reason="bf16 autocast rounds activations and weight gradients to 8 mantissa bits; "
