@@ -114,20 +114,21 @@ def test_unmodified_script_trains_on_two_processes_and_is_not_written(tmp_path: 
     assert not list(temp.glob("accel-launch-migrate-*"))
 
 
-def test_refused_migration_exits_2_with_the_reason_and_launches_nothing(tmp_path: Path) -> None:
+def test_refused_migration_exits_2_with_the_reason_and_launches_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
     project, workdir = _project(tmp_path)
-    proc = run_cmd([ACCEL, "launch", "--migrate", "--nproc-per-node", "2", str(project / "refused.py")], workdir)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "refused.py:10: AM004 warning: training loop iterates `batches`" in proc.stderr
-    assert "accel launch: error:" in proc.stderr and "not launched" in proc.stderr
-    assert "torch.distributed" not in proc.stderr and not (workdir / "launched.txt").exists()
+    monkeypatch.chdir(workdir)  # in-process: the refusal comes before torch is even imported
+    assert main(["launch", "--migrate", "--nproc-per-node", "2", str(project / "refused.py")]) == 2
+    err = capsys.readouterr().err
+    assert "refused.py:10: AM004 warning: training loop iterates `batches`" in err
+    assert "accel launch: error:" in err and "not launched" in err
+    assert "torch.distributed" not in err and not (workdir / "launched.txt").exists()
     assert (project / "refused.py").read_text() == REFUSED
     plain = project / "plain.py"
     plain.write_text("import torch\nprint(torch.ones(2))\n")  # nothing to migrate: N copies, refused
-    proc = run_cmd([ACCEL, "launch", "--migrate", str(plain)], workdir)
-    assert proc.returncode == 2 and "no training code" in proc.stderr, proc.stderr
-    proc = run_cmd([ACCEL, "launch", "--migrate", "-m", "train"], workdir)
-    assert proc.returncode == 2 and "--migrate needs a script file" in proc.stderr, proc.stderr
+    assert main(["launch", "--migrate", str(plain)]) == 2
+    assert "no training code" in capsys.readouterr().err
+    assert main(["launch", "--migrate", "-m", "train"]) == 2
+    assert "--migrate needs a script file" in capsys.readouterr().err
 
 
 def test_shadowing_runtime_module_and_notebooks_are_refused_before_migrating(tmp_path: Path, capsys) -> None:
