@@ -63,7 +63,9 @@ def _plain(value: Any) -> Any:
         return [_plain(item) for item in value]
     tolist = getattr(value, "tolist", None)  # torch.Tensor and numpy values
     if callable(tolist) and not isinstance(value, (str, bytes)):
-        return tolist()
+        size = getattr(value, "size", None)
+        one = value.numel() == 1 if callable(getattr(value, "numel", None)) else size == 1
+        return value.item() if one else tolist()  # a 1-element tensor is a scalar
     return value
 
 
