@@ -18,6 +18,14 @@ What it does:
       (`train_loader = build_loader(dataset)` returning `DataLoader(..., sampler=DistributedSampler(...))`):
       the sampler goes inside the helper, so the prepared loader is sharded once, not N^2 ways.
     - `dist.barrier()` becomes `accelerator.wait_for_everyone()`.
+    - Hand-written sharding becomes the Accelerator's strategy: `model = FSDP(model, ...)` and
+      `fully_shard(model)` (with the `fully_shard(block)` loop before it) go, and
+      `optimizer = ZeroRedundancyOptimizer(params, optimizer_class=AdamW, lr=...)` becomes
+      `AdamW(params, lr=...)`; the Accelerator is created with `strategy="fsdp"` (FULL_SHARD,
+      `reshard_after_forward=True`), `"fsdp-zero2"` (SHARD_GRAD_OP, `reshard_after_forward=False`),
+      `"ddp"` (NO_SHARD) or `"zero1"`, and `accelerator.prepare` shards the model and the optimizer
+      state. The script's own choice wins over `--strategy`. Which shapes and options amount to the
+      same training is decided in `migrate.hand_sharding`.
     - An `mp.spawn(worker, args=(a, n), nprocs=n)` launcher becomes the direct call
       `worker(int(os.environ.get("LOCAL_RANK", "0")), a, int(os.environ.get("WORLD_SIZE", "1")))`
       (an argument that passes `nprocs` gets the launcher's process count), `os.environ["MASTER_ADDR"]`
@@ -39,6 +47,11 @@ Example:
     model = DDP(model, device_ids=[local_rank])     (removed)
     if dist.get_rank() == 0:                        if accelerator.is_main_process:
 
+    dist.init_process_group("gloo")                 accelerator = Accelerator(strategy="fsdp")
+    for block in model.blocks:                  ->  (removed)
+        fully_shard(block)
+    fully_shard(model)                              (removed)
+
 Leaves alone:
     `mp.spawn` launchers of another shape (`migrate.roles.SpawnLaunch`): the process group set up
     in a helper rather than in the worker's body, `rank=` / `world_size=` computed
@@ -46,7 +59,10 @@ Leaves alone:
     worker also called directly (a second launch path), the optimizer built outside the worker,
     `nprocs` used for other things, `args` not a written-out tuple, `join=False`: the whole file
     is refused with the reason (make the worker the entry point, or reshape it so, and run
-    again). Also a process group initialised in another function than the one that
+    again). Hand-written sharding with options that change the training (mixed precision or
+    offload policies, `sync_module_states`, meshes and process groups, `consolidate_state_dict()`,
+    blocks sharded without the model): the whole file is refused with the reason and the fix.
+    Also a process group initialised in another function than the one that
     builds the optimizer, samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
     sharding themselves, so the training loader is not prepared either), and explicit
@@ -54,7 +70,11 @@ Leaves alone:
     process group) — each reported.
 
 Fix safety:
-    Safe: the prepared objects reproduce the sharding, wrapping and rank logic.
+    Safe: the prepared objects reproduce the sharding, wrapping and rank logic. Sharding by hand
+    and by the runtime differ only in which blocks are gathered together (the runtime shards the
+    model's repeated blocks): memory and communication, not the numbers trained. Under
+    `--target accelerate` the wrapping goes as well, with a diagnostic: HF Accelerate's
+    Accelerator takes no strategy, FSDP is chosen in `accelerate config`.
 """
 
 from __future__ import annotations
