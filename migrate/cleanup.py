@@ -25,6 +25,7 @@ _BOILERPLATE_PREFIXES = (
     "torch.cuda.amp",
     "torch.amp",
     "torch.multiprocessing",
+    "functools",  # `functools.partial(...)` that built a wrap policy for a removed `FSDP(...)`
     # loggers whose calls AM012 turned into the tracker API
     "torch.utils.tensorboard",
     "tensorboardX",

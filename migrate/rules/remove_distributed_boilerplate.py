@@ -136,7 +136,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     _remove_wrappers(roles, plan)
     _remove_samplers(roles, plan)
     if roles.sharding is not None:
-        _convert_hand_sharding(roles.sharding, plan)
+        _convert_hand_sharding(roles, roles.sharding, plan)
 
 
 def _place_creation(roles: Roles, plan: EditPlan) -> int:
@@ -162,7 +162,8 @@ def _place_creation(roles: Roles, plan: EditPlan) -> int:
 
 
 def _forget_init_arguments(scope: Scope, call: cst.Call, plan: EditPlan) -> None:
-    """`backend = "nccl" if ... else "gloo"` fed only the removed `init_process_group(backend)`."""
+    """`backend = "nccl" if ... else "gloo"` fed only the removed `init_process_group(backend)`
+    (or `policy = partial(...)` only the removed `FSDP(model, auto_wrap_policy=policy)`)."""
     for arg in call.args:
         if isinstance(arg.value, cst.Name):
             for binding in scope.bindings.get(arg.value.value, []):
@@ -360,12 +361,16 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> None:
             plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
 
 
-def _convert_hand_sharding(sharding: HandSharding, plan: EditPlan) -> None:
+def _convert_hand_sharding(roles: Roles, sharding: HandSharding, plan: EditPlan) -> None:
     """FSDP / fully_shard go and ZeroRedundancyOptimizer becomes its optimizer class (see
     `migrate.hand_sharding` for which shapes amount to which strategy); the Accelerator gets it."""
+    home = roles.home
+    assert home is not None
     for stmt, node, message in sharding.removed:
         plan.replace_stmt[stmt] = []
         plan.change(CODE, node, message)
+        if isinstance(node, cst.Call):
+            _forget_init_arguments(home, node, plan)  # `policy = partial(...)` fed only `FSDP(model, policy)`
     for call, klass, kept in sharding.optimizers:
         keep = [index for index, arg in enumerate(call.args) if any(arg is k for k in kept)]
         plan.calls[call] = lambda updated, klass=klass, keep=keep: updated.with_changes(
