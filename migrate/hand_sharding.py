@@ -15,7 +15,8 @@ training up to the order of floating-point sums:
 - `ZeroRedundancyOptimizer(params, optimizer_class=C, **defaults)` is "zero1" with `C(params,
   **defaults)`; `parameters_as_bucket_view` only changes the memory layout.
 
-Refused: options that change the numbers or the placement (`mixed_precision` / `mp_policy`,
+Refused: sharding that runs only under a condition (`if args.fsdp:`; the strategy is one for the
+whole run), options that change the numbers or the placement (`mixed_precision` / `mp_policy`,
 `cpu_offload` / `offload_policy`, `sync_module_states`, `param_init_fn`, process groups and
 meshes, hybrid sharding, `overlap_with_ddp`), a submodule sharded without the model itself (its
 other parameters would never be reduced), calls in another function than the one building the
@@ -92,6 +93,12 @@ def find(roles: "Roles") -> "HandSharding | Finding | None":
             where = f"`{home.name}`" if home is not None else "the function that builds the optimizer"
             return _refusal(roles, site.call, f"`{name}` is called in `{scope.name}`, not in {where} where the "
                             "training objects are prepared")
+        condition = _condition(site)
+        if condition is not None:
+            test = cst.Module([]).code_for_node(condition.test)
+            return _refusal(roles, site.call, f"`{name}` runs only when `{test}` holds: the runtime's strategy "
+                            f"is one for the whole run (write `Accelerator(strategy=\"fsdp\" if {test} else "
+                            "\"ddp\")` yourself, or shard unconditionally)")
         if site.qualified in FSDP:
             why = _fsdp(roles, scope, site, found, strategies)
         elif site.qualified in ZERO:
@@ -256,6 +263,15 @@ def _zero(roles: "Roles", scope: "Scope", site: "LibraryCall", found: HandShardi
     strategies.setdefault("zero1", call)
     found.optimizers.append((call, klass, kept))
     return None
+
+
+def _condition(site: "LibraryCall") -> cst.If | None:
+    """The `if` the call runs under (not the type filter inside a loop that shards blocks)."""
+    path = [ref.stmt for ref in site.where.path]
+    loop = _sharding_loop(site)
+    if loop is not None:
+        path = path[:next(i for i, stmt in enumerate(path) if stmt is loop)]
+    return next((stmt for stmt in reversed(path) if isinstance(stmt, cst.If)), None)
 
 
 def _assigned_name(stmt: cst.BaseStatement, call: cst.Call) -> str | None:
