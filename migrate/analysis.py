@@ -21,6 +21,9 @@ from migrate.walk import Visitor, walk
 ACCELERATOR_CLASSES = frozenset({"runtime.Accelerator", "accelerate.Accelerator"})
 # Wrappers a training loop puts around its loader: `for i, batch in enumerate(tqdm(loader))`.
 LOOP_WRAPPERS = frozenset({"enumerate", "iter", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "trange"})
+# Methods that yield the items of their first argument: a metric logger's
+# `for batch in metric_logger.log_every(loader, print_freq, header)` (research repositories' utils.py).
+LOOP_WRAPPER_METHODS = frozenset({"log_every"})
 
 Block = Union[cst.Module, cst.IndentedBlock]
 ScopeNode = Union[cst.Module, cst.FunctionDef, cst.ClassDef]
@@ -398,7 +401,8 @@ class _Collector(Visitor):
         while isinstance(expr, cst.Call) and expr.args:
             name = dotted_name(expr.func)
             qualified = self.aliases.qualify(expr.func) or name
-            if name not in LOOP_WRAPPERS and qualified not in LOOP_WRAPPERS:
+            method = expr.func.attr.value if isinstance(expr.func, cst.Attribute) else None
+            if name not in LOOP_WRAPPERS and qualified not in LOOP_WRAPPERS and method not in LOOP_WRAPPER_METHODS:
                 return None
             expr = expr.args[0].value
         if isinstance(expr, cst.Name):

@@ -345,7 +345,9 @@ def _known_codes() -> set[str]:
     from migrate.runner import SHADOW_CODE
     from migrate.safety.registry import BY_CODE as CHECKS_BY_CODE
 
-    return {*BY_CODE, SHADOW_CODE, *CHECKS_BY_CODE}  # `--ignore AM104` turns a safety check off
+    from migrate.crossmodule import CODE as CROSSMODULE_CODE
+
+    return {*BY_CODE, SHADOW_CODE, CROSSMODULE_CODE, *CHECKS_BY_CODE}  # `--ignore AM104` turns a safety check off
 
 
 def options_from_flags(flags: list[str]):  # type: ignore[no-untyped-def]
@@ -546,6 +548,10 @@ def _rule_table() -> list[tuple[str, str, str, str]]:
 
     table = [(r.code, r.name, r.summary, r.doc) for r in documented_rules()]
     table.append((SHADOW_CODE, "shadowed-runtime", SHADOW_DOC.strip().splitlines()[0], SHADOW_DOC))
+    import migrate.crossmodule as crossmodule
+
+    doc = crossmodule.__doc__ or ""
+    table.append((crossmodule.CODE, crossmodule.NAME, doc.strip().splitlines()[0], doc))
     table += [(c.code, c.name, c.doc.strip().splitlines()[0], c.doc) for c in sorted(CHECKS, key=lambda c: c.code)]
     return table
 

@@ -24,7 +24,7 @@ from migrate.positions import start_lines
 from migrate.registry import RULES
 from migrate.results import Change, Diagnostic, FileError, FileResult
 from migrate.rewriter import Rewriter, annotate
-from migrate.roles import find_roles
+from migrate.roles import Roles, find_roles
 from migrate.suppression import drop_skipped, skip_lines
 from migrate.walk import with_ancestors
 
@@ -111,17 +111,7 @@ def run_rules(
     are not located, unless skip comments need the lines.
     """
     attempt = Attempt()
-    facts = analyze(module)
-    roles = find_roles(facts)
-    plan = EditPlan(target=options.target)
-    if options.mixed_precision != "no":
-        plan.accelerator_kwargs["mixed_precision"] = f'"{options.mixed_precision}"'
-    if options.strategy is not None:
-        plan.accelerator_kwargs["strategy"] = f'"{options.strategy}"'
-    plan.findings.extend(f for f in roles.findings if options.enabled(f.code))
-    for rule in RULES if not roles.refused else ():
-        if options.enabled(rule.code):
-            rule.apply(roles, plan)
+    plan = plan_edits(find_roles(analyze(module)), options)
 
     if (plan.changes or plan.findings) and (report or skipped):
         # Skip comments and annotations look up other nodes' lines; otherwise only the reported ones.
@@ -164,6 +154,21 @@ def run_rules(
     attempt.new_text = new_text
     attempt.new_module = new_module
     return attempt
+
+
+def plan_edits(roles: Roles, options: Options) -> EditPlan:
+    """The selected rules' edits and findings over resolved roles (of one module, or of the joined
+    view of a unit's modules: `migrate/crossmodule/`)."""
+    plan = EditPlan(target=options.target)
+    if options.mixed_precision != "no":
+        plan.accelerator_kwargs["mixed_precision"] = f'"{options.mixed_precision}"'
+    if options.strategy is not None:
+        plan.accelerator_kwargs["strategy"] = f'"{options.strategy}"'
+    plan.findings.extend(f for f in roles.findings if options.enabled(f.code))
+    for rule in RULES if not roles.refused else ():
+        if options.enabled(rule.code):
+            rule.apply(roles, plan)
+    return plan
 
 
 def _syntax_error(text: str, path: str, error: cst.ParserSyntaxError) -> FileError:

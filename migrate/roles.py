@@ -229,6 +229,8 @@ class Roles:
         target = self.accelerator_scope
         if target is None or target is self.facts.module_scope or _nested_in(scope, target):
             return False
+        if not scope.is_function:
+            return False  # module level of another module (a unit's): no parameter to add
         if scope.is_method and any(_nested_in(target, m) for m in self.methods_of(scope) or []):
             return False  # the class holds it as `self.accelerator`
         return True

@@ -101,7 +101,7 @@ def run(
     ]
     if on_start is not None:
         on_start(len(found.files))
-    report.results += _execute(found.files, settings, jobs, progress)
+    report.results += _execute(_units(found.files), settings, jobs, progress)
     report.results.sort(key=lambda r: Path(r.path).parts)
     return report
 
@@ -129,7 +129,27 @@ def check_output_dir(output_dir: Path, paths: list[Path], force: bool) -> str | 
     return None
 
 
-def _execute(files: list[Path], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
+def _units(files: list[Path]) -> list[list[Path]]:
+    """The run's files grouped into units: files connected by imports among them are migrated
+    together (`migrate/project.py`, `migrate/crossmodule/`); every other file on its own."""
+    modules = [p for p in files if p.suffix == ".py"]
+    if len(modules) < 2:
+        return [[p] for p in files]
+    from migrate.project import build_index
+
+    texts: dict[Path, str] = {}
+    for path in modules:
+        try:
+            texts[Path(os.path.abspath(path))] = read_source(path).text
+        except (UnreadableFile, OSError):
+            continue  # reported when the file itself is processed
+    given = {Path(os.path.abspath(p)): p for p in modules}
+    units = [[given[p] for p in unit] for unit in build_index(texts).units() if len(unit) > 1]
+    grouped = {Path(os.path.abspath(p)) for unit in units for p in unit}
+    return units + [[p] for p in files if Path(os.path.abspath(p)) not in grouped]
+
+
+def _execute(units: list[list[Path]], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
     # Import the engine (libcst, the rules) before the pool forks, so that workers inherit it
     # instead of each importing it again; then freeze what is loaded: module objects are never
     # garbage, so no full collection (and, after fork, no worker's copy-on-write pages) pays for
@@ -140,32 +160,32 @@ def _execute(files: list[Path], settings: Settings, jobs: int, progress: Progres
     if frozen:
         gc.freeze()
     try:
-        if jobs <= 1 or len(files) <= 1:
+        if jobs <= 1 or len(units) <= 1:
             results = []
-            for path in files:
-                results.append(process_file(path, settings))
+            for unit in units:
+                results.extend(process_unit(unit, settings))
                 if progress is not None:
-                    progress(1)
+                    progress(len(unit))
             return results
-        return _execute_pool(files, settings, jobs, progress)
+        return _execute_pool(units, settings, jobs, progress)
     finally:
         if frozen:
             gc.unfreeze()
 
 
-def _execute_pool(files: list[Path], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
+def _execute_pool(units: list[list[Path]], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    # Largest files first, in small chunks: the last chunks are the quickest, so the workers finish
+    # Largest units first, in small chunks: the last chunks are the quickest, so the workers finish
     # together (results are sorted by path afterwards, so the order of work is not seen).
-    order = sorted(files, key=_size, reverse=True)
+    order = sorted(units, key=lambda unit: sum(map(_size, unit)), reverse=True)
     size = max(1, min(8, math.ceil(len(order) / (jobs * 8))))
     chunks = [order[i : i + size] for i in range(0, len(order), size)]
     results = []
     # every task is submitted (and, with fork, every worker started) before the first progress
     # callback, so a progress display's thread never exists when a worker is forked
     with ProcessPoolExecutor(max_workers=min(jobs, len(chunks))) as pool:
-        futures = {pool.submit(_process_chunk, chunk, settings): len(chunk) for chunk in chunks}
+        futures = {pool.submit(_process_chunk, chunk, settings): sum(map(len, chunk)) for chunk in chunks}
         for future in as_completed(futures):
             results.extend(future.result())
             if progress is not None:
@@ -180,8 +200,40 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _process_chunk(paths: list[Path], settings: Settings) -> list[FileResult]:
-    return [process_file(path, settings) for path in paths]
+def _process_chunk(units: list[list[Path]], settings: Settings) -> list[FileResult]:
+    return [result for unit in units for result in process_unit(unit, settings)]
+
+
+def process_unit(paths: list[Path], settings: Settings) -> list[FileResult]:
+    """One file as `process_file`; several files connected by imports migrated together, each
+    written only when it changed (never raises)."""
+    if len(paths) == 1:
+        return [process_file(paths[0], settings)]
+    from migrate.crossmodule.unit import Source, migrate_unit
+    from migrate.project import build_index
+
+    read: dict[Path, SourceFile] = {}
+    results: dict[Path, FileResult] = {}
+    for path in paths:
+        try:
+            read[path] = read_source(path)
+        except UnreadableFile as error:
+            results[path] = FileResult(str(path), "", error=FileError(1, 1, str(error)))
+        except OSError as error:
+            results[path] = FileResult(str(path), "", error=FileError(0, 0, f"cannot read: {error.strerror}"))
+    sources = [Source(Path(os.path.abspath(p)), str(p), s.text) for p, s in read.items()]
+    try:
+        index = build_index({s.path: s.text for s in sources})
+        for (path, source), result in zip(read.items(), migrate_unit(sources, index, settings.options)):
+            target = _destination(path, settings)
+            _check_shadowing(result, target.parent, settings.options)
+            if settings.write and result.changed and result.error is None:
+                _write(result, source, None if target == path else target)
+            results[path] = result
+    except Exception:  # noqa: BLE001 - a bug must not stop the other files; reported as exit 123
+        for path, source in read.items():
+            results[path] = _internal_error(str(path), source)
+    return [results[p] for p in paths]
 
 
 def process_file(path: Path, settings: Settings) -> FileResult:

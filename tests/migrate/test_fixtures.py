@@ -75,7 +75,7 @@ def _write_or_remove(path: Path, content: str | None) -> None:
         path.write_text(content)
 
 
-NON_RULE_FOLDERS = {"pipeline", "scripts", "whole_file"}
+NON_RULE_FOLDERS = {"pipeline", "scripts", "whole_file", "repos"}  # repos: tests/e2e/test_repos.py
 
 
 def _folder(rule) -> Path:  # type: ignore[no-untyped-def]

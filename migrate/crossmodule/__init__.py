@@ -1,0 +1,40 @@
+"""Cross-module migration: a script and the run's modules it imports, migrated as one unit.
+
+What it does: when one run is given several files that import each other (`main.py` importing
+`train_one_epoch` from `engine.py`, which uses `utils.py`), the files connected by imports form a
+unit (`migrate/project.py` builds the index). For each entry point of the unit (a module with an
+`if __name__ == "__main__":` guard that imports modules of the run), the analysis facts of the
+entry and of every module it reaches are joined into one view (`merge.py`): the functions and
+classes it imports by name become callable units of the entry, so the roles (model, optimizer,
+loaders, training step, device, distributed boilerplate) are followed across the module boundary
+exactly as they are followed into a function of the same file. The rules then plan their edits on
+that view and each file of the unit that holds an edited node is rewritten (`unit.py`).
+
+How the accelerator reaches the other module: as a parameter, as in one file. The Accelerator is
+created in the entry (where the device is chosen, or at the top of the function that builds the
+optimizer), and every function of another module that needs it (a training step that calls
+`accelerator.backward`, an evaluation that gathers) receives it as a new trailing parameter, with
+every call site in the unit updated. No global state and no accessor: the function's signature
+says what it needs, and a reader of `engine.py` sees where `accelerator` comes from.
+
+All or nothing: the safety checks of `migrate/safety/` run on every rewritten file of the unit and
+a second run over the rewritten unit must change nothing; if one fails, no file of the unit gets
+the cross-module edits (each file keeps what the single-file engine does to it alone) and the
+entry gets a diagnostic naming the check, the file and the line.
+
+Leaves alone (each with a diagnostic coded AM013 on the entry, naming file:line and what to do):
+- a training step reached as a module attribute (`import engine; engine.train_one_epoch(...)`):
+  write `from engine import train_one_epoch`, or give the files one at a time;
+- two modules of the unit defining a function or class of the same name that the cross-module
+  view would confuse;
+- an entry that trains through the unit's modules but whose roles cannot be resolved (no
+  optimizer built, the optimizer built by a helper of another module, a refusal of the rules): the
+  message says what was found where and what could not be followed;
+- a module of the unit reached from two entry points that would edit it differently.
+
+Fix safety: the cross-module edits are the single-file rules' edits, planned once over the unit;
+every rewritten file must compile and pass every safety check, and the unit must be idempotent.
+"""
+
+CODE = "AM013"
+NAME = "follow-across-modules"

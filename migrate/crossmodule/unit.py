@@ -1,0 +1,361 @@
+"""Migrate the files of one unit together: the entry's roles followed into the modules it imports.
+
+Pure: texts in, FileResults out (the runner reads and writes). For each file the single-file engine
+runs first (`migrate.runner.migrate_text`): that is what a file gets when nothing can be done
+across modules. Then, for each entry point (a module with a `__main__` guard that imports modules
+of the unit), the joined view of `merge.py` is planned by the rules once, every module holding an
+edited node is rewritten, and the unit is checked: every rewritten file compiles and passes the
+safety checks, and a second run over the rewritten unit changes nothing. Only then do the entry's
+files take the cross-module results; otherwise they keep their single-file results and the entry
+gets an AM013 diagnostic saying why (see `migrate/crossmodule/__init__.py`).
+
+An entry that trains through the unit (it calls a function of another module that trains, or that
+module holds the backward or builds the optimizer) and gets neither a change nor a diagnostic is
+never left silent: it gets AM013 naming what it calls where and why that was not migrated. A
+module the single-file engine called "a library module" or "backward without an optimizer" is
+told which of the run's files calls it instead.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from migrate.analysis import Facts, analyze
+from migrate.cleanup import remove_unused
+from migrate.crossmodule import CODE
+from migrate.crossmodule.merge import Conflict, merged_facts
+from migrate.imports import add_imports
+from migrate.positions import start_lines
+from migrate.project import ImportedName, ModuleIndex
+from migrate.results import Change, Diagnostic, FileResult
+from migrate.rewriter import Rewriter
+from migrate.roles import find_roles
+from migrate.suppression import drop_skipped, skip_lines
+from migrate.walk import with_ancestors
+
+# What the single-file engine says of a module whose training objects come from elsewhere.
+_LIBRARY = ("a library module", "no optimizer is built in this file")
+
+
+@dataclass
+class Source:
+    path: Path  # absolute: the index's key
+    display: str  # as given on the command line
+    text: str
+
+
+@dataclass
+class _Parsed:
+    source: Source
+    module: cst.Module
+    skipped: set[int]
+    facts: Facts | None = None
+
+
+@dataclass
+class _Outcome:
+    results: dict[Path, FileResult] = field(default_factory=dict)  # files with cross-module edits
+    reason: str | None = None  # why nothing was migrated across modules (None: it was)
+    line: int = 1  # entry line the reason is about
+
+
+def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[FileResult]:  # type: ignore[no-untyped-def]
+    from migrate.runner import migrate_text
+
+    by_path = {s.path: s for s in sources}
+    results = {s.path: migrate_text(s.text, s.display, options) for s in sources}
+    if CODE in options.ignore:  # not `enabled`: `--select AM003` still wants AM003 across modules
+        return [results[s.path] for s in sources]
+    parsed: dict[Path, _Parsed | None] = {}
+    claimed: dict[Path, Path] = {}  # module -> the entry whose cross-module edits it took
+    for entry in _entries(index, by_path):
+        members = _reached(index, entry, by_path)
+        outcome = _migrate_entry(entry, members, by_path, index, parsed, options)
+        clash = [p for p in outcome.results if p in claimed and p != entry]
+        if outcome.reason is None and clash:
+            outcome = _Outcome(reason=(
+                f"{by_path[clash[0]].display} is also migrated with {by_path[claimed[clash[0]]].display}, "
+                "which edits it for its own training; migrate this entry point in a run of its own"))
+        if outcome.reason is None:
+            for path, result in outcome.results.items():
+                results[path] = result
+                claimed[path] = entry
+            _tell_callees(results, members, entry, by_path, index)
+            continue
+        if _trains_through(entry, members, by_path):
+            if outcome.line == 1:
+                outcome.line = min(n.line for names in index.modules[entry].imports.values() for n in names)
+            for path in members:
+                if path not in claimed:  # all or nothing: no file of the unit keeps a partial rewrite
+                    results[path].new_text = None
+                    results[path].changes = []
+            result = results[entry]
+            result.parsed = True
+            result.diagnostics = sorted(
+                {*result.diagnostics, Diagnostic(CODE, outcome.line, _not_followed(outcome.reason))},
+                key=lambda d: (d.line, d.code),
+            )
+            _tell_callees(results, members, entry, by_path, index)
+    return [results[s.path] for s in sources]
+
+
+def _entries(index: ModuleIndex, by_path: dict[Path, Source]) -> list[Path]:
+    return [p for p in sorted(by_path) if index.modules[p].has_main_guard and index.modules[p].imports]
+
+
+def _reached(index: ModuleIndex, entry: Path, by_path: dict[Path, Source]) -> list[Path]:
+    """The entry, then the unit's modules it imports, transitively, in the order found."""
+    order = [entry]
+    for path in order:
+        for other in index.modules[path].imports:
+            if other not in order and other in by_path:
+                order.append(other)
+    return order
+
+
+def _parse(path: Path, by_path: dict[Path, Source], parsed: dict[Path, _Parsed | None]) -> _Parsed | None:
+    if path not in parsed:
+        source = by_path[path]
+        try:
+            module = cst.parse_module(source.text)
+        except cst.ParserSyntaxError:
+            parsed[path] = None  # the single-file result reports the syntax error
+        else:
+            skip_file, skipped = skip_lines(source.text)
+            parsed[path] = None if skip_file else _Parsed(source, module, skipped)
+    item = parsed[path]
+    if item is not None:
+        item.facts = analyze(item.module)  # fresh facts: the joined view renames call sites in them
+    return item
+
+
+def _migrate_entry(
+    entry: Path, members: list[Path], by_path: dict[Path, Source], index: ModuleIndex,
+    parsed: dict[Path, _Parsed | None], options,  # type: ignore[no-untyped-def]
+) -> _Outcome:
+    from migrate.engine import plan_edits
+
+    modules: list[_Parsed] = []
+    for path in members:
+        item = _parse(path, by_path, parsed)
+        if item is None:
+            why = "has a syntax error" if parsed.get(path) is None and "accel-migrate: skip" not in by_path[path].text else "is skipped (`# accel-migrate: skip`)"
+            return _Outcome(reason=f"{by_path[path].display} {why}, so the modules it belongs to cannot be followed")
+        modules.append(item)
+    head, rest = modules[0], modules[1:]
+    imported = [
+        (by_path[target].display, name)
+        for target, names in index.modules[entry].imports.items()
+        if target in by_path
+        for name in names
+    ]
+    module_imports = [(by_path[t].display, n) for t, n in _module_imports(index, entry, by_path)]
+    assert head.facts is not None
+    view = merged_facts(head.facts, [(m.source.display, m.facts) for m in rest if m.facts is not None],
+                        imported, head.source.display)
+    if isinstance(view, Conflict):
+        return _Outcome(reason=(
+            f"`{view.name}` is defined in both {view.first} and {view.second}, and the cross-module "
+            "analysis follows functions by name; rename one of them"))
+    lines = {m.source.path: start_lines(m.module) for m in modules}
+    hidden = _attribute_call(head, rest, module_imports, lines)
+    if hidden is not None:
+        return hidden  # a training step the roles cannot see: a rewrite of the rest would be partial
+    roles = find_roles(view)
+    home = roles.home
+    if home is not None and not any(home is s for s in head.facts.scopes):
+        where = next(m for m in rest if m.facts is not None and any(home is s for s in m.facts.scopes))
+        if home.is_method and home.parent is not None:
+            return _Outcome(reason=(
+                f"the optimizer is built in `{home.parent.name}.{home.name}` "
+                f"({where.source.display}:{lines[where.source.path][home.node]}), a class this script builds and "
+                "runs; the cross-module analysis prepares objects built in the entry's own code, not in a class "
+                f"of another module: create the Accelerator here, pass it to `{home.parent.name}` and prepare "
+                "the model and optimizer there by hand, or build them here and pass them in"))
+        return _factory(head, where, home, lines)
+    plan = plan_edits(roles, options)
+
+    def owner(node: cst.CSTNode) -> _Parsed | None:
+        return next((m for m in modules if node in lines[m.source.path]), None)
+
+    for m in modules:
+        if m.skipped:
+            table = lines[m.source.path]
+            drop_skipped(plan, lambda n, t=table: t.get(n, -1), m.skipped)
+    edited = {id(owner(node)) for node in plan.targets()} | ({id(head)} if plan.create_at is not None else set())
+    changed_modules = [m for m in modules if id(m) in edited]
+    if not plan.changes or not any(m is not head for m in changed_modules):
+        return _why_not(roles, plan, head, rest, owner, lines)
+
+    outcome = _Outcome()
+    for m in modules:
+        if m is not head and id(m) not in edited:
+            continue
+        new_text = _rewrite(m, plan, m is head)
+        if new_text is None:
+            return _Outcome(reason=f"the rewrite of {m.source.display} would not compile (please report this)")
+        changes = sorted({Change(r.code, lines[m.source.path][r.node], r.message) for r in plan.changes
+                          if r.node in lines[m.source.path]}, key=lambda c: (c.line, c.code))
+        diagnostics = sorted({Diagnostic(f.code, lines[m.source.path][f.node], f.message) for f in plan.findings
+                              if f.node in lines[m.source.path]}, key=lambda d: (d.line, d.code))
+        outcome.results[m.source.path] = FileResult(
+            m.source.display, m.source.text, new_text=new_text if new_text != m.source.text else None,
+            changes=changes, diagnostics=diagnostics, parsed=True)
+    failure = _check(outcome, by_path, options)
+    if failure is not None:
+        return _Outcome(reason=failure)
+    return outcome
+
+
+def _rewrite(m: _Parsed, plan, is_entry: bool) -> str | None:  # type: ignore[no-untyped-def]
+    rewriter = Rewriter(plan, with_ancestors(m.module, plan.targets()))
+    new_module = m.module.visit(rewriter)
+    if plan.removes_boilerplate or rewriter.rebound:
+        new_module = remove_unused(m.module, new_module, rewriter.rebound)
+    wanted = plan.imports if is_entry else {
+        item for item in plan.imports
+        if re.search(rf"\b{re.escape(item[1])}\b", new_module.code) and not re.search(rf"\b{re.escape(item[1])}\b", m.source.text)
+    }
+    if wanted:
+        new_module = add_imports(new_module, wanted)
+    new_text = new_module.code
+    try:
+        compile(new_text, m.source.display, "exec", dont_inherit=True)
+    except SyntaxError:
+        return None
+    return new_text
+
+
+def _check(outcome: _Outcome, by_path: dict[Path, Source], options) -> str | None:  # type: ignore[no-untyped-def]
+    """Every rewritten file passes the safety checks (idempotence judged on the whole unit)."""
+    from migrate.safety import idempotent
+    from migrate.safety.fallback import first_failure, map_line
+    from migrate.safety.registry import CHECKS
+
+    checks = [c for c in CHECKS if c.code not in options.ignore and c.code != idempotent.CODE]
+    for path, result in outcome.results.items():
+        if result.new_text is None:
+            continue
+        module = cst.parse_module(result.old_text)
+        failure = first_failure(module, result.old_text, result.display if hasattr(result, "display") else result.path,
+                                options, result.new_text, checks)
+        if failure is not None:
+            check, violations = failure
+            line = map_line(result.old_text, result.new_text, violations[0].line)
+            return (f"the cross-module rewrite of {result.path} fails the {check.code} {check.name} check at "
+                    f"line {line} ({violations[0].message})")
+    if idempotent.CODE in options.ignore:
+        return None
+    # a second run over the rewritten unit must plan nothing more
+    again = [Source(p, s.display, outcome.results[p].new_text or s.text if p in outcome.results else s.text)
+             for p, s in by_path.items()]
+    from migrate.project import build_index
+
+    index = build_index({s.path: s.text for s in again})
+    again_by_path = {s.path: s for s in again}
+    parsed: dict[Path, _Parsed | None] = {}
+    for entry in _entries(index, again_by_path):
+        second = _migrate_entry(entry, _reached(index, entry, again_by_path), again_by_path, index, parsed, options)
+        if second.reason is None and any(r.changed for r in second.results.values()):
+            changed = next(r.path for r in second.results.values() if r.changed)
+            return (f"a second run over the rewritten unit would change {changed} again (AM103 idempotent); "
+                    "please report this")
+    return None
+
+
+def _module_imports(index: ModuleIndex, entry: Path, by_path: dict[Path, Source]) -> list[tuple[Path, ImportedName]]:
+    return [(t, n) for t, names in index.modules[entry].imports.items() if t in by_path for n in names if n.name is None]
+
+
+def _why_not(roles, plan, head: _Parsed, rest: list[_Parsed], owner, lines) -> _Outcome:  # type: ignore[no-untyped-def]
+    """What the joined view found, and what stopped the migration, for the entry's diagnostic."""
+    findings = [f for f in plan.findings if owner(f.node) is not None]
+    if roles.home is None:
+        for m in rest:
+            for scope in m.facts.functions.values() if m.facts else ():
+                if _builds_optimizer(scope) and any(site.callee == scope.name for s in head.facts.scopes for site in s.calls):
+                    return _factory(head, m, scope, lines)
+        return _Outcome(reason="no optimizer is built in the entry or in a function it calls; build the optimizer "
+                               "in the script that builds the model")
+    if findings:
+        first = findings[0]
+        where = owner(first.node)
+        return _Outcome(reason=f"{where.source.display}:{lines[where.source.path][first.node]}: {first.code} {first.message}")
+    return _Outcome(reason="the roles found nothing to rewrite in the other modules of the run")
+
+
+def _factory(head: _Parsed, where: _Parsed, builder, lines) -> _Outcome:  # type: ignore[no-untyped-def]
+    """The optimizer comes from a function of another module (`create_optimizer(args, model)`)."""
+    assert head.facts is not None
+    calls = [lines[head.source.path][site.where.stmt] for scope in head.facts.scopes for site in scope.calls
+             if site.callee == builder.name]
+    return _Outcome(line=min(calls, default=1), reason=(
+        f"the optimizer is built in `{builder.name}` ({where.source.display}:{lines[where.source.path][builder.node]}) "
+        "and handed back to this script; the cross-module analysis prepares objects built in the entry's "
+        "own code: build the optimizer here (`optimizer = torch.optim.X(model.parameters(), ...)`, the "
+        f"parameter groups may still come from {where.source.display}), or prepare it by hand"))
+
+
+def _attribute_call(head: _Parsed, rest: list[_Parsed], module_imports, lines) -> _Outcome | None:  # type: ignore[no-untyped-def]
+    """`engine.train_one_epoch(...)` after `import engine`: a call the joined view cannot follow."""
+    assert head.facts is not None
+    for _, name in module_imports:
+        for scope in head.facts.scopes:
+            for call in scope.library_calls:
+                function = call.qualified.split(".", 1)[1] if call.qualified.startswith(f"{name.local}.") else ""
+                if function and "." not in function and _trains(function, rest):
+                    line = lines[head.source.path][call.where.stmt]
+                    return _Outcome(line=line, reason=(
+                        f"line {line} calls `{call.qualified}`, a function of another module of the run that "
+                        "trains, through the module object; the cross-module analysis follows names imported "
+                        f"with `from {name.local} import {function}`: import it that way and run again"))
+    return None
+
+
+def _trains(name: str, modules: list[_Parsed]) -> bool:
+    for m in modules:
+        scope = m.facts.functions.get(name) if m.facts else None
+        if scope is not None and (scope.backwards or scope.steps or _builds_optimizer(scope)):
+            return True
+    return False
+
+
+def _builds_optimizer(scope) -> bool:  # type: ignore[no-untyped-def]
+    return any(call.qualified.startswith("torch.optim.") and call.qualified.split(".")[-1][:1].isupper()
+               for call in scope.library_calls)
+
+
+def _trains_through(entry: Path, members: list[Path], by_path: dict[Path, Source]) -> bool:
+    """A module the entry reaches holds training code (see `migrate/prefilter.py`): the entry's
+    training is split over the unit, so the unit is migrated whole or not at all."""
+    from migrate.prefilter import worth_parsing
+
+    return any(worth_parsing(by_path[p].text) for p in members[1:])
+
+
+def _not_followed(reason: str) -> str:
+    return (f"this script trains through other modules of the run; it and they were left as they are "
+            f"(a unit is migrated whole or not at all): {reason}")
+
+
+def _tell_callees(results: dict[Path, FileResult], members: list[Path], entry: Path, by_path: dict[Path, Source],
+                  index: ModuleIndex) -> None:
+    """A module called from the entry is not "a library module": say which file imports it."""
+    for path in members[1:]:
+        result = results[path]
+        importers = [p for p in index.importers(path) if p in members]
+        if not importers or not any(any(w in d.message for w in _LIBRARY) for d in result.diagnostics):
+            continue
+        caller = by_path[importers[0]]
+        line = index.modules[importers[0]].imports[path][0].line
+        result.diagnostics = [
+            Diagnostic(CODE, d.line, (
+                f"not a library module: imported by {caller.display}:{line}, and migrated with the script "
+                f"{by_path[entry].display} (its AM013 diagnostic says what could not be followed across modules)"))
+            if any(w in d.message for w in _LIBRARY) else d
+            for d in result.diagnostics
+        ]

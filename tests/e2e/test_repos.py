@@ -1,0 +1,101 @@
+"""Whole repositories: fixtures/repos/<name>/in is migrated as one unit by the CLI, compared with
+fixtures/repos/<name>/out, and the migrated repository trains like the original.
+
+- train_step: main.py builds model, optimizer and loader and calls `train_one_epoch` from engine.py
+  (through a `MetricLogger.log_every(loader)` of utils.py) and `save_on_master` from utils.py: the
+  accelerator reaches engine.py and utils.py as a parameter, the loader is prepared in main.py;
+  one process gives bit-identical losses, two processes each train on half of every epoch and only
+  the main process prints.
+- Refusals: a training step called through the module object, and an optimizer built by a factory
+  of another module, each give the entry a precise AM013 diagnostic and change no file.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.rt_helpers import child_env, run_cmd, torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+REPOS = ROOT / "fixtures" / "repos"
+LOSS = re.compile(r"^epoch (\d+) step (\d+) loss ([0-9.]+)$", re.M)
+TIMEOUT = 180
+
+
+def migrate(source: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "migrate", "--output-dir", str(out), *extra, str(source)],
+                          capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=TIMEOUT)
+
+
+def test_train_step_repository_migrates_as_one_unit_and_trains_the_same(tmp_path: Path) -> None:
+    case = REPOS / "train_step"
+    migrated = tmp_path / "migrated"
+    result = migrate(case / "in", migrated)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = sorted(p.name for p in (case / "out").glob("*.py"))
+    assert sorted(p.name for p in migrated.glob("*.py")) == expected == ["engine.py", "main.py", "utils.py"]
+    for name in expected:
+        assert (migrated / name).read_text() == (case / "out" / name).read_text(), name
+    # the edits landed in the module that trains, and the accelerator reaches it as a parameter
+    engine = (migrated / "engine.py").read_text()
+    assert "accelerator.backward(loss)" in engine and "*, accelerator)" in engine
+    assert "accelerator=accelerator" in (migrated / "main.py").read_text()
+
+    original = run_cmd([sys.executable, "main.py"], cwd=case / "in", timeout=TIMEOUT)
+    one = run_cmd([sys.executable, "main.py", "--output", str(tmp_path / "w.pt")], cwd=migrated, timeout=TIMEOUT)
+    assert original.returncode == 0 and one.returncode == 0, original.stderr + one.stderr
+    losses = LOSS.findall(original.stdout)
+    assert len(losses) == 12  # 2 epochs x 6 batches
+    assert LOSS.findall(one.stdout) == losses  # bit-identical at one process
+    assert (tmp_path / "w.pt").exists()
+
+    two = torchrun(migrated / "main.py", "--output", str(tmp_path / "w2.pt"), cwd=migrated, timeout=TIMEOUT)
+    assert two.returncode == 0, two.stdout + two.stderr
+    # each rank trains on half of every epoch; only the main process prints
+    steps = [(int(e), int(s)) for e, s, _ in LOSS.findall(two.stdout)]
+    assert steps == [(e, s) for e in range(2) for s in range(3)], two.stdout
+    assert (tmp_path / "w2.pt").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (("from engine import evaluate, train_one_epoch", "import engine\nfrom engine import evaluate"),
+         "through the module object"),
+        (("optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)", "optimizer = build_optimizer(model, args.lr)"),
+         "the optimizer is built in `build_optimizer`"),
+    ],
+    ids=["module-attribute-call", "optimizer-factory"],
+)
+def test_what_cannot_be_followed_is_said_on_the_entry(tmp_path: Path, edit: tuple[str, str], expected: str) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(REPOS / "train_step" / "in", repo)
+    main = (repo / "main.py").read_text().replace(*edit)
+    if "import engine" in main:
+        main = main.replace("        train_one_epoch(", "        engine.train_one_epoch(")
+    if "build_optimizer" in main:
+        main = main.replace("from utils import save_on_master", "from utils import build_optimizer, save_on_master")
+        (repo / "utils.py").write_text((repo / "utils.py").read_text() + (
+            "\n\ndef build_optimizer(model, lr):\n    return torch.optim.SGD(model.parameters(), lr=lr)\n"))
+    (repo / "main.py").write_text(main)
+    before = {p.name: p.read_text() for p in repo.glob("*.py")}
+    result = subprocess.run([sys.executable, "-m", "migrate", "--output-format", "json", str(repo)],
+                            capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=TIMEOUT)
+    assert {p.name: p.read_text() for p in repo.glob("*.py")} == before  # the unit: all or nothing
+    import json
+
+    report = json.loads(result.stdout)
+    files = {Path(f["path"]).name: f for f in report["files"]}
+    entry = [d for d in files["main.py"]["diagnostics"] if d["code"] == "AM013"]
+    assert entry and expected in entry[0]["message"], files["main.py"]
+    assert entry[0]["line"] > 1  # names the line of the script it is about
+    # the module the entry imports is not called "a library module"
+    for name in ("engine.py", "utils.py"):
+        assert not any("library module" in d["message"] and d["code"] != "AM013" for d in files[name]["diagnostics"])
+    assert any(d["code"] == "AM013" and "imported by" in d["message"] for d in files["engine.py"]["diagnostics"])
