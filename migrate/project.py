@@ -8,20 +8,24 @@ folder (the first entry of `sys.path` for `python main.py`) or from a package ro
 above the outermost package, a folder with `__init__.py`, that holds the file); relative imports
 from the importing file's package. Imports of modules outside the run are ignored.
 
-Files connected by such imports form a *unit* (`units()`): they are migrated together
+A script and the files it reaches through such imports form a *unit* (`units()`; units sharing a
+file are one): they are migrated together
 (`migrate/crossmodule/`). A file that imports nothing of the run, and is imported by none, is a
 unit of its own and goes through the single-file engine unchanged.
 
-Only files that mention `torch` (no other file holds training code, see `migrate/prefilter.py`)
-or `__main__` (a script: its training may be in the modules it imports) take part. Cost: one `ast` parse of each such file (the standard library parser,
-about a tenth of libcst's), only in runs of several files; a run of one file builds no index.
+Only scripts (files that mention `__main__`) and the files they import that mention `torch` (no
+other file holds training code, see `migrate/prefilter.py`) take part, and a script reaching more
+than `MAX_UNIT_FILES` files (a framework's own sources) is migrated on its own. Cost: the import
+statements of each such file, found line by line and parsed alone (no parse of the whole file),
+only in runs of several files; a run of one file builds no index.
 """
 
 from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +57,16 @@ class ModuleIndex:
         """The run's files that import `path`."""
         return sorted(p for p, info in self.modules.items() if path in info.imports)
 
+    def reached(self, entry: Path) -> list[Path]:
+        """`entry`, then the run's modules it imports, transitively, in the order found."""
+        order, seen = [entry], {entry}
+        for path in order:
+            for other in self.modules[path].imports:
+                if other not in seen:
+                    order.append(other)
+                    seen.add(other)
+        return order
+
     def units(self) -> list[list[Path]]:
         """Groups of files connected by imports, each sorted; singletons are files on their own."""
         parent: dict[Path, Path] = {p: p for p in self.modules}
@@ -63,9 +77,11 @@ class ModuleIndex:
                 p = parent[p]
             return p
 
-        for path, info in self.modules.items():
-            for other in info.imports:
-                a, b = find(path), find(other)
+        for entry, info in self.modules.items():
+            if not (info.has_main_guard and info.imports):
+                continue  # units form around scripts: modules are joined only through one
+            for other in self.reached(entry)[1:]:
+                a, b = find(entry), find(other)
                 if a != b:
                     parent[max(a, b)] = min(a, b)
         groups: dict[Path, list[Path]] = {}
@@ -74,8 +90,15 @@ class ModuleIndex:
         return sorted((sorted(g) for g in groups.values()), key=lambda g: g[0])
 
 
+MAX_UNIT_FILES = 64  # an entry reaching more of the run's files (a framework's own sources) stays on its own
+
+
 def build_index(sources: dict[Path, str]) -> ModuleIndex:
-    """The index of the given Python files (absolute paths -> text); notebooks are not modules."""
+    """The index of the given Python files (absolute paths -> text); notebooks are not modules.
+
+    Only scripts (text with `__main__`) and, from them, the modules they import are parsed: a file
+    no script of the run reaches joins no unit, and its imports are never read. A script reaching
+    more than MAX_UNIT_FILES files keeps its imports unrecorded (it is migrated on its own)."""
     index = ModuleIndex()
     by_name: dict[str, list[Path]] = {}
     for path in sources:
@@ -83,38 +106,80 @@ def build_index(sources: dict[Path, str]) -> ModuleIndex:
         index.modules[path] = info
         for name in info.names:
             by_name.setdefault(name, []).append(path)
-    for path, text in sources.items():
-        info = index.modules[path]
-        if "import" not in text or ("torch" not in text and "__main__" not in text):
-            continue  # no training code (see migrate/prefilter.py) and not a script: it joins no unit
-        try:
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError):
-            info.parse_error = True  # the engine reports it; the file stays a unit of its own
+    read: set[Path] = set()
+    for entry, text in sources.items():
+        if "__main__" not in text or "import" not in text:
             continue
-        info.has_main_guard = any(_is_main_guard(stmt) for stmt in tree.body)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    target = _resolve(alias.name, path, by_name)
-                    if target is not None and target != path:
-                        local = alias.asname or alias.name.split(".", 1)[0]
-                        info.imports.setdefault(target, []).append(ImportedName(None, local, node.lineno))
-            elif isinstance(node, ast.ImportFrom):
-                base = _absolute(node, path, info)
-                if base is None:
-                    continue
-                for alias in node.names:
-                    # `from pkg import module` imports a module when one of that name is in the run
-                    submodule = _resolve(f"{base}.{alias.name}" if base else alias.name, path, by_name)
-                    local = alias.asname or alias.name
-                    if submodule is not None and submodule != path:
-                        info.imports.setdefault(submodule, []).append(ImportedName(None, local, node.lineno))
-                        continue
-                    target = _resolve(base, path, by_name) if base else None
-                    if target is not None and target != path and alias.name != "*":
-                        info.imports.setdefault(target, []).append(ImportedName(alias.name, local, node.lineno))
+        reached, seen = [entry], {entry}
+        for path in reached:
+            if path not in read:
+                read.add(path)
+                _read_imports(index.modules[path], sources[path], by_name)
+            for other in index.modules[path].imports:
+                if other not in seen and "torch" in sources[other]:
+                    reached.append(other)
+                    seen.add(other)
+            if len(reached) > MAX_UNIT_FILES:
+                index.modules[entry].imports.clear()
+                break
     return index
+
+
+_IMPORT_START = re.compile(r"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+import\b|import[ \t]+\w)")
+_MAIN_GUARD = re.compile(r"""^if[ \t]+(?:__name__[ \t]*==[ \t]*['"]__main__['"]|['"]__main__['"][ \t]*==[ \t]*__name__)""", re.M)
+
+
+def _import_statements(text: str) -> Iterator[tuple[int, ast.stmt]]:
+    """(line, statement) for each import statement of `text`, at any depth, found on the lines
+    that start one (a parenthesised or continued import read to its end) and parsed alone: a
+    whole-file parse and walk cost more than the rest of the index. A match inside a string is
+    parsed like code; at worst it joins a file to a unit that migrates it as before."""
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        index += 1
+        if not _IMPORT_START.match(line):
+            continue
+        start = index
+        statement = line.strip()
+        while (statement.count("(") > statement.count(")") or statement.endswith("\\")) and index < len(lines):
+            statement = statement.rstrip("\\") + " " + lines[index].strip()
+            index += 1
+        try:
+            tree = ast.parse(statement.split(";", 1)[0].split("#", 1)[0] if "(" not in statement else statement)
+        except SyntaxError:
+            continue
+        if tree.body and isinstance(tree.body[0], (ast.Import, ast.ImportFrom)):
+            yield start, tree.body[0]
+
+
+def _read_imports(info: ModuleInfo, text: str, by_name: dict[str, list[Path]]) -> None:
+    path = info.path
+    if "import" not in text or ("torch" not in text and "__main__" not in text):
+        return  # no training code (see migrate/prefilter.py) and not a script: it joins no unit
+    info.has_main_guard = _MAIN_GUARD.search(text) is not None
+    for line, node in _import_statements(text):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = _resolve(alias.name, path, by_name)
+                if target is not None and target != path:
+                    local = alias.asname or alias.name.split(".", 1)[0]
+                    info.imports.setdefault(target, []).append(ImportedName(None, local, line))
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, path, info)
+            if base is None:
+                continue
+            for alias in node.names:
+                # `from pkg import module` imports a module when one of that name is in the run
+                submodule = _resolve(f"{base}.{alias.name}" if base else alias.name, path, by_name)
+                local = alias.asname or alias.name
+                if submodule is not None and submodule != path:
+                    info.imports.setdefault(submodule, []).append(ImportedName(None, local, line))
+                    continue
+                target = _resolve(base, path, by_name) if base else None
+                if target is not None and target != path and alias.name != "*":
+                    info.imports.setdefault(target, []).append(ImportedName(alias.name, local, line))
 
 
 def _module_names(path: Path, sources: dict[Path, str] | Iterable[Path]) -> list[str]:
@@ -160,13 +225,3 @@ def _absolute(node: ast.ImportFrom, path: Path, info: ModuleInfo) -> str | None:
     if not parts:
         return None
     return ".".join([*parts, *([node.module] if node.module else [])])
-
-
-def _is_main_guard(stmt: ast.stmt) -> bool:
-    if not (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare)):
-        return False
-    test = stmt.test
-    operands = [test.left, *test.comparators]
-    return any(isinstance(o, ast.Name) and o.id == "__name__" for o in operands) and any(
-        isinstance(o, ast.Constant) and o.value == "__main__" for o in operands
-    )

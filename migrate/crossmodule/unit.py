@@ -108,13 +108,7 @@ def _entries(index: ModuleIndex, by_path: dict[Path, Source]) -> list[Path]:
 
 
 def _reached(index: ModuleIndex, entry: Path, by_path: dict[Path, Source]) -> list[Path]:
-    """The entry, then the unit's modules it imports, transitively, in the order found."""
-    order = [entry]
-    for path in order:
-        for other in index.modules[path].imports:
-            if other not in order and other in by_path:
-                order.append(other)
-    return order
+    return [p for p in index.reached(entry) if p in by_path]
 
 
 def _parse(path: Path, by_path: dict[Path, Source], parsed: dict[Path, _Parsed | None]) -> _Parsed | None:
