@@ -14,6 +14,9 @@ _EXPORTS = {
     "AccelError": ".errors",
     "Accelerator": ".accelerator",
     "DataLoaderConfiguration": ".config",
+    "DDPStrategy": ".ddp",
+    "FSDPStrategy": ".fsdp",
+    "ZeroOneStrategy": ".zero",
     "DistributedDataParallelKwargs": ".config",
     "DistributedType": ".accelerator",
     "InitProcessGroupKwargs": ".config",
@@ -27,6 +30,9 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator, DistributedType
+    from .ddp import DDPStrategy
+    from .fsdp import FSDPStrategy
+    from .zero import ZeroOneStrategy
     from .config import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs
     from .errors import AccelError, UnsupportedOptionError
     from .checkpoint import ProjectConfiguration

@@ -10,7 +10,6 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from contextlib import AbstractContextManager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
 from . import ops
-from .config import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs
+from .config import DataLoaderConfiguration
+from .connector import connect
 from .checkpoint import (
     CheckpointContents,
     CheckpointError,
@@ -39,11 +39,9 @@ from .data import ActiveLoaders, PreparedDataLoader, prepare_data_loader
 from .errors import GradientSyncError, PrepareError, UnsupportedOptionError
 from .accumulation import GradientState, check_accumulation_steps
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, unwrap_optimizer
-from .precision import select_precision
 from .precision import unwrap as unwrap_precision
-from .settings import resolve as resolve_settings
-from .state import ProcessState, destroy_process_group
-from .strategy import DDP, SingleDevice
+from .state import barrier, destroy_process_group
+from .strategy import Strategy
 from .tracking import GeneralTracker, Tracking
 
 
@@ -59,7 +57,9 @@ class Accelerator:
     """Run a training script on 1 CPU, 1 GPU or N processes with the same code.
 
     Only the options this runtime implements are accepted; any other value raises
-    ``UnsupportedOptionError`` naming the option.
+    ``UnsupportedOptionError`` naming the option. ``strategy``: ``"ddp"`` (default), ``"zero1"``,
+    ``"fsdp"`` (= ``"fsdp-zero3"``), ``"fsdp-zero2"`` or a strategy object (runtime/strategy.py);
+    settings are resolved by runtime/connector.py.
     """
 
     def __init__(
@@ -76,65 +76,37 @@ class Accelerator:
         project_dir: str | os.PathLike[str] | None = None,
         project_config: ProjectConfiguration | None = None,
         log_with: Any = None,
+        strategy: str | Strategy | None = None,
     ) -> None:
-        # Settings: explicit argument > ACCEL_* environment > ACCEL_CONFIG_FILE > default
-        # (None means "not given"; see runtime/settings.py).
-        kwargs_handlers = tuple(kwargs_handlers or ())
-        config = dataloader_config or DataLoaderConfiguration()
-        init_kwargs = next(
-            (h for h in kwargs_handlers or () if isinstance(h, InitProcessGroupKwargs)), None
-        )
-        explicit_timeout = init_kwargs.timeout if init_kwargs is not None else None
-        settings, self.settings_sources = resolve_settings(
-            {
-                "mixed_precision": mixed_precision,
-                "gradient_accumulation_steps": gradient_accumulation_steps,
-                "cpu": cpu,
-                "split_batches": split_batches if split_batches is not None else config.split_batches,
-                "even_batches": even_batches if even_batches is not None else config.even_batches,
-                "timeout": explicit_timeout.total_seconds() if explicit_timeout is not None else None,
-            }
-        )
-        mixed_precision = settings["mixed_precision"]
-        gradient_accumulation_steps = settings["gradient_accumulation_steps"]
-        cpu = settings["cpu"]
-        split_batches = settings["split_batches"]
-        even_batches = settings["even_batches"]
-        timeout = timedelta(seconds=settings["timeout"])
-        # Precision and accumulation (runtime/precision.py, runtime/accumulation.py).
-        self.gradient_state = GradientState(gradient_accumulation_steps)
         if not device_placement:
             raise UnsupportedOptionError(
                 "device_placement", device_placement, "device_placement=True."
             )
-        init_kwargs = InitProcessGroupKwargs()
-        ddp_kwargs = DistributedDataParallelKwargs()
-        for handler in kwargs_handlers or ():
-            if isinstance(handler, InitProcessGroupKwargs):
-                init_kwargs = handler
-            elif isinstance(handler, DistributedDataParallelKwargs):
-                ddp_kwargs = handler
-            else:
-                raise UnsupportedOptionError(
-                    "kwargs_handlers",
-                    handler,
-                    "InitProcessGroupKwargs or DistributedDataParallelKwargs instances.",
-                )
-
-        self.state = ProcessState.from_env(cpu=cpu, backend=init_kwargs.backend, timeout=timeout)
-        self.strategy: SingleDevice | DDP = (
-            DDP(self.state, **ddp_kwargs.to_kwargs())
-            if self.state.distributed
-            else SingleDevice(self.state.device)
+        connection = connect(
+            strategy=strategy,
+            kwargs_handlers=kwargs_handlers,
+            dataloader_config=dataloader_config,
+            mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            cpu=cpu,
+            split_batches=split_batches,
+            even_batches=even_batches,
         )
-        self.precision = select_precision(mixed_precision, self.state.device)
+        settings = connection.settings
+        self.settings_sources = dict(settings.sources)
+        self.state = connection.state
+        self.strategy = connection.strategy
+        self.precision = connection.precision
+        self.gradient_state = GradientState(settings.gradient_accumulation_steps)
         self.mixed_precision = self.precision.name
         self.scaler = self.precision.scaler  # torch.amp.GradScaler with fp16, else None
+        self.split_batches = settings.split_batches
+        self.even_batches = settings.even_batches
+        self.timeout = settings.timeout
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
-        self.split_batches = split_batches
-        self.even_batches = even_batches
-        self.timeout = timeout
+        # id(user optimizer) -> the prepared one, where the strategy replaced it (zero1)
+        self._replaced_optimizers: dict[int, AcceleratedOptimizer] = {}
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self._models: list[nn.Module] = []
         # DDP models whose gradient synchronisation backward has not verified yet (see backward).
@@ -217,9 +189,14 @@ class Accelerator:
 
         A single argument is returned as itself, several as a tuple (like Accelerate).
         """
-        # Schedulers last, whatever their position: each looks up its prepared optimizer.
+        # Models first (fsdp replaces their parameters, and the optimizers must see the new ones),
+        # schedulers last (each looks up its prepared optimizer), whatever their positions.
+        def order(index: int) -> int:
+            obj = objs[index]
+            return 0 if isinstance(obj, nn.Module) else 2 if isinstance(obj, LRScheduler) else 1
+
         prepared: list[Any] = list(objs)
-        for index in sorted(range(len(objs)), key=lambda i: isinstance(objs[i], LRScheduler)):
+        for index in sorted(range(len(objs)), key=order):
             prepared[index] = self._prepare_one(objs[index])
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -243,12 +220,16 @@ class Accelerator:
     def prepare_model(self, model: nn.Module) -> nn.Module:
         """Place the model on the device and wrap it for the strategy (DDP on several processes).
 
-        With fp16/bf16 its forward runs under autocast and returns fp32 outputs; the user's module
-        itself is never modified (see runtime/precision.py).
+        With fp16/bf16 its forward runs under autocast and returns fp32 outputs; under ddp and
+        zero1 the user's module itself is never modified (see runtime/precision.py). fsdp shards
+        the user's module in place (``fully_shard``); optimizers prepared before are rebound to
+        its sharded parameters.
         """
         placed = self.strategy.wrap_model(model)
         wrapped = self.precision.wrap_model(placed)
         self._models.append(wrapped)
+        for prepared in self._optimizers:  # prepared in an earlier prepare() call
+            prepared.optimizer = self.strategy.prepare_optimizer(prepared.optimizer)
         if isinstance(placed, DistributedDataParallel) and placed not in self._unverified_ddp:
             self._unverified_ddp.append(placed)
         return wrapped
@@ -270,13 +251,19 @@ class Accelerator:
         """Wrap the optimizer: no-op steps while accumulating, GradScaler steps with fp16."""
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
-        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
+        inner = self.strategy.prepare_optimizer(optimizer)
+        wrapped = AcceleratedOptimizer(inner, self.gradient_state, self.scaler)
+        if inner is not optimizer:
+            self._replaced_optimizers[id(optimizer)] = wrapped
         self._optimizers.append(wrapped)
         return wrapped
 
     def prepare_scheduler(self, scheduler: LRScheduler) -> AcceleratedScheduler:
         """Wrap the scheduler with Accelerate's stepping rule (see ``AcceleratedScheduler``)."""
         inner = unwrap_optimizer(scheduler.optimizer)
+        replacement = self._replaced_optimizers.get(id(inner))
+        if replacement is not None:  # the strategy replaced the optimizer the scheduler drives
+            scheduler.optimizer = inner = replacement.optimizer
         wrapped = AcceleratedScheduler(
             scheduler,
             self.num_processes,
@@ -365,12 +352,13 @@ class Accelerator:
             return
         with ExitStack() as stack:
             for model in models:
-                stack.enter_context(self.strategy.no_sync(model))
+                stack.enter_context(self.no_sync(model))
             yield
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
-        """Skip DDP's gradient all-reduce in backward passes inside this context."""
-        return self.strategy.no_sync(model)
+        """Skip the gradient synchronisation (DDP's all-reduce, FSDP's reduce-scatter) in
+        backward passes inside this context."""
+        return self.strategy.no_sync(unwrap_precision(model))
 
     def autocast(self) -> AbstractContextManager[Any]:
         """``torch.autocast`` for the mixed precision (fp16/bf16); a no-op with "no"."""
@@ -389,16 +377,19 @@ class Accelerator:
     ) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` on unscaled gradients; returns the total norm.
 
+        Under fsdp the norm is taken over every rank's shards (one all-reduce), so every rank
+        clips by the same factor and gets the same total norm.
+
         With fp16 the gradients are unscaled first (once per optimizer step). On an fp16
         micro-step that does not synchronise, the still-scaled, still-accumulating gradients are
         left alone: nothing is clipped and the norm of the unscaled gradients is returned.
         """
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if self.scaler is not None and not self.gradient_state.sync_gradients:
-            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
             grads = [p.grad for p in params if p.grad is not None]
             return torch.nn.utils.get_total_norm(grads, norm_type) / self.scaler.get_scale()
         self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self.strategy.clip_grad_norm_(params, max_norm, norm_type)
 
     def clip_grad_value_(
         self, parameters: Iterable[torch.Tensor] | torch.Tensor, clip_value: float
@@ -494,6 +485,7 @@ class Accelerator:
         for name in ("_models", "_optimizers", "_schedulers", "_dataloaders", "_unverified_ddp"):
             if isinstance(getattr(self, name, None), list):
                 setattr(self, name, [])
+        self._replaced_optimizers = {}
         self._active_loaders = ActiveLoaders()
         released: list[None] = [None] * len(objects)
         del objects
@@ -506,7 +498,7 @@ class Accelerator:
 
     def wait_for_everyone(self) -> None:
         """Barrier: every process waits here until all have arrived (no-op on one process)."""
-        ops.barrier(self.state)
+        barrier()
 
     def gather(self, tensor: Any) -> Any:
         """Concatenate tensors (or nested structures of them) from all processes along dim 0."""
@@ -681,14 +673,16 @@ class Accelerator:
     ) -> None:
         """Write the unwrapped model's state dict to ``save_directory/pytorch_model.bin``.
 
-        Main process only; the file is written to a temporary name and renamed, so a crash never
-        leaves a truncated file. One file whatever ``max_shard_size`` (accepted for Accelerate
-        compatibility); read it with ``torch.load(path, weights_only=True)``.
+        Written by the main process; the file is written to a temporary name and renamed, so a
+        crash never leaves a truncated file. One file whatever ``max_shard_size`` (accepted for
+        Accelerate compatibility); read it with ``torch.load(path, weights_only=True)``. Under
+        fsdp every process must call it (the shards are gathered, see ``get_state_dict``).
         """
         if safe_serialization:
             raise UnsupportedOptionError(
                 "safe_serialization", True, "safe_serialization=False (torch.save format)."
             )
+        weights = self.get_state_dict(model)
         if not self.is_main_process:
             return
         directory = Path(save_directory)
@@ -700,8 +694,18 @@ class Accelerator:
             )
         directory.mkdir(parents=True, exist_ok=True)
         temp = directory / ".pytorch_model.bin.tmp"
-        write_file(self.unwrap_model(model).state_dict(), temp)
+        write_file(weights, temp)
         os.replace(temp, directory / "pytorch_model.bin")
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's whole state dict with plain tensors (the user's module's keys).
+
+        Under fsdp every process must call it: the shards are gathered to the main process
+        (on CPU), which gets the whole dict; the other ranks get an empty dict. Under ddp and
+        zero1 every rank holds the whole model and gets its ``state_dict()``. ``unwrap`` is
+        accepted for Accelerate compatibility (the keys are always the user's module's).
+        """
+        return self.strategy.full_state_dict(unwrap_precision(model))
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """A loader that skips the first ``num_batches`` batches of each iteration (Accelerate).
@@ -778,6 +782,5 @@ class Accelerator:
         group the runtime created (a group the script initialised itself is left for the script
         to destroy)."""
         self._tracking.finish()
-        if self.state.distributed:
-            ops.barrier(self.state)
+        barrier()
         destroy_process_group()

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .errors import AccelError
-from .state import ProcessState
+from .state import ProcessState, barrier
 
 MODEL_NAME = "pytorch_model"
 OPTIMIZER_NAME = "optimizer"
@@ -305,15 +305,6 @@ def _all_succeeded(ok: bool, state: ProcessState) -> bool:
     return bool(flag.item())
 
 
-def _barrier(state: ProcessState) -> None:
-    if not state.distributed:
-        return
-    if state.backend == "nccl":
-        dist.barrier(device_ids=[state.device.index])
-    else:
-        dist.barrier()
-
-
 def replace_directory(source: Path, target: Path) -> None:
     """Move the finished directory ``source`` to ``target``, replacing an older ``target``.
 
@@ -348,7 +339,7 @@ def save_checkpoint(
         if temp.exists():  # left behind by a save that crashed
             shutil.rmtree(temp)
         temp.mkdir()
-    _barrier(state)  # the temporary directory exists before any rank writes into it
+    barrier()  # the temporary directory exists before any rank writes into it
 
     error: BaseException | None = None
     try:
@@ -370,7 +361,7 @@ def save_checkpoint(
     if state.is_main_process:
         _fsync_dir(temp)
         replace_directory(temp, target)
-    _barrier(state)  # nobody reads the checkpoint before it is in place
+    barrier()  # nobody reads the checkpoint before it is in place
     return target
 
 

@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     config_parser.add_argument(
         "--default",
         action="store_true",
-        help="write the defaults without asking (1 process, fp32, no accumulation, 1800 s timeout)",
+        help="write the defaults without asking (1 process, fp32, no accumulation, ddp, "
+        "30-minute timeout)",
     )
     config_parser.add_argument(
         "--force",

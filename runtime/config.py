@@ -6,7 +6,6 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-from .state import DEFAULT_TIMEOUT  # noqa: F401  (documented default)
 
 
 @dataclass(frozen=True)
@@ -14,7 +13,7 @@ class InitProcessGroupKwargs:
     """Arguments for ``init_process_group``: the backend (None: automatic) and collective timeout.
 
     ``timeout=None`` means: ``ACCEL_TIMEOUT`` (seconds) from the environment, else ``timeout`` from
-    the config file, else ``DEFAULT_TIMEOUT`` (30 minutes). A collective that waits longer than
+    the config file, else ``settings.DEFAULT_TIMEOUT_SECONDS`` (30 minutes). A collective that waits longer than
     the timeout raises on that rank instead of hanging.
     """
 

@@ -70,7 +70,9 @@ QUESTIONS: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("num_machines", "How many machines (nodes)? [1]", settings._parse_positive_int, 1),
     ("mixed_precision", "Mixed precision (no/fp16/bf16)? [no]", settings._parse_precision, "no"),
     ("gradient_accumulation_steps", "Gradient accumulation steps? [1]", settings._parse_positive_int, 1),
-    ("timeout", "Collective timeout in seconds? [1800]", settings._parse_seconds, 1800.0),
+    ("strategy", "Strategy across processes (ddp/zero1/fsdp/fsdp-zero2)? [ddp]", settings._parse_strategy, "ddp"),
+    ("timeout", f"Collective timeout in seconds? [{settings.DEFAULT_TIMEOUT_SECONDS:g}]",
+     settings._parse_seconds, settings.DEFAULT_TIMEOUT_SECONDS),
 )
 MULTI_NODE_QUESTIONS: tuple[tuple[str, str, Callable[[str], Any], Any], ...] = (
     ("machine_rank", "Rank of this machine (0 for the main one)? [0]", int, 0),

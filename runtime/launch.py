@@ -2,8 +2,8 @@
 
 What this adds to torchrun (everything else is torchrun's own machinery):
 
-- our options ``--mixed-precision``, ``--gradient-accumulation-steps``, ``--cpu``, ``--timeout`` and
-  ``--config-file`` reach the script's ``Accelerator`` as ``ACCEL_*`` environment variables (see
+- our options ``--mixed-precision``, ``--gradient-accumulation-steps``, ``--cpu``, ``--timeout``,
+  ``--strategy`` and ``--config-file`` reach the script's ``Accelerator`` as ``ACCEL_*`` environment variables (see
   ``runtime/settings.py`` for the precedence); the config file also supplies launch defaults
   (``num_processes``, ``num_machines``, ``machine_rank``, ``main_process_ip``, ``main_process_port``);
 - every worker runs through ``runtime/worker_entry.py``, which records a failing rank's exception
@@ -169,7 +169,16 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help="sets ACCEL_TIMEOUT: collective timeout in seconds; a rank waiting longer for its "
-        "peers fails instead of hanging (default: 1800)",
+        f"peers fails instead of hanging (default: {settings.DEFAULT_TIMEOUT_SECONDS:g})",
+    )
+    ours.add_argument(
+        "--strategy",
+        type=settings._parse_strategy,
+        default=None,
+        metavar="{" + ",".join(settings.STRATEGY_CHOICES) + "}",
+        help="sets ACCEL_STRATEGY: how the model is spread over the processes: ddp (default), "
+        "zero1 (optimizer state sharded), fsdp / fsdp-zero3 (parameters, gradients and optimizer "
+        "state sharded), fsdp-zero2 (parameters kept whole between forward and backward)",
     )
     ours.add_argument(
         "--config-file",
@@ -314,7 +323,7 @@ def runtime_environment(args: argparse.Namespace, config_path: Path | None) -> d
     env: dict[str, str] = {}
     if config_path is not None:
         env[settings.CONFIG_FILE_ENV] = str(config_path.resolve())
-    for name in ("mixed_precision", "gradient_accumulation_steps", "timeout"):
+    for name in ("mixed_precision", "gradient_accumulation_steps", "timeout", "strategy"):
         value = getattr(args, name, None)
         if value is not None:
             env[settings.SPEC_BY_NAME[name].env] = str(value)

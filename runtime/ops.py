@@ -1,4 +1,4 @@
-"""Collective helpers (gather, reduce, pad, seed broadcast, barrier) and nested-structure mapping.
+"""Collective helpers (gather, reduce, pad, seed broadcast) and nested-structure mapping.
 
 Every helper is a no-op on one process (``reduce`` returns a copy there,
 ``pad_across_processes`` its input). None of them is called per step by the runtime itself: the only
@@ -86,15 +86,6 @@ def broadcast_generator(generator: torch.Generator, state: ProcessState, src: in
     rng_state = generator.get_state().to(state.device)
     dist.broadcast(rng_state, src=src)
     generator.set_state(rng_state.cpu())
-
-
-def barrier(state: ProcessState) -> None:
-    """Block until every rank arrives here (no-op on one process)."""
-    if state.distributed:
-        if state.backend == "nccl":
-            dist.barrier(device_ids=[state.device.index])
-        else:
-            dist.barrier()
 
 
 def is_tensor_tree(obj: Any) -> bool:

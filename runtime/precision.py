@@ -139,7 +139,7 @@ class AutocastModule(nn.Module):
     ``state_dict`` / ``load_state_dict`` use the wrapped module's keys, so a one-process script
     saves the same checkpoints as without mixed precision. Writes of names the wrapped module
     has (``model.temperature = 0.5``) go to it, so its ``forward`` sees them; other names stay
-    on the wrapper (the rule of ``runtime.strategy.PreparedDDP``).
+    on the wrapper (the rule of ``runtime.ddp.PreparedDDP``).
     """
 
     def __init__(self, module: nn.Module, precision: _AutocastPrecision) -> None:

@@ -6,9 +6,11 @@ as ``ACCEL_CONFIG_FILE``. The Accelerator resolves each setting independently:
 
 1. an argument passed explicitly to ``Accelerator(...)``;
 2. the environment variable (``ACCEL_MIXED_PRECISION``, ``ACCEL_GRADIENT_ACCUMULATION_STEPS``,
-   ``ACCEL_CPU``, ``ACCEL_SPLIT_BATCHES``, ``ACCEL_EVEN_BATCHES``, ``ACCEL_TIMEOUT``);
+   ``ACCEL_CPU``, ``ACCEL_SPLIT_BATCHES``, ``ACCEL_EVEN_BATCHES``, ``ACCEL_TIMEOUT``,
+   ``ACCEL_STRATEGY``);
 3. the YAML config file named by ``ACCEL_CONFIG_FILE`` (keys ``mixed_precision``,
-   ``gradient_accumulation_steps``, ``use_cpu``, ``split_batches``, ``even_batches``, ``timeout``);
+   ``gradient_accumulation_steps``, ``use_cpu``, ``split_batches``, ``even_batches``, ``timeout``,
+   ``strategy``);
 4. the built-in default.
 
 A plain ``python train.py`` does not read the default config file (``ACCEL_CONFIG_FILE`` is unset),
@@ -33,6 +35,12 @@ CONFIG_FILE_ENV = "ACCEL_CONFIG_FILE"
 """Environment variable naming the config file the Accelerator (and ``accel launch``) reads."""
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+
+STRATEGY_CHOICES = ("ddp", "zero1", "fsdp", "fsdp-zero2", "fsdp-zero3")
+"""Strategy names (see runtime/strategy.py): ``fsdp`` is ``fsdp-zero3`` (reshard after forward)."""
+
+DEFAULT_TIMEOUT_SECONDS = 1800.0
+"""The collective timeout (30 minutes): a rank that waits longer fails instead of hanging."""
 
 
 class SettingsError(AccelError):
@@ -66,6 +74,13 @@ def _parse_precision(raw: Any) -> str:
     return text
 
 
+def _parse_strategy(raw: Any) -> str:
+    text = str(raw).strip().lower().replace("_", "-")
+    if text not in STRATEGY_CHOICES:
+        raise ValueError(f"expected one of {', '.join(STRATEGY_CHOICES)}")
+    return text
+
+
 def _parse_seconds(raw: Any) -> float:
     value = float(str(raw).strip())
     if not value > 0:
@@ -95,8 +110,10 @@ SPECS: tuple[SettingSpec, ...] = (
                 "slice each global batch across processes"),
     SettingSpec("even_batches", "ACCEL_EVEN_BATCHES", "even_batches", _parse_bool, True,
                 "pad the last round so every process gets the same number of batches"),
-    SettingSpec("timeout", "ACCEL_TIMEOUT", "timeout", _parse_seconds, 1800.0,
+    SettingSpec("timeout", "ACCEL_TIMEOUT", "timeout", _parse_seconds, DEFAULT_TIMEOUT_SECONDS,
                 "collective timeout in seconds"),
+    SettingSpec("strategy", "ACCEL_STRATEGY", "strategy", _parse_strategy, "ddp",
+                "ddp / zero1 / fsdp (= fsdp-zero3) / fsdp-zero2"),
 )
 SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
 

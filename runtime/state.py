@@ -40,8 +40,9 @@ import torch
 import torch.distributed as dist
 
 from .errors import DistributedEnvironmentError
+from .settings import DEFAULT_TIMEOUT_SECONDS
 
-DEFAULT_TIMEOUT = timedelta(minutes=30)
+DEFAULT_TIMEOUT = timedelta(seconds=DEFAULT_TIMEOUT_SECONDS)
 """Collective timeout: a rank that waits longer than this fails instead of hanging forever."""
 
 
@@ -153,6 +154,20 @@ def _rendezvous(env: Mapping[str, str], world_size: int, timeout: timedelta) -> 
     return {"store": dist.PrefixStore(f"/accel/attempt_{attempt}", store)}
 
 
+def barrier() -> None:
+    """Block until every rank of the default group arrives (no-op without a group).
+
+    The runtime's only barrier (``wait_for_everyone``, checkpoints, exit). nccl gets the current
+    device explicitly: without ``device_ids`` it guesses one from the rank and warns.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
 def destroy_process_group() -> None:
     """Destroy the default process group if the runtime created it (idempotent, safe at exit).
 
@@ -233,10 +248,7 @@ def _explain_double_init(error: BaseException | None) -> None:
 def _leave_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         if not _failed:
-            if dist.get_backend() == "nccl" and torch.cuda.is_available():
-                dist.barrier(device_ids=[torch.cuda.current_device()])
-            else:
-                dist.barrier()
+            barrier()
         dist.destroy_process_group()
     _release_wrappers()  # also after end_training(), which destroyed the group but kept the wrappers
     _drop_groups()

@@ -1,48 +1,108 @@
-"""How models are placed and wrapped: one device, or DistributedDataParallel across ranks.
+"""Strategies: how a model, its gradients and its optimizer state are spread over the processes.
 
-On N processes a model with trainable parameters is wrapped in ``PreparedDDP``, a
-``DistributedDataParallel`` that also answers for the user's module: ``model.output_shape``,
-``model.encoder(x)``, ``model.some_method()`` work as they did before ``prepare`` (plain DDP
-raises "'DistributedDataParallel' object has no attribute ..."). See ``PreparedDDP`` for what
-reads, writes and calls that bypass DDP's forward do. On one process the user's module itself is
-returned (moved to the device), so there is nothing to forward.
+A strategy is chosen by name with ``Accelerator(strategy=...)``, ``accel launch --strategy``, the
+``ACCEL_STRATEGY`` variable or the config file's ``strategy`` key (``accel config`` asks), in that
+order of precedence (see runtime/settings.py). The names, the same in ``accel estimate-memory``
+and in the codemod's ``--strategy``:
+
+* ``"ddp"`` (default): every rank holds the whole model, its gradients and its optimizer state;
+  gradients are all-reduced during backward (``DistributedDataParallel``). Fastest while it fits.
+* ``"zero1"``: DDP for the model, ``torch.distributed.optim.ZeroRedundancyOptimizer`` for the
+  optimizer: each rank keeps the optimizer state of about 1/N of the parameters (ZeRO stage 1)
+  and broadcasts its updated parameters after each step.
+* ``"fsdp"`` = ``"fsdp-zero3"``: FSDP2 (``torch.distributed.fsdp.fully_shard``) with
+  ``reshard_after_forward=True``: parameters, gradients and optimizer state are sharded (ZeRO-3);
+  each block's parameters are all-gathered for its forward and again for its backward.
+* ``"fsdp-zero2"``: FSDP2 with ``reshard_after_forward=False``: gradients and optimizer state
+  sharded, parameters kept unsharded from forward to backward (ZeRO-2-like: one all-gather per
+  step fewer, more memory during the step).
+
+Passing an object gives the options: ``DDPStrategy(**ddp_kwargs)``, ``ZeroOneStrategy()``,
+``FSDPStrategy(reshard_after_forward=True, wrap_policy=None, cpu_offload=False)`` (see
+runtime/fsdp.py for the default wrap policy and what runs on CPU).
+
+What a strategy owns (everything else is the same under every strategy, so the training script
+is too): placing and wrapping the model (``wrap_model``), fitting the optimizer to the wrapped
+parameters (``prepare_optimizer``), ``unwrap_model``, skipping gradient synchronisation while
+accumulating (``no_sync``), ``clip_grad_norm_`` (the total norm over all shards), the consolidated
+state dict (``full_state_dict``) and checkpoint I/O (``sharded``: torch.distributed.checkpoint
+instead of one file per object, runtime/sharded_checkpoint.py).
+
+On one process every strategy places the model on the device and wraps nothing; a sharded
+strategy still writes sharded checkpoints, so that one resumes at any number of processes.
 """
 
 from __future__ import annotations
 
-import warnings
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from .state import ProcessState, release_at_exit
+from .state import ProcessState
 
 
-class Strategy(Protocol):
-    """What the Accelerator needs from a parallelism strategy."""
+class Strategy:
+    """The base strategy: one device, nothing wrapped, one process's view of everything.
 
-    device: torch.device
+    Subclasses override what their parallelism changes; ``setup`` binds the strategy to the
+    process state before ``prepare`` uses it (the connector calls it).
+    """
+
+    name: ClassVar[str] = "ddp"
+    sharded: ClassVar[bool] = False
+    """True when checkpoints go through torch.distributed.checkpoint (each rank writes shards)."""
+
+    state: ProcessState = ProcessState()
+    precision_dtype: torch.dtype | None = None
+
+    def setup(self, state: ProcessState, precision: Any = None) -> None:
+        """Bind to the process state and the precision object (runtime/precision.py)."""
+        self.state = state
+        self.precision_dtype = getattr(precision, "dtype", None)
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed(self) -> bool:
+        return self.state.distributed
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Place ``model`` on the device and wrap it for the strategy."""
-        ...
+        return model.to(self.device)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer to step: ``optimizer`` itself, refitted or replaced for the strategy."""
+        return optimizer
+
+    def local_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The torch optimizer holding this rank's optimizer state (for sharded checkpoints)."""
+        return optimizer
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
-        """Return the user's module from inside any wrapper added by ``wrap_model``."""
-        ...
+        """The user's module from inside any wrapper ``wrap_model`` added."""
+        return model
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
         """Context in which backward passes skip gradient synchronisation."""
-        ...
+        return nullcontext()
 
+    def clip_grad_norm_(
+        self, parameters: list[torch.Tensor], max_norm: float, norm_type: float
+    ) -> torch.Tensor:
+        """Clip the gradients of ``parameters``; return their total norm (over every shard)."""
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    while isinstance(model, DistributedDataParallel):
-        model = model.module
-    return model
+    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """The whole model's state dict with plain tensors, complete on the main process.
+
+        Every process must call it (under fsdp it gathers the shards); other ranks may get an
+        empty dict.
+        """
+        return self.unwrap_model(model).state_dict()
 
 
 def wrapped_owns(wrapper: nn.Module, name: str) -> bool:
@@ -61,131 +121,3 @@ def wrapped_owns(wrapper: nn.Module, name: str) -> bool:
     if any(name in vars(klass) for klass in type(wrapper).__mro__):
         return False
     return hasattr(modules["module"], name)
-
-
-class PreparedDDP(DistributedDataParallel):
-    """``DistributedDataParallel`` whose attribute reads fall through to the wrapped module.
-
-    Reads: a name the wrapper does not have itself (its own attributes, DDP's, ``module``) is
-    looked up on ``self.module``, so ``model.encoder is model.module.encoder`` (identity kept:
-    optimizers built from ``model.encoder.parameters()`` see the real parameters). The lookup
-    runs only after normal attribute lookup failed (``__getattr__``); a DDP step passes through
-    these methods twice (``self.module``, ``require_forward_param_sync``), each a dict lookup,
-    no faster or slower than plain DDP within this machine's noise (about 1 µs).
-
-    Writes: ``model.name = value`` goes to the wrapped module when that module already has
-    ``name`` and the wrapper does not (``model.temperature = 0.5`` changes what ``forward``
-    reads, as on one process); any other name stays on the wrapper, as with plain DDP (reads
-    find it there). Names starting with ``_`` always stay on the wrapper (DDP creates some of its
-    private attributes lazily). Replacing a parameter or submodule after ``prepare`` is
-    forwarded with a ``RuntimeWarning``: DDP registered the old one, so the new one's gradients
-    are not synchronised; replace it before ``prepare`` instead.
-
-    Calls that bypass DDP's forward: ``model.encoder(x)`` or ``model.compute_loss(x)`` run the
-    user's code directly, not ``DDP.forward``. DDP's reducer only synchronises a backward pass
-    that some ``model(...)`` call of the same step prepared, so (measured, 2 gloo processes,
-    tests/runtime/test_nprocess_safety.py):
-
-    * evaluation, ``torch.no_grad()``, reading shapes or configs: fine (no collective runs, so a
-      call on the main process only cannot hang);
-    * a training step that calls ``model(x)`` and also ``model.encoder(y)`` before one backward:
-      every gradient, including the encoder call's share, is synchronised;
-    * a training step whose only forward is such a call: plain DDP silently leaves every
-      gradient unsynchronised (ranks drift apart). ``Accelerator.backward`` checks the first
-      synchronising backward of each prepared model once (one small all-gather in the whole
-      run) and raises ``GradientSyncError`` naming the fix: compute the loss inside ``forward``.
-
-    Routing such calls through ``DDP.forward`` (Lightning Fabric's ``mark_forward_method``) was
-    rejected as a default: it would run DDP's buffer broadcast, a collective, on calls made by
-    one rank only (sampling or logging on the main process), which hangs, and it makes
-    ``model(x) + model.aux(x)`` fail with ``find_unused_parameters=True``.
-
-    Pickling, ``copy.deepcopy``, ``state_dict`` keys (``module.``-prefixed, as plain DDP),
-    ``isinstance(model, DistributedDataParallel)``, ``no_sync`` and ``torch.compile`` behave as
-    with plain DDP.
-    """
-
-    def __getattr__(self, name: str) -> Any:
-        modules = self.__dict__.get("_modules")
-        if modules is not None and name in modules:  # DDP's own self.module, once per step
-            return modules[name]
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            inner = modules.get("module") if modules is not None else None
-            if inner is None or name.startswith("__"):
-                raise
-        try:
-            return getattr(inner, name)
-        except AttributeError:
-            raise AttributeError(
-                f"'{type(self).__name__}' object (a DistributedDataParallel around a "
-                f"'{type(inner).__name__}') has no attribute '{name}', and neither has the "
-                f"wrapped '{type(inner).__name__}'"
-            ) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # DDP writes its own attributes during every step: those leave at the first two tests.
-        if name[:1] != "_" and name not in self.__dict__ and wrapped_owns(self, name):
-            inner = self.__dict__["_modules"]["module"]
-            if isinstance(value, (nn.Module, nn.Parameter)):
-                warnings.warn(
-                    f"replacing {type(inner).__name__}.{name} after prepare(): DDP registered "
-                    f"the old {name}, so the new one's gradients are not synchronised across "
-                    "processes. Replace it before accelerator.prepare(model).",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            setattr(inner, name, value)
-            return
-        super().__setattr__(name, value)
-
-
-class SingleDevice:
-    """One process: move the model to the device, nothing else."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        return model.to(self.device)
-
-    def unwrap_model(self, model: nn.Module) -> nn.Module:
-        return _unwrap(model)
-
-    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
-        return nullcontext()
-
-
-class DDP:
-    """Several processes: move the model, then wrap it in DistributedDataParallel."""
-
-    def __init__(self, state: ProcessState, **ddp_kwargs: Any) -> None:
-        self.state = state
-        self.device = state.device
-        self.ddp_kwargs = ddp_kwargs
-
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.device)
-        if isinstance(model, DistributedDataParallel):
-            return model
-        # DDP refuses modules without trainable parameters (e.g. a frozen teacher, a metric).
-        if not any(p.requires_grad for p in model.parameters()):
-            return model
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        wrapped = PreparedDDP(model, device_ids=device_ids, **self.ddp_kwargs)
-        release_at_exit(wrapped)
-        return wrapped
-
-    def unwrap_model(self, model: nn.Module) -> nn.Module:
-        return _unwrap(model)
-
-    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
-        if isinstance(model, DistributedDataParallel):
-            return model.no_sync()
-        return nullcontext()
-
-
-def select_strategy(state: ProcessState) -> SingleDevice | DDP:
-    """The default strategy for a process state: DDP when several processes take part."""
-    return DDP(state) if state.distributed else SingleDevice(state.device)

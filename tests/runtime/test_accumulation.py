@@ -266,7 +266,7 @@ def test_ddp_accumulated_gradients_equal_plain_ddp_big_batch(ranks: list[dict]) 
 def test_ddp_bf16_autocasts_and_returns_fp32(ranks: list[dict]) -> None:
     for r in ranks:
         b = r["bf16"]
-        assert b["wrapped_type"] == "PreparedDDP"  # runtime.strategy's DistributedDataParallel subclass
+        assert b["wrapped_type"] == "PreparedDDP"  # runtime.ddp's DistributedDataParallel subclass
         assert b["inner_dtype"] == "torch.bfloat16" and b["output_dtype"] == "torch.float32"
         assert b["unwrapped_is_user_module"] and b["forward_is_original"]
     assert ranks[0]["bf16"]["params_after_step"] == ranks[1]["bf16"]["params_after_step"]

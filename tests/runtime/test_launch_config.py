@@ -184,6 +184,25 @@ def test_settings_precedence_and_errors(tmp_path: Path) -> None:
         settings.resolve({}, {settings.CONFIG_FILE_ENV: str(tmp_path / "missing.yaml")})
 
 
+def test_strategy_setting_from_launch_env_and_config(tmp_path: Path) -> None:
+    import argparse
+
+    from runtime import launch
+
+    parser = argparse.ArgumentParser()
+    launch.add_launch_arguments(parser)
+    args = parser.parse_args(["--strategy", "FSDP_zero2", "train.py"])
+    assert launch.runtime_environment(args, None)["ACCEL_STRATEGY"] == "fsdp-zero2"
+    config = settings.write_config_file(tmp_path / "c.yaml", {"strategy": "zero1"})
+    values, sources = settings.resolve({}, {settings.CONFIG_FILE_ENV: str(config)})
+    assert values["strategy"] == "zero1" and sources["strategy"].startswith("config file")
+    values, sources = settings.resolve({"strategy": "ddp"}, {"ACCEL_STRATEGY": "fsdp"})
+    assert (values["strategy"], sources["strategy"]) == ("ddp", "argument")
+    assert settings.resolve({}, {})[0]["strategy"] == "ddp"
+    with pytest.raises(settings.SettingsError, match="ACCEL_STRATEGY.*zero4"):
+        settings.resolve({}, {"ACCEL_STRATEGY": "zero4"})
+
+
 def test_accel_config_default_and_interactive_then_env(tmp_path: Path) -> None:
     env = clean_env(tmp_path)
     proc = accel("config", "--default", cwd=tmp_path, env=env)
@@ -191,16 +210,17 @@ def test_accel_config_default_and_interactive_then_env(tmp_path: Path) -> None:
     default_path = tmp_path / "home" / ".cache" / "accel" / "default_config.yaml"
     assert settings.read_config_file(default_path) == {
         "use_cpu": False, "num_processes": 1, "num_machines": 1, "mixed_precision": "no",
-        "gradient_accumulation_steps": 1, "timeout": 1800.0}
+        "gradient_accumulation_steps": 1, "strategy": "ddp", "timeout": 1800.0}
     target = tmp_path / "asked.yaml"
-    # Answers: cpu yes, 2 processes, 1 machine, an invalid then a valid precision, default rest.
+    # Answers: cpu yes, 2 processes, 1 machine, an invalid then a valid precision, 4 steps,
+    # an invalid then a valid strategy, default rest.
     proc = accel("config", "--config-file", str(target), cwd=tmp_path, env=env,
-                 stdin="yes\n2\n\nfp8\nbf16\n4\n\n")
+                 stdin="yes\n2\n\nfp8\nbf16\n4\nzero9\nfsdp-zero2\n\n")
     assert proc.returncode == 0, proc.stderr
-    assert "invalid answer 'fp8'" in proc.stdout
+    assert "invalid answer 'fp8'" in proc.stdout and "invalid answer 'zero9'" in proc.stdout
     assert settings.read_config_file(target) == {
         "use_cpu": True, "num_processes": 2, "num_machines": 1, "mixed_precision": "bf16",
-        "gradient_accumulation_steps": 4, "timeout": 1800.0}
+        "gradient_accumulation_steps": 4, "strategy": "fsdp-zero2", "timeout": 1800.0}
     report = accel("env", cwd=tmp_path, env=env)
     assert report.returncode == 0, report.stderr
     for needle in ("accel-migrate version", "Python version", "PyTorch version", "CPU count",

@@ -114,7 +114,7 @@ def test_permutation_shared_across_ranks_and_redrawn_each_epoch(ranks) -> None:
 def test_ddp_gradients_identical_and_averaged(ranks) -> None:
     results, _, _ = ranks
     r0, r1 = results
-    assert r0["wrapped_type"] == "PreparedDDP"  # runtime.strategy's DistributedDataParallel subclass
+    assert r0["wrapped_type"] == "PreparedDDP"  # runtime.ddp's DistributedDataParallel subclass
     assert r0["unwrapped_is_user_module"] and r1["unwrapped_is_user_module"]
     assert r0["initial_params"] == r1["initial_params"]  # rank 0's weights were broadcast
     assert r0["grads"] == r1["grads"]

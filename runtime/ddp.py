@@ -1,0 +1,137 @@
+"""The ``ddp`` strategy: every rank holds the whole model; gradients are all-reduced in backward.
+
+On N processes a model with trainable parameters is wrapped in ``PreparedDDP``, a
+``DistributedDataParallel`` that also answers for the user's module: ``model.output_shape``,
+``model.encoder(x)``, ``model.some_method()`` work as they did before ``prepare`` (plain DDP
+raises "'DistributedDataParallel' object has no attribute ..."). See ``PreparedDDP`` for what
+reads, writes and calls that bypass DDP's forward do. On one process the user's module itself is
+returned (moved to the device), so there is nothing to forward.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, ClassVar
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .state import release_at_exit
+from .strategy import Strategy, wrapped_owns
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    while isinstance(model, DistributedDataParallel):
+        model = model.module
+    return model
+
+
+class PreparedDDP(DistributedDataParallel):
+    """``DistributedDataParallel`` whose attribute reads fall through to the wrapped module.
+
+    Reads: a name the wrapper does not have itself (its own attributes, DDP's, ``module``) is
+    looked up on ``self.module``, so ``model.encoder is model.module.encoder`` (identity kept:
+    optimizers built from ``model.encoder.parameters()`` see the real parameters). The lookup
+    runs only after normal attribute lookup failed (``__getattr__``); a DDP step passes through
+    these methods twice (``self.module``, ``require_forward_param_sync``), each a dict lookup,
+    no faster or slower than plain DDP within this machine's noise (about 1 µs).
+
+    Writes: ``model.name = value`` goes to the wrapped module when that module already has
+    ``name`` and the wrapper does not (``model.temperature = 0.5`` changes what ``forward``
+    reads, as on one process); any other name stays on the wrapper, as with plain DDP (reads
+    find it there). Names starting with ``_`` always stay on the wrapper (DDP creates some of its
+    private attributes lazily). Replacing a parameter or submodule after ``prepare`` is
+    forwarded with a ``RuntimeWarning``: DDP registered the old one, so the new one's gradients
+    are not synchronised; replace it before ``prepare`` instead.
+
+    Calls that bypass DDP's forward: ``model.encoder(x)`` or ``model.compute_loss(x)`` run the
+    user's code directly, not ``DDP.forward``. DDP's reducer only synchronises a backward pass
+    that some ``model(...)`` call of the same step prepared, so (measured, 2 gloo processes,
+    tests/runtime/test_nprocess_safety.py):
+
+    * evaluation, ``torch.no_grad()``, reading shapes or configs: fine (no collective runs, so a
+      call on the main process only cannot hang);
+    * a training step that calls ``model(x)`` and also ``model.encoder(y)`` before one backward:
+      every gradient, including the encoder call's share, is synchronised;
+    * a training step whose only forward is such a call: plain DDP silently leaves every
+      gradient unsynchronised (ranks drift apart). ``Accelerator.backward`` checks the first
+      synchronising backward of each prepared model once (one small all-gather in the whole
+      run) and raises ``GradientSyncError`` naming the fix: compute the loss inside ``forward``.
+
+    Routing such calls through ``DDP.forward`` (Lightning Fabric's ``mark_forward_method``) was
+    rejected as a default: it would run DDP's buffer broadcast, a collective, on calls made by
+    one rank only (sampling or logging on the main process), which hangs, and it makes
+    ``model(x) + model.aux(x)`` fail with ``find_unused_parameters=True``.
+
+    Pickling, ``copy.deepcopy``, ``state_dict`` keys (``module.``-prefixed, as plain DDP),
+    ``isinstance(model, DistributedDataParallel)``, ``no_sync`` and ``torch.compile`` behave as
+    with plain DDP.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        modules = self.__dict__.get("_modules")
+        if modules is not None and name in modules:  # DDP's own self.module, once per step
+            return modules[name]
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = modules.get("module") if modules is not None else None
+            if inner is None or name.startswith("__"):
+                raise
+        try:
+            return getattr(inner, name)
+        except AttributeError:
+            raise AttributeError(
+                f"'{type(self).__name__}' object (a DistributedDataParallel around a "
+                f"'{type(inner).__name__}') has no attribute '{name}', and neither has the "
+                f"wrapped '{type(inner).__name__}'"
+            ) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # DDP writes its own attributes during every step: those leave at the first two tests.
+        if name[:1] != "_" and name not in self.__dict__ and wrapped_owns(self, name):
+            inner = self.__dict__["_modules"]["module"]
+            if isinstance(value, (nn.Module, nn.Parameter)):
+                warnings.warn(
+                    f"replacing {type(inner).__name__}.{name} after prepare(): DDP registered "
+                    f"the old {name}, so the new one's gradients are not synchronised across "
+                    "processes. Replace it before accelerator.prepare(model).",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            setattr(inner, name, value)
+            return
+        super().__setattr__(name, value)
+
+
+class DDPStrategy(Strategy):
+    """``"ddp"``: move the model, then (on several processes) wrap it in DistributedDataParallel.
+
+    ``ddp_kwargs`` go to ``DistributedDataParallel`` (``DistributedDataParallelKwargs``).
+    """
+
+    name: ClassVar[str] = "ddp"
+
+    def __init__(self, **ddp_kwargs: Any) -> None:
+        self.ddp_kwargs = ddp_kwargs
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.device)
+        if not self.distributed or isinstance(model, DistributedDataParallel):
+            return model
+        # DDP refuses modules without trainable parameters (e.g. a frozen teacher, a metric).
+        if not any(p.requires_grad for p in model.parameters()):
+            return model
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        wrapped = PreparedDDP(model, device_ids=device_ids, **self.ddp_kwargs)
+        release_at_exit(wrapped)
+        return wrapped
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        return _unwrap(model)
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
+        if isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        return nullcontext()
