@@ -35,6 +35,7 @@ from .checkpoint import (
     save_checkpoint,
     write_file,
 )
+from .sharded_checkpoint import ShardedStates
 from .data import ActiveLoaders, PreparedDataLoader, prepare_data_loader
 from .errors import GradientSyncError, PrepareError, UnsupportedOptionError
 from .accumulation import GradientState, check_accumulation_steps
@@ -603,11 +604,24 @@ class Accelerator:
             extra=extra,
         )
 
+    def _sharded_states(self) -> ShardedStates:
+        """The models and this rank's optimizers as torch.distributed.checkpoint saves them."""
+        strategy = self.strategy
+        return ShardedStates(
+            models=[self.unwrap_model(model) for model in self._models],
+            optimizers=[o.optimizer for o in self._optimizers],
+            local=[strategy.local_optimizer(o.optimizer) for o in self._optimizers],
+        )
+
     def save_state(
         self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = False
     ) -> str:
         """Save models, optimizers, schedulers, scaler, RNG states, loader positions and registered
         objects to ``output_dir`` (atomically); every process must call it. Returns the directory.
+
+        Under zero1 and fsdp the models and optimizers go through torch.distributed.checkpoint:
+        each rank writes its own shards (nothing is gathered), and the checkpoint loads at any
+        number of processes (runtime/sharded_checkpoint.py).
 
         Without ``output_dir``, automatic naming must be on
         (``ProjectConfiguration(automatic_checkpoint_naming=True)``): the checkpoint goes to
@@ -627,7 +641,8 @@ class Accelerator:
                 "project_config=ProjectConfiguration(automatic_checkpoint_naming=True).",
             )
         target = next_checkpoint_dir(config) if output_dir is None else Path(output_dir)
-        saved = save_checkpoint(target, self._checkpoint_contents(), self.state)
+        sharded = self._sharded_states() if self.strategy.sharded else None
+        saved = save_checkpoint(target, self._checkpoint_contents(), self.state, sharded)
         if output_dir is None:  # automatic naming: rotate only after the new one is complete
             if self.is_main_process:
                 rotate_checkpoints(checkpoints_root(config), config.total_limit)
@@ -659,7 +674,10 @@ class Accelerator:
             self._checkpoint_contents(),
             self.state,
             load_model=lambda model, weights: model.load_state_dict(weights, **load_model_func_kwargs),
+            sharded=self._sharded_states(),
         )
+        for optimizer in self._optimizers:
+            self.strategy.after_load(optimizer.optimizer)
         gradient_state = getattr(self, "gradient_state", None)
         if "accumulation_step" in extra and gradient_state is not None:
             gradient_state.step = int(extra["accumulation_step"])

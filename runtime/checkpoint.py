@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .errors import AccelError
+from .sharded_checkpoint import SHARDED_DIR, ShardedStates
 from .state import ProcessState, barrier
 
 MODEL_NAME = "pytorch_model"
@@ -267,11 +268,14 @@ def _old_dir(target: Path) -> Path:
     return target.parent / f".{target.name}.old"
 
 
-def _write_shared_files(directory: Path, contents: CheckpointContents, state: ProcessState) -> None:
-    for i, model in enumerate(contents.models):
-        write_file(model.state_dict(), directory / model_file(i))
-    for i, optimizer in enumerate(contents.optimizers):
-        write_file(optimizer.state_dict(), directory / optimizer_file(i))
+def _write_shared_files(
+    directory: Path, contents: CheckpointContents, state: ProcessState, sharded: bool
+) -> None:
+    if not sharded:  # else the models and optimizers are in sharded/ (sharded_checkpoint.py)
+        for i, model in enumerate(contents.models):
+            write_file(model.state_dict(), directory / model_file(i))
+        for i, optimizer in enumerate(contents.optimizers):
+            write_file(optimizer.state_dict(), directory / optimizer_file(i))
     for i, scheduler in enumerate(contents.schedulers):
         write_file(scheduler.state_dict(), directory / scheduler_file(i))
     if contents.scaler is not None:
@@ -281,6 +285,7 @@ def _write_shared_files(directory: Path, contents: CheckpointContents, state: Pr
     manifest = {
         "format_version": FORMAT_VERSION,
         "world_size": state.world_size,
+        "sharded": sharded,
         "counts": contents.counts(),
         "extra": contents.extra,
     }
@@ -325,12 +330,16 @@ def replace_directory(source: Path, target: Path) -> None:
 
 
 def save_checkpoint(
-    directory: str | os.PathLike[str], contents: CheckpointContents, state: ProcessState
+    directory: str | os.PathLike[str],
+    contents: CheckpointContents,
+    state: ProcessState,
+    sharded: ShardedStates | None = None,
 ) -> Path:
     """Write ``contents`` to ``directory`` atomically; every rank must call this together.
 
     The main process writes the shared files (models, optimizers, schedulers, scaler, registered
-    objects, manifest), every rank its RNG and data-loader files.
+    objects, manifest), every rank its RNG and data-loader files. With ``sharded`` (zero1, fsdp)
+    the models and optimizers are written by every rank, each its shards, into ``sharded/``.
     """
     target = Path(directory).absolute()
     temp = _temp_dir(target)
@@ -344,8 +353,12 @@ def save_checkpoint(
     error: BaseException | None = None
     try:
         _write_rank_files(temp, contents, state)
+        if sharded is not None:
+            # A collective: a rank failing before it would leave the others waiting in it
+            # (until the timeout), which is why it comes after this rank's own files.
+            sharded.save(temp)
         if state.is_main_process:
-            _write_shared_files(temp, contents, state)
+            _write_shared_files(temp, contents, state, sharded is not None)
     except BaseException as exc:  # noqa: BLE001 - re-raised below, after the ranks agree
         error = exc
     if not _all_succeeded(error is None, state):
@@ -462,16 +475,35 @@ def _check_counts(directory: Path, contents: CheckpointContents) -> dict[str, An
     return manifest
 
 
+def _load_whole_files(
+    path: Path,
+    contents: CheckpointContents,
+    load_model: Callable[[nn.Module, dict[str, Any]], Any] | None,
+) -> None:
+    for i, model in enumerate(contents.models):
+        weights = load_file(path / model_file(i))
+        check_model_shapes(path / model_file(i), model, weights)
+        if load_model is None:
+            model.load_state_dict(weights)
+        else:
+            load_model(model, weights)
+    for i, optimizer in enumerate(contents.optimizers):
+        optimizer.load_state_dict(load_file(path / optimizer_file(i)))
+
+
 def load_checkpoint(
     directory: str | os.PathLike[str],
     contents: CheckpointContents,
     state: ProcessState,
     load_model: Callable[[nn.Module, dict[str, Any]], Any] | None = None,
+    sharded: ShardedStates | None = None,
 ) -> dict[str, Any]:
     """Restore ``contents`` from ``directory`` on this rank; return the saved ``extra`` values.
 
     ``load_model(model, state_dict)`` loads one model (default: ``model.load_state_dict``).
-    RNG states are restored last, so nothing done while loading can move them.
+    A checkpoint saved under a sharded strategy has its models and optimizers in ``sharded/``:
+    they are read through ``sharded`` (whatever the number of processes now). RNG states are
+    restored last, so nothing done while loading can move them.
     """
     path = Path(directory)
     if not path.is_dir():
@@ -488,15 +520,25 @@ def load_checkpoint(
             hint + ".",
         )
     manifest = _check_counts(path, contents)
-    for i, model in enumerate(contents.models):
-        weights = load_file(path / model_file(i))
-        check_model_shapes(path / model_file(i), model, weights)
-        if load_model is None:
-            model.load_state_dict(weights)
-        else:
-            load_model(model, weights)
-    for i, optimizer in enumerate(contents.optimizers):
-        optimizer.load_state_dict(load_file(path / optimizer_file(i)))
+    if manifest.get("sharded"):
+        if sharded is None:
+            raise CheckpointError(
+                f"the checkpoint {path} was saved under a sharded strategy (zero1 or fsdp).",
+                "the runtime's Accelerator to load it (models and optimizers are in "
+                f"{path / SHARDED_DIR}, written by torch.distributed.checkpoint).",
+                "load it with accelerator.load_state(...).",
+            )
+        sharded.load(path)
+    else:
+        if sharded is not None and sharded.holds_dtensors():
+            raise CheckpointError(
+                f"the checkpoint {path} was saved under strategy ddp (one file per model) and "
+                "this run shards the model (fsdp).",
+                "a checkpoint saved under a sharded strategy, or the strategy it was saved with.",
+                "resume with --strategy ddp (or the strategy used when saving); a model file "
+                "saved by save_model loads into the model before prepare().",
+            )
+        _load_whole_files(path, contents, load_model)
     for i, scheduler in enumerate(contents.schedulers):
         scheduler.load_state_dict(load_file(path / scheduler_file(i)))
     scaler_path = path / SCALER_NAME

@@ -44,7 +44,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from .errors import PrepareError, UnsupportedOptionError
+from .errors import PrepareError
 from .strategy import Strategy
 
 WrapPolicy = tuple[type[nn.Module], ...] | Callable[[nn.Module], bool] | None
@@ -127,12 +127,13 @@ class FSDPStrategy(Strategy):
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         if self.cpu_offload:
             if self.device.type != "cuda":
-                raise UnsupportedOptionError(
-                    "FSDPStrategy(cpu_offload=True)",
-                    f"on {self.device}",
-                    "cpu_offload=False on CPU: FSDP2's CPUOffloadPolicy needs a GPU (torch "
-                    "2.13 fails with 'Cannot access accelerator device when none is available'), "
-                    "and on CPU the parameters already live in host memory.",
+                raise PrepareError(
+                    f"FSDPStrategy(cpu_offload=True) was asked to offload to the CPU, but the "
+                    f"model trains on {self.device}: FSDP2's CPUOffloadPolicy needs a GPU (torch "
+                    "2.13 fails with 'Cannot access accelerator device when none is available').",
+                    "cpu_offload=True only when the processes train on CUDA devices.",
+                    "drop cpu_offload=True on CPU (the parameters already live in host memory), "
+                    "or launch on GPUs.",
                 )
             options["offload_policy"] = CPUOffloadPolicy()
         return options

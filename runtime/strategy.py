@@ -82,6 +82,9 @@ class Strategy:
         """The torch optimizer holding this rank's optimizer state (for sharded checkpoints)."""
         return optimizer
 
+    def after_load(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called with each prepared optimizer after a checkpoint restored its state."""
+
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's module from inside any wrapper ``wrap_model`` added."""
         return model

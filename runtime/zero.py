@@ -14,6 +14,7 @@ torch.distributed.checkpoint (runtime/sharded_checkpoint.py).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar
 
 import torch
@@ -44,10 +45,10 @@ class ZeroOneStrategy(DDPStrategy):
             {key: value for key, value in group.items() if key != "initial_lr"}
             for group in optimizer.param_groups
         ]
-        hyper = {k: v for k, v in optimizer.defaults.items() if k not in ("params", "differentiable")}
-        sharded = ZeroRedundancyOptimizer(
-            groups, optimizer_class=type(optimizer), **hyper
-        )
+        # defaults may hold keys the constructor does not take (AdamW's decoupled_weight_decay).
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        hyper = {k: v for k, v in optimizer.defaults.items() if k in accepted and k != "params"}
+        sharded = ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), **hyper)
         # An LR scheduler built on the user's optimizer before prepare() set initial_lr there.
         for source, target in zip(optimizer.param_groups, sharded.param_groups):
             if "initial_lr" in source:
@@ -58,3 +59,10 @@ class ZeroOneStrategy(DDPStrategy):
         if isinstance(optimizer, ZeroRedundancyOptimizer):
             return optimizer.optim
         return optimizer
+
+    def after_load(self, optimizer: torch.optim.Optimizer) -> None:
+        # The checkpoint restored the hyperparameters (lr, ...) into the ZeroRedundancyOptimizer's
+        # own groups; its partition's groups get them at the next step anyway, and now already.
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            for local, outer in zip(optimizer.optim.param_groups, optimizer.param_groups):
+                local.update({k: v for k, v in outer.items() if k != "params"})
