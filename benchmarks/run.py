@@ -3,7 +3,7 @@ the same run (interleaved A/B runs in fresh processes; medians; +- is half the i
 range of the per-round ratios).
 
     python -m benchmarks                       # everything, default repetitions (~6 min on 2 cores)
-    python -m benchmarks --only cli,import     # a subset: codemod, cli, import, step
+    python -m benchmarks --only cli,import     # a subset: codemod, cli, import, step, memory
     python -m benchmarks --quick               # a tiny setting (smoke test; numbers meaningless)
     python -m benchmarks --only codemod --corpus /tmp/corpus   # issue 12's ratio on real code
     python -m benchmarks --markdown perf.md --json perf.json
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.common import Row, log
 
-SECTIONS = ("codemod", "cli", "import", "step")
+SECTIONS = ("codemod", "cli", "import", "step", "memory")
 
 
 def _value(row: Row) -> str:
@@ -133,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         rows += runtime_overhead.steps(rounds, scale=0.05 if q else 1.0, two_process=not args.no_two_process,
                                        models=("tiny",) if q else ("tiny", "mlp", "transformer"),
                                        accumulation=(1,) if q else (1, 4))
+    if "memory" in only:
+        from benchmarks import memory
+
+        log("strategies' memory per rank ...")
+        rows += memory.run(rounds, quick=q)
     seconds = time.perf_counter() - started
     command = "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:])
     footer = (f"{command.strip()} — {seconds:.0f} s, Python {platform.python_version()}, "
