@@ -85,6 +85,9 @@ def test_sharded_checkpoints_resume_at_two_and_at_one_process(runs) -> None:
         assert loaded[name]["optimizer_states"] == 16, name  # one per parameter tensor
         assert loaded[name]["optimizer_steps"] == [2.0], name  # 4 micro-steps / 2 accumulated
         assert loaded[name]["moved_after_steps"], name
+    # The 2-process fsdp checkpoint loaded by a 1-process ddp run: whole tensors again.
+    assert loaded["ddp"]["diff"] == 0.0 and loaded["ddp"]["optimizer_states"] == 16
+    assert loaded["ddp"]["lr"] == pytest.approx(loaded["ddp"]["saved_lr"])
     # 1 -> 2: the one-process fsdp checkpoint loaded into a model sharded on 2 processes.
     assert ranks[0]["one_to_two_diff"] == 0.0
     assert [r["one_to_two_lr"] for r in ranks] == [one["lr"], one["lr"]]

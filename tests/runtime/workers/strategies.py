@@ -7,7 +7,8 @@ Usage: ``strategies.py OUT MODE`` where MODE is
   after 4 steps, train 4 more, then a fresh model loads the checkpoint and trains the same 4 steps
   (2 -> 2). The checkpoint ``OUT/one/ckpt`` written by ``save-one`` is loaded too (1 -> 2).
 - ``save-one`` (1 process): fsdp strategy, 3 steps, ``save_state(OUT/one/ckpt)``.
-- ``load-one`` (1 process): loads the 2-process zero1 and fsdp checkpoints (2 -> 1).
+- ``load-one`` (1 process): loads the 2-process zero1 and fsdp checkpoints (2 -> 1), and the
+  fsdp one under ddp.
 Results go to ``OUT/<mode>_rank<r>.json`` and reference weights to ``.pt`` files.
 """
 
@@ -189,16 +190,17 @@ def save_one() -> dict:
 
 def load_one() -> dict:
     result = {}
-    for name in ("zero1", "fsdp-zero3"):
+    # (strategy now, checkpoint): each sharded one, and the fsdp one under ddp.
+    for name, saved_by in (("zero1", "zero1"), ("fsdp-zero3", "fsdp-zero3"), ("ddp", "fsdp-zero3")):
         accelerator, model, optimizer, scheduler, train, _ = prepared(name)
-        accelerator.load_state(OUT / f"two_{name}")
-        saved = torch.load(OUT / f"two_{name}_weights.pt")
+        accelerator.load_state(OUT / f"two_{saved_by}")
+        saved = torch.load(OUT / f"two_{saved_by}_weights.pt")
         loaded = full_weights(accelerator, model)
         states = optimizer.optimizer.state.values()
         result[name] = {
             "diff": max_diff(loaded, saved),
             "lr": optimizer.param_groups[0]["lr"],
-            "saved_lr": torch.load(OUT / f"two_{name}_lr.pt"),
+            "saved_lr": torch.load(OUT / f"two_{saved_by}_lr.pt"),
             "optimizer_states": len(states),
             "optimizer_steps": sorted({float(s["step"]) for s in states}),
         }
