@@ -106,6 +106,16 @@ def test_readme_test_command_is_where_ci_reads_it() -> None:
     assert "<!-- test-command" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
+def test_readme_rule_table_lists_every_rule() -> None:
+    from migrate.cli import _rule_table
+
+    text = README.read_text(encoding="utf-8")
+    missing = [
+        f"| {code} | {name} | ... |" for code, name, _, _ in _rule_table() if not code.startswith("AM1") and f"| {code} | {name} |" not in text
+    ]
+    assert not missing, "README.md's rule table (A short tour) lacks the rows " + ", ".join(missing)
+
+
 # ---------------------------------------------------------------------------------------------
 # rules
 
