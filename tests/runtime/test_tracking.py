@@ -110,3 +110,42 @@ def test_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(TrackerError, match="samples="):
         accelerator.log({"loss": 1.0}, samples=-1)
     accelerator.end_training()
+
+
+def test_a_tracker_object_in_log_with_gets_config_values_and_finish(tmp_path: Path) -> None:
+    from runtime import Accelerator
+    from runtime.tracking import GeneralTracker
+
+    class Recorder(GeneralTracker):
+        name = "recorder"
+
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def start(self) -> None:
+            self.calls.append(("start",))
+
+        def store_init_configuration(self, values: dict) -> None:
+            self.calls.append(("config", values))
+
+        def log(self, values: dict, step: int | None = None, **kwargs) -> None:
+            self.calls.append(("log", values, step, kwargs))
+
+        def finish(self) -> None:
+            self.calls.append(("finish",))
+
+    import torch
+
+    recorder = Recorder()
+    accelerator = Accelerator(cpu=True, log_with=[recorder, "jsonl"], project_dir=tmp_path)
+    accelerator.init_trackers("exp", config={"lr": 0.1})
+    loss = torch.tensor([0.5])
+    accelerator.log({"loss": loss}, step=2, log_kwargs={"recorder": {"tag": "x"}})
+    assert accelerator.get_tracker("recorder") is recorder
+    assert [t.name for t in accelerator.trackers] == ["recorder", "jsonl"]
+    accelerator.end_training()
+    # A tracker of your own gets the values as given (tensors too), as in Accelerate.
+    assert recorder.calls == [("start",), ("config", {"lr": 0.1}), ("log", {"loss": loss}, 2, {"tag": "x"}), ("finish",)]
+    assert recorder.calls[2][1]["loss"] is loss
+    line = json.loads((tmp_path / "exp" / "metrics.jsonl").read_text())
+    assert line["step"] == 2 and line["values"] == {"loss": 0.5}  # a 1-element tensor: a number
