@@ -4,8 +4,10 @@ What it does:
     The loop over a prepared training loader whose body calls `backward` gets its whole body
     wrapped in `with accelerator.accumulate(<models>):`, naming the prepared models the body uses.
     Hand-written accumulation (`loss = loss / N`, `if (step + 1) % N == 0: optimizer.step()`)
-    becomes `Accelerator(gradient_accumulation_steps=N)` with `if accelerator.sync_gradients:`, and
-    a `model.require_backward_grad_sync = <that condition>` toggle goes with it.
+    becomes `Accelerator(gradient_accumulation_steps=N)` with `if accelerator.sync_gradients:`
+    (the division goes, since the Accelerator divides, and so does a compensating `* N` in a log
+    line such as `loss.item() * N`), and a `model.require_backward_grad_sync = <that condition>`
+    toggle goes with it.
     `with model.no_sync():` on a prepared model becomes `with accelerator.no_sync(model):`.
 
 Why:

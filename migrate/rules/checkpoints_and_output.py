@@ -1,7 +1,8 @@
 """Save checkpoints, print and show progress bars once, from the main process.
 
 What it does:
-    `torch.save(model.state_dict(), path)` (also inside a checkpoint dict, and `model.module`)
+    `torch.save(model.state_dict(), path)` (also inside a checkpoint dict, through a name such as
+    `weights = model.state_dict()`, and for `model.module`)
     becomes `accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`;
     `print(...)` becomes `accelerator.print(...)`; `tqdm(...)` gets
     `disable=not accelerator.is_local_main_process`; `model.state_dict()` and

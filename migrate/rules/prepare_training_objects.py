@@ -4,8 +4,9 @@ What it does:
     Inserts one `model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer,
     loader, scheduler)` in the function (or module) that builds the optimizer, right after the last
     of those objects is bound and before the training loop uses them. Models are the owners of the
-    parameters given to a `torch.optim` optimizer; loaders are the `DataLoader`s a training loop
-    (one that calls `.backward()`, directly or through a helper of this file) iterates; schedulers
+    parameters given to a `torch.optim` optimizer; loaders are the `DataLoader`s (built here, or
+    returned by a helper function of this file) that a training loop (one that calls
+    `.backward()`, directly or through a helper of this file) iterates; schedulers
     are prepared only when they are stepped inside that per-batch loop. Attributes are followed
     like names: when a method builds the optimizer from `self.model.parameters()`, the attributes
     of that class (`self.model`, `self.optimizer`, `self.train_loader`) are prepared in that method,
