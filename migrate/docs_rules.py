@@ -51,7 +51,7 @@ outside and passed in, `__init__` gets an `accelerator` parameter, stores it as
 `self.accelerator`, and the call sites pass it. Methods then use `self.accelerator`.
 
 The fixtures in `fixtures/<rule_name>/` show each rule on at least 3 scripts it rewrites and 2 it
-leaves alone. Two complete before/after pairs: `fixtures/pipeline/plain_functions.*` (functions,
+leaves alone (AM013's cases are whole repositories, in `fixtures/repos/`). Two complete before/after pairs: `fixtures/pipeline/plain_functions.*` (functions,
 helpers that get `accelerator` passed in, evaluation with `gather_for_metrics`, clipping, an epoch
 scheduler) and `fixtures/remove_distributed_boilerplate/torchrun_ddp_amp_accumulation.*` (a
 hand-written torchrun script with NCCL, DistributedSampler, DDP, fp16 autocast + GradScaler and
