@@ -21,6 +21,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
@@ -52,7 +53,8 @@ class _OutOfTime(BaseException):
     """Ends the run at the time budget (a BaseException: hypothesis does not treat it as a failure)."""
 
 
-def run(examples: int, seed_value: int, progress_every: int = 500, minutes: float | None = None) -> Tally:
+def run(examples: int, seed_value: int, progress_every: int = 500, minutes: float | None = None,
+        on_progress: Callable[[Tally], None] | None = None) -> Tally:
     from migrate.engine import Options
     from migrate.runner import migrate_text
 
@@ -88,6 +90,8 @@ def run(examples: int, seed_value: int, progress_every: int = 500, minutes: floa
         if tally.programs % progress_every == 0:
             print(f"fuzz: {tally.programs} programs, {sum(tally.counts.values())} failures, "
                   f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+            if on_progress is not None:
+                on_progress(tally)
 
     try:
         one()
@@ -102,10 +106,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=10000, help="programs to generate (default 10000)")
     parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0: reproducible)")
     parser.add_argument("--minutes", type=float, help="stop generating after this many minutes (default: no limit)")
-    parser.add_argument("--json", help="also write the counts and one program per failure group here")
+    parser.add_argument("--json", help="also write the counts and one program per failure group here "
+                        "(rewritten at every progress line, so a long run can be read while it runs)")
+    parser.add_argument("--progress-every", type=int, default=500, help="programs between progress lines")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    tally = run(args.examples, args.seed, minutes=args.minutes)
+
+    def write_json(tally: Tally) -> None:
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"programs": tally.programs, "stopped": tally.stopped, "changed": tally.changed,
+                           "seconds": time.perf_counter() - started, "seed": args.seed,
+                           "failures": {k: {"count": tally.counts[k], "program": v[0], "detail": v[1]}
+                                        for k, v in tally.groups.items()}}, handle, indent=1)
+
+    tally = run(args.examples, args.seed, args.progress_every, args.minutes, write_json)
     seconds = time.perf_counter() - started
     total = sum(tally.counts.values())
     print(f"programs checked: {tally.programs}; outputs changed by a rule: {tally.changed}; "
@@ -114,11 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, count in sorted(tally.counts.items(), key=lambda item: -item[1]):
         text, detail = tally.groups[key]
         print(f"\n[{count}x] {key}\n--- shortest program ({len(text)} chars):\n{text}\n--- detail:\n{detail[-2000:]}")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"programs": tally.programs, "stopped": tally.stopped, "changed": tally.changed, "seconds": seconds, "seed": args.seed,
-                       "failures": {k: {"count": tally.counts[k], "program": v[0], "detail": v[1]}
-                                    for k, v in tally.groups.items()}}, handle, indent=1)
+    write_json(tally)
     return 1 if total else 0
 
 
