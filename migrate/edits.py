@@ -33,6 +33,9 @@ class EditPlan:
     insert_before: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)
     insert_after: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)
     drop_if_trivial: set[cst.BaseStatement] = field(default_factory=set)
+    # Small statements dropped from their line (`opt = SGD(...); scaler = GradScaler()`): the
+    # line's other statements stay, the line goes only when nothing is left of it.
+    remove_small: set[cst.BaseSmallStatement] = field(default_factory=set)
     new_params: dict[cst.FunctionDef, bool] = field(default_factory=dict)  # value: keyword-only
     new_args: dict[cst.Call, bool] = field(default_factory=dict)  # value: pass by keyword
     wrap_loop_body: dict[cst.For, cst.BaseExpression] = field(default_factory=dict)  # `with <expr>:`
@@ -79,7 +82,7 @@ class EditPlan:
             self.calls, self.replace_stmt, self.insert_before, self.insert_after, self.drop_if_trivial,
             self.new_params, self.new_args, self.wrap_loop_body, self.attributes, self.subscripts,
             self.comparisons, self.if_tests, self.keep_left_operand, self.rebound, self.annotations,
-            self.self_accelerator, self.stores_accelerator, self.main_process_only,
+            self.self_accelerator, self.stores_accelerator, self.main_process_only, self.remove_small,
         ]
         found: set[cst.CSTNode] = set()
         for collection in keyed:
@@ -91,6 +94,7 @@ class EditPlan:
         return not (
             self.calls
             or self.replace_stmt
+            or self.remove_small
             or self.insert_before
             or self.insert_after
             or self.new_params

@@ -109,6 +109,8 @@ class Rewriter(cst.CSTTransformer):
                 replacement = list(plan.replace_stmt[original])
             elif original in plan.drop_if_trivial:
                 replacement = _drop_trivial(new)
+            elif isinstance(original, cst.SimpleStatementLine) and plan.remove_small.intersection(original.body):
+                replacement = _without(original, new, plan.remove_small)
             else:
                 replacement = [new]
             if replacement == [new] and _emptied_guard(original, new):
@@ -167,12 +169,7 @@ def _drop_trivial(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
     kept = [small for small in stmt.body if not _is_trivial(small)]
     if len(kept) == len(stmt.body):
         return [stmt]
-    if not kept:
-        return []
-    last = kept[-1]
-    if isinstance(last, (cst.Expr, cst.Assign)) and last.semicolon is not cst.MaybeSentinel.DEFAULT:
-        kept[-1] = last.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
-    return [stmt.with_changes(body=kept)]
+    return _with_body(stmt, kept)
 
 
 def _emptied_guard(original: cst.BaseStatement, new: cst.BaseStatement) -> bool:
@@ -193,6 +190,24 @@ def _only_pass(body: Sequence[cst.BaseStatement]) -> bool:
         isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(small, cst.Pass) for small in stmt.body)
         for stmt in body
     )
+
+
+def _without(
+    original: cst.SimpleStatementLine, new: cst.BaseStatement, removed: set[cst.BaseSmallStatement]
+) -> list[cst.BaseStatement]:
+    """`new` (the rewritten `original`) without the small statements `removed` names; [] if none is left."""
+    assert isinstance(new, cst.SimpleStatementLine) and len(new.body) == len(original.body)
+    kept = [small for small, before in zip(new.body, original.body) if before not in removed]
+    return _with_body(new, kept)
+
+
+def _with_body(stmt: cst.SimpleStatementLine, kept: list[cst.BaseSmallStatement]) -> list[cst.BaseStatement]:
+    if not kept:
+        return []
+    last = kept[-1]
+    if last.semicolon is not cst.MaybeSentinel.DEFAULT:  # type: ignore[attr-defined]
+        kept[-1] = last.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+    return [stmt.with_changes(body=kept)]
 
 
 def _is_trivial(small: cst.BaseSmallStatement) -> bool:

@@ -47,7 +47,7 @@ def drop_skipped(plan: EditPlan, line_of: Callable[[cst.CSTNode], int], lines: s
     ):
         for node in [n for n in edits if not keep(n)]:
             del edits[node]  # type: ignore[attr-defined]
-    for group in (plan.drop_if_trivial, plan.keep_left_operand):
+    for group in (plan.drop_if_trivial, plan.keep_left_operand, plan.remove_small):
         group.difference_update({n for n in group if not keep(n)})
     plan.changes[:] = [r for r in plan.changes if keep(r.node)]
     plan.findings[:] = [f for f in plan.findings if keep(f.node)]

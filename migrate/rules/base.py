@@ -38,6 +38,20 @@ def statement(code: str) -> cst.BaseStatement:
     return cst.parse_statement(code)
 
 
+def remove_binding(plan: EditPlan, stmt: cst.BaseStatement, value: cst.BaseExpression) -> bool:
+    """Remove the statement that binds `value`: its whole line, or on a line of several statements
+    (`opt = SGD(...); scaler = GradScaler()`) that statement only. False when it is not found."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        small = next((s for s in stmt.body if getattr(s, "value", None) is value), None)
+        if small is None:
+            return False
+        if len(stmt.body) > 1:
+            plan.remove_small.add(small)
+            return True
+    plan.replace_stmt[stmt] = []
+    return True
+
+
 def assignment(targets: list[str], call: str, args: list[str], indent: int) -> cst.BaseStatement:
     """`a, b = call(a, b)`, wrapped black-style when it would pass MAX_LINE columns."""
     left = ", ".join(targets)

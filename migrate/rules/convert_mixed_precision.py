@@ -48,7 +48,7 @@ import libcst as cst
 from migrate.analysis import Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.rules.base import accelerator_call, names_read
+from migrate.rules.base import accelerator_call, names_read, remove_binding
 from migrate.walk import walk
 
 CODE = "AM006"
@@ -93,8 +93,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         plan.change(CODE, call.call, "autocast -> `accelerator.autocast()`")
     for scope, name in scalers:
         for binding in scope.bindings[name]:
-            plan.replace_stmt[binding.where.stmt] = []
-            plan.change(CODE, binding.where.stmt, f"GradScaler `{name}` removed: the Accelerator scales fp16 losses")
+            if remove_binding(plan, binding.where.stmt, binding.value):
+                plan.change(CODE, binding.where.stmt, f"GradScaler `{name}` removed: the Accelerator scales fp16 losses")
     for scope, site, method in uses:
         _convert_use(plan, scope, site, method)
     _report_unscaled_clipping(roles, plan, scalers, uses)

@@ -488,7 +488,16 @@ def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
         threaded.add(id(scope))
         if "accelerator" in scope.params:
             continue
-        assert isinstance(scope.node, cst.FunctionDef)
+        if not isinstance(scope.node, cst.FunctionDef):
+            # Module-level code or a class body that does not see the Accelerator: nothing to add a
+            # parameter to. Its uses then fail the accelerator-bound check and are not written.
+            where = scope.node if isinstance(scope.node, cst.ClassDef) else roles.facts.module.body[0]
+            plan.report(CODE, where, (
+                f"`accelerator` is needed in {'class ' + scope.name if isinstance(scope.node, cst.ClassDef) else 'module-level code'}, "
+                f"which cannot see the Accelerator created in `{roles.accelerator_scope.name if roles.accelerator_scope else '?'}`: "
+                "create it at module level, or move this code into the function that creates it"
+            ))
+            continue
         keyword_only = not scope.simple_signature
         plan.new_params[scope.node] = keyword_only
         plan.change(CODE, scope.node, f"`{scope.name}` takes `accelerator` as a new parameter")

@@ -75,6 +75,17 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     ]
     if not names or home.prepared:
         return
+    if not roles.can_reach(home):
+        # An Accelerator the script already creates elsewhere (`def main(): accelerator = ...`)
+        # that the code building the optimizer cannot see: a prepare call there would be a NameError.
+        created = roles.accelerator_scope.name if roles.accelerator_scope is not None else "?"
+        built = home.bindings[roles.optimizers[0]][0].where.stmt if roles.optimizers else home.node
+        plan.report(CODE, built, (
+            f"{', '.join(names)} are built where the script's Accelerator (created in `{created}`) cannot "
+            "be seen, so they were not prepared: build them where the Accelerator is created, or pass it "
+            "in, and add them to `accelerator.prepare(...)`"
+        ))
+        return
     where = roles.prepare_after
     stmt = assignment(names, "accelerator.prepare", names, indent_of(home, where))
     if where is not None:

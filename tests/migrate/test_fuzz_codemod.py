@@ -231,6 +231,52 @@ def test_a_model_bound_only_by_its_ddp_wrapper_is_migrated_in_one_run() -> None:
     assert migrate_source(first, "train.py").new_text is None
 
 
+def test_a_scaler_on_the_optimizers_line_is_removed_alone() -> None:
+    # `opt = AdamW(...); scaler = GradScaler()`: removing the scaler removed the whole line, and the
+    # optimizer with it (`prepare(model, optimizer)` then read an unbound name; no check saw it)
+    text = (
+        "import torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "def main():\n"
+        "    model = torch.nn.Linear(4, 1)\n"
+        "    loader = DataLoader(torch.randn(16, 4), batch_size=4)\n"
+        "    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3); scaler = torch.amp.GradScaler('cuda')\n"
+        "    for x in loader:\n"
+        "        with torch.autocast(device_type='cuda', dtype=torch.float16):\n"
+        "            loss = model(x).sum()\n"
+        "        scaler.scale(loss).backward()\n"
+        "        scaler.step(optimizer)\n"
+        "        scaler.update()\n"
+        "main()\n"
+    )
+    assert not failures(text)
+    out = migrate_source(text, "train.py").new_text
+    assert out is not None and "GradScaler" not in out, out
+    assert "    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)\n" in out, out
+    assert out.index("optimizer = torch.optim.AdamW") < out.index("accelerator.prepare(")
+
+
+def test_objects_built_out_of_reach_of_an_existing_accelerator_are_reported() -> None:
+    # was an AssertionError in create_accelerator._thread_parameter (on the second run of a script
+    # whose first run created the Accelerator in main): the module-level optimizer's prepare call was
+    # given to module-level code, which cannot take `accelerator` as a parameter
+    found = _refusal(
+        "import torch\n"
+        "from runtime import Accelerator\n"
+        "def main():\n"
+        "    accelerator = Accelerator()\n"
+        "    model = accelerator.prepare(torch.nn.Linear(4, 1))\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "main()\n"
+        "for x in data:\n"
+        "    model(x).mean().backward()\n"
+        "    optimizer.step()\n"
+    )
+    assert any(f.startswith("AM004 7: model, optimizer are built where the script's Accelerator (created in "
+                            "`main`) cannot be seen") for f in found), found
+
+
 def test_the_long_run_counts_every_program_and_groups_failures() -> None:
     from benchmarks import fuzz
 
