@@ -304,9 +304,7 @@ def _find_roles(roles: Roles) -> None:
     roles._training_functions = _training_functions(facts)
     _find_home_and_optimizers(roles)
     _find_existing_accelerator(roles)
-    if _built_in_a_class_body(roles):
-        return
-    if roles.home is None:
+    if roles.home is None or _built_in_a_class_body(roles):
         return
     _find_models(roles)
     _find_loaders(roles)
@@ -323,7 +321,7 @@ def _find_roles(roles: Roles) -> None:
 
 
 def _built_in_a_class_body(roles: Roles) -> bool:
-    """An optimizer or an Accelerator created in a class body refuses the file.
+    """An optimizer or an Accelerator created in a class body refuses a file that trains.
 
     A class body runs once, when the class is defined, and its names are class attributes that
     neither its methods nor the module's functions can read by their plain name: an `accelerator`

@@ -209,6 +209,20 @@ def test_an_accelerator_created_in_a_class_body_is_refused_with_the_reason() -> 
     assert len(found) == 1 and found[0].startswith("AM001 8:") and "body of class `Setup`" in found[0], found
 
 
+def test_an_accelerator_in_a_class_body_of_a_file_that_trains_nothing_is_left_alone_silently() -> None:
+    # the class-body refusal is for files that train: without an optimizer there is nothing to report
+    result = migrate_source(
+        "# torch optim\n"
+        "import torch\n"
+        "from runtime import Accelerator\n"
+        "class Setup:\n"
+        "    accelerator = Accelerator()\n"
+        "    model = torch.nn.Linear(4, 1)\n",
+        "setup.py",
+    )
+    assert result.error is None and result.new_text is None and not result.diagnostics, result.diagnostics
+
+
 def test_a_model_bound_only_by_its_ddp_wrapper_is_migrated_in_one_run() -> None:
     # was "the second run changed the output: AM009": the first run did not see `model` (bound only by
     # `model = DDP(model)`) as a prepared model, the second (bound by `prepare`) did
