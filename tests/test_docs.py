@@ -268,6 +268,19 @@ def accelerator_public_names() -> list[str]:
     return sorted(set(names))
 
 
+def test_every_public_name_of_the_runtime_package_is_in_docs_runtime() -> None:
+    tree = ast.parse((ROOT / "runtime" / "__init__.py").read_text(encoding="utf-8"))
+    exports = next(
+        node.value for node in tree.body
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
+    )
+    names = [key.value for key in exports.keys]  # type: ignore[union-attr]
+    assert "Accelerator" in names
+    text = (DOCS / "runtime.md").read_text(encoding="utf-8")
+    missing = [name for name in names if f"`{name}`" not in text]
+    assert not missing, f"docs/runtime.md does not name {', '.join(missing)} (exported by runtime/__init__.py): add it"
+
+
 def test_every_public_accelerator_method_is_in_docs_runtime() -> None:
     names = accelerator_public_names()
     assert {"prepare", "backward", "save_state", "device"} <= set(names)
