@@ -322,6 +322,12 @@ class _Collector(Visitor):
             assert name is not None
             if is_device_choice(node.value, self.aliases) or _is_gpu_index(name, node.value):
                 self.frame.scope.devices.append(DeviceBinding(name, self.here, node.value))
+        elif len(node.targets) == 1 and is_device_choice(node.value, self.aliases):
+            # `args.device = torch.device("cuda" if ... else "cpu")`: the device kept on the
+            # namespace every function receives; it becomes `args.device = accelerator.device`.
+            held = _held_attribute(node.targets[0].target)
+            if held is not None:
+                self.frame.scope.devices.append(DeviceBinding(held, self.here, node.value))
         self._extend_batch_names(node)
 
     def _self_attribute(self, expr: cst.BaseExpression) -> str | None:
@@ -504,6 +510,13 @@ class _Collector(Visitor):
                 return
             kept = tuple(kept_list)
         self.frame.scope.moves.append(Move(node, receiver, device_arg, kept, self.here, loops))
+
+
+def _held_attribute(target: cst.BaseExpression) -> str | None:
+    """"args.device" for a target `args.device` (an attribute of a plain name)."""
+    if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
+        return f"{target.value.value}.{target.attr.value}"
+    return None
 
 
 def _is_accumulate_block(body: cst.BaseSuite) -> bool:

@@ -49,9 +49,15 @@ def name_uses(*roots: cst.CSTNode) -> Counter[str]:
     return counts
 
 
+def _on_namespace(name: str) -> bool:
+    return "." in name and not name.startswith("self.")
+
+
 def remove_unused(original: cst.Module, new: cst.Module, rebound: dict[cst.BaseStatement, str]) -> cst.Module:
     uses = name_uses(new)
-    dead = [stmt for stmt, name in rebound.items() if uses[name] <= 1]
+    # `args.device = accelerator.device` stays: the namespace carries it to code this module may
+    # not see (another module, a `getattr`).
+    dead = [stmt for stmt, name in rebound.items() if uses[name] <= 1 and not _on_namespace(name)]
     dead_uses = name_uses(*dead)
     imports = [stmt for stmt in new.body if _is_import_line(stmt)]
     import_uses = name_uses(*imports)

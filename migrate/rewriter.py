@@ -173,16 +173,31 @@ def _drop_trivial(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
 
 
 def _emptied_guard(original: cst.BaseStatement, new: cst.BaseStatement) -> bool:
-    """An `if <name or attribute>:` without `else` whose statements the rewrite all removed (its body
-    is now the `pass` put in their place): the test has no effect left, so neither has the `if`."""
+    """An `if` without `else`, testing names and constants only (`if use_cuda:`, `if args.gpu is
+    not None:`), whose statements the rewrite all removed (its body is now the `pass` put in their
+    place): the test has no effect left, so neither has the `if`."""
     if not (isinstance(original, cst.If) and isinstance(new, cst.If)) or new.orelse is not None:
         return False
-    if not isinstance(original.test, (cst.Name, cst.Attribute)) or not isinstance(new.body, cst.IndentedBlock):
+    if _calls_something(original.test) or not isinstance(new.body, cst.IndentedBlock):
         return False
     before = original.body.body if isinstance(original.body, cst.IndentedBlock) else ()
     if not before or _only_pass(before):
         return False
     return _only_pass(new.body.body)
+
+
+def _calls_something(test: cst.BaseExpression) -> bool:
+    found: list[cst.CSTNode] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            found.append(node)
+
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            found.append(node)
+
+    test.visit(Finder())
+    return bool(found)
 
 
 def _only_pass(body: Sequence[cst.BaseStatement]) -> bool:

@@ -184,6 +184,8 @@ class Roles:
     def is_device(self, scope: Scope, expr: cst.BaseExpression) -> bool:
         if is_device_choice(expr, self.facts.aliases) or _is_accelerator_device(expr):
             return True
+        if self._held_device(scope, expr):
+            return True
         name = expr.value if isinstance(expr, cst.Name) else _self_attribute_name(expr)
         if name is None:
             return False
@@ -191,6 +193,19 @@ class Roles:
         if not found:
             return False
         return all(_binds_device(s, n) for s, n in found)
+
+    def _held_device(self, scope: Scope, expr: cst.BaseExpression) -> bool:
+        """`args.device` where `args` is the namespace on which some function stored the device
+        choice (`args.device = torch.device(...)`), passed down unchanged."""
+        if not (isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name)) or expr.value.value == "self":
+            return False
+        held = f"{expr.value.value}.{expr.attr.value}"
+        here = self.origins(scope, expr.value.value)
+        return bool(here) and any(
+            d.name == held and self.origins(owner, expr.value.value) == here
+            for owner in self.facts.scopes
+            for d in owner.devices
+        )
 
     def all_in(self, scope: Scope, name: str, names: list[str]) -> bool:
         """True when every binding `name` may refer to is one of home's `names`."""

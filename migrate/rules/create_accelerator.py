@@ -6,7 +6,9 @@ What it does:
     device: `device = torch.device("cuda" if torch.cuda.is_available() else "cpu")` and its
     variants (`"cuda"`, `torch.device("cuda:0")`, an `if torch.cuda.is_available():` block,
     `torch.accelerator.current_accelerator()`) become
-    `accelerator = Accelerator()` + `device = accelerator.device`. Without a device choice the
+    `accelerator = Accelerator()` + `device = accelerator.device`; a device stored on a namespace
+    (`args.device = torch.device(...)`) becomes `args.device = accelerator.device`, kept even where
+    this module does not read it. Without a device choice the
     Accelerator is created at the top of the function that builds the optimizer (or after the
     imports for a module-level loop). Helpers of this file that now use `accelerator` receive it
     as a new trailing parameter (keyword-only when the signature has defaults, `*args` or
