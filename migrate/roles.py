@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from migrate import hand_sharding
-from migrate.analysis import Binding, DeviceBinding, Facts, Loop, Scope, StmtRef, is_device_choice
+from migrate.analysis import Binding, DeviceBinding, Facts, Loop, Scope, Site, StmtRef, is_device_choice
 from migrate.hand_sharding import HandSharding
 from migrate.imports import is_docstring
 from migrate.names import call_argument, dotted_name, root_name
@@ -497,12 +497,17 @@ def _runs_from_module_level(roles: Roles, target: Scope) -> bool:
 
 def _find_home_and_optimizers(roles: Roles) -> None:
     found: list[tuple[Scope, Binding]] = []
+    classes = _optimizer_classes(roles)
+    factories = _optimizer_factories(roles, classes)
     for scope in roles.facts.scopes:
+        if scope.name in factories:
+            continue  # the optimizer it builds is the one its caller binds
         for bindings in scope.bindings.values():
             for binding in bindings:
-                if _call_name(roles, binding.value, _OPTIMIZER):
+                if _builds_optimizer(roles, binding.value, classes, factories):
                     found.append((scope, binding))
     if not found:
+        _report_wrapped_optimizers(roles, classes)
         return
     found.sort(key=lambda pair: pair[1].where.order)
     roles.home = found[0][0]
@@ -521,6 +526,82 @@ def _find_home_and_optimizers(roles: Roles) -> None:
             )
 
 
+def _report_wrapped_optimizers(roles: Roles, classes: set[str]) -> None:
+    """`optimizer = ScheduledOptim(torch.optim.Adam(...), ...)`: the optimizer is never bound, so
+    `prepare` has nothing to take; say how to make it visible."""
+    for scope in roles.facts.scopes:
+        for name, bindings in scope.bindings.items():
+            for binding in bindings:
+                value = binding.value
+                if not isinstance(value, cst.Call):
+                    continue
+                inner = next((a.value for a in value.args if _builds_optimizer(roles, a.value, classes, set())), None)
+                if inner is None:
+                    continue
+                wrapper = cst.Module([]).code_for_node(value.func)
+                roles.findings.append(Finding(
+                    "AM004", binding.where.stmt,
+                    f"the optimizer is built inside `{wrapper}(...)` and never bound, so it cannot be prepared: "
+                    f"bind it first (`base = {cst.Module([]).code_for_node(inner.func)}(...)`, then "  # type: ignore[attr-defined]
+                    f"`{name} = {wrapper}(base, ...)`) and run the migration again",
+                ))
+
+
+def _builds_optimizer(
+    roles: Roles, value: cst.BaseExpression | None, classes: set[str], factories: set[str]
+) -> bool:
+    """`torch.optim.AdamW(...)`, a torch.optim.Optimizer subclass of this module (`LARS(...)`), or a
+    function/method of this module that returns one (`model.configure_optimizers(...)`)."""
+    if _call_name(roles, value, _OPTIMIZER):
+        return True
+    if not isinstance(value, cst.Call):
+        return False
+    func = value.func
+    if isinstance(func, cst.Name):
+        return func.value in classes or func.value in factories
+    return isinstance(func, cst.Attribute) and func.attr.value in factories and not (
+        isinstance(func.value, cst.Name) and roles.facts.aliases.qualify(func.value) is not None
+    )
+
+
+def _optimizer_classes(roles: Roles) -> set[str]:
+    """Classes of this module that subclass a torch optimizer (`class LARS(torch.optim.Optimizer)`)."""
+    found: set[str] = set()
+    for stmt in roles.facts.module.body:
+        if isinstance(stmt, cst.ClassDef) and any(
+            (roles.facts.aliases.qualify(base.value) or "").startswith("torch.optim.") for base in stmt.bases
+        ):
+            found.add(stmt.name.value)
+    return found
+
+
+def _optimizer_factories(roles: Roles, classes: set[str]) -> set[str]:
+    """Functions and methods of this module that return an optimizer they build
+    (`def configure_optimizers(self): ... return torch.optim.AdamW(groups)`), by name; only those
+    called from elsewhere in the module, so the optimizer has a caller to be prepared in."""
+    found: set[str] = set()
+    for scope in roles.facts.scopes:
+        if not scope.is_function:
+            continue
+        for value in scope.returns:
+            built = _builds_optimizer(roles, value, classes, set())
+            if not built and isinstance(value, cst.Name):
+                built = any(
+                    _builds_optimizer(roles, b.value, classes, set()) for b in scope.bindings.get(value.value, [])
+                )
+            if built:
+                found.add(scope.name)
+    called = {
+        call.callee.removeprefix("self.") for s in roles.facts.scopes for call in s.calls
+    } | {
+        site.call.func.attr.value
+        for s in roles.facts.scopes
+        for site in s.method_calls
+        if isinstance(site.call.func, cst.Attribute)
+    }
+    return found & called
+
+
 def _find_existing_accelerator(roles: Roles) -> None:
     for scope in roles.facts.scopes:
         if scope.accelerators:
@@ -532,12 +613,29 @@ def _find_existing_accelerator(roles: Roles) -> None:
 def _find_models(roles: Roles) -> None:
     home = roles.home
     assert home is not None
+    classes = _optimizer_classes(roles)
+    factories = _optimizer_factories(roles, classes)
     for name in roles.optimizers:
         for binding in home.bindings[name]:
-            if not _call_name(roles, binding.value, _OPTIMIZER):
+            if not _builds_optimizer(roles, binding.value, classes, factories):
                 continue
             assert isinstance(binding.value, cst.Call)
-            for model in _parameter_owners(home, binding.value):
+            owners = (
+                _parameter_owners(home, binding.value)
+                if _call_name(roles, binding.value, _OPTIMIZER) or _callee(binding.value) in classes
+                else _factory_owners(roles, binding.value)
+            )
+            if not owners and not _call_name(roles, binding.value, _OPTIMIZER):
+                # Prepared without its model, the optimizer would step a model that is neither on
+                # the device nor synchronised: the file is left as it is.
+                roles.refused = True
+                roles.findings.append(Finding(
+                    "AM004", binding.where.stmt,
+                    f"optimizer `{name}` is built by `{_callee(binding.value)}(...)`, and the model whose parameters it "
+                    "optimizes was not found, so the file was left as it is: create the Accelerator and pass the "
+                    "model and the optimizer to `accelerator.prepare(...)` yourself",
+                ))
+            for model in owners:
                 if model == "self":
                     roles.findings.append(
                         Finding("AM004", binding.where.stmt, "model is an attribute (`self...`); prepare it yourself")
@@ -556,6 +654,37 @@ def _find_models(roles: Roles) -> None:
                     )
                 elif model not in roles.models:
                     roles.models.append(model)
+
+
+def _callee(call: cst.Call) -> str:
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else ""
+
+
+def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
+    """The models an optimizer factory of this module is handed: the receiver of a method
+    (`model.configure_optimizers(...)`, whose `self.parameters()` it optimizes), or the arguments
+    a function passes on as `X.parameters()` (`create_optimizer(args, model)`)."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return [func.value.value] if isinstance(func.value, cst.Name) else []
+    assert isinstance(func, cst.Name)
+    factory = next(
+        (s for s in roles.facts.scopes if s.is_function and not s.is_method and s.name == func.value), None
+    )
+    if factory is None:
+        return []
+    finder = _ParametersFinder()
+    walk(factory.node, finder)
+    owners: list[str] = []
+    for owner in finder.owners:
+        if owner in factory.params:
+            arg = call_argument(call, factory.params.index(owner), owner)
+            if isinstance(arg, cst.Name) and arg.value not in owners:
+                owners.append(arg.value)
+    return owners
 
 
 def _parameter_owners(home: Scope, call: cst.Call) -> list[str]:
@@ -768,18 +897,44 @@ def _report_unsharded_training(roles: Roles) -> None:
     """A training step that no DataLoader feeds (tensors, a `get_batch()` helper) is not sharded."""
     if roles.loaders or any(f.code == "AM004" for f in roles.findings):
         return
-    sites = [site for scope in roles.facts.scopes for site in scope.backwards]
-    if not sites:
+    found = [(scope, site) for scope in roles.facts.scopes for site in scope.backwards]
+    if not found:
         return
-    roles.findings.append(
-        Finding(
-            "AM004",
-            sites[0].call,
+    scope, site = found[0]
+    source = _batch_function(roles, scope, site)
+    if source is not None:
+        message = (
+            f"no DataLoader feeds this training step: its batches come from `{source}()`, which every process "
+            "would run alike, so all of them would train on the same data. Make "
+            f"`{source}` draw this process's share: pass it `accelerator.process_index` and "
+            "`accelerator.num_processes` (a per-rank seed for its random offsets, or a strided part of the "
+            "data), or build the batches with a torch.utils.data.DataLoader (prepared, it shards them)"
+        )
+    else:
+        message = (
             "no DataLoader feeds this training step, so every process would train on the same data: build "
             "the batches with a torch.utils.data.DataLoader (prepared, it shards them), or select this "
-            "process's share with `accelerator.process_index` / `accelerator.num_processes`",
+            "process's share with `accelerator.process_index` / `accelerator.num_processes`"
         )
-    )
+    roles.findings.append(Finding("AM004", site.call, message))
+
+
+def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:
+    """The function of this module called in the training loop to produce the batch
+    (`X, Y = get_batch("train")`), if there is one."""
+    if not site.loops:
+        return None
+    loop = site.loops[-1]
+    functions = {s.name for s in roles.facts.scopes if s.is_function and s.parent is roles.facts.module_scope}
+    for call in scope.calls:
+        stmt = call.where.stmt
+        if call.callee not in functions or loop not in call.loops or call.where.order > site.where.order:
+            continue
+        if isinstance(stmt, cst.SimpleStatementLine) and any(
+            isinstance(small, cst.Assign) and small.value is call.call for small in stmt.body
+        ):
+            return call.callee
+    return None
 
 
 def _find_schedulers(roles: Roles) -> None:

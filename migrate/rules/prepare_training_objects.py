@@ -12,6 +12,11 @@ What it does:
     of that class (`self.model`, `self.optimizer`, `self.train_loader`) are prepared in that method,
     `self.model, self.optimizer, self.train_loader = self.accelerator.prepare(...)`; objects built
     outside a class and passed to it are prepared where they are built, before the call.
+    An optimizer may also be built indirectly: by a `torch.optim.Optimizer` subclass defined in
+    this file (`LARS(model.parameters())`), or by a function or method of this file that returns
+    one (`optimizer = model.configure_optimizers(...)`: the receiver is the model;
+    `optimizer = create_optimizer(args, model)`: the argument whose `.parameters()` it uses). The
+    optimizer is then prepared where that call binds it, never inside the factory.
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
@@ -38,7 +43,11 @@ Leaves alone:
     `DataLoader` or over a loader not bound where the model is prepared (it is not prepared, so
     every process would see all the data), a loader still sharded by a `DistributedSampler`
     (when AM007 is off: preparing it would shard twice), and a training step that no DataLoader
-    feeds (every process would train on the same data).
+    feeds (every process would train on the same data; when the batches come from a function of
+    this file, `X, Y = get_batch()`, the report names it as the one that must draw this process's
+    share). An optimizer factory whose model cannot be told is reported and the file left as it is
+    (prepared alone, the optimizer would step a model that is neither placed nor synchronised).
+    Optimizers wrapped in another object (`ScheduledOptim(torch.optim.Adam(...))`) are reported.
 
 Fix safety:
     Safe on one process: the prepared loader yields the same batches in the same order.
