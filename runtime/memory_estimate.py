@@ -20,8 +20,9 @@ rank holds:
   default; none on one process) and, under mixed precision, autocast's low-precision copies of
   the weights (an upper bound: every trainable parameter); fsdp-zero2's unsharded parameters
   (``reshard_after_forward=False`` keeps all of them from forward to backward); fsdp-zero3's
-  unsharded parameters of the root module's own parameters plus two blocks (the one running and
-  the one prefetched).
+  unsharded parameters of the root module's own parameters plus the two largest blocks (the one
+  running and the one prefetched), blocks as the fsdp strategy's default wrap policy picks them
+  (``runtime.fsdp.default_blocks``: repeated layers, else each direct child).
 - **total**: params + grads + optimizer state + in step + buffers (kept whole on every rank by
   every strategy). Activations, the CUDA context and allocator fragmentation are not included.
 
@@ -95,7 +96,7 @@ class ModelShape:
     """Parameters grouped as FSDP would wrap them, plus buffers."""
 
     params: tuple[Tensor, ...]
-    blocks: tuple[tuple[Tensor, ...], ...]  # parameters of each repeated block (wrapped on its own)
+    blocks: tuple[tuple[Tensor, ...], ...]  # parameters of each block fsdp shards on its own
     buffers: tuple[Tensor, ...]
 
     @property
@@ -200,8 +201,9 @@ def _device_of(model: Any, name: str) -> str:
 
 
 def model_shape(model: Any) -> ModelShape:
-    """Shapes of the model's (unique) parameters and buffers, and its repeated blocks."""
-    from torch import nn
+    """Shapes of the model's (unique) parameters and buffers, and the blocks the fsdp strategy's
+    default wrap policy shards separately (``runtime.fsdp.default_blocks``)."""
+    from .fsdp import default_blocks
 
     seen: dict[int, Tensor] = {}
 
@@ -212,23 +214,8 @@ def model_shape(model: Any) -> ModelShape:
 
     params = tuple(describe(p, p.requires_grad) for p in model.parameters())
     buffers = tuple(describe(b, False) for b in model.buffers())
-    blocks = []
-    for module in model.modules():
-        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 1:
-            kinds = {type(child) for child in module}
-            if len(kinds) == 1 and any(True for _ in module[0].parameters()):
-                blocks.extend(tuple(seen[id(p)] for p in child.parameters()) for child in module)
-    return ModelShape(params, tuple(_outermost(blocks)), buffers)
-
-
-def _outermost(blocks: list[tuple[Tensor, ...]]) -> list[tuple[Tensor, ...]]:
-    """Drop blocks nested inside another block (a block's own layer list)."""
-    keep = []
-    for block in blocks:
-        ids = {id(t) for t in block}
-        if not any(other is not block and ids < {id(t) for t in other} for other in blocks):
-            keep.append(block)
-    return keep
+    blocks = tuple(tuple(seen[id(p)] for p in block.parameters()) for block in default_blocks(model))
+    return ModelShape(params, blocks, buffers)
 
 
 # -- the arithmetic ------------------------------------------------------------------------------
@@ -351,8 +338,8 @@ def run(spec: str, ranks: list[int], precisions: list[str], optimizer: str, gpu_
         return 0
     dtypes = sorted({t.element_size for t in shape.params})
     out.write(f"{spec}: {total:,} parameters ({trainable:,} trainable) in {len(shape.params)} tensors, "
-              f"{'/'.join(f'{b} B' for b in dtypes)} per element; {len(shape.blocks)} repeated blocks "
-              f"(fsdp wraps each); buffers {human(sum(t.numel * t.element_size for t in shape.buffers))} "
+              f"{'/'.join(f'{b} B' for b in dtypes)} per element; fsdp shards {len(shape.blocks)} blocks "
+              f"separately; buffers {human(sum(t.numel * t.element_size for t in shape.buffers))} "
               f"on every rank\n")
     out.write(f"optimizer {optimizer}: {OPTIMIZER_STATES[optimizer]} state element(s) per trainable "
               "parameter element; bytes per rank, the fullest rank\n\n")

@@ -38,6 +38,9 @@ def _models(tmp_path: Path) -> Path:
         "    # whole parameters of 7, 3, 3 and 3 elements: ZeroRedundancyOptimizer gives rank 0 the 7\n"
         "    # and rank 1 the three 3s (9 elements), not 8 each\n"
         "    return nn.ParameterList([nn.Parameter(torch.zeros(n)) for n in (7, 3, 3, 3)])\n"
+        "def three_layers():\n"
+        "    # no repeated block: fsdp shards each child on its own, and gathers two at a time\n"
+        "    return nn.Sequential(nn.Linear(10, 1000), nn.ReLU(), nn.Linear(1000, 1000), nn.Linear(1000, 10))\n"
         "def frozen():\n"
         "    model = nn.Sequential(nn.Linear(10, 10), nn.BatchNorm1d(10))\n"
         "    model[0].requires_grad_(False)\n"
@@ -80,6 +83,14 @@ def test_linear_bytes_by_hand(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     # zero2 keeps every parameter unsharded from forward to backward: 2 bytes each in bf16
     assert rows[(2, "fsdp-zero2", "fp32")]["in_step"] == full
     assert rows[(2, "fsdp-zero2", "bf16")]["in_step"] == 1_001_000 * 2
+
+
+def test_zero3_gathers_the_root_and_two_blocks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _json(capsys, f"{_models(tmp_path)}:three_layers", "--precision", "fp32", "--precision", "bf16")
+    largest_two = (1000 * 1000 + 1000) + (10 * 1000 + 1000)  # Linear(1000, 1000) and Linear(10, 1000)
+    assert rows[(2, "fsdp-zero3", "fp32")]["in_step"] == largest_two * 4
+    assert rows[(2, "fsdp-zero3", "bf16")]["in_step"] == largest_two * 2  # gathered in bf16
+    assert rows[(2, "fsdp-zero2", "fp32")]["in_step"] == (largest_two + 1000 * 10 + 10) * 4  # all of them
 
 
 def test_one_process_has_no_buckets_or_shards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
