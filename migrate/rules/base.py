@@ -38,16 +38,16 @@ def statement(code: str) -> cst.BaseStatement:
     return cst.parse_statement(code)
 
 
-def remove_binding(plan: EditPlan, stmt: cst.BaseStatement, value: cst.BaseExpression) -> bool:
-    """Remove the statement that binds `value`: its whole line, or on a line of several statements
-    (`opt = SGD(...); scaler = GradScaler()`) that statement only. False when it is not found."""
-    if isinstance(stmt, cst.SimpleStatementLine):
+def remove_statement(plan: EditPlan, stmt: cst.BaseStatement, value: cst.BaseExpression) -> bool:
+    """Remove the statement whose value is `value` (`scaler = GradScaler()`, `sampler.set_epoch(e)`):
+    its whole line, or on a line of several statements (`opt = SGD(...); scaler = GradScaler()`)
+    that statement only. False (nothing removed) when no statement of such a line has that value."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) > 1:
         small = next((s for s in stmt.body if getattr(s, "value", None) is value), None)
         if small is None:
             return False
-        if len(stmt.body) > 1:
-            plan.remove_small.add(small)
-            return True
+        plan.remove_small.add(small)
+        return True
     plan.replace_stmt[stmt] = []
     return True
 

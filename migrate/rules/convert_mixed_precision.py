@@ -48,7 +48,7 @@ import libcst as cst
 from migrate.analysis import Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.rules.base import accelerator_call, names_read, remove_binding
+from migrate.rules.base import accelerator_call, names_read, remove_statement
 from migrate.walk import walk
 
 CODE = "AM006"
@@ -93,7 +93,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         plan.change(CODE, call.call, "autocast -> `accelerator.autocast()`")
     for scope, name in scalers:
         for binding in scope.bindings[name]:
-            if remove_binding(plan, binding.where.stmt, binding.value):
+            if remove_statement(plan, binding.where.stmt, binding.value):
                 plan.change(CODE, binding.where.stmt, f"GradScaler `{name}` removed: the Accelerator scales fp16 losses")
     for scope, site, method in uses:
         _convert_use(plan, scope, site, method)

@@ -88,7 +88,7 @@ from migrate.edits import EditPlan
 from migrate.hand_sharding import HandSharding
 from migrate.names import root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
-from migrate.rules.base import accelerator_call, reference
+from migrate.rules.base import accelerator_call, reference, remove_statement
 from migrate.walk import walk
 
 CODE = "AM007"
@@ -354,8 +354,8 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> None:
                 parent = binding.where.path[-1].stmt if binding.where.path else None
                 if isinstance(parent, cst.If) and parent.orelse is None and _only_statement(parent, stmt):
                     plan.replace_stmt[parent] = []
-                else:
-                    plan.replace_stmt[stmt] = []
+                elif not remove_statement(plan, stmt, value):
+                    plan.calls[value] = lambda updated: updated.args[0].value
             else:
                 plan.calls[value] = lambda updated: updated.args[0].value
             plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
@@ -512,7 +512,10 @@ def _sampler_shuffle(
             return None
     if name is not None:
         for binding in home.bindings[name]:
-            plan.replace_stmt[binding.where.stmt] = []
+            if binding.value is None:
+                plan.replace_stmt[binding.where.stmt] = []
+            else:  # kept when it shares a line it cannot be taken out of alone
+                remove_statement(plan, binding.where.stmt, binding.value)
     return shuffle, name
 
 
@@ -533,8 +536,13 @@ def _remove_sampler_uses(roles: Roles, plan: EditPlan, sampler: str) -> None:
             if not (isinstance(site.receiver, cst.Name) and site.receiver.value == sampler):
                 continue
             assert isinstance(site.call.func, cst.Attribute)
-            if site.call.func.attr.value == "set_epoch" and _standalone(site.where, site.call):
-                plan.replace_stmt[site.where.stmt] = []
+            if site.call.func.attr.value != "set_epoch":
+                continue
+            stmt = site.where.stmt
+            shared = isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) > 1 and any(
+                isinstance(small, cst.Expr) and small.value is site.call for small in stmt.body)
+            if _standalone(site.where, site.call) or shared:
+                remove_statement(plan, stmt, site.call)  # `sampler.set_epoch(epoch); print(epoch)`: the print stays
                 plan.change(CODE, site.call, "`set_epoch` removed: prepared loaders reshuffle each epoch")
 
 

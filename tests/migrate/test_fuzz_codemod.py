@@ -270,6 +270,31 @@ def test_a_scaler_on_the_optimizers_line_is_removed_alone() -> None:
     assert out.index("optimizer = torch.optim.AdamW") < out.index("accelerator.prepare(")
 
 
+def test_sampler_lines_shared_with_other_statements_keep_the_others() -> None:
+    # the sampler binding and `set_epoch` removed as whole lines took the loader and the print with
+    # them (the output then failed names-defined and the file was left unmigrated)
+    text = (
+        "import torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "from torch.utils.data.distributed import DistributedSampler\n"
+        "def main():\n"
+        "    model = torch.nn.Linear(4, 1)\n"
+        "    ds = torch.randn(16, 4)\n"
+        "    sampler = DistributedSampler(ds); loader = DataLoader(ds, sampler=sampler)\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n"
+        "        sampler.set_epoch(epoch); print(epoch)\n"
+        "        for x in loader:\n"
+        "            model(x).sum().backward()\n"
+        "            optimizer.step()\n"
+        "main()\n"
+    )
+    assert not failures(text)
+    out = migrate_source(text, "train.py").new_text
+    assert out is not None and "sampler" not in out, out
+    assert "    loader = DataLoader(ds, shuffle=True)\n" in out and "        accelerator.print(epoch)\n" in out, out
+
+
 def test_objects_built_out_of_reach_of_an_existing_accelerator_are_reported() -> None:
     # was an AssertionError in create_accelerator._thread_parameter (on the second run of a script
     # whose first run created the Accelerator in main): the module-level optimizer's prepare call was
