@@ -632,7 +632,8 @@ def _find_models(roles: Roles) -> None:
                 roles.findings.append(Finding(
                     "AM004", binding.where.stmt,
                     f"optimizer `{name}` is built by `{_callee(binding.value)}(...)`, and the model whose parameters it "
-                    "optimizes was not found, so the file was left as it is: create the Accelerator and pass the "
+                    "optimizes was not found (or is another name for a model wrapped by hand, as in `raw_model = "
+                    "model.module if ddp else model`), so the file was left as it is: create the Accelerator and pass the "
                     "model and the optimizer to `accelerator.prepare(...)` yourself",
                 ))
             for model in owners:
@@ -669,7 +670,16 @@ def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
     a function passes on as `X.parameters()` (`create_optimizer(args, model)`)."""
     func = call.func
     if isinstance(func, cst.Attribute):
-        return [func.value.value] if isinstance(func.value, cst.Name) else []
+        if not isinstance(func.value, cst.Name):
+            return []
+        receiver = func.value.value
+        home = roles.home
+        assert home is not None
+        # `raw_model = model.module if ddp else model`: an alias of a model wrapped by hand, which
+        # prepare would wrap a second time; not told apart here.
+        if any(_aliases_a_module(b.value) for b in home.bindings.get(receiver, [])):
+            return []
+        return [receiver]
     assert isinstance(func, cst.Name)
     factory = next(
         (s for s in roles.facts.scopes if s.is_function and not s.is_method and s.name == func.value), None
@@ -685,6 +695,13 @@ def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
             if isinstance(arg, cst.Name) and arg.value not in owners:
                 owners.append(arg.value)
     return owners
+
+
+def _aliases_a_module(value: cst.BaseExpression | None) -> bool:
+    """`other`, `other.module`, `a if c else b`: another name's module, not a model built here."""
+    if isinstance(value, cst.IfExp):
+        return True
+    return isinstance(value, cst.Name) or (isinstance(value, cst.Attribute) and value.attr.value == "module")
 
 
 def _parameter_owners(home: Scope, call: cst.Call) -> list[str]:
