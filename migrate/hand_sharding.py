@@ -20,8 +20,9 @@ whole run), options that change the numbers or the placement (`mixed_precision` 
 `cpu_offload` / `offload_policy`, `sync_module_states`, `param_init_fn`, process groups and
 meshes, hybrid sharding, `overlap_with_ddp`), a submodule sharded without the model itself (its
 other parameters would never be reduced), calls in another function than the one building the
-optimizer, two different strategies, and `consolidate_state_dict()` (it does not exist on the plain
-optimizer the script gets on one process).
+optimizer, two different strategies, `consolidate_state_dict()` (it does not exist on the plain
+optimizer the script gets on one process), and other uses of FSDP (`FSDP.state_dict_type(...)`,
+`model.clip_grad_norm_()`, `model.reshard()`: they act on the hand-wrapped model only).
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ ZERO = frozenset({
     "torch.distributed.optim.ZeroRedundancyOptimizer",
     "torch.distributed.optim.zero_redundancy_optimizer.ZeroRedundancyOptimizer",
 })
+# Methods of FSDP1 / FSDP2 modules that a plain module (one process) or an FSDP2 module lacks.
+_FSDP_METHODS = frozenset({"clip_grad_norm_", "summon_full_params", "reshard", "unshard",
+                           "set_requires_gradient_sync", "set_is_last_backward", "set_reshard_after_backward",
+                           "set_modules_to_forward_prefetch", "set_modules_to_backward_prefetch"})
+# Option values, judged where they are passed (`mp_policy=MixedPrecisionPolicy(...)`).
+_OPTION_CLASSES = frozenset({"MixedPrecisionPolicy", "MixedPrecision", "CPUOffloadPolicy", "OffloadPolicy",
+                             "CPUOffload"})
 _FSDP_STRATEGIES = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-zero2", "NO_SHARD": "ddp"}
 # Options that only decide where and when parameters are gathered: the runtime decides those.
 _FSDP_LAYOUT = frozenset({"device_id", "auto_wrap_policy", "use_orig_params", "limit_all_gathers",
@@ -111,12 +119,39 @@ def find(roles: "Roles") -> "HandSharding | Finding | None":
         why = _fully_shard_strategy(roles, blocks, roots, found, strategies)
         if why is not None:
             return _refusal(roles, (blocks or roots)[0].call, why)
+    other = _other_fsdp_use(roles)
+    if other is not None:
+        return _refusal(roles, other[0], other[1])
     if len(set(strategies)) > 1:
         first, second = sorted(strategies)[:2]
         return _refusal(roles, strategies[second], f"the script shards as `{first}` and as `{second}`; the "
                         "runtime runs one strategy")
     found.strategy = next(iter(strategies))
     return found
+
+
+def _other_fsdp_use(roles: "Roles") -> tuple[cst.CSTNode, str] | None:
+    """A use of FSDP besides the wrapping (`FSDP.state_dict_type(...)`, `model.clip_grad_norm_()`):
+    it would no longer do what it did once `accelerator.prepare` shards the model."""
+    for scope in roles.facts.scopes:
+        for site in scope.library_calls:
+            name = site.qualified
+            if (name.startswith("torch.distributed.fsdp.") and name not in FSDP | FULLY_SHARD
+                    and not name.startswith("torch.distributed.fsdp.wrap.")
+                    and name.rsplit(".", 1)[1] not in _OPTION_CLASSES):
+                short = cst.Module([]).code_for_node(site.call.func)
+                fix = ("get the full state dict with `accelerator.get_state_dict(model)` (every process calls it) "
+                       "or save it with `accelerator.save_model(model, folder)`"
+                       if "statedict" in name.lower().replace("_", "") else "remove it")
+                return site.call, f"`{short}(...)` works on the hand-wrapped model only: {fix}"
+        for method in scope.method_calls:
+            func = method.call.func
+            if (isinstance(method.receiver, cst.Name) and method.receiver.value in roles.models
+                    and isinstance(func, cst.Attribute) and func.attr.value in _FSDP_METHODS):
+                return method.call, (f"`{method.receiver.value}.{func.attr.value}(...)` is a method of the hand-wrapped "
+                                     "FSDP model, not of the prepared one on every number of processes: use "
+                                     "`accelerator.clip_grad_norm_(model.parameters(), ...)` / `accelerator.accumulate(model)`")
+    return None
 
 
 def _refusal(roles: "Roles", node: cst.CSTNode, why: str) -> "Finding":

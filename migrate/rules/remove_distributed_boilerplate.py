@@ -61,7 +61,9 @@ Leaves alone:
     is refused with the reason (make the worker the entry point, or reshape it so, and run
     again). Hand-written sharding with options that change the training (mixed precision or
     offload policies, `sync_module_states`, meshes and process groups, `consolidate_state_dict()`,
-    blocks sharded without the model): the whole file is refused with the reason and the fix.
+    blocks sharded without the model), sharding that runs only under an `if` (`--fsdp` flags), and
+    other uses of FSDP (`FSDP.state_dict_type(...)`, `model.clip_grad_norm_()`, `model.reshard()`):
+    the whole file is refused with the reason and the fix.
     Also a process group initialised in another function than the one that
     builds the optimizer, samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
