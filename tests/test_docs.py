@@ -349,3 +349,15 @@ def test_every_setting_key_and_variable_is_in_docs_configuration() -> None:
     assert len(wanted) > 20
     missing = [f"{needle} (in {where})" for body, needle, where in wanted if needle not in body]
     assert not missing, "docs/configuration.md does not document: " + "; ".join(missing)
+
+
+def test_every_docs_page_is_in_the_index() -> None:
+    index = DOCS / "README.md"
+    linked = {target.partition("#")[0] for target in links(index.read_text(encoding="utf-8"))}
+    pages = sorted(p.name for p in DOCS.glob("*.md") if p != index)
+    assert len(pages) >= 8
+    missing = [name for name in pages if name not in linked]
+    assert not missing, (
+        f"docs/README.md (the index) does not link {', '.join(missing)}: add a row "
+        f"`| [{missing[0]}]({missing[0]}) | what is in it |` to its table (and one to README.md's Documentation table)"
+    )
