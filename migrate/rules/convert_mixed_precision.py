@@ -34,7 +34,9 @@ Leaves alone:
     itself: `nullcontext() if device_type == "cpu" else torch.autocast(...)`), or scripts that
     use the scaler in other ways (`scaler.state_dict()`, `get_scale()`): reported, and the AMP
     code is kept as it is (it still works: `accelerator.backward(scaler.scale(loss))`). Files
-    that already create an Accelerator.
+    that already create an Accelerator. NVIDIA apex AMP (`amp.initialize`, `amp.scale_loss`) is
+    not converted: reported, with the fix (remove it and use `Accelerator(mixed_precision="fp16")`
+    with `accelerator.backward(loss)`).
 
 Fix safety:
     Safe. A script that clipped gradients without `scaler.unscale_` clipped scaled gradients; the
