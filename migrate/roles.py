@@ -333,6 +333,29 @@ def _find_roles(roles: Roles) -> None:
     _find_eval_loops(roles)
     _place_accelerator(roles)
     _place_prepare(roles)
+    _refuse_retrained_objects(roles)
+
+
+def _refuse_retrained_objects(roles: Roles) -> None:
+    """A second training section that builds its optimizer again after the prepare call (`model =
+    Mlp()`, `optimizer = Adam(model.parameters())`, another loop): its model would train unprepared
+    (not on the device, not synchronised) while its batches lose their moves. The file is left as
+    it is, with the line, rather than half migrated."""
+    home, after = roles.home, roles.prepare_after
+    if home is None or after is None or roles.refused:
+        return
+    for name in roles.optimizers:
+        later = [b for b in home.bindings.get(name, []) if b.where.order > after.order and b.value is not None]
+        if later:
+            roles.refused = True
+            roles.findings.append(Finding(
+                "AM004", later[0].where.stmt,
+                f"optimizer `{name}` is built again here, after the training objects were prepared (several "
+                "training sections in one scope): the objects of this section would train unprepared, so the file "
+                "was left as it is: migrate it by hand, preparing this section's model, optimizer and loader with a "
+                "second `accelerator.prepare(...)` after this line",
+            ))
+            return
 
 
 def _built_in_a_class_body(roles: Roles) -> bool:

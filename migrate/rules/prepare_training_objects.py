@@ -48,6 +48,9 @@ Leaves alone:
     share). An optimizer factory whose model cannot be told is reported and the file left as it is
     (prepared alone, the optimizer would step a model that is neither placed nor synchronised).
     Optimizers wrapped in another object (`ScheduledOptim(torch.optim.Adam(...))`) are reported.
+    A second training section in the same scope that builds its optimizer again after the prepare
+    call (a notebook-style file training a baseline, then another model) is reported and the
+    file left as it is: that section's model would train unprepared.
 
 Fix safety:
     Safe on one process: the prepared loader yields the same batches in the same order.
