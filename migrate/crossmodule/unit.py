@@ -84,7 +84,7 @@ def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[Fil
             for path, result in outcome.results.items():
                 results[path] = result
                 claimed[path] = entry
-            _tell_callees(results, members, entry, by_path, index)
+            _tell_callees(results, members, entry, by_path, index, migrated=True)
             continue
         if _trains_through(entry, members, by_path):
             if outcome.line == 1:
@@ -164,7 +164,9 @@ def _migrate_entry(
     if home is not None and not any(home is s for s in head.facts.scopes):
         where = next(m for m in rest if m.facts is not None and any(home is s for s in m.facts.scopes))
         if home.is_method and home.parent is not None:
-            return _Outcome(reason=(
+            built = [lines[head.source.path][site.where.stmt] for scope in head.facts.scopes for site in scope.calls
+                     if site.callee == home.parent.name]
+            return _Outcome(line=min(built, default=1), reason=(
                 f"the optimizer is built in `{home.parent.name}.{home.name}` "
                 f"({where.source.display}:{lines[where.source.path][home.node]}), a class this script builds and "
                 "runs; the cross-module analysis prepares objects built in the entry's own code, not in a class "
@@ -337,7 +339,7 @@ def _not_followed(reason: str) -> str:
 
 
 def _tell_callees(results: dict[Path, FileResult], members: list[Path], entry: Path, by_path: dict[Path, Source],
-                  index: ModuleIndex) -> None:
+                  index: ModuleIndex, migrated: bool = False) -> None:
     """A module called from the entry is not "a library module": say which file imports it."""
     for path in members[1:]:
         result = results[path]
@@ -349,7 +351,8 @@ def _tell_callees(results: dict[Path, FileResult], members: list[Path], entry: P
         result.diagnostics = [
             Diagnostic(CODE, d.line, (
                 f"not a library module: imported by {caller.display}:{line}, and migrated with the script "
-                f"{by_path[entry].display} (its AM013 diagnostic says what could not be followed across modules)"))
+                f"{by_path[entry].display}" + ("" if migrated else
+                " (its AM013 diagnostic says what could not be followed across modules)")))
             if any(w in d.message for w in _LIBRARY) else d
             for d in result.diagnostics
         ]
