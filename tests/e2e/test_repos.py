@@ -7,7 +7,9 @@ fixtures/repos/<name>/out, and the migrated repository trains like the original.
   one process gives bit-identical losses, two processes each train on half of every epoch and only
   the main process prints.
   The optimizer comes from `create_optimizer(args, model)` of optim_factory.py (an optimizer
-  factory: prepared in main.py, the factory itself unchanged).
+  factory: prepared in main.py, the factory itself unchanged); `utils.init_distributed_mode(args)`
+  sets up the process group under torchrun (kept: the runtime reuses it), and main.py's
+  DistributedSampler and DistributedDataParallel give way to the prepared loader and model.
 - Refusals: a training step called through the module object, and an optimizer built inside a
   trainer class of another module, each give the entry a precise AM013 diagnostic and change no file.
 """
@@ -51,7 +53,9 @@ def test_train_step_repository_migrates_as_one_unit_and_trains_the_same(tmp_path
     # the edits landed in the module that trains, and the accelerator reaches it as a parameter
     engine = (migrated / "engine.py").read_text()
     assert "accelerator.backward(loss)" in engine and "*, accelerator)" in engine
-    assert "accelerator=accelerator" in (migrated / "main.py").read_text()
+    main = (migrated / "main.py").read_text()
+    assert "accelerator=accelerator" in main and "DistributedSampler" not in main and "DistributedDataParallel" not in main
+    assert "AM007" in result.stdout + result.stderr  # the kept init helper is reported
 
     original = run_cmd([sys.executable, "main.py"], cwd=case / "in", timeout=TIMEOUT)
     one = run_cmd([sys.executable, "main.py", "--output", str(tmp_path / "w.pt")], cwd=migrated, timeout=TIMEOUT)
