@@ -6,8 +6,9 @@ unit (`migrate/project.py` builds the index). For each entry point of the unit (
 `if __name__ == "__main__":` guard that imports modules of the run), the analysis facts of the
 entry and of every module it reaches are joined into one view (`merge.py`): the functions and
 classes it imports by name become callable units of the entry, so the roles (model, optimizer,
-loaders, training step, device, distributed boilerplate) are followed across the module boundary
-exactly as they are followed into a function of the same file. The rules then plan their edits on
+loaders, training step, device, distributed boilerplate, optimizer factories, process-group
+helpers, a `metric_logger.log_every(loader)` around the loader) are followed across the module
+boundary exactly as they are followed into a function of the same file. The rules then plan their edits on
 that view and each file of the unit that holds an edited node is rewritten (`unit.py`).
 
 How the accelerator reaches the other module: as a parameter, as in one file. The Accelerator is
@@ -22,14 +23,23 @@ a second run over the rewritten unit must change nothing; if one fails, no file 
 the cross-module edits (each file keeps what the single-file engine does to it alone) and the
 entry gets a diagnostic naming the check, the file and the line.
 
+Example: `main.py` calls `train_one_epoch(model, criterion, loader, optimizer, device, epoch)`
+of `engine.py`; `main.py` gets the Accelerator and `prepare`, `engine.py`'s function gets
+`*, accelerator` and its `accelerator.backward(loss)`, and the call passes
+`accelerator=accelerator` (`fixtures/repos/train_step/`).
+
 Leaves alone (each with a diagnostic coded AM013 on the entry, naming file:line and what to do):
 - a training step reached as a module attribute (`import engine; engine.train_one_epoch(...)`):
   write `from engine import train_one_epoch`, or give the files one at a time;
 - two modules of the unit defining a function or class of the same name that the cross-module
   view would confuse;
+- an optimizer built inside a class of another module (`TrainLoop(model, data, lr).run_loop()`),
+  or by a factory whose optimizer is not built over one of its arguments' `.parameters()` (a
+  factory returning `torch.optim.X(model.parameters(), ...)` for its `model` argument is followed:
+  `optimizer = create_optimizer(args, model)` is prepared in the entry);
 - an entry that trains through the unit's modules but whose roles cannot be resolved (no
-  optimizer built, the optimizer built by a helper of another module, a refusal of the rules): the
-  message says what was found where and what could not be followed;
+  optimizer built, a refusal of the rules): the message says what was found where and what could
+  not be followed;
 - a module of the unit reached from two entry points that would edit it differently.
 
 Fix safety: the cross-module edits are the single-file rules' edits, planned once over the unit;
