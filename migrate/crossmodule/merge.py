@@ -82,3 +82,23 @@ def merged_facts(
     scopes = [*entry.scopes, *(s for _, source in others for s in source.scopes)]
     return replace(entry, aliases=aliases, scopes=scopes, functions=functions, classes=classes)
 
+
+def _called_across(name: str, path: str, first: str, entry: Facts, others: list[tuple[str, Facts]], entry_path: str) -> bool:
+    """The name is called in a module whose own definition is not the one the view keeps."""
+    modules = [(entry_path, entry), *others]
+    for where, facts in modules:
+        if where == first:
+            continue
+        if any(site.callee == name for scope in facts.scopes for site in scope.calls):
+            return True
+    return False
+
+
+def _rename_calls(scopes: list[Scope], renamed: dict[str, str]) -> None:
+    for scope in scopes:
+        scope.calls = [
+            CallSite(renamed[site.callee], site.call, site.where, site.loops) if site.callee in renamed else site
+            for site in scope.calls
+        ]
+        for loop in scope.loops:
+            loop.callees = {renamed.get(c, c) for c in loop.callees}
