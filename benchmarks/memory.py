@@ -6,8 +6,12 @@ the order every round. After a step, with gradients still held, each rank counts
 parameters, gradients and optimizer state it holds; the rows are the largest rank's bytes as
 ratios to ddp's, per part and in total (ZeRO's accounting: the persistent parts, not the blocks
 FSDP gathers for the duration of one forward or backward, nor activations or DDP's buckets).
-Step time is the median seconds per optimizer step over the rounds, as a ratio to ddp's measured
-in the same processes. Targets: a sharded part at most 1/N + 10% of ddp's (0.55 at N=2).
+A second measure, the real peak: one 2-process job per strategy reports each rank's peak resident
+memory growth over the step (ru_maxrss minus the size before the model was built), which also
+holds what the counted parts leave out: the blocks FSDP gathers while they run (where zero2 and
+zero3 differ), DDP's gradient buckets, activations, and the whole model as built before it is
+sharded. Step time is the median seconds per optimizer step over the rounds, as a ratio to ddp's
+measured in the same processes. Targets: a sharded part at most 1/N + 10% of ddp's (0.55 at N=2).
 Asserts nothing.
 
 Usage: python -m benchmarks --only memory   (or python benchmarks/memory.py [ROUNDS])
@@ -28,11 +32,18 @@ SHARDED = {"zero1": ("optimizer",), "fsdp-zero2": ("params", "grads", "optimizer
 LIMIT = 0.5 + 0.05  # 1/N + 10% of it, N = 2
 
 
-def measure(width: int, layers: int, steps: int, rounds: int) -> dict:
+def measure(width: int, layers: int, steps: int, rounds: int, *strategy: str) -> dict:
     args = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            str(WORKER), str(width), str(layers), str(steps), str(rounds)]
+            str(WORKER), str(width), str(layers), str(steps), str(rounds), *strategy]
     text = output(args, env=pinned_env(threads=1, PYTHONWARNINGS="ignore"), timeout=900)
     return json.loads(text.strip().splitlines()[-1])
+
+
+def peak_rows(peaks: dict[str, list[int]]) -> list[Row]:
+    ddp = max(peaks["ddp"])
+    return [Row("memory", f"{name} peak resident growth per rank", "ddp", max(peaks[name]) / ddp, "x", 0.0,
+                "", None, f"{max(peaks[name]) / 1e6:.0f} MB vs {ddp / 1e6:.0f} MB (largest rank)")
+            for name in STRATEGIES]
 
 
 def rows_from(result: dict) -> list[Row]:
@@ -63,7 +74,10 @@ def rows_from(result: dict) -> list[Row]:
 def run(rounds: int = 3, quick: bool = False) -> list[Row]:
     width, layers, steps = (128, 4, 1) if quick else (1024, 16, 3)
     log(f"memory: {layers} blocks of width {width}, {rounds} rounds of {steps} steps ...")
-    return rows_from(measure(width, layers, steps, rounds))
+    rows = rows_from(measure(width, layers, steps, rounds))
+    log("memory: peak resident growth, one job per strategy ...")
+    peaks = {name: measure(width, layers, steps, 1, name)["peak"] for name in ("ddp", *STRATEGIES)}
+    return rows + peak_rows(peaks)
 
 
 if __name__ == "__main__":

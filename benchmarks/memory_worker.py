@@ -5,14 +5,21 @@ with AdamW, run one warm-up step, then time STEPS optimizer steps; after the las
 still held) count this rank's bytes of parameters, gradients and optimizer state (a DTensor
 counts its local shard; ZeroRedundancyOptimizer its own partition). Rank 0 prints one JSON line.
 
+With a fifth argument STRATEGY, only that strategy runs, once, and rank 0 prints every rank's
+peak resident memory growth (``ru_maxrss`` after the steps minus the resident size before the
+model was built): the real peak of the step, including what the counted parts leave out
+(blocks FSDP gathers while they run, DDP's gradient buckets, activations, the whole model as
+built before it is sharded).
+
 Usage: python -m torch.distributed.run --standalone --nproc-per-node 2 \
-    benchmarks/memory_worker.py WIDTH LAYERS STEPS ROUNDS
+    benchmarks/memory_worker.py WIDTH LAYERS STEPS ROUNDS [STRATEGY]
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import resource
 import sys
 import time
 
@@ -80,8 +87,27 @@ def run(strategy: str, width: int, layers: int, steps: int) -> tuple[float, dict
     return seconds, held
 
 
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize()
+
+
+def peak(strategy: str, width: int, layers: int, steps: int) -> None:
+    Accelerator(strategy=strategy)  # the process group and the strategy's modules: not the step's
+    before = resident_bytes()
+    run(strategy, width, layers, steps)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before  # KiB on Linux
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, grown)
+    if torch.distributed.get_rank() == 0:
+        print(json.dumps({"peak": gathered}))
+
+
 def main() -> None:
     width, layers, steps, rounds = (int(a) for a in sys.argv[1:5])
+    if len(sys.argv) > 5:
+        peak(sys.argv[5], width, layers, steps)
+        return
     times: dict[str, list[float]] = {s: [] for s in STRATEGIES}
     held: dict[str, dict[str, int]] = {}
     for index in range(rounds):

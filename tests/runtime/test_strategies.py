@@ -93,6 +93,19 @@ def test_sharded_checkpoints_resume_at_two_and_at_one_process(runs) -> None:
     assert [r["one_to_two_lr"] for r in ranks] == [one["lr"], one["lr"]]
 
 
+def test_fsdp_trains_in_bf16_like_ddp(runs) -> None:
+    _, ranks, _ = runs
+    ddp, fsdp = ranks[0]["bf16_ddp"], ranks[0]["bf16_fsdp"]
+    # MixedPrecisionPolicy: fsdp's forward sees bf16 parameters; ddp's autocast casts on the fly.
+    assert fsdp["weight_dtype_in_forward"] == "torch.bfloat16"
+    assert ddp["weight_dtype_in_forward"] == "torch.float32"
+    # Same start, and it trains as far as ddp in bf16 (AdamW makes the weights themselves drift
+    # apart with bf16 rounding, so the loss is compared, not the weights).
+    assert fsdp["loss"][0] == pytest.approx(ddp["loss"][0], rel=0.02)
+    assert fsdp["loss"][1] < 0.7 * fsdp["loss"][0]
+    assert fsdp["loss"][1] == pytest.approx(ddp["loss"][1], rel=0.15)
+
+
 def test_fsdp_cpu_offload_is_refused_on_cpu_with_the_reason(runs) -> None:
     _, ranks, _ = runs
     message = ranks[0]["cpu_offload_error"]

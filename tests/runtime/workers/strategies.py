@@ -80,8 +80,9 @@ def steps(accelerator: Accelerator, model, optimizer, scheduler, batches, count:
     return norms
 
 
-def prepared(strategy, reverse: bool = False):
-    accelerator = Accelerator(strategy=strategy, gradient_accumulation_steps=2)
+def prepared(strategy, reverse: bool = False, mixed_precision: str = "no"):
+    accelerator = Accelerator(strategy=strategy, gradient_accumulation_steps=2,
+                              mixed_precision=mixed_precision)
     model, optimizer = build()
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
     train, evaluation = data()
@@ -143,6 +144,20 @@ def train_mode() -> dict:
     result["one_to_two_diff"] = max_diff(loaded, one) if accelerator.is_main_process else None
     result["one_to_two_lr"] = scheduler.get_last_lr()[0]
     steps(accelerator, model, optimizer, scheduler, iter(train), 2)  # the loaded optimizer state steps
+    # bf16 under fsdp (MixedPrecisionPolicy plus autocast) against ddp under bf16.
+    x_all, y_all = data()[0].dataset.tensors
+    for name in ("ddp", "fsdp"):
+        accelerator, model, optimizer, scheduler, train, _ = prepared(name, mixed_precision="bf16")
+        dtypes: list[str] = []
+        block = accelerator.unwrap_model(model)[1].linear
+        hook = block.register_forward_pre_hook(lambda m, args: dtypes.append(str(m.weight.dtype)))
+        with torch.no_grad():
+            before = float(nn.functional.mse_loss(model(x_all), y_all))
+        steps(accelerator, model, optimizer, scheduler, iter(train), 8)
+        with torch.no_grad():
+            after = float(nn.functional.mse_loss(model(x_all), y_all))
+        hook.remove()
+        result[f"bf16_{name}"] = {"loss": [before, after], "weight_dtype_in_forward": dtypes[0]}
     # CPU offload needs a GPU: a clear error on CPU.
     try:
         Accelerator(strategy=FSDPStrategy(cpu_offload=True)).prepare(build()[0])
