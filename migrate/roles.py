@@ -968,13 +968,34 @@ def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:
     functions = {s.name for s in roles.facts.scopes if s.is_function and s.parent is roles.facts.module_scope}
     for call in scope.calls:
         stmt = call.where.stmt
-        if call.callee not in functions or loop not in call.loops or call.where.order > site.where.order:
+        if call.callee not in functions or loop not in call.loops:
             continue
-        if isinstance(stmt, cst.SimpleStatementLine) and any(
+        if not (isinstance(stmt, cst.SimpleStatementLine) and any(
             isinstance(small, cst.Assign) and small.value is call.call for small in stmt.body
-        ):
+        )):
+            continue
+        # A source of batches is called with what stays the same across iterations
+        # (`get_batch("train")`); `detach(states)` or `fast_adapt(batch, ...)` work on this
+        # iteration's values, so they are not where the data comes from.
+        read = {n.value for a in call.call.args for n in _names_in(a.value)}
+        if not any(_bound_in_loop(b, loop) for n in read for b in scope.bindings.get(n, [])):
             return call.callee
     return None
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+    walk(node, Finder())
+    return found
+
+
+def _bound_in_loop(binding: Binding, loop: Loop) -> bool:
+    return binding.where.stmt is loop.node or any(ref.stmt is loop.node for ref in binding.where.path)
 
 
 def _find_schedulers(roles: Roles) -> None:
