@@ -101,8 +101,9 @@ def build_index(sources: dict[Path, str]) -> ModuleIndex:
     more than MAX_UNIT_FILES files keeps its imports unrecorded (it is migrated on its own)."""
     index = ModuleIndex()
     by_name: dict[str, list[Path]] = {}
+    packages: dict[Path, bool] = {}  # folder -> holds an __init__.py (asked once per folder)
     for path in sources:
-        info = ModuleInfo(path, names=_module_names(path, sources))
+        info = ModuleInfo(path, names=_module_names(path, sources, packages))
         index.modules[path] = info
         for name in info.names:
             by_name.setdefault(name, []).append(path)
@@ -182,17 +183,23 @@ def _read_imports(info: ModuleInfo, text: str, by_name: dict[str, list[Path]]) -
                     info.imports.setdefault(target, []).append(ImportedName(alias.name, local, line))
 
 
-def _module_names(path: Path, sources: dict[Path, str] | Iterable[Path]) -> list[str]:
+def _module_names(path: Path, sources: dict[Path, str] | Iterable[Path], packages: dict[Path, bool]) -> list[str]:
     """`engine` for <dir>/engine.py (imported from its own folder); `pkg.sub.mod` for a file inside
     packages, from the folder above the outermost package; `pkg` for pkg/__init__.py."""
     parts = [path.stem] if path.name != "__init__.py" else []
     folder = path.parent
     names = [path.stem] if path.name != "__init__.py" else []
-    while _is_package(folder, sources):
+    while _cached_package(folder, sources, packages):
         parts.insert(0, folder.name)
         folder = folder.parent
         names.append(".".join(parts))
     return list(dict.fromkeys(n for n in names if n))
+
+
+def _cached_package(folder: Path, sources: dict[Path, str] | Iterable[Path], packages: dict[Path, bool]) -> bool:
+    if folder not in packages:
+        packages[folder] = _is_package(folder, sources)
+    return packages[folder]
 
 
 def _is_package(folder: Path, sources: dict[Path, str] | Iterable[Path]) -> bool:
@@ -205,7 +212,7 @@ def _resolve(name: str, importer: Path, by_name: dict[str, list[Path]]) -> Path 
     first (the script's folder), else the one package or package module of that dotted name."""
     candidates = by_name.get(name, [])
     for candidate in candidates:
-        if candidate.parent == importer.parent and candidate.name != "__init__.py" and candidate.stem == name:
+        if candidate.stem == name and candidate.name != "__init__.py" and candidate.parent == importer.parent:
             return candidate
     packaged = [c for c in candidates if "." in name or c.name == "__init__.py"]
     return packaged[0] if len(packaged) == 1 else None
