@@ -741,10 +741,26 @@ class Accelerator:
         return dataloader.skip_first_batches(num_batches)
 
     def save(self, obj: Any, f: str | Path, safe_serialization: bool = False) -> None:
-        """``torch.save(obj, f)`` on the main process only."""
+        """``torch.save(obj, f)`` on the main process only.
+
+        Under fsdp a prepared model's own ``state_dict()`` holds this rank's shards (DTensors);
+        saved from the main process it would be rank 0's shards, not the model, so such an
+        ``obj`` is refused on every process with the fix: ``accelerator.get_state_dict(model)``
+        called by every process (or ``save_model``).
+        """
         if safe_serialization:
             raise UnsupportedOptionError(
                 "safe_serialization", True, "safe_serialization=False (torch.save format)."
+            )
+        sharded = _sharded_entries(obj)
+        if sharded:
+            raise CheckpointError(
+                f"save({f!s}) was given {len(sharded)} sharded tensors (DTensor, e.g. "
+                f"{sharded[0]!r}): under a sharded strategy they are only this rank's part.",
+                "whole tensors, e.g. the dict returned by accelerator.get_state_dict(model).",
+                "call `weights = accelerator.get_state_dict(model)` on EVERY process (outside any "
+                "`if accelerator.is_main_process:`), then `accelerator.save(weights, path)`; or "
+                "`accelerator.save_model(model, directory)` on every process.",
             )
         if self.is_main_process:
             torch.save(obj, f)
@@ -802,3 +818,21 @@ class Accelerator:
         self._tracking.finish()
         barrier()
         destroy_process_group()
+
+
+def _sharded_entries(obj: Any, prefix: str = "") -> list[str]:
+    """The keys (dotted paths) of DTensors inside ``obj``'s dicts, lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        if not torch.distributed.is_available():
+            return []
+        from torch.distributed.tensor import DTensor
+
+        return [prefix or "<tensor>"] if isinstance(obj, DTensor) else []
+    if isinstance(obj, dict):
+        items = ((f"{prefix}.{k}" if prefix else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{prefix}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return []
+    return [path for key, value in items for path in _sharded_entries(value, key)]
+

@@ -111,3 +111,13 @@ def test_fsdp_cpu_offload_is_refused_on_cpu_with_the_reason(runs) -> None:
     message = ranks[0]["cpu_offload_error"]
     assert message is not None
     assert "CPUOffloadPolicy needs a GPU" in message and "drop cpu_offload=True" in message
+
+
+def test_saving_a_sharded_state_dict_is_refused_on_every_rank(runs) -> None:
+    _, ranks, _ = runs
+    for rank in ranks:
+        message = rank["strategies"]["fsdp-zero3"]["save_shards_error"]
+        # Saved from the main process, rank 0's shards would pass for the whole model.
+        assert message is not None and "accelerator.get_state_dict(model)" in message
+        assert "on EVERY process" in message
+        assert rank["strategies"]["fsdp-zero3"]["shards_file_written"] is False
