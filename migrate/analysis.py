@@ -2,7 +2,7 @@
 
 The pass keeps, per scope (the module, each function, each class body), the names it binds, the
 loops it runs and what they iterate, the device moves, `.backward()` and `.step()` calls, and the
-calls to other functions of the same module. It decides nothing: `migrate/roles.py` turns these
+calls to other functions of the same module. It decides nothing: `migrate/roles/` turns these
 facts into roles (which names are the model, the optimizer, the training loader...).
 """
 
@@ -15,7 +15,7 @@ from typing import Union
 
 import libcst as cst
 
-from migrate.names import ImportAliases, dotted_name, root_name, target_names
+from migrate.names import ImportAliases, dotted_name, instance_attribute, root_name, target_names
 from migrate.walk import Visitor, walk
 
 ACCELERATOR_CLASSES = frozenset({"runtime.Accelerator", "accelerate.Accelerator"})
@@ -333,11 +333,9 @@ class _Collector(Visitor):
     def _self_attribute(self, expr: cst.BaseExpression) -> str | None:
         """`self.model` inside a method: instance state, tracked as the name "self.model"."""
         scope = self.frame.scope
-        if not (scope.is_method and scope.params and isinstance(expr, cst.Attribute)):
+        if not (scope.is_method and scope.params):
             return None
-        if isinstance(expr.value, cst.Name) and expr.value.value == scope.params[0]:
-            return f"self.{expr.attr.value}"
-        return None
+        return instance_attribute(expr, receiver=scope.params[0])
 
     def _simple_target(self, expr: cst.BaseExpression) -> str | None:
         if isinstance(expr, cst.Name):

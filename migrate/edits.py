@@ -8,7 +8,8 @@ identity (libcst nodes hash by identity), so two equal-looking statements stay d
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import libcst as cst
 
@@ -25,42 +26,47 @@ class Record:
     message: str
 
 
+def edits(factory: Callable[[], object]) -> Any:
+    """A field of edits keyed by original nodes: part of `targets()` and of `empty`."""
+    return field(default_factory=factory, metadata={"edit": True})
+
+
 @dataclass(eq=False)
 class EditPlan:
     target: str = "runtime"  # which package provides Accelerator: runtime or accelerate
-    calls: dict[cst.Call, ExprEdit] = field(default_factory=dict)
-    replace_stmt: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)
-    insert_before: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)
-    insert_after: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)
-    drop_if_trivial: set[cst.BaseStatement] = field(default_factory=set)
+    calls: dict[cst.Call, ExprEdit] = edits(dict)
+    replace_stmt: dict[cst.BaseStatement, list[cst.BaseStatement]] = edits(dict)
+    insert_before: dict[cst.BaseStatement, list[cst.BaseStatement]] = edits(dict)
+    insert_after: dict[cst.BaseStatement, list[cst.BaseStatement]] = edits(dict)
+    drop_if_trivial: set[cst.BaseStatement] = edits(set)
     # Small statements dropped from their line (`opt = SGD(...); scaler = GradScaler()`): the
     # line's other statements stay, the line goes only when nothing is left of it.
-    remove_small: set[cst.BaseSmallStatement] = field(default_factory=set)
-    new_params: dict[cst.FunctionDef, bool] = field(default_factory=dict)  # value: keyword-only
-    new_args: dict[cst.Call, bool] = field(default_factory=dict)  # value: pass by keyword
-    wrap_loop_body: dict[cst.For, cst.BaseExpression] = field(default_factory=dict)  # `with <expr>:`
+    remove_small: set[cst.BaseSmallStatement] = edits(set)
+    new_params: dict[cst.FunctionDef, bool] = edits(dict)  # value: keyword-only
+    new_args: dict[cst.Call, bool] = edits(dict)  # value: pass by keyword
+    wrap_loop_body: dict[cst.For, cst.BaseExpression] = edits(dict)  # `with <expr>:`
     accelerator_kwargs: dict[str, str] = field(default_factory=dict)  # Accelerator(name=code)
     # Accelerator(name=...) arguments that read names of the script (`args.amp`): written only
     # where those names are bound when the Accelerator is created.
     kwarg_reads: dict[str, cst.BaseExpression] = field(default_factory=dict)
     eval_loaders: list[str] = field(default_factory=list)  # prepared because their metrics are gathered
     unsharded_loaders: set[str] = field(default_factory=set)  # DistributedSampler removed (AM007)
-    attributes: dict[cst.Attribute, Callable[[cst.Attribute], cst.BaseExpression]] = field(default_factory=dict)
-    subscripts: dict[cst.Subscript, Callable[[cst.Subscript], cst.BaseExpression]] = field(default_factory=dict)
-    comparisons: dict[cst.Comparison, cst.BaseExpression] = field(default_factory=dict)  # rank-0 checks
+    attributes: dict[cst.Attribute, Callable[[cst.Attribute], cst.BaseExpression]] = edits(dict)
+    subscripts: dict[cst.Subscript, Callable[[cst.Subscript], cst.BaseExpression]] = edits(dict)
+    comparisons: dict[cst.Comparison, cst.BaseExpression] = edits(dict)  # rank-0 checks
     create_at: cst.BaseStatement | None = None  # statement replaced by `accelerator = Accelerator()`
     create_at_order: int = 0
-    if_tests: dict[cst.If, cst.BaseExpression] = field(default_factory=dict)  # new `if` conditions
+    if_tests: dict[cst.If, cst.BaseExpression] = edits(dict)  # new `if` conditions
     sync_ifs: set[cst.If] = field(default_factory=set)  # ifs now testing `accelerator.sync_gradients`
-    keep_left_operand: set[cst.BinaryOperation] = field(default_factory=set)  # `loss / N` -> `loss`
+    keep_left_operand: set[cst.BinaryOperation] = edits(set)  # `loss / N` -> `loss`
     rebound: dict[cst.BaseStatement, str] = field(default_factory=dict)  # new statement -> name; removed if unused
     # Statements run by the main process only: wrapped in `if accelerator.is_main_process:` (with
     # their own edits applied; neighbours of one block share one `if`).
-    main_process_only: set[cst.BaseStatement] = field(default_factory=set)
+    main_process_only: set[cst.BaseStatement] = edits(set)
     removes_boilerplate: bool = False  # imports may have been left unused (cleanup runs)
-    annotations: dict[cst.BaseStatement, list[str]] = field(default_factory=dict)  # --annotate comments
-    self_accelerator: set[cst.FunctionDef] = field(default_factory=set)  # methods using `self.accelerator`
-    stores_accelerator: set[cst.FunctionDef] = field(default_factory=set)  # `__init__`s given `accelerator`
+    annotations: dict[cst.BaseStatement, list[str]] = edits(dict)  # --annotate comments
+    self_accelerator: set[cst.FunctionDef] = edits(set)  # methods using `self.accelerator`
+    stores_accelerator: set[cst.FunctionDef] = edits(set)  # `__init__`s given `accelerator`
     imports: set[tuple[str, str]] = field(default_factory=set)
     uses_accelerator: list[Scope] = field(default_factory=list)
     changes: list[Record] = field(default_factory=list)
@@ -78,33 +84,16 @@ class EditPlan:
 
     def targets(self) -> set[cst.CSTNode]:
         """Every original node an edit is keyed by (the rewriter only descends towards these)."""
-        keyed: list[object] = [
-            self.calls, self.replace_stmt, self.insert_before, self.insert_after, self.drop_if_trivial,
-            self.new_params, self.new_args, self.wrap_loop_body, self.attributes, self.subscripts,
-            self.comparisons, self.if_tests, self.keep_left_operand, self.rebound, self.annotations,
-            self.self_accelerator, self.stores_accelerator, self.main_process_only, self.remove_small,
-        ]
         found: set[cst.CSTNode] = set()
-        for collection in keyed:
-            found.update(collection)  # type: ignore[call-overload]
+        for name in EDIT_FIELDS:
+            found.update(getattr(self, name))
         return found
 
     @property
     def empty(self) -> bool:
-        return not (
-            self.calls
-            or self.replace_stmt
-            or self.remove_small
-            or self.insert_before
-            or self.insert_after
-            or self.new_params
-            or self.wrap_loop_body
-            or self.attributes
-            or self.subscripts
-            or self.comparisons
-            or self.create_at is not None
-            or self.if_tests
-            or self.keep_left_operand
-            or self.annotations
-            or self.main_process_only
-        )
+        """No edit at all: the file is left byte-identical."""
+        return self.create_at is None and not any(getattr(self, name) for name in EDIT_FIELDS)
+
+
+# Derived from the fields, so a new kind of edit cannot be forgotten by `targets()` or `empty`.
+EDIT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(EditPlan) if f.metadata.get("edit"))

@@ -112,3 +112,13 @@ def call_argument(call: cst.Call, index: int, name: str) -> cst.BaseExpression |
         elif arg.keyword.value == name:
             return arg.value
     return None
+
+
+def instance_attribute(expr: cst.BaseExpression, receiver: str = "self") -> str | None:
+    """`self.model` (the receiver named `receiver`) as the name roles track it by: "self.model".
+
+    One spelling for instance state across the analysis, the roles and the rules, whatever the
+    method calls its first parameter."""
+    if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == receiver:
+        return f"self.{expr.attr.value}"
+    return None

@@ -6,7 +6,7 @@ text, whether any rule could act on the file, and leaves it untouched, unparsed,
 
 The test must be SOUND: it may let through files that need nothing (they are parsed and left
 unchanged), but it must never reject a file on which the engine would change or report something.
-It follows from what the engine needs before any rule acts or reports (see `migrate/roles.py`):
+It follows from what the engine needs before any rule acts or reports (see `migrate/roles/`):
 
 - an optimizer constructor: a call whose qualified name is `torch.optim.<Name>` or
   `transformers[.optimization].AdamW|Adafactor`. Qualified names are made of identifiers written in

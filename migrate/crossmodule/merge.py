@@ -1,6 +1,6 @@
 """One view of an entry module and the modules it reaches: the facts the roles read, joined.
 
-The roles (`migrate/roles.py`) follow names through a module's own functions: a parameter's
+The roles (`migrate/roles/`) follow names through a module's own functions: a parameter's
 origins are the arguments at the module's call sites of that function, which `Facts.functions`
 finds by name. Joining the facts of several modules so that an imported function is one more
 function of the entry lets the roles cross the module boundary without knowing about modules:

@@ -10,6 +10,7 @@ import libcst as cst
 
 from migrate.analysis import Scope, StmtRef
 from migrate.edits import EditPlan
+from migrate.names import instance_attribute
 from migrate.roles import Roles
 from migrate.walk import walk
 
@@ -108,9 +109,7 @@ def reference(expr: cst.BaseExpression) -> str | None:
     """The name roles use for `expr`: `x` for a name, `self.x` for an instance attribute."""
     if isinstance(expr, cst.Name):
         return expr.value
-    if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == "self":
-        return f"self.{expr.attr.value}"
-    return None
+    return instance_attribute(expr)
 
 
 class _ReferenceCollector(cst.CSTVisitor):

@@ -1,0 +1,89 @@
+"""Which library call an expression is: the patterns of the training objects and small call predicates."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from migrate.analysis import Binding
+from migrate.names import root_name
+
+if TYPE_CHECKING:
+    from migrate.roles.model import Roles
+
+
+OPTIMIZER = re.compile(
+    r"^torch\.optim\.[A-Z]\w*$|^transformers\.(optimization\.)?(AdamW|Adafactor)$"
+    r"|^torch\.distributed\.optim\.(zero_redundancy_optimizer\.)?ZeroRedundancyOptimizer$"  # AM007 unwraps it
+)
+
+
+SCHEDULER = re.compile(r"^torch\.optim\.lr_scheduler\.\w+$|^transformers\.(optimization\.)?get_\w*schedule\w*$")
+
+
+DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+
+
+DISTRIBUTED_SAMPLER = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
+
+
+def call_name(roles: Roles, value: cst.BaseExpression | None, pattern) -> bool:  # type: ignore[no-untyped-def]
+    if not isinstance(value, cst.Call):
+        return False
+    qualified = roles.facts.aliases.qualify(value.func)
+    if qualified is None:
+        return False
+    if isinstance(pattern, frozenset):
+        return qualified in pattern
+    return bool(pattern.match(qualified))
+
+
+def callee(call: cst.Call) -> str:
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else ""
+
+
+def is_move_call(value: cst.BaseExpression | None) -> bool:
+    return (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in ("to", "cuda")
+    )
+
+
+def is_self_move(binding: Binding) -> bool:
+    """`model = model.to(device)` or `model = DDP(model, ...)` rebinds a name to (a wrapper of)
+    itself: it adds no origin of its own."""
+    value = binding.value
+    if not isinstance(value, cst.Call):
+        return False
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
+        return root_name(value.func.value) == binding.name
+    name = value.func.attr.value if isinstance(value.func, cst.Attribute) else getattr(value.func, "value", "")
+    return (
+        name in ("DDP", "DistributedDataParallel", "DataParallel", "FSDP", "FullyShardedDataParallel")
+        and bool(value.args)
+        and root_name(value.args[0].value) == binding.name
+    )
+
+
+def is_accelerator_device(expr: cst.BaseExpression) -> bool:
+    return (
+        isinstance(expr, cst.Attribute)
+        and expr.attr.value == "device"
+        and isinstance(expr.value, cst.Name)
+        and expr.value.value == "accelerator"
+    )
+
+
+def is_expression_statement(stmt: cst.BaseStatement, call: cst.Call) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and stmt.body[0].value is call
+    )

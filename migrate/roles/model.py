@@ -1,0 +1,296 @@
+"""The `Roles` record: what each training object is, and how names reach it.
+
+`origins` follows a name through assignments, enclosing scopes, parameters (via the module's own
+call sites) and `self.` attributes to the bindings it can refer to; `can_reach` and
+`needs_parameter` say whether a scope sees `accelerator` or must be handed it. Finders record what
+they cannot resolve through `cannot_prepare` (AM004), which also tells later finders that a
+training object was left unprepared."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from migrate.analysis import (
+    DeviceBinding,
+    Facts,
+    Loop,
+    Scope,
+    StmtRef,
+    is_device_choice,
+)
+from migrate.hand_sharding import HandSharding
+from migrate.names import call_argument, instance_attribute
+from migrate.roles.calls import is_accelerator_device, is_move_call, is_self_move
+
+if TYPE_CHECKING:
+    from migrate.roles.spawn import SpawnLaunch
+
+
+Origin = tuple[Scope, str]
+
+
+# The codes of the rules whose shapes the finders refuse; each rule documents the refusal.
+ACCELERATOR = "AM001"  # create_accelerator
+BACKWARD = "AM003"  # replace_loss_backward
+PREPARE = "AM004"  # prepare_training_objects
+MIXED_PRECISION = "AM006"  # convert_mixed_precision
+DISTRIBUTED = "AM007"  # remove_distributed_boilerplate
+
+
+@dataclass(eq=False)
+class Finding:
+    """Something a rule must report rather than rewrite."""
+
+    code: str
+    node: cst.CSTNode
+    message: str
+
+
+@dataclass(eq=False)
+class Roles:
+    facts: Facts
+    home: Scope | None = None
+    models: list[str] = field(default_factory=list)
+    optimizers: list[str] = field(default_factory=list)
+    loaders: list[str] = field(default_factory=list)
+    schedulers: list[str] = field(default_factory=list)
+    epoch_schedulers: list[str] = field(default_factory=list)  # stepped per epoch: not prepared
+    rank_sampled: dict[str, cst.CSTNode] = field(default_factory=dict)  # loaders with a DistributedSampler
+    eval_loops: list[tuple[Scope, Loop, str]] = field(default_factory=list)  # (scope, loop, home loader)
+    accelerator_scope: Scope | None = None
+    accelerator_exists: bool = False
+    device_binding: DeviceBinding | None = None  # replaced by `accelerator.device` (AM001)
+    later_device_bindings: list[DeviceBinding] = field(default_factory=list)  # same name, rebound too
+    create_before: cst.BaseStatement | None = None  # where `accelerator = Accelerator()` goes otherwise
+    prepare_after: StmtRef | None = None
+    findings: list[Finding] = field(default_factory=list)
+    refused: bool = False  # the file is reported, not rewritten
+    unprepared: bool = False  # a training object was found that cannot be prepared (reported by `cannot_prepare`)
+    spawn: "SpawnLaunch | None" = None  # an understood `mp.spawn` launcher (AM007 converts it)
+    sharding: "HandSharding | None" = None  # hand-written FSDP / fully_shard / ZeRO that AM007 converts
+    _training_functions: set[str] = field(default_factory=set)
+
+    def cannot_prepare(self, node: cst.CSTNode, message: str) -> None:
+        """A training object that `accelerator.prepare(...)` will not take: reported as the
+        prepare rule's diagnostic, saying what to prepare by hand."""
+        self.unprepared = True
+        self.findings.append(Finding(PREPARE, node, message))
+
+    # -- name resolution ---------------------------------------------------------------------
+
+    def origins(self, scope: Scope, name: str, _seen: frozenset[tuple[int, str]] = frozenset()) -> set[Origin] | None:
+        """Bindings `name` can refer to in `scope`, or None when one of them cannot be known."""
+        key = (id(scope), name)
+        if key in _seen:
+            return set()
+        seen = _seen | {key}
+        if name.startswith("self."):
+            return self._attribute_origins(scope, name, seen)
+        current: Scope | None = scope
+        while current is not None:
+            if current.binds(name):
+                found: set[Origin] = set()
+                for binding in current.bindings.get(name, []):
+                    if not is_self_move(binding):
+                        found.add((current, name))
+                if not found and name not in current.params:
+                    # Bound here by self-moves only (`model = DDP(model)` with no `model = Net()`):
+                    # the name is still this scope's, as it is once the wrapper becomes `prepare`.
+                    found.add((current, name))
+                if name in current.params:
+                    from_callers = self._param_origins(current, name, seen)
+                    if from_callers is None:
+                        return None
+                    found |= from_callers
+                    if not from_callers and not current.bindings.get(name):
+                        found.add((current, name))  # a parameter nobody here passes: itself
+                return found
+            current = _enclosing_function_or_module(current)
+        return None
+
+    def _attribute_origins(self, scope: Scope, name: str, seen: frozenset[tuple[int, str]]) -> set[Origin] | None:
+        """`self.model` in a method: bound in some method of the class (usually `__init__`).
+
+        `self.model = model` forwards to what `model` is in that method (a constructor parameter:
+        what the callers of the class pass)."""
+        methods = self.methods_of(scope)
+        if methods is None:
+            return None
+        found: set[Origin] = set()
+        for method in methods:
+            for binding in method.bindings.get(name, []):
+                if is_self_move(binding):
+                    continue
+                value = binding.value
+                inner = value.func.value if is_move_call(value) else value
+                # In the function that prepares (home), the attribute itself is what gets prepared.
+                if isinstance(inner, cst.Name) and method is not self.home:
+                    sub = self.origins(method, inner.value, seen)
+                    if sub is None:
+                        return None
+                    found |= sub
+                else:
+                    found.add((method, name))
+        return found or None
+
+    def methods_of(self, scope: Scope) -> list[Scope] | None:
+        """The methods of the class `scope` is a method of (None when it is not a method)."""
+        if not scope.is_method or scope.parent is None:
+            return None
+        owner = scope.parent
+        return [s for s in self.facts.scopes if s.parent is owner and s.is_function]
+
+    def _param_origins(self, scope: Scope, name: str, seen: frozenset[tuple[int, str]]) -> set[Origin] | None:
+        if not self._is_callable_unit(scope):
+            return None
+        index = scope.params.index(name)
+        if scope.is_method:
+            index -= 1  # `self` is not passed by the caller
+            if index < 0:
+                return None
+        found: set[Origin] = set()
+        for caller, call in self.call_sites(scope):
+            arg = call_argument(call, index, name)
+            if not isinstance(arg, cst.Name):
+                return None
+            sub = self.origins(caller, arg.value, seen)
+            if sub is None:
+                return None
+            found |= sub
+        return found
+
+    def call_sites(self, function: Scope) -> list[tuple[Scope, cst.Call]]:
+        """Where this module calls `function` (a plain function, or a class's `__init__`)."""
+        if self._is_constructor(function):
+            assert function.parent is not None
+            callee = function.parent.name
+        elif self.facts.functions.get(function.name) is function:
+            callee = function.name
+        elif function.is_method:
+            siblings = self.methods_of(function) or []
+            callee = f"self.{function.name}"
+            return [(s, site.call) for s in siblings for site in s.calls if site.callee == callee]
+        else:
+            return []
+        return [(scope, site.call) for scope in self.facts.scopes for site in scope.calls if site.callee == callee]
+
+    def _is_constructor(self, scope: Scope) -> bool:
+        return (
+            scope.is_method
+            and scope.name == "__init__"
+            and scope.parent is not None
+            and self.facts.classes.get(scope.parent.name) is scope.parent
+        )
+
+    def _is_callable_unit(self, scope: Scope) -> bool:
+        return self.facts.functions.get(scope.name) is scope or scope.is_method
+
+    def constructor_of(self, method: Scope) -> Scope | None:
+        methods = self.methods_of(method) or []
+        return next((m for m in methods if self._is_constructor(m)), None)
+
+    def is_device(self, scope: Scope, expr: cst.BaseExpression) -> bool:
+        if is_device_choice(expr, self.facts.aliases) or is_accelerator_device(expr):
+            return True
+        if self._held_device(scope, expr):
+            return True
+        name = expr.value if isinstance(expr, cst.Name) else instance_attribute(expr)
+        if name is None:
+            return False
+        found = self.origins(scope, name)
+        if not found:
+            return False
+        return all(_binds_device(s, n) for s, n in found)
+
+    def _held_device(self, scope: Scope, expr: cst.BaseExpression) -> bool:
+        """`args.device` where `args` is the namespace on which some function stored the device
+        choice (`args.device = torch.device(...)`), passed down unchanged."""
+        if not (isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name)) or expr.value.value == "self":
+            return False
+        held = f"{expr.value.value}.{expr.attr.value}"
+        here = self.origins(scope, expr.value.value)
+        return bool(here) and any(
+            d.name == held and self.origins(owner, expr.value.value) == here
+            for owner in self.facts.scopes
+            for d in owner.devices
+        )
+
+    def all_in(self, scope: Scope, name: str, names: list[str]) -> bool:
+        """True when every binding `name` may refer to is one of home's `names`."""
+        found = self.origins(scope, name)
+        return bool(found) and all(s is self.home and n in names for s, n in found)
+
+    # -- reach -----------------------------------------------------------------------------
+
+    def can_reach(self, scope: Scope, _pending: frozenset[int] = frozenset()) -> bool:
+        target = self.accelerator_scope
+        if target is None:
+            return False
+        if target is self.facts.module_scope or nested_in(scope, target):
+            return True
+        if id(scope) in _pending:
+            return True
+        if scope.is_method:
+            # A method reaches `self.accelerator`: created in a method of its class, or handed to
+            # the class's constructor by callers that have it.
+            methods = self.methods_of(scope) or []
+            if any(nested_in(target, m) for m in methods):
+                return True
+            constructor = self.constructor_of(scope)
+            if constructor is None:
+                return False
+            scope = constructor
+            if id(scope) in _pending:
+                return True  # a method of the class builds an instance of it: already being decided
+        if not scope.is_function or not self._is_callable_unit(scope):
+            return False
+        callers = self.call_sites(scope)
+        pending = _pending | {id(scope)}
+        return bool(callers) and all(self.can_reach(caller, pending) for caller, _ in callers)
+
+    def needs_parameter(self, scope: Scope) -> bool:
+        target = self.accelerator_scope
+        if target is None or target is self.facts.module_scope or nested_in(scope, target):
+            return False
+        if not scope.is_function:
+            return False  # module level of another module (a unit's): no parameter to add
+        if scope.is_method and any(nested_in(target, m) for m in self.methods_of(scope) or []):
+            return False  # the class holds it as `self.accelerator`
+        return True
+
+    def holds_accelerator(self, scope: Scope) -> bool:
+        """True for a method whose class keeps the accelerator as `self.accelerator`."""
+        return scope.is_method and (
+            any(nested_in(self.accelerator_scope, m) for m in self.methods_of(scope) or [])  # type: ignore[arg-type]
+            or self.needs_parameter(scope)
+        )
+
+    # -- training loops --------------------------------------------------------------------
+
+    def is_training_loop(self, loop: Loop) -> bool:
+        return loop.has_backward or bool(loop.callees & self._training_functions)
+
+
+def _binds_device(scope: Scope, name: str) -> bool:
+    if any(d.name == name for d in scope.devices):
+        return True
+    return any(b.value is not None and is_accelerator_device(b.value) for b in scope.bindings.get(name, []))
+
+
+def _enclosing_function_or_module(scope: Scope) -> Scope | None:
+    parent = scope.parent
+    while parent is not None and isinstance(parent.node, cst.ClassDef):
+        parent = parent.parent
+    return parent
+
+
+def nested_in(scope: Scope, target: Scope) -> bool:
+    current: Scope | None = scope
+    while current is not None:
+        if current is target:
+            return True
+        current = current.parent
+    return False

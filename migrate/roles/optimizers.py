@@ -1,0 +1,271 @@
+"""Where the optimizer is built (home), and which models it optimizes.
+
+An optimizer is `torch.optim.X(...)` (or transformers' AdamW / Adafactor, or ZeRO, which AM007
+unwraps), a subclass of a torch optimizer defined in the file (`LARS(...)`), or a factory of the
+file that returns one (`model.configure_optimizers()`, `create_optimizer(args, model)`). The first
+one built is home's; its models are the roots of `X.parameters()` in its arguments, the receiver of
+a factory method, or the arguments a factory function passes on as parameters. Optimizers built
+elsewhere, wrapped without a binding (`ScheduledOptim(Adam(...))`), rebuilt after the prepare call,
+or whose model is not found are reported (AM004); the last two refuse the file."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.analysis import Binding, Scope
+from migrate.names import call_argument, instance_attribute, root_name
+from migrate.roles.calls import OPTIMIZER, call_name, callee
+from migrate.roles.model import Roles
+from migrate.walk import walk
+
+
+def find_home_and_optimizers(roles: Roles) -> None:
+    found: list[tuple[Scope, Binding]] = []
+    classes = optimizer_classes(roles)
+    factories = optimizer_factories(roles, classes)
+    for scope in roles.facts.scopes:
+        if scope.name in factories:
+            continue  # the optimizer it builds is the one its caller binds
+        for bindings in scope.bindings.values():
+            for binding in bindings:
+                if builds_optimizer(roles, binding.value, classes, factories):
+                    found.append((scope, binding))
+    if not found:
+        _report_wrapped_optimizers(roles, classes)
+        return
+    found.sort(key=lambda pair: pair[1].where.order)
+    roles.home = found[0][0]
+    for scope, binding in found:
+        if scope is roles.home:
+            if binding.name not in roles.optimizers:
+                roles.optimizers.append(binding.name)
+        else:
+            roles.cannot_prepare(
+                binding.where.stmt,
+                f"optimizer `{binding.name}` is built in `{scope.name}`, not in `{roles.home.name}` "
+                    "where the other training objects are prepared; pass it to `accelerator.prepare(...)` yourself",
+            )
+
+
+def _report_wrapped_optimizers(roles: Roles, classes: set[str]) -> None:
+    """`optimizer = ScheduledOptim(torch.optim.Adam(...), ...)`: the optimizer is never bound, so
+    `prepare` has nothing to take; say how to make it visible."""
+    for scope in roles.facts.scopes:
+        for name, bindings in scope.bindings.items():
+            for binding in bindings:
+                value = binding.value
+                if not isinstance(value, cst.Call):
+                    continue
+                inner = next((a.value for a in value.args if builds_optimizer(roles, a.value, classes, set())), None)
+                if inner is None:
+                    continue
+                wrapper = cst.Module([]).code_for_node(value.func)
+                roles.cannot_prepare(
+                    binding.where.stmt,
+                    f"the optimizer is built inside `{wrapper}(...)` and never bound, so it cannot be prepared: "
+                    f"bind it first (`base = {cst.Module([]).code_for_node(inner.func)}(...)`, then "  # type: ignore[attr-defined]
+                    f"`{name} = {wrapper}(base, ...)`) and run the migration again",
+                )
+
+
+def builds_optimizer(
+    roles: Roles, value: cst.BaseExpression | None, classes: set[str], factories: set[str]
+) -> bool:
+    """`torch.optim.AdamW(...)`, a torch.optim.Optimizer subclass of this module (`LARS(...)`), or a
+    function/method of this module that returns one (`model.configure_optimizers(...)`)."""
+    if call_name(roles, value, OPTIMIZER):
+        return True
+    if not isinstance(value, cst.Call):
+        return False
+    func = value.func
+    if isinstance(func, cst.Name):
+        return func.value in classes or func.value in factories
+    return isinstance(func, cst.Attribute) and func.attr.value in factories and not (
+        isinstance(func.value, cst.Name) and roles.facts.aliases.qualify(func.value) is not None
+    )
+
+
+def optimizer_classes(roles: Roles) -> set[str]:
+    """Classes of this module that subclass a torch optimizer (`class LARS(torch.optim.Optimizer)`)."""
+    found: set[str] = set()
+    for stmt in roles.facts.module.body:
+        if isinstance(stmt, cst.ClassDef) and any(
+            (roles.facts.aliases.qualify(base.value) or "").startswith("torch.optim.") for base in stmt.bases
+        ):
+            found.add(stmt.name.value)
+    return found
+
+
+def optimizer_factories(roles: Roles, classes: set[str]) -> set[str]:
+    """Functions and methods of this module that return an optimizer they build
+    (`def configure_optimizers(self): ... return torch.optim.AdamW(groups)`), by name; only those
+    called from elsewhere in the module, so the optimizer has a caller to be prepared in."""
+    found: set[str] = set()
+    for scope in roles.facts.scopes:
+        if not scope.is_function:
+            continue
+        for value in scope.returns:
+            built = builds_optimizer(roles, value, classes, set())
+            if not built and isinstance(value, cst.Name):
+                built = any(
+                    builds_optimizer(roles, b.value, classes, set()) for b in scope.bindings.get(value.value, [])
+                )
+            if built:
+                found.add(scope.name)
+    called = {
+        call.callee.removeprefix("self.") for s in roles.facts.scopes for call in s.calls
+    } | {
+        site.call.func.attr.value
+        for s in roles.facts.scopes
+        for site in s.method_calls
+        if isinstance(site.call.func, cst.Attribute)
+    }
+    return found & called
+
+
+def find_existing_accelerator(roles: Roles) -> None:
+    for scope in roles.facts.scopes:
+        if scope.accelerators:
+            roles.accelerator_scope = scope
+            roles.accelerator_exists = True
+            return
+
+
+def find_models(roles: Roles) -> None:
+    home = roles.home
+    assert home is not None
+    classes = optimizer_classes(roles)
+    factories = optimizer_factories(roles, classes)
+    for name in roles.optimizers:
+        for binding in home.bindings[name]:
+            if not builds_optimizer(roles, binding.value, classes, factories):
+                continue
+            assert isinstance(binding.value, cst.Call)
+            owners = (
+                _parameter_owners(home, binding.value)
+                if call_name(roles, binding.value, OPTIMIZER) or callee(binding.value) in classes
+                else _factory_owners(roles, binding.value)
+            )
+            if not owners and not call_name(roles, binding.value, OPTIMIZER):
+                # Prepared without its model, the optimizer would step a model that is neither on
+                # the device nor synchronised: the file is left as it is.
+                roles.refused = True
+                roles.cannot_prepare(
+                    binding.where.stmt,
+                    f"optimizer `{name}` is built by `{callee(binding.value)}(...)`, and the model whose parameters it "
+                    "optimizes was not found (or is another name for a model wrapped by hand, as in `raw_model = "
+                    "model.module if ddp else model`), so the file was left as it is: create the Accelerator and pass the "
+                    "model and the optimizer to `accelerator.prepare(...)` yourself",
+                )
+            for model in owners:
+                if model == "self":
+                    roles.cannot_prepare(
+                        binding.where.stmt,
+                        "model is an attribute (`self...`); prepare it yourself",
+                    )
+                elif model.startswith("self.") and not _bound_in_class(roles, home, model):
+                    roles.cannot_prepare(
+                        binding.where.stmt,
+                        f"`{model}` is not set in `{home.name}`; prepare it yourself",
+                    )
+                elif not model.startswith("self.") and not home.binds(model):
+                    roles.cannot_prepare(
+                        binding.where.stmt,
+                        f"model `{model}` is not bound in `{home.name}`; prepare it where it is created",
+                    )
+                elif model not in roles.models:
+                    roles.models.append(model)
+
+
+def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
+    """The models an optimizer factory of this module is handed: the receiver of a method
+    (`model.configure_optimizers(...)`, whose `self.parameters()` it optimizes), or the arguments
+    a function passes on as `X.parameters()` (`create_optimizer(args, model)`)."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        if not isinstance(func.value, cst.Name):
+            return []
+        receiver = func.value.value
+        home = roles.home
+        assert home is not None
+        # `raw_model = model.module if ddp else model`: an alias of a model wrapped by hand, which
+        # prepare would wrap a second time; not told apart here.
+        if any(_aliases_a_module(b.value) for b in home.bindings.get(receiver, [])):
+            return []
+        return [receiver]
+    assert isinstance(func, cst.Name)
+    factory = next(
+        (s for s in roles.facts.scopes if s.is_function and not s.is_method and s.name == func.value), None
+    )
+    if factory is None:
+        return []
+    finder = _ParametersFinder()
+    walk(factory.node, finder)
+    owners: list[str] = []
+    for owner in finder.owners:
+        if owner in factory.params:
+            arg = call_argument(call, factory.params.index(owner), owner)
+            if isinstance(arg, cst.Name) and arg.value not in owners:
+                owners.append(arg.value)
+    return owners
+
+
+def _aliases_a_module(value: cst.BaseExpression | None) -> bool:
+    """`other`, `other.module`, `a if c else b`: another name's module, not a model built here."""
+    if isinstance(value, cst.IfExp):
+        return True
+    return isinstance(value, cst.Name) or (isinstance(value, cst.Attribute) and value.attr.value == "module")
+
+
+def _parameter_owners(home: Scope, call: cst.Call) -> list[str]:
+    """Root names of `X.parameters()` inside an optimizer's arguments (one assignment deep)."""
+    owners: list[str] = []
+    finder = _ParametersFinder()
+    for arg in call.args:
+        walk(arg.value, finder)
+        if isinstance(arg.value, cst.Name):
+            for binding in home.bindings.get(arg.value.value, []):
+                if binding.value is not None:
+                    walk(binding.value, finder)
+    for owner in finder.owners:
+        if owner not in owners:
+            owners.append(owner)
+    return owners
+
+
+class _ParametersFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.owners: list[str] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
+            owner = instance_attribute(func.value) or root_name(func.value)
+            if owner is not None:
+                self.owners.append(owner)
+
+
+def _bound_in_class(roles: Roles, home: Scope, name: str) -> bool:
+    return home.binds(name)
+
+
+def refuse_retrained_objects(roles: Roles) -> None:
+    """A second training section that builds its optimizer again after the prepare call (`model =
+    Mlp()`, `optimizer = Adam(model.parameters())`, another loop): its model would train unprepared
+    (not on the device, not synchronised) while its batches lose their moves. The file is left as
+    it is, with the line, rather than half migrated."""
+    home, after = roles.home, roles.prepare_after
+    if home is None or after is None or roles.refused:
+        return
+    for name in roles.optimizers:
+        later = [b for b in home.bindings.get(name, []) if b.where.order > after.order and b.value is not None]
+        if later:
+            roles.refused = True
+            roles.cannot_prepare(
+                later[0].where.stmt,
+                f"optimizer `{name}` is built again here, after the training objects were prepared (several "
+                "training sections in one scope): the objects of this section would train unprepared, so the file "
+                "was left as it is: migrate it by hand, preparing this section's model, optimizer and loader with a "
+                "second `accelerator.prepare(...)` after this line",
+            )
+            return

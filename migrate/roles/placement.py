@@ -1,0 +1,128 @@
+"""Where `accelerator = Accelerator()` and `accelerator.prepare(...)` are written.
+
+The Accelerator replaces the first device choice outside loops in home (else at module level), or
+goes before home's first statement. `prepare` goes after the last setup binding of every training
+object, evaluation loader and epoch scheduler built before training starts, in the deepest block
+they share; objects built inside a loop are reported (AM004) and not prepared."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.analysis import Facts, Scope, StmtRef
+from migrate.imports import is_docstring
+from migrate.roles.model import PREPARE, Finding, Roles
+
+
+def place_accelerator(roles: Roles) -> None:
+    if roles.accelerator_exists:
+        return
+    home = roles.home
+    assert home is not None
+    module = roles.facts.module_scope
+    local = [d for d in home.devices if not d.where.in_loop]
+    globals_ = [d for d in module.devices if not d.where.in_loop and not (home is not module and home.binds(d.name))]
+    for scope, candidates in ((home, local), (module, globals_)):
+        if candidates:
+            roles.device_binding = candidates[0]
+            roles.accelerator_scope = scope
+            # `DEVICE = "cpu"` ... `if __name__ == "__main__": DEVICE = torch.device("cuda")`: every
+            # later choice of the same name must become `accelerator.device` too.
+            roles.later_device_bindings = [d for d in candidates[1:] if d.name == candidates[0].name]
+            return
+    roles.accelerator_scope = home
+    roles.create_before = _first_code_statement(roles.facts, home)
+
+
+def _first_code_statement(facts: Facts, scope: Scope) -> cst.BaseStatement | None:
+    """The first statement of `scope` that is not its docstring (module: not an import)."""
+    if scope is facts.module_scope:
+        return facts.import_block_end.stmt if facts.import_block_end else None
+    node = scope.node
+    assert isinstance(node, cst.FunctionDef)
+    if not isinstance(node.body, cst.IndentedBlock):
+        return None
+    for index, stmt in enumerate(node.body.body):
+        if not (index == 0 and is_docstring(stmt)):
+            return stmt
+    return None
+
+
+def place_prepare(roles: Roles) -> None:
+    home = roles.home
+    assert home is not None
+    names = [n for n in (*roles.models, *roles.optimizers, *roles.loaders, *roles.schedulers) if n not in home.prepared]
+    if not names or home.prepared:
+        return
+    first_use = _first_training_use(roles)
+    refs = [r for n in names for r in _setup_bindings(home, n, first_use)]
+    # Evaluation loaders and epoch-level schedulers built before training starts belong to the same
+    # setup block: prepare after them too. Ones built later (a final test loader) are left out.
+    late: set[str] = set()
+    for name in (*{loader for _, _, loader in roles.eval_loops}, *roles.epoch_schedulers):
+        bound = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target]
+        if bound and all(top_level(r).order < first_use for r in bound):
+            refs.extend(bound)
+        else:
+            late.add(name)
+    roles.eval_loops = [entry for entry in roles.eval_loops if entry[2] not in late]
+    creation = roles.device_binding.where if roles.device_binding is not None and roles.accelerator_scope is home else None
+    if not refs and creation is not None:
+        refs.append(creation)
+    if not refs:
+        roles.prepare_after = None  # everything is a parameter: prepare right after the accelerator
+        return
+    inside_loop = [r for r in refs if r.in_loop]
+    if inside_loop:
+        roles.findings.append(
+            Finding(
+                PREPARE,
+                inside_loop[0].stmt,
+                "a training object is created inside a loop; `accelerator.prepare(...)` must run once, "
+                "so it was not inserted: prepare the objects yourself after they are built",
+            )
+        )
+        roles.models.clear()
+        roles.optimizers.clear()
+        roles.loaders.clear()
+        roles.schedulers.clear()
+        return
+    point = _common_insertion_point(refs)
+    if creation is not None and creation.order > point.order:
+        # The Accelerator is created after the objects are bound: prepare after it.
+        point = _common_insertion_point([*refs, creation])
+    roles.prepare_after = point
+
+
+def _setup_bindings(home: Scope, name: str, first_use: int) -> list[StmtRef]:
+    """Where `name` is bound for training: the bindings before the first training use when there are
+    some. A model rebuilt after training (`model = Net()` + `load_state_dict` to run inference, as
+    tutorials do) is not what trains: preparing after the rebuild would leave training unprepared."""
+    refs = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target]
+    before = [r for r in refs if top_level(r).order < first_use]
+    return before or refs
+
+
+def top_level(ref: StmtRef) -> StmtRef:
+    return ref.path[0] if ref.path else ref
+
+
+def _first_training_use(roles: Roles) -> int:
+    """Document order of home's first statement that trains (a training loop or a call into one)."""
+    home = roles.home
+    assert home is not None
+    orders = [top_level(loop.where).order for loop in home.loops if roles.is_training_loop(loop)]
+    orders += [top_level(site.where).order for site in home.calls if site.callee in roles._training_functions]
+    return min(orders, default=1 << 60)
+
+
+def _common_insertion_point(refs: list[StmtRef]) -> StmtRef:
+    """The statement after which every ref has been executed, in the deepest shared block."""
+    chains = [(*r.path, r) for r in refs]
+    depth = 0
+    while all(len(c) > depth + 1 for c in chains) and len({id(c[depth]) for c in chains}) == 1:
+        depth += 1
+    candidates = [c[min(depth, len(c) - 1)] for c in chains]
+    if len({id(c.block) for c in candidates}) > 1 and depth > 0:
+        candidates = [c[depth - 1] for c in chains]
+    return max(candidates, key=lambda r: r.order)

@@ -1,0 +1,261 @@
+"""`mp.spawn` launchers: the shape AM007 converts, or the reason it refuses.
+
+See `SpawnLaunch` for the exact shape; every other use of `torch.multiprocessing.spawn` is refused
+(AM007) with the reason and the fix (make the worker the entry point under `accel launch`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+
+from migrate.analysis import Binding, Facts, Scope
+from migrate.roles.calls import is_expression_statement
+from migrate.roles.model import DISTRIBUTED, Finding, Roles
+from migrate.walk import walk
+
+_SPAWNERS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
+
+
+_SPAWN_PARAMETERS = ("fn", "args", "nprocs", "join", "daemon", "start_method")
+
+
+_INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
+
+
+_MASTER_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT"})
+
+
+_DEVICE_COUNTS = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
+
+
+@dataclass(eq=False)
+class SpawnLaunch:
+    """`mp.spawn(worker, args=(a, b), nprocs=N)` in a shape AM007 converts to `worker(rank, a, b)`.
+
+    Understood only when: the call is a statement of its own (outside loops, `join` left true);
+    `worker` is a function of this file called nowhere else, taking the spawn index then exactly
+    the written-out `args`; the file initialises its process group once, as a statement directly in
+    the worker's body, with `rank=` (if given) the spawn index and `world_size=` (if given) a
+    parameter that receives `nprocs`; `nprocs`, when a name, feeds only this call; and
+    `MASTER_ADDR` / `MASTER_PORT` are only assigned (`os.environ[...] = ...`) in the worker or the
+    spawning scope. Anything else is refused with the reason (`spawn_launch`).
+    """
+
+    call: cst.Call
+    stmt: cst.BaseStatement
+    worker: Scope
+    args: list[cst.BaseExpression]
+    world_size_args: set[int]  # indexes of `args` that pass `nprocs` (the number of processes)
+    nprocs: cst.BaseExpression
+    nprocs_binding: cst.BaseStatement | None  # `world_size = torch.cuda.device_count()`, read only by the spawn
+    master_env: list[cst.BaseStatement]  # `os.environ["MASTER_PORT"] = ...`: torchrun sets them
+    environ: str | None  # how this file spells `os.environ` (None: it imports neither `os` nor `environ`)
+
+
+def spawn_refusal(node: cst.CSTNode, why: str) -> Finding:
+    return Finding(
+        DISTRIBUTED,
+        node,
+        f"the script starts its own processes with `mp.spawn`; it was left as it is: {why}. Make the worker "
+        "the entry point (take the rank from `LOCAL_RANK`, let `accel launch --nproc-per-node N` start the "
+        "processes) and run accel-migrate again",
+    )
+
+
+def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
+    """The file's `mp.spawn` launcher when AM007 can convert it, a refusal saying why not, or None."""
+    sites = [(scope, c) for scope in facts.scopes for c in scope.library_calls if c.qualified in _SPAWNERS]
+    if not sites:
+        return None
+    if len(sites) > 1:
+        return spawn_refusal(sites[1][1].call, "it spawns processes more than once")
+    scope, site = sites[0]
+    call = site.call
+    stmt = site.where.stmt
+    if site.where.in_loop or not is_expression_statement(stmt, call):
+        return spawn_refusal(call, "the spawn call is not a statement of its own outside loops (its result is used)")
+    given: dict[str, cst.BaseExpression] = {}
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return spawn_refusal(call, "its arguments are unpacked with `*`")
+        if arg.keyword is not None:
+            given[arg.keyword.value] = arg.value
+        elif index < len(_SPAWN_PARAMETERS):
+            given[_SPAWN_PARAMETERS[index]] = arg.value
+    join = given.get("join")
+    if join is not None and not (isinstance(join, cst.Name) and join.value == "True"):
+        return spawn_refusal(call, "it does not join its processes (`join=False`)")
+    fn = given.get("fn")
+    worker = facts.functions.get(fn.value) if isinstance(fn, cst.Name) else None
+    if worker is None or worker.parent is not facts.module_scope:
+        return spawn_refusal(call, "the spawned function is not a function defined at the top of this file")
+    args_value = given.get("args")
+    if args_value is None:
+        args: list[cst.BaseExpression] = []
+    elif isinstance(args_value, cst.Tuple) and not any(isinstance(e, cst.StarredElement) for e in args_value.elements):
+        args = [e.value for e in args_value.elements]
+    else:
+        return spawn_refusal(call, "its `args` is not a tuple written out in the call")
+    if not worker.simple_signature or len(worker.params) != 1 + len(args):
+        return spawn_refusal(
+            call, f"`{worker.name}` does not take exactly the spawn index and the {len(args)} `args` as plain parameters"
+        )
+    for other in facts.scopes:
+        for direct in other.calls:
+            if direct.callee == worker.name:
+                return spawn_refusal(
+                    direct.call, f"`{worker.name}` is also called directly here, a second launch path next to the spawn"
+                )
+    nprocs = given.get("nprocs") or cst.Integer("1")
+    code = facts.module.code_for_node
+    world_size_args = {i for i, a in enumerate(args) if code(a) == code(nprocs)}
+    init = _spawn_worker_init(facts, worker, world_size_args, nprocs)
+    if isinstance(init, Finding):
+        return init
+    nprocs_binding: cst.BaseStatement | None = None
+    if isinstance(nprocs, cst.Name):
+        bindings = scope.bindings.get(nprocs.value, [])
+        reads = _own_name_count(scope.node, nprocs.value) - len(bindings)
+        in_call = _own_name_count(call, nprocs.value)
+        if reads != in_call:
+            return spawn_refusal(call, f"`{nprocs.value}` (the number of processes) is also used for other things")
+        others = sum(_own_name_count(a, nprocs.value) for i, a in enumerate(args) if i not in world_size_args)
+        if len(bindings) == 1 and not others and _is_process_count(facts, bindings[0]):
+            nprocs_binding = bindings[0].where.stmt
+    worker_node = worker.node
+    assert isinstance(worker_node, cst.FunctionDef) and isinstance(worker_node.body, cst.IndentedBlock)
+    master_env = _master_env_statements(facts, (worker_node.body.body, site.where.block.body))
+    if isinstance(master_env, Finding):
+        return master_env
+    os_names = facts.aliases.local_names_for("os")
+    environ_names = facts.aliases.local_names_for("os.environ")
+    environ = f"{os_names[0]}.environ" if os_names else (environ_names[0] if environ_names else None)
+    return SpawnLaunch(call, stmt, worker, args, world_size_args, nprocs, nprocs_binding, master_env, environ)
+
+
+def _spawn_worker_init(
+    facts: Facts, worker: Scope, world_size_args: set[int], nprocs: cst.BaseExpression
+) -> Finding | None:
+    """The one `init_process_group`: a statement of the worker's body whose rank is the spawn index."""
+    inits = [(s, c) for s in facts.scopes for c in s.library_calls if c.qualified == _INIT_PROCESS_GROUP]
+    node = worker.node
+    assert isinstance(node, cst.FunctionDef)
+    if not inits:
+        return spawn_refusal(node, f"`{worker.name}` initialises no process group: its processes are not a "
+                              "data-parallel group an Accelerator could replace")
+    if len(inits) > 1:
+        return spawn_refusal(inits[1][1].call, "the process group is initialised in more than one place")
+    scope, init = inits[0]
+    if scope is not worker or init.where.block is not node.body or not is_expression_statement(init.where.stmt, init.call):
+        return spawn_refusal(
+            init.call,
+            f"the process group is initialised here, not as a statement of the worker `{worker.name}` itself: "
+            f"move this setup into `{worker.name}`",
+        )
+    expected = {"rank": {worker.params[0]}, "world_size": {worker.params[1 + i] for i in world_size_args}}
+    for index, arg in enumerate(init.call.args):
+        keyword = arg.keyword.value if arg.keyword is not None else ("backend" if index == 0 else None)
+        matches = isinstance(arg.value, cst.Name) and arg.value.value in expected.get(keyword or "", set())
+        if keyword == "world_size" and facts.module.code_for_node(arg.value) == facts.module.code_for_node(nprocs):
+            matches = True  # `world_size=2` next to `nprocs=2`
+        if keyword in expected and not matches:
+            what = "the spawn index" if keyword == "rank" else "the number of spawned processes"
+            return spawn_refusal(
+                init.call, f"`{keyword}={facts.module.code_for_node(arg.value)}` is not {what}; the Accelerator's "
+                f"{keyword} comes from the launcher"
+            )
+        if keyword is None:
+            return spawn_refusal(init.call, "`init_process_group` takes positional arguments after the backend")
+    return None
+
+
+def _master_env_statements(
+    facts: Facts, blocks: tuple[Sequence[cst.BaseStatement], ...]
+) -> list[cst.BaseStatement] | Finding:
+    """`os.environ["MASTER_ADDR"] = ...` statements of `blocks` (the worker's body, the block that
+    spawns); refused when set any other way."""
+    found: list[cst.BaseStatement] = []
+    assigned: set[int] = set()
+    for block in blocks:
+        for stmt in block:
+            small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+            if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+                continue
+            target = small.targets[0].target
+            if not (isinstance(target, cst.Subscript) and facts.aliases.qualify(target.value) == "os.environ"):
+                continue
+            element = target.slice[0].slice
+            key = element.value if isinstance(element, cst.Index) else None
+            if isinstance(key, cst.SimpleString) and key.evaluated_value in _MASTER_VARIABLES:
+                found.append(stmt)
+                assigned.add(id(key))
+
+    class Strings(cst.CSTVisitor):
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            if id(node) not in assigned and node.evaluated_value in _MASTER_VARIABLES:
+                others.append(node)
+
+    others: list[cst.SimpleString] = []
+    walk(facts.module, Strings())
+    if others:
+        return spawn_refusal(others[0], f"`{others[0].evaluated_value}` is used here other than assigned in the "
+                              "worker or the spawning code (torchrun sets it)")
+    return found
+
+
+def check_spawn_worker(roles: Roles, spawn: SpawnLaunch) -> None:
+    """The Accelerator must be created in the worker: it replaces the worker's process group."""
+    if roles.accelerator_exists:
+        why = "the script already creates an Accelerator, which each spawned worker would build on its own"
+    elif roles.home is None:
+        why = f"no optimizer is built in this file, so the worker `{spawn.worker.name}` has nothing to prepare"
+    elif roles.accelerator_scope is not spawn.worker:
+        where = roles.accelerator_scope.name if roles.accelerator_scope is not None else "another scope"
+        why = (
+            f"the Accelerator would be created in `{where}` (where the optimizer is built), not in the worker "
+            f"`{spawn.worker.name}` that initialises the process group: build the optimizer in `{spawn.worker.name}`"
+        )
+    else:
+        roles.spawn = spawn
+        return
+    roles.refused = True
+    roles.findings = [spawn_refusal(spawn.call, why)]
+
+
+def _is_process_count(facts: Facts, binding: Binding) -> bool:
+    """`world_size = 2` or `= torch.cuda.device_count()`: a statement that can go without side effects."""
+    value, stmt = binding.value, binding.where.stmt
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and value is not None):
+        return False
+    if isinstance(value, cst.Integer):
+        return True
+    return isinstance(value, cst.Call) and not value.args and facts.aliases.qualify(value.func) in _DEVICE_COUNTS
+
+
+def _own_name_count(node: cst.CSTNode, name: str) -> int:
+    """How often `name` occurs as a name in `node`, outside the functions and classes inside it."""
+    count = 0
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Name(self, found: cst.Name) -> None:
+            nonlocal count
+            count += found.value == name
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
+            walk(attribute.value, self)
+            return False
+
+        def visit_FunctionDef(self, inner: cst.FunctionDef) -> bool:
+            if inner is node:
+                return True
+            for decorator in inner.decorators:
+                walk(decorator, self)
+            return False
+
+        def visit_ClassDef(self, inner: cst.ClassDef) -> bool:
+            return False
+
+    walk(node, Visitor())
+    return count
