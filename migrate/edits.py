@@ -54,6 +54,7 @@ class EditPlan:
     attributes: dict[cst.Attribute, Callable[[cst.Attribute], cst.BaseExpression]] = edits(dict)
     subscripts: dict[cst.Subscript, Callable[[cst.Subscript], cst.BaseExpression]] = edits(dict)
     comparisons: dict[cst.Comparison, cst.BaseExpression] = edits(dict)  # rank-0 checks
+    bool_ops: dict[cst.BooleanOperation, cst.BaseExpression] = edits(dict)  # `a or b` replaced whole
     create_at: cst.BaseStatement | None = None  # statement replaced by `accelerator = Accelerator()`
     create_at_order: int = 0
     if_tests: dict[cst.If, cst.BaseExpression] = edits(dict)  # new `if` conditions

@@ -63,6 +63,11 @@ class Rewriter(cst.CSTTransformer):
     def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.BaseExpression:
         return self.plan.comparisons.get(original_node, updated_node)
 
+    def leave_BooleanOperation(
+        self, original_node: cst.BooleanOperation, updated_node: cst.BooleanOperation
+    ) -> cst.BaseExpression:
+        return self.plan.bool_ops.get(original_node, updated_node)
+
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if original_node in self.plan.self_accelerator and updated_node.params.params:
             instance = updated_node.params.params[0].name.value

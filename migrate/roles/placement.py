@@ -22,8 +22,12 @@ def place_accelerator(roles: Roles) -> None:
     module = roles.facts.module_scope
     local = [d for d in home.devices if not d.where.in_loop]
     globals_ = [d for d in module.devices if not d.where.in_loop and not (home is not module and home.binds(d.name))]
-    for scope, candidates in ((home, local), (module, globals_)):
-        if candidates:
+    caller = _sole_caller(roles, home)
+    # Only a choice made in the caller's own body, not in one branch of its setup (where an
+    # Accelerator created in the branch would be unbound in the other).
+    upstream = [d for d in caller.devices if not d.where.path] if caller is not None else []
+    for scope, candidates in ((home, local), (caller, upstream), (module, globals_)):
+        if candidates and scope is not None:
             roles.device_binding = candidates[0]
             roles.accelerator_scope = scope
             # `DEVICE = "cpu"` ... `if __name__ == "__main__": DEVICE = torch.device("cuda")`: every
@@ -32,6 +36,23 @@ def place_accelerator(roles: Roles) -> None:
             return
     roles.accelerator_scope = home
     roles.create_before = _first_code_statement(roles.facts, home)
+
+
+def _sole_caller(roles: Roles, home: Scope) -> Scope | None:
+    """The one function that calls home, when home is a plain function: `main()` choosing the
+    device (`args.device = torch.device(...)`) and calling `train(args, model)`, which builds the
+    optimizer. The Accelerator then replaces main's device choice and reaches `train` as a
+    parameter, so main's own device-dependent code (rank checks, moves) can use it too."""
+    if not home.is_function or home.is_method or roles.facts.functions.get(home.name) is not home:
+        return None
+    sites = roles.call_sites(home)
+    callers = {id(s): s for s, _ in sites}
+    if len(callers) != 1:
+        return None
+    (caller,) = callers.values()
+    if not caller.is_function or caller.is_method or caller is home:
+        return None
+    return caller
 
 
 def _first_code_statement(facts: Facts, scope: Scope) -> cst.BaseStatement | None:

@@ -9,7 +9,9 @@ What it does:
     - `RANK` / `LOCAL_RANK` / `WORLD_SIZE` read from the environment, `dist.get_rank()` and
       `dist.get_world_size()` become `accelerator.process_index` / `local_process_index` /
       `num_processes`; rank-0 checks (`rank == 0`, `dist.get_rank() == 0`, `local_rank == 0`)
-      become `accelerator.is_main_process` / `accelerator.is_local_main_process`.
+      become `accelerator.is_main_process` / `accelerator.is_local_main_process`; so do the
+      checks of a legacy `--local_rank` flag (default -1), which stays -1 under `accel launch`:
+      `args.local_rank in [-1, 0]`, `== 0`, `== -1 or dist.get_rank() == 0` (`migrate.local_rank_flag`).
     - `model = DDP(model, ...)` and `model = nn.DataParallel(model)` go (prepare wraps the model);
       `model.module` becomes `accelerator.unwrap_model(model)`.
     - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader, `sampler.set_epoch(...)`
@@ -87,6 +89,7 @@ import libcst as cst
 
 from migrate.analysis import Scope, StmtRef
 from migrate.edits import EditPlan
+from migrate import local_rank_flag
 from migrate.hand_sharding import HandSharding
 from migrate.names import root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
@@ -135,6 +138,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if roles.can_reach(scope):
             _rank_checks(roles, plan, scope, rank_names)
             _module_accesses(roles, plan, scope)
+    _local_rank_flag(roles, plan)
     _remove_wrappers(roles, plan)
     _remove_samplers(roles, plan)
     if roles.sharding is not None:
@@ -324,6 +328,23 @@ def _rank_checks(roles: Roles, plan: EditPlan, scope: Scope, rank_names: dict[tu
             plan.calls.pop(operand, None)
         plan.use_accelerator(scope)
         plan.change(CODE, comparison, f"rank check -> `accelerator.{check}`")
+
+
+def _local_rank_flag(roles: Roles, plan: EditPlan) -> None:
+    """`args.local_rank in [-1, 0]` and the like (`migrate.local_rank_flag`)."""
+    for check in local_rank_flag.find(roles.facts):
+        node = check.node
+        if not roles.can_reach(check.scope):
+            plan.report(CODE, node, "the `--local_rank` flag stays -1 under `accel launch`, so this check is the same on "
+                        f"every process, and `{check.scope.name}` cannot reach the accelerator: test "
+                        f"{check.meaning} instead")
+            continue
+        if isinstance(node, cst.BooleanOperation):
+            plan.bool_ops[node] = check.replacement
+        else:
+            plan.comparisons[node] = check.replacement
+        plan.use_accelerator(check.scope)
+        plan.change(CODE, node, f"`--local_rank` check -> {check.meaning}")
 
 
 def _module_accesses(roles: Roles, plan: EditPlan, scope: Scope) -> None:

@@ -78,6 +78,10 @@ SPECS: dict[str, Spec] = {
     # no_sync accumulation, an --amp flag (off here) and .cuda() under `if use_cuda:`; on 1 process
     # the migrated script must not call no_sync on the bare module
     "research_ddp_flags": Spec(kind="ddp"),
+    # transformers-v2 shape: `--local_rank` stays -1 under the launcher, so its main-process checks
+    # and the barrier pair around the model must become the accelerator's (a hang or both ranks
+    # logging otherwise)
+    "research_local_rank_flag": Spec(),
     "amp_bf16_autocast": Spec(
         split_rtol=5e-2,
         split_reason="bf16 autocast rounds activations and weight gradients to 8 mantissa bits; "
@@ -359,3 +363,15 @@ def test_target_accelerate(name: str) -> None:
     reference = result.runs["original"] if spec.kind == "single" else result.runs["migrated"]
     assert one.losses() and one.losses() == reference.losses()
     assert _printed(one) == _printed(reference)
+
+
+def test_local_rank_flag_checks_single_out_the_main_process() -> None:
+    """`--local_rank` stays -1 under `accel launch`: unless its checks became the accelerator's, both
+    ranks would write the main process's lines (`sys.stdout.write` is no print the migration
+    guards), and a barrier pair left one-sided would hang rank 1 (a timeout here)."""
+    result = outcome("research_local_rank_flag")
+    two = _migrated(result, "migrated_2p")
+    _ok(two, "the migrated script on 2 processes")
+    assert re.findall(r"^trained (\d+) steps$", two.stdout, re.M) == ["12"], two.stdout[-2000:]
+    assert re.findall(r"^saving the model after (\d+) steps$", two.stdout, re.M) == ["12"]
+    assert "accelerator.num_processes > 1 and accelerator.is_local_main_process" in result.migrated_text
