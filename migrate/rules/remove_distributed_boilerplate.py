@@ -230,6 +230,14 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
     for master in spawn.master_env:
         plan.replace_stmt[master] = []
         plan.change(CODE, master, "`MASTER_ADDR` / `MASTER_PORT` assignment removed: the launcher sets them")
+    namespace = spawn.namespace
+    if namespace is not None:
+        for stmt, replacement in namespace.replace.items():
+            plan.replace_stmt[stmt] = replacement
+            plan.change(CODE, stmt, "rank / world size / rendezvous computation removed: the launcher provides them")
+        plan.insert_after[namespace.init] = [*namespace.assignments(), *plan.insert_after.get(namespace.init, [])]
+        plan.change(CODE, namespace.init, f"`{namespace.namespace}.{namespace.attributes['rank']}` and "
+                    f"`{namespace.namespace}.{namespace.attributes['world_size']}` from the accelerator")
 
 
 def _env_rank_bindings(

@@ -1,0 +1,311 @@
+"""The rank, world size and rendezvous address of an `mp.spawn` launcher, computed into a namespace.
+
+What it does: finds the launcher shape where the spawning function writes the rank, the world size
+and the rendezvous address into the namespace it hands to the worker, and the worker joins the
+process group from them (`init_process_group(init_method=args.dist_url, world_size=args.world_size,
+rank=args.rank)`), and says which statements the launcher makes obsolete:
+
+    def main():
+        args = parser.parse_args()
+        args.ngpus_per_node = torch.cuda.device_count()      # goes: only the removed code read it
+        if "SLURM_JOB_ID" in os.environ:
+            signal.signal(signal.SIGUSR1, handle_sigusr1)   # kept
+            host_name = ...                                  # goes: it only fed `args.dist_url`
+            args.rank = int(os.getenv("SLURM_NODEID")) * args.ngpus_per_node     # goes
+            args.world_size = int(os.getenv("SLURM_NNODES")) * args.ngpus_per_node  # goes
+            args.dist_url = f"tcp://{host_name}:58472"      # goes
+        else:                                                # goes with its three assignments
+            args.rank = 0
+            ...
+        mp.spawn(main_worker, (args,), args.ngpus_per_node)
+
+    def main_worker(gpu, args):
+        args.rank += gpu                                     # goes
+        dist.init_process_group(...)                         # the Accelerator (AM007), then
+                                                             # args.rank = accelerator.process_index
+                                                             # args.world_size = accelerator.num_processes
+
+Why: under `accel launch` the launcher owns the rank, the world size and the rendezvous; the worker's
+later reads (`args.batch_size // args.world_size`, `if args.rank == 0:`) then read the launcher's
+values, which are what the spawned process computed on one node and on SLURM alike.
+
+Leaves alone (the reason is returned, AM007 refuses the file with it): the namespace's rank or world
+size also written elsewhere in the file, read by the spawning function for anything but the removed
+computation, or read in the worker before its process group exists; the `rank=` and `world_size=`
+of the init not both attributes of the same namespace that the spawn passes.
+
+Fix safety: only statements whose every effect is the removed computation go (assignments of the
+three attributes, and bindings read by nothing else); every read of the rank and the world size
+after the process group exists gets the accelerator's value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from migrate.walk import walk
+
+# the namespace attributes the accelerator sets again after it is created, and from what
+PROPERTIES = {"rank": "process_index", "world_size": "num_processes"}
+
+
+@dataclass(eq=False)
+class NamespaceRank:
+    """`args.rank` / `args.world_size` / `args.dist_url` computed for the spawned worker."""
+
+    namespace: str  # the worker's parameter that receives it ("args")
+    init: cst.BaseStatement  # the worker's `init_process_group(...)`: the assignments follow it
+    attributes: dict[str, str]  # init keyword -> attribute name ("rank" -> "rank", "init_method" -> "dist_url")
+    replace: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)  # what goes
+
+    def assignments(self) -> list[cst.BaseStatement]:
+        """The statements written after the Accelerator: the namespace gets the launcher's values."""
+        return [
+            cst.parse_statement(f"{self.namespace}.{self.attributes[keyword]} = accelerator.{prop}\n")
+            for keyword, prop in PROPERTIES.items()
+            if keyword in self.attributes
+        ]
+
+
+def find(
+    module: cst.Module,
+    spawner: cst.FunctionDef,
+    spawn_stmt: cst.BaseStatement,
+    worker: cst.FunctionDef,
+    spawn_args: Sequence[cst.BaseExpression],
+    init_call: cst.Call,
+    init_stmt: cst.BaseStatement,
+) -> NamespaceRank | str | None:
+    """The namespace shape of this launcher, the reason it cannot be converted, or None when the
+    init's `rank=` / `world_size=` are not attributes (another shape)."""
+    given = {a.keyword.value: a.value for a in init_call.args if a.keyword is not None}
+    attributes: dict[str, str] = {}
+    namespaces: set[str] = set()
+    for keyword in ("rank", "world_size", "init_method"):
+        value = given.get(keyword)
+        if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name):
+            attributes[keyword] = value.attr.value
+            namespaces.add(value.value.value)
+    if not ({"rank", "world_size"} & attributes.keys()):
+        return None
+    params = [p.name.value for p in worker.params.params]
+    if len(namespaces) != 1 or not {"rank", "world_size"} <= attributes.keys():
+        return "the init's `rank=` and `world_size=` are not both attributes of one namespace"
+    namespace = namespaces.pop()
+    if namespace not in params[1:]:
+        return f"`{namespace}` is not a parameter of `{worker.name.value}` that the spawn passes"
+    outer = spawn_args[params.index(namespace) - 1]
+    if not isinstance(outer, cst.Name):
+        return f"the spawn does not pass `{namespace}` as a name of `{spawner.name.value}`"
+    written = set(attributes.values())
+    found = NamespaceRank(namespace, init_stmt, attributes)
+    removed: set[int] = {id(spawn_stmt), id(init_stmt)}
+
+    worker_body = _body(worker)
+    before_init = worker_body[: next(i for i, s in enumerate(worker_body) if s is init_stmt)]
+    for stmt in before_init:
+        if _assigns(stmt, namespace, written):
+            removed.add(id(stmt))
+        elif _reads_attributes(stmt, written):
+            return (f"`{worker.name.value}` reads `{namespace}.{sorted(_reads_attributes(stmt, written))[0]}` before "
+                    "its process group exists, where the launcher's value is not known yet")
+    spawner_statements = list(_statements(_body(spawner)))
+    for stmt in spawner_statements:
+        if _assigns(stmt, outer.value, written):
+            removed.add(id(stmt))
+    _remove_dead_bindings(module, spawner_statements, outer.value, removed)
+
+    owned = {id(s) for s in spawner_statements} | {id(s) for s in before_init}
+    for stmt in _statements(module.body):
+        if id(stmt) in removed or id(stmt) in owned:
+            continue
+        if isinstance(stmt, cst.SimpleStatementLine) and _assigned_attributes(stmt) & written:
+            return f"`.{sorted(_assigned_attributes(stmt) & written)[0]}` is also written outside the launcher"
+    for stmt in spawner_statements:
+        if id(stmt) not in removed and not isinstance(stmt, cst.If) and _reads_attributes(stmt, written):
+            return (f"`{spawner.name.value}` itself reads `{outer.value}."
+                    f"{sorted(_reads_attributes(stmt, written))[0]}`, which the launcher computes now")
+    for stmt in [*before_init, *spawner_statements]:
+        if id(stmt) in removed and stmt is not init_stmt and stmt is not spawn_stmt:
+            found.replace[stmt] = []
+    for stmt in spawner_statements:
+        if isinstance(stmt, cst.If):
+            _prune_if(stmt, removed, found.replace)
+    return found
+
+
+def _body(function: cst.FunctionDef) -> Sequence[cst.BaseStatement]:
+    body = function.body
+    return body.body if isinstance(body, cst.IndentedBlock) else ()
+
+
+def _statements(block: Sequence[cst.BaseStatement]) -> Iterator[cst.BaseStatement]:
+    """Statements of `block` and of the `if` / `else` blocks in it (not loops, functions, classes)."""
+    for stmt in block:
+        yield stmt
+        if isinstance(stmt, cst.If):
+            yield from _statements(_if_body(stmt))
+            orelse = stmt.orelse
+            if isinstance(orelse, cst.Else):
+                yield from _statements(orelse.body.body if isinstance(orelse.body, cst.IndentedBlock) else ())
+            elif isinstance(orelse, cst.If):
+                yield from _statements([orelse])
+
+
+def _if_body(stmt: cst.If) -> Sequence[cst.BaseStatement]:
+    return stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ()
+
+
+def _small(stmt: cst.BaseStatement) -> cst.BaseSmallStatement | None:
+    return stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+
+
+def _assigns(stmt: cst.BaseStatement, receiver: str, attributes: set[str]) -> bool:
+    """`receiver.attr = ...` / `receiver.attr += ...` for one of `attributes`, alone on its line."""
+    small = _small(stmt)
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target: cst.BaseExpression = small.targets[0].target
+    elif isinstance(small, cst.AugAssign):
+        target = small.target
+    else:
+        return False
+    return (
+        isinstance(target, cst.Attribute)
+        and isinstance(target.value, cst.Name)
+        and target.value.value == receiver
+        and target.attr.value in attributes
+    )
+
+
+def _assigned_attributes(stmt: cst.SimpleStatementLine) -> set[str]:
+    found: set[str] = set()
+    for small in stmt.body:
+        targets: list[cst.BaseExpression] = []
+        if isinstance(small, cst.Assign):
+            targets = [t.target for t in small.targets]
+        elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+            targets = [small.target]
+        found.update(t.attr.value for t in targets if isinstance(t, cst.Attribute))
+    return found
+
+
+def _reads_attributes(node: cst.CSTNode, attributes: set[str]) -> set[str]:
+    """Which of `attributes` `node` reads (`x.rank` on any receiver: the namespace travels)."""
+    found: set[str] = set()
+
+    class Reads(cst.CSTVisitor):
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            if attribute.attr.value in attributes:
+                found.add(attribute.attr.value)
+
+    walk(node, Reads())
+    return found
+
+
+def _remove_dead_bindings(
+    module: cst.Module, statements: list[cst.BaseStatement], receiver: str, removed: set[int]
+) -> None:
+    """Bindings of the spawning function read only by removed statements go too, until none is
+    left: `host_name = ...` read by the removed `args.dist_url = f"tcp://{host_name}:..."`,
+    `args.ngpus_per_node = ...` read by the removed world size and the replaced spawn."""
+    changed = True
+    while changed:
+        changed = False
+        for stmt in statements:
+            small = _small(stmt)
+            if id(stmt) in removed or not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+                continue
+            target = small.targets[0].target
+            if isinstance(target, cst.Name):
+                scope: Sequence[cst.BaseStatement] = statements
+                reads = _name_reads(scope, target.value, removed)
+            elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == receiver:
+                reads = _attribute_reads(module, target.attr.value, removed)
+            else:
+                continue
+            if reads == 0:
+                removed.add(id(stmt))
+                changed = True
+
+
+def _name_reads(statements: Sequence[cst.BaseStatement], name: str, removed: set[int]) -> int:
+    """Loads of `name` in the statements of the spawning function that stay."""
+    count = 0
+
+    class Loads(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> bool:
+            node.value.visit(self)
+            for target in node.targets:
+                if not isinstance(target.target, cst.Name):
+                    target.target.visit(self)
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            nonlocal count
+            count += node.value == name
+
+    for stmt in statements:
+        if id(stmt) in removed:
+            continue
+        if isinstance(stmt, cst.If):
+            walk(stmt.test, Loads())  # its blocks' statements are in `statements` themselves
+        else:
+            walk(stmt, Loads())
+    return count
+
+
+def _attribute_reads(module: cst.Module, attribute: str, removed: set[int]) -> int:
+    """Reads of `.attribute` anywhere in the module outside removed statements."""
+    count = 0
+
+    class Reads(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            return id(node) not in removed
+
+        def visit_Assign(self, node: cst.Assign) -> bool:
+            node.value.visit(self)
+            for target in node.targets:
+                if isinstance(target.target, cst.Attribute):
+                    target.target.value.visit(self)
+                else:
+                    target.target.visit(self)
+            return False
+
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            nonlocal count
+            count += node.attr.value == attribute
+
+    walk(module, Reads())
+    return count
+
+
+def _prune_if(stmt: cst.If, removed: set[int], replace: dict[cst.BaseStatement, list[cst.BaseStatement]]) -> None:
+    """An `if` whose blocks lost statements: an emptied `else` goes, an emptied `if` goes whole."""
+    kept = [s for s in _if_body(stmt) if id(s) not in removed]
+    orelse = stmt.orelse
+    else_kept: list[cst.BaseStatement] | None = None
+    if isinstance(orelse, cst.Else) and isinstance(orelse.body, cst.IndentedBlock):
+        else_kept = [s for s in orelse.body.body if id(s) not in removed]
+        if len(else_kept) == len(orelse.body.body) and len(kept) == len(_if_body(stmt)):
+            return
+    elif orelse is not None or len(kept) == len(_if_body(stmt)):
+        return  # an `elif` chain: its statements go one by one (left `pass` where emptied)
+    for inner in _if_body(stmt):
+        replace.pop(inner, None)
+    if isinstance(orelse, cst.Else) and isinstance(orelse.body, cst.IndentedBlock):
+        for inner in orelse.body.body:
+            replace.pop(inner, None)
+    if not kept and not else_kept:
+        replace[stmt] = []
+        return
+    assert isinstance(stmt.body, cst.IndentedBlock)
+    if not kept:
+        kept = [cst.SimpleStatementLine([cst.Pass()])]
+    new_else = None
+    if else_kept:
+        assert isinstance(orelse, cst.Else) and isinstance(orelse.body, cst.IndentedBlock)
+        new_else = orelse.with_changes(body=orelse.body.with_changes(body=else_kept))
+    replace[stmt] = [stmt.with_changes(body=stmt.body.with_changes(body=kept), orelse=new_else)]
