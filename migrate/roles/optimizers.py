@@ -223,13 +223,57 @@ def _parameter_owners(home: Scope, call: cst.Call) -> list[str]:
     finder = _ParametersFinder()
     for arg in call.args:
         walk(arg.value, finder)
+        values = [arg.value]
         if isinstance(arg.value, cst.Name):
             for binding in home.bindings.get(arg.value.value, []):
                 if binding.value is not None:
                     walk(binding.value, finder)
+                    values.append(binding.value)
+        if not finder.owners:
+            finder.owners.extend(_sorted_parameter_owners(home, values))
     for owner in finder.owners:
         if owner not in owners:
             owners.append(owner)
+    return owners
+
+
+def _sorted_parameter_owners(home: Scope, values: list[cst.BaseExpression]) -> list[str]:
+    """Parameter groups filled by a loop over a model's parameters:
+    `weights, biases = [], []` / `for p in model.parameters(): (biases if p.ndim == 1 else weights).append(p)`
+    then `SGD([{"params": weights}, {"params": biases}], ...)`: the owner is `model`."""
+    lists: set[str] = set()
+
+    class Names(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            lists.add(node.value)
+
+    for value in values:
+        walk(value, Names())
+    empty = {n for n in lists if any(isinstance(b.value, cst.List) and not b.value.elements
+                                     for b in home.bindings.get(n, []))}
+    if not empty:
+        return []
+    owners: list[str] = []
+
+    class Loops(cst.CSTVisitor):
+        def visit_For(self, node: cst.For) -> None:
+            source = _ParametersFinder()
+            walk(node.iter, source)
+            if not source.owners:
+                return
+            appended: list[str] = []
+
+            class Appends(cst.CSTVisitor):
+                def visit_Call(self, call: cst.Call) -> None:
+                    func = call.func
+                    if isinstance(func, cst.Attribute) and func.attr.value == "append" and isinstance(func.value, cst.Name):
+                        appended.append(func.value.value)
+
+            walk(node.body, Appends())
+            if empty & set(appended):
+                owners.extend(o for o in source.owners if o not in owners)
+
+    walk(home.node, Loops())
     return owners
 
 

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.analysis import Binding, Facts, Scope
+from migrate.roles import spawn_namespace
 from migrate.roles.calls import is_expression_statement
 from migrate.roles.model import DISTRIBUTED, Finding, Roles
+from migrate.roles.spawn_namespace import NamespaceRank
 from migrate.walk import walk
 
 _SPAWNERS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
@@ -52,6 +54,7 @@ class SpawnLaunch:
     nprocs_binding: cst.BaseStatement | None  # `world_size = torch.cuda.device_count()`, read only by the spawn
     master_env: list[cst.BaseStatement]  # `os.environ["MASTER_PORT"] = ...`: torchrun sets them
     environ: str | None  # how this file spells `os.environ` (None: it imports neither `os` nor `environ`)
+    namespace: NamespaceRank | None = None  # rank and world size computed into `args` (`spawn_namespace`)
 
 
 def spawn_refusal(node: cst.CSTNode, why: str) -> Finding:
@@ -111,7 +114,7 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
     nprocs = given.get("nprocs") or cst.Integer("1")
     code = facts.module.code_for_node
     world_size_args = {i for i, a in enumerate(args) if code(a) == code(nprocs)}
-    init = _spawn_worker_init(facts, worker, world_size_args, nprocs)
+    init = _spawn_worker_init(facts, worker, world_size_args, nprocs, scope, stmt, args)
     if isinstance(init, Finding):
         return init
     nprocs_binding: cst.BaseStatement | None = None
@@ -132,13 +135,15 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
     os_names = facts.aliases.local_names_for("os")
     environ_names = facts.aliases.local_names_for("os.environ")
     environ = f"{os_names[0]}.environ" if os_names else (environ_names[0] if environ_names else None)
-    return SpawnLaunch(call, stmt, worker, args, world_size_args, nprocs, nprocs_binding, master_env, environ)
+    return SpawnLaunch(call, stmt, worker, args, world_size_args, nprocs, nprocs_binding, master_env, environ, init)
 
 
 def _spawn_worker_init(
-    facts: Facts, worker: Scope, world_size_args: set[int], nprocs: cst.BaseExpression
-) -> Finding | None:
-    """The one `init_process_group`: a statement of the worker's body whose rank is the spawn index."""
+    facts: Facts, worker: Scope, world_size_args: set[int], nprocs: cst.BaseExpression,
+    spawn_scope: Scope, spawn_stmt: cst.BaseStatement, args: list[cst.BaseExpression],
+) -> Finding | NamespaceRank | None:
+    """The one `init_process_group`: a statement of the worker's body whose rank is the spawn index,
+    or the namespace the spawning function computed the rank and the world size into."""
     inits = [(s, c) for s in facts.scopes for c in s.library_calls if c.qualified == _INIT_PROCESS_GROUP]
     node = worker.node
     assert isinstance(node, cst.FunctionDef)
@@ -154,6 +159,13 @@ def _spawn_worker_init(
             f"the process group is initialised here, not as a statement of the worker `{worker.name}` itself: "
             f"move this setup into `{worker.name}`",
         )
+    spawner = spawn_scope.node
+    if isinstance(spawner, cst.FunctionDef):
+        found = spawn_namespace.find(facts.module, spawner, spawn_stmt, node, args, init.call, init.where.stmt)
+        if isinstance(found, str):
+            return spawn_refusal(init.call, found)
+        if found is not None:
+            return found
     expected = {"rank": {worker.params[0]}, "world_size": {worker.params[1 + i] for i in world_size_args}}
     for index, arg in enumerate(init.call.args):
         keyword = arg.keyword.value if arg.keyword is not None else ("backend" if index == 0 else None)

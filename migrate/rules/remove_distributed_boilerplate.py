@@ -108,6 +108,9 @@ _COLLECTIVES = frozenset(
     f"torch.distributed.{name}"
     for name in ("all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter", "all_gather_object")
 )
+# In-place collectives that leave their tensor as it is on one process, where the runtime starts
+# no process group: guarded by `is_initialized()` they keep their meaning at every process count.
+_IDENTITY_AT_ONE = frozenset(f"torch.distributed.{name}" for name in ("all_reduce", "reduce", "broadcast"))
 _WRAPPERS = frozenset(
     {"torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}
 )
@@ -183,7 +186,9 @@ def _library_call(
 ) -> None:
     if qualified in _SPAWN:
         return  # converted by `_convert_spawn` (the roles refuse the shapes it cannot convert)
-    if qualified in _COLLECTIVES:
+    if qualified in _IDENTITY_AT_ONE and _standalone(where, call) and isinstance(call.func, cst.Attribute):
+        _guard_collective(plan, where.stmt, call, call.func)
+    elif qualified in _COLLECTIVES:
         plan.report(CODE, call, "explicit collective kept: it works under the runtime's process group, but "
                     "fails on a single process started without torchrun; prefer `accelerator.reduce/gather`")
     elif qualified == _INIT and where.stmt is not plan.create_at and where.stmt not in plan.replace_stmt:
@@ -207,6 +212,17 @@ def _library_call(
         plan.calls[call] = lambda updated, prop=prop: cst.Attribute(cst.Name("accelerator"), cst.Name(prop))
         plan.use_accelerator(scope)
         plan.change(CODE, call, f"`{qualified.rsplit('.', 1)[1]}()` -> `accelerator.{prop}`")
+
+
+def _guard_collective(plan: EditPlan, stmt: cst.BaseStatement, call: cst.Call, func: cst.Attribute) -> None:
+    """`dist.all_reduce(c)` -> `if dist.is_initialized(): dist.all_reduce(c)` (same spelling of the module)."""
+    assert isinstance(stmt, cst.SimpleStatementLine)
+    test = cst.Call(cst.Attribute(func.value, cst.Name("is_initialized")))
+    inner = stmt.with_changes(leading_lines=[])
+    plan.replace_stmt[stmt] = [cst.If(test=test, body=cst.IndentedBlock([inner]), leading_lines=stmt.leading_lines)]
+    name = func.attr.value
+    plan.change(CODE, call, f"`{name}` runs only when a process group exists: on one process the runtime starts "
+                f"none, and `{name}` over one process leaves the tensor as it is")
 
 
 def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:

@@ -116,7 +116,7 @@ def find(
     for stmt in spawner_statements:
         if _assigns(stmt, outer.value, written):
             removed.add(id(stmt))
-    _remove_dead_bindings(module, spawner_statements, outer.value, removed)
+    _remove_dead_bindings(module, spawner_statements, spawn_args, outer.value, removed)
 
     owned = {id(s) for s in spawner_statements} | {id(s) for s in before_init}
     for stmt in _statements(module.body):
@@ -206,11 +206,16 @@ def _reads_attributes(node: cst.CSTNode, attributes: set[str]) -> set[str]:
 
 
 def _remove_dead_bindings(
-    module: cst.Module, statements: list[cst.BaseStatement], receiver: str, removed: set[int]
+    module: cst.Module,
+    statements: list[cst.BaseStatement],
+    spawn_args: Sequence[cst.BaseExpression],
+    receiver: str,
+    removed: set[int],
 ) -> None:
     """Bindings of the spawning function read only by removed statements go too, until none is
     left: `host_name = ...` read by the removed `args.dist_url = f"tcp://{host_name}:..."`,
-    `args.ngpus_per_node = ...` read by the removed world size and the replaced spawn."""
+    `args.ngpus_per_node = ...` read by the removed world size and the replaced spawn's process
+    count (its `args`, passed on to the worker, stay read)."""
     changed = True
     while changed:
         changed = False
@@ -220,8 +225,7 @@ def _remove_dead_bindings(
                 continue
             target = small.targets[0].target
             if isinstance(target, cst.Name):
-                scope: Sequence[cst.BaseStatement] = statements
-                reads = _name_reads(scope, target.value, removed)
+                reads = _name_reads([*statements, *spawn_args], target.value, removed)
             elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == receiver:
                 reads = _attribute_reads(module, target.attr.value, removed)
             else:
@@ -231,8 +235,8 @@ def _remove_dead_bindings(
                 changed = True
 
 
-def _name_reads(statements: Sequence[cst.BaseStatement], name: str, removed: set[int]) -> int:
-    """Loads of `name` in the statements of the spawning function that stay."""
+def _name_reads(nodes: Sequence[cst.CSTNode], name: str, removed: set[int]) -> int:
+    """Loads of `name` in the statements of the spawning function that stay (and in `nodes`)."""
     count = 0
 
     class Loads(cst.CSTVisitor):
@@ -247,7 +251,7 @@ def _name_reads(statements: Sequence[cst.BaseStatement], name: str, removed: set
             nonlocal count
             count += node.value == name
 
-    for stmt in statements:
+    for stmt in nodes:
         if id(stmt) in removed:
             continue
         if isinstance(stmt, cst.If):
