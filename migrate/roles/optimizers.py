@@ -249,8 +249,7 @@ def _sorted_parameter_owners(home: Scope, values: list[cst.BaseExpression]) -> l
 
     for value in values:
         walk(value, Names())
-    empty = {n for n in lists if any(isinstance(b.value, cst.List) and not b.value.elements
-                                     for b in home.bindings.get(n, []))}
+    empty = {n for n in lists if any(_starts_empty(b) for b in home.bindings.get(n, []))}
     if not empty:
         return []
     owners: list[str] = []
@@ -275,6 +274,17 @@ def _sorted_parameter_owners(home: Scope, values: list[cst.BaseExpression]) -> l
 
     walk(home.node, Loops())
     return owners
+
+
+def _starts_empty(binding: Binding) -> bool:
+    """`weights = []`, or `weights, biases = [], []`."""
+    stmt = binding.where.stmt
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    if not isinstance(small, cst.Assign):
+        return False
+    value = small.value
+    values = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+    return all(isinstance(v, cst.List) and not v.elements for v in values)
 
 
 class _ParametersFinder(cst.CSTVisitor):

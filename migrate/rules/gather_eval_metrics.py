@@ -107,6 +107,9 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if not roles.can_reach(scope):
             refused.add(loader)
             continue
+        if _on_rank_zero(loop):
+            refused.add(loader)  # one process evaluates all of it, as before: nothing to gather
+            continue
         found = _Loop(roles, scope, loop).plan()
         if found is None:
             refused.add(loader)
@@ -137,6 +140,22 @@ def apply(roles: Roles, plan: EditPlan) -> None:
 
 def _packed(names: list[str]) -> str:
     return f"({', '.join(names)})" if len(names) > 1 else names[0]
+
+
+def _on_rank_zero(loop: Loop) -> bool:
+    """The loop runs under `if <rank> == 0:` (`args.rank`, `rank`, `dist.get_rank()`): only the
+    main process evaluates, so its loader stays whole and nothing is gathered (a gather that
+    the other processes never join would hang)."""
+    for ref in loop.where.path:
+        test = ref.stmt.test if isinstance(ref.stmt, cst.If) else None
+        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+            continue
+        target = test.comparisons[0]
+        if not (isinstance(target.operator, cst.Equal) and isinstance(target.comparator, cst.Integer)):
+            continue
+        if target.comparator.value == "0" and re.search(r"(^|[._])rank\b", _code(test.left)):
+            return True
+    return False
 
 
 class _Loop:

@@ -187,7 +187,8 @@ def _library_call(
     if qualified in _SPAWN:
         return  # converted by `_convert_spawn` (the roles refuse the shapes it cannot convert)
     if qualified in _IDENTITY_AT_ONE and _standalone(where, call) and isinstance(call.func, cst.Attribute):
-        _guard_collective(plan, where.stmt, call, call.func)
+        if not _guarded(where):
+            _guard_collective(plan, where.stmt, call, call.func)
     elif qualified in _COLLECTIVES:
         plan.report(CODE, call, "explicit collective kept: it works under the runtime's process group, but "
                     "fails on a single process started without torchrun; prefer `accelerator.reduce/gather`")
@@ -212,6 +213,13 @@ def _library_call(
         plan.calls[call] = lambda updated, prop=prop: cst.Attribute(cst.Name("accelerator"), cst.Name(prop))
         plan.use_accelerator(scope)
         plan.change(CODE, call, f"`{qualified.rsplit('.', 1)[1]}()` -> `accelerator.{prop}`")
+
+
+def _guarded(where: StmtRef) -> bool:
+    """Directly inside `if <...>.is_initialized():` (the guard written by hand, or by a first run)."""
+    parent = where.path[-1].stmt if where.path else None
+    test = parent.test if isinstance(parent, cst.If) else None
+    return isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value == "is_initialized"
 
 
 def _guard_collective(plan: EditPlan, stmt: cst.BaseStatement, call: cst.Call, func: cst.Attribute) -> None:
@@ -251,9 +259,11 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
         for stmt, replacement in namespace.replace.items():
             plan.replace_stmt[stmt] = replacement
             plan.change(CODE, stmt, "rank / world size / rendezvous computation removed: the launcher provides them")
-        plan.insert_after[namespace.init] = [*namespace.assignments(), *plan.insert_after.get(namespace.init, [])]
-        plan.change(CODE, namespace.init, f"`{namespace.namespace}.{namespace.attributes['rank']}` and "
-                    f"`{namespace.namespace}.{namespace.attributes['world_size']}` from the accelerator")
+        assignments = namespace.assignments()
+        if assignments:
+            plan.insert_after[namespace.init] = [*assignments, *plan.insert_after.get(namespace.init, [])]
+            names = " and ".join(f"`{namespace.namespace}.{a}`" for a in sorted(namespace.read))
+            plan.change(CODE, namespace.init, f"{names} from the accelerator, for the reads after it")
 
 
 def _env_rank_bindings(
