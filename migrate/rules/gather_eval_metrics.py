@@ -37,7 +37,9 @@ Leaves alone (each reported unless no metric is recognised):
       function it cannot see into, or a loss the model returns itself; gathered, each batch holds
       the samples of N batches, so the sum would have N times fewer terms;
     - a loop whose function divides by `len(loader)` (after prepare: the batches of one process);
-    - loaders iterated by several loops not all of which it can convert.
+    - loaders iterated by several loops not all of which it can convert;
+    - an evaluation under a rank-0 check (`if args.rank == 0:`): only the main process evaluates,
+      over the whole loader, as before (gathering there would wait for processes that never come).
     Those loaders stay unprepared and keep their `.to(device)`: each process evaluates all of it
     (correct and the same on every process, only N times the work). The report says how to make
     the metric gatherable: `reduction="sum"` (divided by `len(loader.dataset)`), or a batch mean

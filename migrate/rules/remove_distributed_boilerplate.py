@@ -38,6 +38,18 @@ What it does:
       rather than from the Accelerator inside the worker: it is then the same value spawn passed (the
       process index on its node, which is also a device index) from the worker's first statement on,
       before the Accelerator exists, and the worker's signature stays as it is.
+      When the spawning function computes the rank, the world size and the rendezvous address into
+      the namespace it passes (`args.rank = node * ngpus`, `args.world_size = ...`,
+      `args.dist_url = ...`, on SLURM or one node) and the worker joins the group from them
+      (`args.rank += gpu`; `init_process_group(init_method=args.dist_url, world_size=args.world_size,
+      rank=args.rank)`), those computations go (with the bindings only they read, and an `else` they
+      emptied; SLURM signal handlers stay), and the worker sets `args.rank = accelerator.process_index`
+      and `args.world_size = accelerator.num_processes` after the Accelerator, for its later reads
+      (`migrate.roles.spawn_namespace`).
+    - An in-place collective of the script's own (`dist.all_reduce(c)`, `dist.reduce`,
+      `dist.broadcast`, also inside a model's forward) runs under `if dist.is_initialized():`: on
+      one process the runtime starts no process group, and the collective over one process leaves
+      its tensor as it is.
 
 Why:
     The Accelerator owns the process group, the rank and the device, and its prepared objects do
@@ -56,8 +68,9 @@ Example:
 
 Leaves alone:
     `mp.spawn` launchers of another shape (`migrate.roles.SpawnLaunch`): the process group set up
-    in a helper rather than in the worker's body, `rank=` / `world_size=` computed
-    (`args.rank = node * ngpus + gpu`) rather than the spawn index and the process count, the
+    in a helper rather than in the worker's body, `rank=` / `world_size=` computed in other ways
+    than the spawn index and the process count or the namespace shape above (the namespace's rank
+    read by the spawning function itself or in the worker before its process group exists), the
     worker also called directly (a second launch path), the optimizer built outside the worker,
     `nprocs` used for other things, `args` not a written-out tuple, `join=False`: the whole file
     is refused with the reason (make the worker the entry point, or reshape it so, and run
@@ -69,9 +82,10 @@ Leaves alone:
     Also a process group initialised in another function than the one that
     builds the optimizer, samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
-    sharding themselves, so the training loader is not prepared either), and explicit
-    collectives (`dist.all_reduce`: they still work under the runtime, which initialises the
-    process group) — each reported.
+    sharding themselves, so the training loader is not prepared either), and other explicit
+    collectives (`dist.all_gather` into a list, a collective whose result is used: they still work
+    under N processes, where the runtime initialises the process group, but not on one) — each
+    reported.
 
 Fix safety:
     Safe: the prepared objects reproduce the sharding, wrapping and rank logic. Sharding by hand
