@@ -239,8 +239,9 @@ def _parameter_owners(home: Scope, call: cst.Call) -> list[str]:
 
 def _sorted_parameter_owners(home: Scope, values: list[cst.BaseExpression]) -> list[str]:
     """Parameter groups filled by a loop over a model's parameters:
-    `weights, biases = [], []` / `for p in model.parameters(): (biases if p.ndim == 1 else weights).append(p)`
-    then `SGD([{"params": weights}, {"params": biases}], ...)`: the owner is `model`."""
+    `weights, biases = [], []`, a `for p in model.parameters():` whose body appends to them
+    (`biases.append(p)` / `weights.append(p)`), then `LARS([{"params": weights}, {"params": biases}])`:
+    the owner is `model`."""
     lists: set[str] = set()
 
     class Names(cst.CSTVisitor):
