@@ -13,8 +13,13 @@ file are one): they are migrated together
 (`migrate/crossmodule/`). A file that imports nothing of the run, and is imported by none, is a
 unit of its own and goes through the single-file engine unchanged.
 
+A name imported from a package that its `__init__.py` re-exports (`from data import build_loader`,
+data/__init__.py: `from .build import build_loader`) is recorded as imported from the module
+defining it (data/build.py), as Python binds it.
+
 Only scripts (files that mention `__main__`) and the files they import that mention `torch` (no
-other file holds training code, see `migrate/prefilter.py`) take part, and a script reaching more
+other file holds training code, see `migrate/prefilter.py`) take part (a package `__init__` is
+read for its re-exports only), and a script reaching more
 than `MAX_UNIT_FILES` files (a framework's own sources) is migrated on its own. Cost: the import
 statements of each such file, found line by line and parsed alone (no parse of the whole file),
 only in runs of several files; a run of one file builds no index.
@@ -37,6 +42,9 @@ class ModuleInfo:
     imports: dict[Path, list["ImportedName"]] = field(default_factory=dict)  # run module -> what is taken
     has_main_guard: bool = False
     parse_error: bool = False
+    # package `__init__` files whose re-exports were followed: not reached, but in the unit, so
+    # that the unit's own index resolves the import the same way
+    reexports: list[Path] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,9 @@ class ModuleIndex:
         for entry, info in self.modules.items():
             if not (info.has_main_guard and info.imports):
                 continue  # units form around scripts: modules are joined only through one
-            for other in self.reached(entry)[1:]:
+            reached = self.reached(entry)
+            hubs = [h for path in reached for h in self.modules[path].reexports if h in parent]
+            for other in [*reached[1:], *hubs]:
                 a, b = find(entry), find(other)
                 if a != b:
                     parent[max(a, b)] = min(a, b)
@@ -116,6 +126,7 @@ def build_index(sources: dict[Path, str]) -> ModuleIndex:
             if path not in read:
                 read.add(path)
                 _read_imports(index.modules[path], sources[path], by_name)
+            _follow_reexports(index.modules[path], index, sources, by_name, read)
             for other in index.modules[path].imports:
                 if other not in seen and "torch" in sources[other]:
                     reached.append(other)
@@ -124,6 +135,34 @@ def build_index(sources: dict[Path, str]) -> ModuleIndex:
                 index.modules[entry].imports.clear()
                 break
     return index
+
+
+def _follow_reexports(info: ModuleInfo, index: ModuleIndex, sources: dict[Path, str],
+                      by_name: dict[str, list[Path]], read: set[Path]) -> None:
+    """`from data import build_loader` where data/__init__.py only re-exports it (`from .build
+    import build_loader`): the name is recorded as imported from the module that defines it, as
+    Python binds it. A package `__init__` holds no training code of its own, so it is read for
+    its imports even without `torch`; a name it defines itself (a wrapper) stays its own."""
+    for target in [t for t in info.imports if t.name == "__init__.py"]:
+        if target not in read:
+            read.add(target)
+            _read_imports(index.modules[target], sources[target], by_name, package=True)
+        exported = {n.local: (module, n) for module, names in index.modules[target].imports.items()
+                    for n in names if n.name is not None}
+        kept: list[ImportedName] = []
+        for name in info.imports[target]:
+            found = exported.get(name.name) if name.name is not None else None
+            if found is None:
+                kept.append(name)
+                continue
+            module, original = found
+            if target not in info.reexports:
+                info.reexports.append(target)
+            info.imports.setdefault(module, []).append(ImportedName(original.name, name.local, name.line))
+        if kept:
+            info.imports[target] = kept
+        else:
+            del info.imports[target]
 
 
 _IMPORT_START = re.compile(r"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+import\b|import[ \t]+\w)")
@@ -155,9 +194,9 @@ def _import_statements(text: str) -> Iterator[tuple[int, ast.stmt]]:
             yield start, tree.body[0]
 
 
-def _read_imports(info: ModuleInfo, text: str, by_name: dict[str, list[Path]]) -> None:
+def _read_imports(info: ModuleInfo, text: str, by_name: dict[str, list[Path]], package: bool = False) -> None:
     path = info.path
-    if "import" not in text or ("torch" not in text and "__main__" not in text):
+    if "import" not in text or ("torch" not in text and "__main__" not in text and not package):
         return  # no training code (see migrate/prefilter.py) and not a script: it joins no unit
     info.has_main_guard = _MAIN_GUARD.search(text) is not None
     for line, node in _import_statements(text):

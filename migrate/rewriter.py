@@ -179,7 +179,7 @@ def _drop_trivial(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
 
 def _emptied_guard(original: cst.BaseStatement, new: cst.BaseStatement) -> bool:
     """An `if` without `else`, testing names and constants only (`if use_cuda:`, `if args.gpu is
-    not None:`), whose statements the rewrite all removed (its body is now the `pass` put in their
+    not None:`, `if torch.cuda.is_available():`), whose statements the rewrite all removed (its body is now the `pass` put in their
     place): the test has no effect left, so neither has the `if`."""
     if not (isinstance(original, cst.If) and isinstance(new, cst.If)) or new.orelse is not None:
         return False
@@ -191,12 +191,17 @@ def _emptied_guard(original: cst.BaseStatement, new: cst.BaseStatement) -> bool:
     return _only_pass(new.body.body)
 
 
+# Calls that only ask (`if torch.cuda.is_available(): model.cuda()`): a test of them has no effect.
+_QUERIES = frozenset({"torch.cuda.is_available", "torch.backends.mps.is_available"})
+
+
 def _calls_something(test: cst.BaseExpression) -> bool:
     found: list[cst.CSTNode] = []
 
     class Finder(cst.CSTVisitor):
         def visit_Call(self, node: cst.Call) -> None:
-            found.append(node)
+            if cst.Module([]).code_for_node(node.func) not in _QUERIES or node.args:
+                found.append(node)
 
         def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
             found.append(node)

@@ -47,6 +47,7 @@ def find_loaders(roles: Roles) -> None:
                     call_name(roles, b.value, DATALOADER)
                     or _is_parameter_value(home, b.value)
                     or built_by_helper(roles, b.value)
+                    or _returned_element(roles, b) is not None
                     for b in home.bindings.get(name, [])
                 ):
                     roles.loaders.append(name)
@@ -75,6 +76,7 @@ def loader_calls(roles: Roles, home: Scope, loader: str) -> list[tuple[Scope, cs
     for binding in home.bindings.get(loader, []):
         value = binding.value
         if not isinstance(value, cst.Call):
+            found.extend(_returned_element(roles, binding) or ())
             continue
         if call_name(roles, value, DATALOADER):
             found.append((home, value))
@@ -89,6 +91,53 @@ def loader_calls(roles: Roles, home: Scope, loader: str) -> list[tuple[Scope, cs
                 )
                 found.extend((helper, v) for v in values if isinstance(v, cst.Call) and call_name(roles, v, DATALOADER))
     return found
+
+
+def _returned_element(roles: Roles, binding: Binding) -> list[tuple[Scope, cst.Call]] | None:
+    """`datasets, train_loader, val_loader = build_loader(config)` where every `return` of that
+    function (of this module, or of another module of the unit) is a tuple whose element at the
+    name's position is a `DataLoader(...)` or a name bound to one: those calls, with the helper's
+    scope; None for anything else."""
+    unpacked = _unpacked_call(binding)
+    if unpacked is None:
+        return None
+    call, index = unpacked
+    helper = roles.facts.functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
+    if helper is None or not helper.is_function or not helper.returns:
+        return None
+    found: list[tuple[Scope, cst.Call]] = []
+    for returned in helper.returns:
+        if not isinstance(returned, cst.Tuple) or index >= len(returned.elements):
+            return None
+        element = returned.elements[index]
+        if isinstance(element, cst.StarredElement):
+            return None
+        value = element.value
+        values = [b.value for b in helper.bindings.get(value.value, [])] if isinstance(value, cst.Name) else [value]
+        calls = [v for v in values if isinstance(v, cst.Call) and call_name(roles, v, DATALOADER)]
+        if not calls or len(calls) != len(values):
+            return None
+        found.extend((helper, c) for c in calls)
+    return found
+
+
+def _unpacked_call(binding: Binding) -> tuple[cst.Call, int] | None:
+    """(call, position) for a name bound by unpacking a call: `a, loader = f(...)` -> (f(...), 1)."""
+    stmt = binding.where.stmt
+    if binding.value is not None or binding.is_loop_target or not isinstance(stmt, cst.SimpleStatementLine):
+        return None
+    assign = stmt.body[0] if len(stmt.body) == 1 else None
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.value, cst.Call)):
+        return None
+    target = assign.targets[0].target
+    if not isinstance(target, (cst.Tuple, cst.List)):
+        return None
+    for index, element in enumerate(target.elements):
+        if isinstance(element, cst.StarredElement):
+            return None
+        if isinstance(element.value, cst.Name) and element.value.value == binding.name:
+            return assign.value, index
+    return None
 
 
 def sampler_values(roles: Roles, scope: Scope, call: cst.Call) -> list[cst.BaseExpression | None]:

@@ -229,7 +229,9 @@ class Roles:
         target = self.accelerator_scope
         if target is None:
             return False
-        if target is self.facts.module_scope or nested_in(scope, target):
+        if nested_in(scope, target):
+            return True
+        if target is self.facts.module_scope and not self._of_another_module(scope):
             return True
         if id(scope) in _pending:
             return True
@@ -253,13 +255,20 @@ class Roles:
 
     def needs_parameter(self, scope: Scope) -> bool:
         target = self.accelerator_scope
-        if target is None or target is self.facts.module_scope or nested_in(scope, target):
+        if target is None or nested_in(scope, target):
+            return False
+        if target is self.facts.module_scope and not self._of_another_module(scope):
             return False
         if not scope.is_function:
             return False  # module level of another module (a unit's): no parameter to add
         if scope.is_method and any(nested_in(target, m) for m in self.methods_of(scope) or []):
             return False  # the class holds it as `self.accelerator`
         return True
+
+    def _of_another_module(self, scope: Scope) -> bool:
+        """A scope of another module of a unit (`reduce_tensor` of utils.py): a global
+        `accelerator` of the entry's module level does not reach it."""
+        return not nested_in(scope, self.facts.module_scope)
 
     def holds_accelerator(self, scope: Scope) -> bool:
         """True for a method whose class keeps the accelerator as `self.accelerator`."""

@@ -199,15 +199,31 @@ def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
     )
     if factory is None:
         return []
-    finder = _ParametersFinder()
-    walk(factory.node, finder)
     owners: list[str] = []
-    for owner in finder.owners:
-        if owner in factory.params:
-            arg = call_argument(call, factory.params.index(owner), owner)
-            if isinstance(arg, cst.Name) and arg.value not in owners:
-                owners.append(arg.value)
+    for owner in _optimized_parameters(roles, factory):
+        arg = call_argument(call, factory.params.index(owner), owner)
+        if isinstance(arg, cst.Name) and arg.value not in owners:
+            owners.append(arg.value)
     return owners
+
+
+def _optimized_parameters(roles: Roles, function: Scope, seen: frozenset[int] = frozenset()) -> list[str]:
+    """The parameters of `function` whose `.parameters()` / `.named_parameters()` it takes, itself
+    or through a function of the module it passes them to (parameter groups built by a helper:
+    `parameters = set_weight_decay(model, skip)` then `optim.AdamW(parameters, ...)`)."""
+    finder = _ParametersFinder()
+    walk(function.node, finder)
+    found = [owner for owner in finder.owners if owner in function.params]
+    seen = seen | {id(function)}
+    for site in function.calls:
+        helper = roles.facts.functions.get(site.callee)
+        if helper is None or helper.is_method or id(helper) in seen:
+            continue
+        for param in _optimized_parameters(roles, helper, seen):
+            arg = call_argument(site.call, helper.params.index(param), param)
+            if isinstance(arg, cst.Name) and arg.value in function.params and arg.value not in found:
+                found.append(arg.value)
+    return found
 
 
 def _aliases_a_module(value: cst.BaseExpression | None) -> bool:

@@ -5,7 +5,8 @@ What it does:
     `accelerator.autocast()`; a `GradScaler` and its calls go: `scaler.scale(loss).backward()`
     -> `accelerator.backward(loss)`, `scaler.step(optimizer)` -> `optimizer.step()`,
     `scaler.update()` and `scaler.unscale_(optimizer)` are removed (the Accelerator unscales
-    before clipping). The Accelerator is created with `mixed_precision="fp16"` (a scaler, or an
+    before clipping). A scaler handed to a function (`train_one_epoch(..., scaler)`) keeps its
+    binding, unused, so that the call still has a value to pass; its uses in the function are converted. The Accelerator is created with `mixed_precision="fp16"` (a scaler, or an
     fp16 autocast) or `"bf16"` (a bfloat16 autocast, or `torch.autocast("cpu")`, without scaler).
     AMP switched by one flag (`GradScaler(enabled=args.amp)` with `autocast(enabled=args.amp)`,
     or `ctx = autocast() if args.amp else nullcontext()`) becomes
@@ -94,6 +95,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         plan.use_accelerator(scope)
         plan.change(CODE, call.call, "autocast -> `accelerator.autocast()`")
     for scope, name in scalers:
+        if _passed_on(scope, name):
+            continue  # `train_one_epoch(..., scaler)`: the callee's converted uses no longer touch it
         for binding in scope.bindings[name]:
             if remove_statement(plan, binding.where.stmt, binding.value):
                 plan.change(CODE, binding.where.stmt, f"GradScaler `{name}` removed: the Accelerator scales fp16 losses")
@@ -106,6 +109,21 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         plan.accelerator_kwargs["mixed_precision"] = f'"{precision}" if {_code(switch)} else "no"'
         plan.kwarg_reads["mixed_precision"] = switch
     plan.removes_boilerplate = True
+
+
+def _passed_on(scope: Scope, name: str) -> bool:
+    """The scaler is handed to a function as an argument (`train_one_epoch(..., scaler)`): its
+    binding stays, so that the call and the function's parameter keep a value."""
+
+    class Finder(cst.CSTVisitor):
+        found = False
+
+        def visit_Arg(self, node: cst.Arg) -> None:
+            if isinstance(node.value, cst.Name) and node.value.value == name:
+                Finder.found = True
+
+    walk(scope.node, Finder())
+    return Finder.found
 
 
 def _chosen_by_condition(module: cst.Module, calls: list[cst.Call]) -> dict[int, cst.BaseExpression]:

@@ -17,8 +17,10 @@ What it does:
     - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader, `sampler.set_epoch(...)`
       and `loader.sampler.set_epoch(...)` go (prepared loaders reshuffle each epoch themselves),
       and the loader is prepared. Also when a helper of the same file builds the loader
-      (`train_loader = build_loader(dataset)` returning `DataLoader(..., sampler=DistributedSampler(...))`):
-      the sampler goes inside the helper, so the prepared loader is sharded once, not N^2 ways.
+      (`train_loader = build_loader(dataset)` returning `DataLoader(..., sampler=DistributedSampler(...))`),
+      or returns it as one element of a tuple (`datasets, train_loader, val_loader =
+      build_loader(config)`, also from another module of the unit): the sampler goes inside the
+      helper, so the prepared loader is sharded once, not N^2 ways.
     - `dist.barrier()` becomes `accelerator.wait_for_everyone()`.
     - Hand-written sharding becomes the Accelerator's strategy: `model = FSDP(model, ...)` and
       `fully_shard(model)` (with the `fully_shard(block)` loop before it) go, and
@@ -475,7 +477,7 @@ def _remove_samplers(roles: Roles, plan: EditPlan) -> None:
     assert home is not None
     for loader in roles.rank_sampled:
         for scope, value in loader_calls(roles, home, loader):
-            if scope is not home and not _only_builds_training_loaders(roles, scope):
+            if scope is not home and not _only_builds_training_loaders(roles, scope, value):
                 plan.report(
                     CODE,
                     value,
@@ -503,19 +505,29 @@ def _remove_samplers(roles: Roles, plan: EditPlan) -> None:
             _remove_loader_set_epoch(roles, plan, loader)
 
 
-def _only_builds_training_loaders(roles: Roles, helper: Scope) -> bool:
-    """Every call of `helper` binds a training loader that shards by rank (and will be prepared):
-    removing the sampler inside it then unshards nothing that stays unprepared."""
+def _only_builds_training_loaders(roles: Roles, helper: Scope, built: cst.Call) -> bool:
+    """Every call of `helper` binds the loader `built` (a `DataLoader(...)` of the helper) to a
+    training loader that shards by rank (and will be prepared), directly (`loader = make(...)`)
+    or as one element of what it returns (`datasets, loader, val_loader = build_loader(config)`):
+    removing that loader's sampler then unshards nothing that stays unprepared."""
     sites = roles.call_sites(helper)
     if not sites:
         return False
     for caller, call in sites:
         if caller is not roles.home:
             return False
-        bound = [n for n, bs in caller.bindings.items() for b in bs if b.value is call]
-        if not bound or not all(n in roles.rank_sampled for n in bound):
+        bound = [n for n, bs in caller.bindings.items() for b in bs
+                 if b.value is call or (b.value is None and _unpacks(b, call))]
+        takes = [n for n in bound if any(v is built for _, v in loader_calls(roles, caller, n))]
+        if not takes or not all(n in roles.rank_sampled for n in takes):
             return False
     return True
+
+
+def _unpacks(binding, call: cst.Call) -> bool:  # type: ignore[no-untyped-def]
+    stmt = binding.where.stmt
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Assign) and stmt.body[0].value is call)
 
 
 def _remove_loader_set_epoch(roles: Roles, plan: EditPlan, loader: str) -> None:
