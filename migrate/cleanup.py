@@ -26,6 +26,9 @@ _BOILERPLATE_PREFIXES = (
     "torch.amp",
     "torch.multiprocessing",
     "functools",  # `functools.partial(...)` that built a wrap policy for a removed `FSDP(...)`
+    # a spawn launcher's rendezvous: `subprocess` asked SLURM for the host, `random` drew the port
+    "subprocess",
+    "random",
     # loggers whose calls AM012 turned into the tracker API
     "torch.utils.tensorboard",
     "tensorboardX",
