@@ -7,6 +7,9 @@ reads them later: `args.batch_size // args.world_size`, `if args.rank == 0:`). T
 sums a cross-correlation over the processes with `torch.distributed.all_reduce` itself: guarded by
 `is_initialized()`, so that one process (no process group) runs it too.
 
+evaluate.py, the second entry (a linear evaluation with the same launcher, its evaluation on rank 0
+only, its loss averaged with `torch.distributed.reduce`), is migrated the same way.
+
 Checked: the output equals out/ and a second run changes nothing; at one process the migrated
 script trains like the original (1 spawned process) - the same steps and learning rates, and
 losses equal up to fp16 rounding (the original's `torch.cuda.amp` disables itself on a CPU, while
@@ -14,6 +17,8 @@ losses equal up to fp16 rounding (the original's `torch.cuda.amp` disables itsel
 gloo processes only the main process prints, each step has the same number (each process takes half
 of every global batch of half the size: the same 6 steps per epoch), and the first step's loss,
 computed before any update from the global batch summed over both processes, is the one-process one.
+evaluate.py gives bit-identical losses and accuracies at one process (no AMP there); the one
+two-process launch of this test is main.py's.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ def test_spawn_rank_repository_migrates_and_trains(tmp_path: Path) -> None:
     shutil.copytree(case / "in", migrated)
     result = migrate(migrated)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (migrated / "main.py").read_text() == (case / "out" / "main.py").read_text()
+    for name in ("main.py", "evaluate.py"):
+        assert (migrated / name).read_text() == (case / "out" / name).read_text(), name
     again = migrate(migrated, "--check")
     assert again.returncode == 0, again.stdout + again.stderr  # a second run is a no-op
 
@@ -53,7 +59,17 @@ def test_spawn_rank_repository_migrates_and_trains(tmp_path: Path) -> None:
     assert [(s["epoch"], s["step"], s["lr_weights"]) for s in got] == [
         (s["epoch"], s["step"], s["lr_weights"]) for s in expected]
     assert [s["loss"] for s in got] == pytest.approx([s["loss"] for s in expected], rel=3e-2)
-    assert (one_dir / "checkpoint" / "backbone.pth").exists()
+    # the second entry, the linear evaluation of the backbone main.py saved: bit-identical at one process
+    backbone = str(tmp_path / "checkpoint" / "backbone.pth")
+    evaluations = []
+    for index, repo in enumerate((case / "in", migrated)):
+        (tmp_path / f"eval{index}").mkdir()
+        evaluations.append(run_cmd([sys.executable, str(repo / "evaluate.py"), backbone],
+                                   cwd=tmp_path / f"eval{index}", timeout=TIMEOUT))
+    assert all(e.returncode == 0 for e in evaluations), "".join(e.stderr[-3000:] for e in evaluations)
+    expected_eval, got_eval = (_stats(e.stdout) for e in evaluations)
+    assert len(expected_eval) == 2 * (4 + 1) and sum("acc" in s for s in expected_eval) == 2
+    assert got_eval == expected_eval
 
     resumed = run_cmd([sys.executable, str(migrated / "main.py"), "--epochs", "3"], cwd=one_dir, timeout=TIMEOUT)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
