@@ -1,5 +1,7 @@
-"""The cross-module layer in-process (no launches): the module index and the joined view's
-renamed imports and name conflicts, on copies of fixtures/repos/train_step/in."""
+"""The cross-module layer in-process (no launches): the module index (package re-exports
+included) and the joined view's renamed imports and name conflicts, on copies of
+fixtures/repos/train_step/in, and an Accelerator created at the entry's module level reaching a
+function of another module, on small written repositories."""
 
 from __future__ import annotations
 
@@ -65,3 +67,62 @@ def test_a_name_defined_in_two_modules_and_called_across_is_refused(tmp_path: Pa
     assert not any(r.changed for r in results.values())
     message = next(d.message for d in results["main.py"].diagnostics if d.code == "AM013")
     assert "`save_on_master` is defined in both" in message
+
+
+def _write(root: Path, files: dict[str, str]) -> dict[Path, str]:
+    written = {}
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written[path] = text
+    return written
+
+
+def test_index_follows_a_package_reexport_to_the_defining_module(tmp_path: Path) -> None:
+    files = _write(tmp_path, {
+        "main.py": "import torch\nfrom data import build_loader\nfrom models import build_model\n"
+                   "if __name__ == '__main__':\n    build_loader(build_model())\n",
+        "data/__init__.py": "from .build import build_loader\n",  # no torch: read for its re-exports
+        "data/build.py": "import torch\ndef build_loader(model): return torch.utils.data.DataLoader([1])\n",
+        "models/__init__.py": "from .build import make as _make\n\ndef build_model():\n    return _make()\n",
+        "models/build.py": "import torch\ndef make(): return torch.nn.Linear(1, 1)\n",
+    })
+    index = build_index(files)
+    main, build = tmp_path / "main.py", tmp_path / "data" / "build.py"
+    imports = index.modules[main].imports
+    # the name is imported from the module that defines it, as Python binds it
+    assert [(n.name, n.local, n.line) for n in imports[build]] == [("build_loader", "build_loader", 2)]
+    assert tmp_path / "data" / "__init__.py" not in imports
+    # a package that defines the name itself (a wrapper) stays the module imported from
+    assert [n.name for n in imports[tmp_path / "models" / "__init__.py"]] == ["build_model"]
+    # the unit holds the package __init__ too, so that the unit's own index resolves it the same way
+    unit = next(u for u in index.units() if main in u)
+    assert set(unit) == set(files)
+    again = build_index({p: t for p, t in files.items() if p in unit})
+    assert build in again.modules[main].imports
+
+
+def test_an_accelerator_created_at_the_entrys_module_level_is_passed_to_another_module(tmp_path: Path) -> None:
+    """The process group and the device set up under `if __name__ == "__main__":` become the
+    Accelerator there; a
+    function of another module that then reads it (`dist.get_world_size()` ->
+    `accelerator.num_processes`) takes it as a parameter: the entry's global does not reach it."""
+    _write(tmp_path, {
+        "main.py": (
+            "import torch\nimport torch.distributed as dist\nfrom utils import mean_over_ranks\n\n\n"
+            "def main():\n    model = torch.nn.Linear(2, 1)\n"
+            "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=2)\n"
+            "    for x in loader:\n        loss = model(x.to(device)).mean()\n        optimizer.zero_grad()\n"
+            "        loss.backward()\n        optimizer.step()\n    print(mean_over_ranks(loss))\n\n\n"
+            "if __name__ == '__main__':\n    dist.init_process_group('gloo')\n"
+            "    device = torch.device('cuda', dist.get_rank()) if torch.cuda.is_available() else torch.device('cpu')\n"
+            "    main()\n"),
+        "utils.py": "import torch\nimport torch.distributed as dist\n\n\ndef mean_over_ranks(t):\n    return t / dist.get_world_size()\n",
+    })
+    results = _results(tmp_path)
+    assert "def mean_over_ranks(t, accelerator):\n    return t / accelerator.num_processes" in (results["utils.py"].new_text or "")
+    assert "mean_over_ranks(loss, accelerator)" in (results["main.py"].new_text or "")
+    assert "if __name__ == '__main__':\n    accelerator = Accelerator()\n    main()\n" in (
+        results["main.py"].new_text or "")
