@@ -57,17 +57,17 @@ class NamespaceRank:
     """`args.rank` / `args.world_size` / `args.dist_url` computed for the spawned worker."""
 
     namespace: str  # the worker's parameter that receives it ("args")
-    read: set[str]  # the attributes read after the launcher's computation is gone: they are set again
     init: cst.BaseStatement  # the worker's `init_process_group(...)`: the assignments follow it
     attributes: dict[str, str]  # init keyword -> attribute name ("rank" -> "rank", "init_method" -> "dist_url")
     replace: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)  # what goes
 
     def assignments(self) -> list[cst.BaseStatement]:
-        """The statements written after the Accelerator: the namespace gets the launcher's values."""
+        """The statements written after the Accelerator: the namespace gets the launcher's values
+        (both, also when this file reads neither: the namespace travels to code it may not see)."""
         return [
             cst.parse_statement(f"{self.namespace}.{self.attributes[keyword]} = accelerator.{prop}\n")
             for keyword, prop in PROPERTIES.items()
-            if keyword in self.attributes and self.attributes[keyword] in self.read
+            if keyword in self.attributes
         ]
 
 
@@ -102,7 +102,7 @@ def find(
     if not isinstance(outer, cst.Name):
         return f"the spawn does not pass `{namespace}` as a name of `{spawner.name.value}`"
     written = set(attributes.values())
-    found = NamespaceRank(namespace, set(), init_stmt, attributes)
+    found = NamespaceRank(namespace, init_stmt, attributes)
     removed: set[int] = {id(spawn_stmt), id(init_stmt)}
 
     worker_body = _body(worker)
@@ -129,7 +129,6 @@ def find(
         if id(stmt) not in removed and not isinstance(stmt, cst.If) and _reads_attributes(stmt, written):
             return (f"`{spawner.name.value}` itself reads `{outer.value}."
                     f"{sorted(_reads_attributes(stmt, written))[0]}`, which the launcher computes now")
-    found.read = {a for a in written if _attribute_reads(module, a, removed)}
     for stmt in [*before_init, *spawner_statements]:
         if id(stmt) in removed and stmt is not init_stmt and stmt is not spawn_stmt:
             found.replace[stmt] = []

@@ -275,11 +275,9 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
         for stmt, replacement in namespace.replace.items():
             plan.replace_stmt[stmt] = replacement
             plan.change(CODE, stmt, "rank / world size / rendezvous computation removed: the launcher provides them")
-        assignments = namespace.assignments()
-        if assignments:
-            plan.insert_after[namespace.init] = [*assignments, *plan.insert_after.get(namespace.init, [])]
-            names = " and ".join(f"`{namespace.namespace}.{a}`" for a in sorted(namespace.read))
-            plan.change(CODE, namespace.init, f"{names} from the accelerator, for the reads after it")
+        plan.insert_after[namespace.init] = [*namespace.assignments(), *plan.insert_after.get(namespace.init, [])]
+        names = " and ".join(f"`{namespace.namespace}.{namespace.attributes[k]}`" for k in ("rank", "world_size"))
+        plan.change(CODE, namespace.init, f"{names} from the accelerator, for the reads after it")
 
 
 def _env_rank_bindings(
