@@ -166,13 +166,16 @@ def _migrate_entry(
         if home.is_method and home.parent is not None:
             built = [lines[head.source.path][site.where.stmt] for scope in head.facts.scopes for site in scope.calls
                      if site.callee == home.parent.name]
-            return _Outcome(line=min(built, default=1), reason=(
-                f"the optimizer is built in `{home.parent.name}.{home.name}` "
-                f"({where.source.display}:{lines[where.source.path][home.node]}), a class this script builds and "
-                "runs; the cross-module analysis prepares objects built in the entry's own code, not in a class "
-                f"of another module: create the Accelerator here, pass it to `{home.parent.name}` and prepare "
-                "the model and optimizer there by hand, or build them here and pass them in"))
-        return _factory(head, where, home, lines)
+            if not built:
+                return _Outcome(reason=(
+                    f"the optimizer is built in `{home.parent.name}.{home.name}` "
+                    f"({where.source.display}:{lines[where.source.path][home.node]}), a class of another module "
+                    "that this script does not build itself; the cross-module analysis follows a trainer class "
+                    f"the script builds (`{home.parent.name}(...).run()`): build it here, or prepare by hand"))
+            # else a trainer class the script builds and runs (`TrainLoop(model=model, ...).run_loop()`): its
+            # method that builds the optimizer creates `self.accelerator` and prepares, as in one file
+        else:
+            return _factory(head, where, home, lines)
     plan = plan_edits(roles, options)
 
     def owner(node: cst.CSTNode) -> _Parsed | None:
@@ -188,10 +191,11 @@ def _migrate_entry(
         return _why_not(roles, plan, head, rest, owner, lines)
 
     outcome = _Outcome()
+    reported = {id(owner(f.node)) for f in plan.findings}
     for m in modules:
-        if m is not head and id(m) not in edited:
-            continue
-        new_text = _rewrite(m, plan, m is head)
+        if m is not head and id(m) not in edited and id(m) not in reported:
+            continue  # neither rewritten nor told anything (a module with findings keeps them)
+        new_text = _rewrite(m, plan)
         if new_text is None:
             return _Outcome(reason=f"the rewrite of {m.source.display} would not compile (please report this)")
         changes = sorted({Change(r.code, lines[m.source.path][r.node], r.message) for r in plan.changes
@@ -207,12 +211,14 @@ def _migrate_entry(
     return outcome
 
 
-def _rewrite(m: _Parsed, plan, is_entry: bool) -> str | None:  # type: ignore[no-untyped-def]
+def _rewrite(m: _Parsed, plan) -> str | None:  # type: ignore[no-untyped-def]
     rewriter = Rewriter(plan, with_ancestors(m.module, plan.targets()))
     new_module = m.module.visit(rewriter)
     if plan.removes_boilerplate or rewriter.rebound:
         new_module = remove_unused(m.module, new_module, rewriter.rebound)
-    wanted = plan.imports if is_entry else {
+    # the entry may create nothing (a trainer class of another module creates the Accelerator):
+    # each file takes only the imports its rewritten code reads
+    wanted = {
         item for item in plan.imports
         if re.search(rf"\b{re.escape(item[1])}\b", new_module.code) and not re.search(rf"\b{re.escape(item[1])}\b", m.source.text)
     }

@@ -13,6 +13,7 @@ import libcst as cst
 from migrate.analysis import Binding, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name, is_move_call
 from migrate.roles.model import PREPARE, Finding, Roles
+from migrate.roles.streams import training_stream
 from migrate.walk import walk
 
 
@@ -228,7 +229,18 @@ def report_unsharded_training(roles: Roles) -> None:
     if not found:
         return
     scope, site = found[0]
-    source = _batch_function(roles, scope, site)
+    stream = training_stream(roles, scope)
+    if stream is not None and stream.ranked_by == "torch":
+        return  # its shard is this process's: the Accelerator joins the process group it reads
+    if stream is not None and stream.ranked_by == "mpi":
+        assert stream.rank_read is not None
+        roles.findings.append(Finding(PREPARE, stream.rank_read, (
+            f"the training batches come from `{stream.function}()`, which takes this process's shard from MPI "
+            "here; under `accel launch` (torchrun) MPI does not start the processes, so every process would be "
+            "MPI's rank 0 of 1 and train on the same data: take the shard from `torch.distributed.get_rank()` "
+            "and `get_world_size()` (the Accelerator's process group), or keep launching with mpiexec")))
+        return
+    source = stream.function if stream is not None else _batch_function(roles, scope, site)
     if source is not None:
         message = (
             f"no DataLoader feeds this training step: its batches come from `{source}()`, which every process "

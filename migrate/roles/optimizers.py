@@ -233,20 +233,32 @@ def _aliases_a_module(value: cst.BaseExpression | None) -> bool:
     return isinstance(value, cst.Name) or (isinstance(value, cst.Attribute) and value.attr.value == "module")
 
 
+_HELD_DEPTH = 3  # `self.master_params = self.model_params = list(self.model.parameters())` is two deep
+
+
 def _parameter_owners(home: Scope, call: cst.Call) -> list[str]:
-    """Root names of `X.parameters()` inside an optimizer's arguments (one assignment deep)."""
+    """Root names of `X.parameters()` inside an optimizer's arguments, and in the values of the
+    names or `self.` attributes of home those arguments are (`AdamW(self.master_params)` after
+    `self.master_params = self.model_params` and `self.model_params = list(self.model.parameters())`,
+    the list a trainer class keeps), a few assignments deep."""
     owners: list[str] = []
     finder = _ParametersFinder()
-    for arg in call.args:
-        walk(arg.value, finder)
-        values = [arg.value]
-        if isinstance(arg.value, cst.Name):
-            for binding in home.bindings.get(arg.value.value, []):
-                if binding.value is not None:
-                    walk(binding.value, finder)
-                    values.append(binding.value)
-        if not finder.owners:
-            finder.owners.extend(_sorted_parameter_owners(home, values))
+    pending = [(arg.value, 0) for arg in call.args]
+    values: list[cst.BaseExpression] = []
+    seen: set[str] = set()
+    while pending:
+        value, depth = pending.pop(0)
+        walk(value, finder)
+        values.append(value)
+        if depth >= _HELD_DEPTH:
+            continue
+        for held in _held_names(value):
+            if held in seen:
+                continue
+            seen.add(held)
+            pending.extend((b.value, depth + 1) for b in home.bindings.get(held, []) if b.value is not None)
+    if not finder.owners:
+        finder.owners.extend(_sorted_parameter_owners(home, values))
     for owner in finder.owners:
         if owner not in owners:
             owners.append(owner)
@@ -302,6 +314,17 @@ def _starts_empty(binding: Binding) -> bool:
     value = small.value
     values = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
     return all(isinstance(v, cst.List) and not v.elements for v in values)
+
+
+def _held_names(value: cst.BaseExpression) -> list[str]:
+    """The names and `self.` attributes an argument passes on: itself, or the arguments of the call
+    it is (`list(params)`, `make_master_params(self.model_params)`)."""
+    name = value.value if isinstance(value, cst.Name) else instance_attribute(value)
+    if name is not None:
+        return [name]
+    if isinstance(value, cst.Call):
+        return [n for arg in value.args for n in _held_names(arg.value)]
+    return []
 
 
 class _ParametersFinder(cst.CSTVisitor):

@@ -143,9 +143,11 @@ def _batch_parameter(roles: Roles, scope: Scope, name: str, loaders: list[str]) 
     return True
 
 
-_WRAPPERS = frozenset(
-    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}
-)
+_WRAPPERS = frozenset({
+    "torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+    # the defining modules, as `from torch.nn.parallel.distributed import DistributedDataParallel` names them
+    "torch.nn.parallel.distributed.DistributedDataParallel", "torch.nn.parallel.data_parallel.DataParallel",
+})
 
 
 def _assigned_name(roles: Roles, move: Move) -> str | None:

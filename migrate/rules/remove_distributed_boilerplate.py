@@ -127,9 +127,11 @@ _COLLECTIVES = frozenset(
 # In-place collectives that leave their tensor as it is on one process, where the runtime starts
 # no process group: guarded by `is_initialized()` they keep their meaning at every process count.
 _IDENTITY_AT_ONE = frozenset(f"torch.distributed.{name}" for name in ("all_reduce", "reduce", "broadcast"))
-_WRAPPERS = frozenset(
-    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}
-)
+_WRAPPERS = frozenset({
+    "torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+    # the defining modules, as `from torch.nn.parallel.distributed import DistributedDataParallel` names them
+    "torch.nn.parallel.distributed.DistributedDataParallel", "torch.nn.parallel.data_parallel.DataParallel",
+})
 _SAMPLERS = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
 _RANK_PROPERTY = {
     "torch.distributed.get_rank": "process_index",
@@ -430,6 +432,29 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> None:
             else:
                 plan.calls[value] = lambda updated: updated.args[0].value
             plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
+    _unwrap_aliases(roles, plan)
+
+
+def _unwrap_aliases(roles: Roles, plan: EditPlan) -> None:
+    """`self.ddp_model = DDP(self.model, ...)` after the prepare call: a second name for the model,
+    wrapped by hand (a trainer class keeps both). The prepared model is wrapped already, so the
+    alias becomes the prepared model itself (`self.ddp_model = self.model`)."""
+    home, after = roles.home, roles.prepare_after
+    assert home is not None
+    for name, bindings in home.bindings.items():
+        if name in roles.models:
+            continue
+        for binding in bindings:
+            value = binding.value
+            if not (isinstance(value, cst.Call) and value.args
+                    and roles.facts.aliases.qualify(value.func) in _WRAPPERS):
+                continue
+            model = reference(value.args[0].value)
+            if model not in roles.models or after is None or binding.where.order <= after.order:
+                continue  # before the prepare call the alias would hold the unprepared model
+            plan.calls[value] = lambda updated: updated.args[0].value
+            plan.change(CODE, value, f"`{name}` is `{model}` wrapped by hand: it becomes the prepared `{model}`, "
+                        "which `accelerator.prepare` wrapped")
 
 
 def _convert_hand_sharding(roles: Roles, sharding: HandSharding, plan: EditPlan) -> None:
