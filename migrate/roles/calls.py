@@ -87,3 +87,9 @@ def is_expression_statement(stmt: cst.BaseStatement, call: cst.Call) -> bool:
         and isinstance(stmt.body[0], cst.Expr)
         and stmt.body[0].value is call
     )
+
+
+HAND_WRAPPERS = frozenset({
+    "torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel", "torch.nn.parallel.data_parallel.DataParallel",
+})

@@ -66,6 +66,10 @@ class Roles:
     later_device_bindings: list[DeviceBinding] = field(default_factory=list)  # same name, rebound too
     create_before: cst.BaseStatement | None = None  # where `accelerator = Accelerator()` goes otherwise
     prepare_after: StmtRef | None = None
+    # alias -> model: a second name the model is wrapped into by hand after prepare_after
+    # (`self.ddp_model = DDP(self.model)` beside `self.ddp_model = self.model`); prepare binds the
+    # alias, and the model's own name keeps the bare module its checkpoints are saved from
+    model_aliases: dict[str, str] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     unprepared: bool = False  # a training object was found that cannot be prepared (reported by `cannot_prepare`)

@@ -11,6 +11,8 @@ import libcst as cst
 
 from migrate.analysis import Facts, Scope, StmtRef
 from migrate.imports import is_docstring
+from migrate.names import instance_attribute
+from migrate.roles.calls import HAND_WRAPPERS
 from migrate.roles.model import PREPARE, Finding, Roles
 
 
@@ -113,6 +115,45 @@ def place_prepare(roles: Roles) -> None:
         # The Accelerator is created after the objects are bound: prepare after it.
         point = _common_insertion_point([*refs, creation])
     roles.prepare_after = point
+    _find_wrapped_aliases(roles)
+
+
+def _find_wrapped_aliases(roles: Roles) -> None:
+    """`self.ddp_model = DDP(self.model, ...)` (and `self.ddp_model = self.model` when it does not
+    wrap), after the prepare point: the trainer trains the alias and saves the bare model, so
+    `prepare` binds the alias and the bindings go (`roles.model_aliases`). Each binding must be
+    one statement of a block that keeps others, so that removing it leaves valid code."""
+    home, after = roles.home, roles.prepare_after
+    assert home is not None and after is not None
+    for name, bindings in home.bindings.items():
+        if name in roles.models or not bindings:
+            continue
+        models = {_alias_of(roles, b.value) for b in bindings}
+        if len(models) != 1 or None in models or not any(_wraps(roles, b.value) for b in bindings):
+            continue
+        model = models.pop()
+        if model in roles.models and all(_removable(b.where) and b.where.order > after.order for b in bindings):
+            roles.model_aliases[name] = model  # type: ignore[index]
+
+
+def _wraps(roles: Roles, value: cst.BaseExpression | None) -> bool:
+    return isinstance(value, cst.Call) and bool(value.args) and roles.facts.aliases.qualify(value.func) in HAND_WRAPPERS
+
+
+def _alias_of(roles: Roles, value: cst.BaseExpression | None) -> str | None:
+    """The model `value` is (`self.model`) or wraps by hand (`DDP(self.model, ...)`)."""
+    if value is not None and _wraps(roles, value):
+        assert isinstance(value, cst.Call)
+        value = value.args[0].value
+    if isinstance(value, cst.Name):
+        return value.value
+    return instance_attribute(value) if value is not None else None
+
+
+def _removable(where: StmtRef) -> bool:
+    stmt = where.stmt
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and len(getattr(where.block, "body", ())) > 1)
 
 
 def _setup_bindings(home: Scope, name: str, first_use: int) -> list[StmtRef]:

@@ -44,6 +44,7 @@ import libcst as cst
 
 from migrate.analysis import Loop, Scope
 from migrate.edits import EditPlan
+from migrate.names import instance_attribute
 from migrate.roles import Roles
 from migrate.rules.base import accelerator_call, names_read, prepared_loaders, references_in
 from migrate.walk import walk
@@ -105,6 +106,37 @@ def _convert_no_sync(roles: Roles, plan: EditPlan) -> None:
             plan.calls[site.call] = lambda updated, name=name: accelerator_call("no_sync", [cst.Arg(cst.Name(name))])
             plan.use_accelerator(scope)
             plan.change(CODE, site.call, f"`{name}.no_sync()` -> `accelerator.no_sync({name})`")
+    _convert_attribute_no_sync(roles, plan)
+
+
+def _convert_attribute_no_sync(roles: Roles, plan: EditPlan) -> None:
+    """`self.ddp_model.no_sync()` in a trainer class, on the prepared model or the alias prepare
+    binds (`roles.model_aliases`): `self.accelerator.no_sync(self.ddp_model)`."""
+    prepared = {*roles.model_aliases, *(m for m in roles.models if m.startswith("self."))}
+    for scope in roles.facts.scopes:
+        if not scope.is_method or not roles.can_reach(scope):
+            continue
+        for call in _calls_in(scope.node):
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value == "no_sync" and not call.args):
+                continue
+            name = instance_attribute(func.value)
+            if name not in prepared or call in plan.calls:
+                continue
+            plan.calls[call] = lambda updated, value=func.value: accelerator_call("no_sync", [cst.Arg(value)])
+            plan.use_accelerator(scope)
+            plan.change(CODE, call, f"`{name}.no_sync()` -> `accelerator.no_sync({name})`")
+
+
+def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    walk(node, Finder())
+    return found
 
 
 _SYNC_FLAG = "require_backward_grad_sync"

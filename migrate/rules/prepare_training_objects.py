@@ -99,7 +99,10 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         ))
         return
     where = roles.prepare_after
-    stmt = assignment(names, "accelerator.prepare", names, indent_of(home, where))
+    # a model a trainer trains through a hand-wrapped alias is prepared into the alias
+    bound = {model: alias for alias, model in roles.model_aliases.items()}
+    targets = [bound.get(n, n) for n in names]
+    stmt = assignment(targets, "accelerator.prepare", names, indent_of(home, where))
     if where is not None:
         plan.insert_after.setdefault(where.stmt, []).append(stmt)
         anchor = where.stmt

@@ -436,25 +436,17 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> None:
 
 
 def _unwrap_aliases(roles: Roles, plan: EditPlan) -> None:
-    """`self.ddp_model = DDP(self.model, ...)` after the prepare call: a second name for the model,
-    wrapped by hand (a trainer class keeps both). The prepared model is wrapped already, so the
-    alias becomes the prepared model itself (`self.ddp_model = self.model`)."""
-    home, after = roles.home, roles.prepare_after
+    """`self.ddp_model = DDP(self.model, ...)` / `self.ddp_model = self.model` after the prepare
+    call (`roles.model_aliases`): the alias is what `accelerator.prepare` binds now, so its
+    bindings go; `self.model` stays the bare module the trainer saves."""
+    home = roles.home
     assert home is not None
-    for name, bindings in home.bindings.items():
-        if name in roles.models:
-            continue
-        for binding in bindings:
-            value = binding.value
-            if not (isinstance(value, cst.Call) and value.args
-                    and roles.facts.aliases.qualify(value.func) in _WRAPPERS):
-                continue
-            model = reference(value.args[0].value)
-            if model not in roles.models or after is None or binding.where.order <= after.order:
-                continue  # before the prepare call the alias would hold the unprepared model
-            plan.calls[value] = lambda updated: updated.args[0].value
-            plan.change(CODE, value, f"`{name}` is `{model}` wrapped by hand: it becomes the prepared `{model}`, "
-                        "which `accelerator.prepare` wrapped")
+    for alias, model in roles.model_aliases.items():
+        for binding in home.bindings.get(alias, []):
+            assert binding.value is not None
+            plan.replace_stmt[binding.where.stmt] = []
+            plan.change(CODE, binding.value, f"`{alias}` is the prepared `{model}`: `accelerator.prepare` binds it "
+                        "(and wraps it when several processes train)")
 
 
 def _convert_hand_sharding(roles: Roles, sharding: HandSharding, plan: EditPlan) -> None:
