@@ -267,6 +267,11 @@ class Roles:
             return False  # module level of another module (a unit's): no parameter to add
         if scope.is_method and any(nested_in(target, m) for m in self.methods_of(scope) or []):
             return False  # the class holds it as `self.accelerator`
+        outer = scope.parent
+        while outer is not None and outer.is_function:
+            if outer.is_method and any(nested_in(target, m) for m in self.methods_of(outer) or []):
+                return False  # a function nested in such a method reads `self.accelerator` from it
+            outer = outer.parent
         return True
 
     def _of_another_module(self, scope: Scope) -> bool:

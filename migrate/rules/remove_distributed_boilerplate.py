@@ -211,8 +211,14 @@ def _library_call(
         plan.report(CODE, call, "explicit collective kept: it works under the runtime's process group, but "
                     "fails on a single process started without torchrun; prefer `accelerator.reduce/gather`")
     elif qualified == _INIT and where.stmt is not plan.create_at and where.stmt not in plan.replace_stmt:
-        plan.report(CODE, call, f"process group initialised in `{scope.name}`; it was kept (the runtime reuses "
-                    "an existing group), but the script now needs torchrun: move the setup to the Accelerator")
+        if _reads_mpi(roles, scope):
+            plan.report(CODE, call, f"process group initialised in `{scope.name}` from MPI's rank and size; it was "
+                        "kept (the runtime reuses an existing group): launch with mpiexec as before, since under "
+                        "`accel launch` (torchrun) every process would be MPI's rank 0 of 1 and train alone, or take "
+                        "the rank and world size from the RANK / WORLD_SIZE torchrun sets")
+        else:
+            plan.report(CODE, call, f"process group initialised in `{scope.name}`; it was kept (the runtime reuses "
+                        "an existing group), but the script now needs torchrun: move the setup to the Accelerator")
     elif not reach:
         return
     elif qualified == _SET_DEVICE and _standalone(where, call):
@@ -652,3 +658,17 @@ def _standalone(where: StmtRef, call: cst.Call) -> bool:
         and isinstance(stmt.body[0], cst.Expr)
         and stmt.body[0].value is call
     )
+
+
+def _reads_mpi(roles: Roles, scope: Scope) -> bool:
+    """The function reads mpi4py (`MPI.COMM_WORLD.rank`): its ranks are MPI's, not the launcher's."""
+    found = False
+
+    class Finder(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            nonlocal found
+            found = found or (roles.facts.aliases.qualify(node) or "").startswith("mpi4py.")
+            return not found
+
+    walk(scope.node, Finder())
+    return found
