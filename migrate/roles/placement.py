@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Facts, Scope, StmtRef
+from migrate.analysis import Binding, Facts, Scope, StmtRef
 from migrate.imports import is_docstring
 from migrate.names import instance_attribute
 from migrate.roles.calls import HAND_WRAPPERS
@@ -121,8 +121,7 @@ def place_prepare(roles: Roles) -> None:
 def _find_wrapped_aliases(roles: Roles) -> None:
     """`self.ddp_model = DDP(self.model, ...)` (and `self.ddp_model = self.model` when it does not
     wrap), after the prepare point: the trainer trains the alias and saves the bare model, so
-    `prepare` binds the alias and the bindings go (`roles.model_aliases`). Each binding must be
-    one statement of a block that keeps others, so that removing it leaves valid code."""
+    `prepare` binds the alias and the bindings go (`roles.model_aliases`, `alias_removal`)."""
     home, after = roles.home, roles.prepare_after
     assert home is not None and after is not None
     for name, bindings in home.bindings.items():
@@ -132,8 +131,32 @@ def _find_wrapped_aliases(roles: Roles) -> None:
         if len(models) != 1 or None in models or not any(_wraps(roles, b.value) for b in bindings):
             continue
         model = models.pop()
-        if model in roles.models and all(_removable(b.where) and b.where.order > after.order for b in bindings):
+        if model in roles.models and all(
+            b.where.order > after.order and alias_removal(b.where, home.bindings[name]) is not None for b in bindings
+        ):
             roles.model_aliases[name] = model  # type: ignore[index]
+
+
+def alias_removal(where: StmtRef, bindings: list[Binding]) -> cst.BaseStatement | None:
+    """What goes with one binding of a model alias so that valid code remains: its statement when
+    its block keeps others, or the whole `if cuda: alias = DDP(model) else: alias = model` when
+    every branch only binds the alias; None when neither fits."""
+    stmt = where.stmt
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return None
+    if len(getattr(where.block, "body", ())) > 1:
+        return stmt
+    parent = where.path[-1].stmt if where.path else None
+    if not isinstance(parent, cst.If):
+        return None
+    alias_statements = {id(b.where.stmt) for b in bindings}
+    branch: cst.If | cst.Else | None = parent
+    while branch is not None:
+        body = branch.body
+        if not (isinstance(body, cst.IndentedBlock) and all(id(s) in alias_statements for s in body.body)):
+            return None
+        branch = branch.orelse if isinstance(branch, cst.If) else None
+    return parent
 
 
 def _wraps(roles: Roles, value: cst.BaseExpression | None) -> bool:
@@ -148,12 +171,6 @@ def _alias_of(roles: Roles, value: cst.BaseExpression | None) -> str | None:
     if isinstance(value, cst.Name):
         return value.value
     return instance_attribute(value) if value is not None else None
-
-
-def _removable(where: StmtRef) -> bool:
-    stmt = where.stmt
-    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-            and len(getattr(where.block, "body", ())) > 1)
 
 
 def _setup_bindings(home: Scope, name: str, first_use: int) -> list[StmtRef]:

@@ -66,7 +66,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             if loop is None or id(loop) in done or loop.accumulating:
                 continue
             done.add(id(loop))
-            models = [n for n in references_in(loop.node.body) if roles.all_in(scope, n, roles.models)]
+            prepared = [*roles.models, *roles.model_aliases]  # an alias is what prepare binds the model to
+            models = [n for n in references_in(loop.node.body) if roles.all_in(scope, n, prepared)]
             plan.wrap_loop_body[loop.node] = accelerator_call(
                 "accumulate", [cst.Arg(cst.parse_expression(m)) for m in models]
             )

@@ -471,6 +471,11 @@ def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
         # Methods reach it as `self.accelerator` (created in a method, or stored by `__init__`).
         if scope is not None and scope.is_method and isinstance(scope.node, cst.FunctionDef):
             plan.self_accelerator.add(scope.node)
+        elif scope is not None and scope.is_function and not roles.needs_parameter(scope):
+            # a function nested in a method reads the method's `self.accelerator`
+            method = _enclosing_method(scope)
+            if method is not None and isinstance(method.node, cst.FunctionDef):
+                plan.self_accelerator.add(method.node)
     pending = [s for s in plan.uses_accelerator if roles.needs_parameter(s)]
     while pending:
         scope = pending.pop()
@@ -507,6 +512,15 @@ def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
             plan.new_args[call] = keyword_only or _has_keywords(call)
             if roles.needs_parameter(caller):
                 pending.append(caller)
+
+
+def _enclosing_method(scope: Scope) -> Scope | None:
+    outer = scope.parent
+    while outer is not None and outer.is_function:
+        if outer.is_method:
+            return outer
+        outer = outer.parent
+    return None
 
 
 def _has_keywords(call: cst.Call) -> bool:

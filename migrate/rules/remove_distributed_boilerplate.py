@@ -109,6 +109,7 @@ from migrate import local_rank_flag
 from migrate.hand_sharding import HandSharding
 from migrate.names import root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
+from migrate.roles.placement import alias_removal
 from migrate.rules.base import accelerator_call, reference, remove_statement
 from migrate.walk import walk
 
@@ -448,9 +449,11 @@ def _unwrap_aliases(roles: Roles, plan: EditPlan) -> None:
     home = roles.home
     assert home is not None
     for alias, model in roles.model_aliases.items():
-        for binding in home.bindings.get(alias, []):
-            assert binding.value is not None
-            plan.replace_stmt[binding.where.stmt] = []
+        bindings = home.bindings.get(alias, [])
+        for binding in bindings:
+            removed = alias_removal(binding.where, bindings)
+            assert binding.value is not None and removed is not None
+            plan.replace_stmt[removed] = []
             plan.change(CODE, binding.value, f"`{alias}` is the prepared `{model}`: `accelerator.prepare` binds it "
                         "(and wraps it when several processes train)")
 
