@@ -3,10 +3,10 @@ the model and an infinite data generator and runs `TrainLoop(model=model, data=d
 of tiny_diffusion/train_util.py, whose constructor builds the optimizer over a list of the model's
 parameters and wraps the model in DDP (as `self.ddp_model`) when CUDA is there.
 
-The unit migrates with one file rewritten: the class's constructor creates `self.accelerator` and
-prepares into the alias it trains through (`self.ddp_model, self.opt = ...prepare(self.model,
-self.opt)`); the script, the process-group helper (kept and reported) and the dataset that takes
-its shard from `dist.get_rank()` are left as they are. One process trains bit-identically; two
+The class's constructor creates `self.accelerator` and prepares into the alias it trains through
+(`self.ddp_model, self.opt = ...prepare(self.model, self.opt)`); the process-group helper is kept
+and reported (its broadcast gets an `is_initialized()` guard); the script and the dataset that
+takes its shard from `dist.get_rank()` are left as they are. One process trains bit-identically; two
 processes print once, count the global batch of both, and end with the same weights (the
 original, on CPU, trains each rank on its own and never synchronises).
 """
@@ -59,7 +59,7 @@ def test_trainloop_repository_migrates_as_one_unit_and_trains_the_same(
     result = migrate(migrated)
     assert result.returncode == 0, result.stdout + result.stderr
     rewritten = sorted(str(p.relative_to(case / "out")) for p in (case / "out").rglob("*.py"))
-    assert rewritten == ["tiny_diffusion/train_util.py"]
+    assert rewritten == ["tiny_diffusion/dist_util.py", "tiny_diffusion/train_util.py"]
     for path in sorted((case / "in").rglob("*.py")):
         relative = str(path.relative_to(case / "in"))
         expected = case / ("out" if relative in rewritten else "in") / relative
