@@ -238,7 +238,7 @@ def report_unsharded_training(roles: Roles) -> None:
             f"the training batches come from `{stream.function}()`, which takes this process's shard from MPI "
             "here; under `accel launch` (torchrun) MPI does not start the processes, so every process would be "
             "MPI's rank 0 of 1 and train on the same data: take the shard from `torch.distributed.get_rank()` "
-            "and `get_world_size()` (the Accelerator's process group), or keep launching with mpiexec")))
+            "and `get_world_size()` (the Accelerator's process group)")))
         return
     source = stream.function if stream is not None else _batch_function(roles, scope, site)
     if source is not None:

@@ -214,9 +214,11 @@ def _library_call(
     elif qualified == _INIT and where.stmt is not plan.create_at and where.stmt not in plan.replace_stmt:
         if _reads_mpi(roles, scope):
             plan.report(CODE, call, f"process group initialised in `{scope.name}` from MPI's rank and size; it was "
-                        "kept (the runtime reuses an existing group): launch with mpiexec as before, since under "
-                        "`accel launch` (torchrun) every process would be MPI's rank 0 of 1 and train alone, or take "
-                        "the rank and world size from the RANK / WORLD_SIZE torchrun sets")
+                        "kept (the runtime reuses an existing group), but it is right under neither launcher: under "
+                        "`accel launch` (torchrun) every process is MPI's rank 0 of 1 and trains alone, and under "
+                        "mpiexec LOCAL_RANK is not set, so the Accelerator puts every process of a node on GPU 0. Read "
+                        "RANK / WORLD_SIZE (and LOCAL_RANK for a device) from the environment torchrun sets instead of "
+                        "MPI, here and wherever this module reads MPI's rank, and launch with `accel launch`")
         else:
             plan.report(CODE, call, f"process group initialised in `{scope.name}`; it was kept (the runtime reuses "
                         "an existing group), but the script now needs torchrun: move the setup to the Accelerator")
