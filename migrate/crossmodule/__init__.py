@@ -16,7 +16,11 @@ created in the entry (where the device is chosen, or at the top of the function 
 optimizer), and every function of another module that needs it (a training step that calls
 `accelerator.backward`, an evaluation that gathers) receives it as a new trailing parameter, with
 every call site in the unit updated. No global state and no accessor: the function's signature
-says what it needs, and a reader of `engine.py` sees where `accelerator` comes from.
+says what it needs, and a reader of `engine.py` sees where `accelerator` comes from. A trainer
+class of another module that the script builds (`TrainLoop(model=model, data=data).run_loop()`,
+its constructor building the optimizer) creates it itself, as `self.accelerator` at the top of
+that constructor, exactly as a trainer class in one file does: the class owns what is prepared,
+and its signature and callers stay as they are (`fixtures/repos/trainloop/`).
 
 All or nothing: the safety checks of `migrate/safety/` run on every rewritten file of the unit and
 a second run over the rewritten unit must change nothing; if one fails, no file of the unit gets
@@ -33,8 +37,8 @@ Leaves alone (each with a diagnostic coded AM013 on the entry, naming file:line 
   write `from engine import train_one_epoch`, or give the files one at a time;
 - two modules of the unit defining a function or class of the same name that the cross-module
   view would confuse;
-- an optimizer built inside a class of another module (`TrainLoop(model, data, lr).run_loop()`),
-  or by a factory whose optimizer is not built over one of its arguments' `.parameters()` (a
+- an optimizer built inside a class of another module that the script does not build itself
+  (another module's `fit()` runs `Trainer(...).run()`), or by a factory whose optimizer is not built over one of its arguments' `.parameters()` (a
   factory returning `torch.optim.X(model.parameters(), ...)` for its `model` argument is followed:
   `optimizer = create_optimizer(args, model)` is prepared in the entry);
 - an entry that trains through the unit's modules but whose roles cannot be resolved (no
