@@ -13,6 +13,9 @@ What it does:
       checks of a legacy `--local_rank` flag (default -1), which stays -1 under `accel launch`:
       `args.local_rank in [-1, 0]`, `== 0`, `== -1 or dist.get_rank() == 0` (`migrate.local_rank_flag`).
     - `model = DDP(model, ...)` and `model = nn.DataParallel(model)` go (prepare wraps the model);
+      so does a second name a trainer class wraps the model into after building the optimizer
+      (`self.ddp_model = DDP(self.model)`, and `self.ddp_model = self.model` without CUDA): prepare
+      binds that name, and `self.model` stays the bare module the class saves;
       `model.module` becomes `accelerator.unwrap_model(model)`.
     - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader, `sampler.set_epoch(...)`
       and `loader.sampler.set_epoch(...)` go (prepared loaders reshuffle each epoch themselves),
