@@ -25,6 +25,7 @@ from migrate.registry import RULES
 from migrate.results import Change, Diagnostic, FileError, FileResult
 from migrate.rewriter import Rewriter, annotate
 from migrate.roles import Roles, find_roles
+from migrate.rules import remove_distributed_boilerplate
 from migrate.suppression import drop_skipped, skip_lines
 from migrate.walk import with_ancestors
 
@@ -165,6 +166,10 @@ def plan_edits(roles: Roles, options: Options) -> EditPlan:
     if options.strategy is not None:
         plan.accelerator_kwargs["strategy"] = f'"{options.strategy}"'
     plan.findings.extend(f for f in roles.findings if options.enabled(f.code))
+    if not options.enabled(remove_distributed_boilerplate.CODE):
+        # prepare binds a hand-wrapped model alias only when AM007 removes the alias's own
+        # bindings, which would otherwise overwrite the prepared model
+        roles.model_aliases.clear()
     for rule in RULES if not roles.refused else ():
         if options.enabled(rule.code):
             rule.apply(roles, plan)

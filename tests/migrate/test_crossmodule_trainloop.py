@@ -151,3 +151,10 @@ def test_a_function_nested_in_a_method_reads_self_accelerator() -> None:
     text = _trainer()
     assert "        def write(path):\n            if self.accelerator.is_main_process:" in text
     assert 'write("model.pt")' in text  # no `accelerator` parameter threaded through it
+
+
+def test_without_am007_the_alias_keeps_its_bindings_and_prepare_binds_the_model() -> None:
+    result = migrate_text(TRAINER, "trainer.py", Options(ignore=frozenset({"AM007"})))
+    text = result.new_text or ""
+    assert "self.model, self.opt, self.loader = self.accelerator.prepare(" in text
+    assert "self.ddp_model, self.opt" not in text  # the kept `self.ddp_model = ...` would overwrite it
