@@ -271,3 +271,66 @@ def _absolute(node: ast.ImportFrom, path: Path, info: ModuleInfo) -> str | None:
     if not parts:
         return None
     return ".".join([*parts, *([node.module] if node.module else [])])
+
+
+def local_imports(sources: dict[Path, str]) -> dict[Path, str]:
+    """Files on disk, not among `sources`, that the scripts of `sources` reach through imports, as
+    Python would find them (the script's folder, the package root above it, relative imports),
+    with their text: read to follow a given script's training into them, never written.
+
+    Only modules that mention `torch` are followed further (no other holds training code), plus
+    the `__init__.py` of each package passed through (it may re-export a module's names). At most
+    MAX_UNIT_FILES files: a script of a large framework keeps to what it was given."""
+    found: dict[Path, str] = {}
+    pending = [(path, text) for path, text in sources.items() if "__main__" in text and "import" in text]
+    seen = set(sources)
+    while pending and len(found) < MAX_UNIT_FILES:
+        importer, text = pending.pop()
+        for candidate in _import_candidates(importer, text):
+            if candidate in seen:
+                continue
+            seen.add(candidate)
+            try:
+                with open(candidate, encoding="utf-8") as handle:
+                    content = handle.read()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if "torch" in content or candidate.name == "__init__.py":
+                found[candidate] = content
+                if "torch" in content:
+                    pending.append((candidate, content))
+    return found
+
+
+def _import_candidates(importer: Path, text: str) -> Iterator[Path]:
+    """Files that may hold what `importer` imports: `a.b` as a/b.py or a/b/__init__.py (with each
+    package folder's __init__.py) under the importer's folder and its package root."""
+    roots = [importer.parent]
+    folder = importer.parent
+    while os.path.isfile(folder / "__init__.py"):
+        folder = folder.parent
+    if folder != importer.parent:
+        roots.append(folder)
+    for _, node in _import_statements(text):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+            bases = roots
+        elif node.level:
+            base = importer.parent
+            for _ in range(node.level - 1):
+                base = base.parent
+            prefix = node.module or ""
+            names = [f"{prefix}.{a.name}".strip(".") for a in node.names] + ([prefix] if prefix else [])
+            bases = [base]
+        elif node.module is not None:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names if a.name != "*")]
+            bases = roots
+        else:
+            continue
+        for base in bases:
+            for name in names:
+                parts = name.split(".")
+                for depth in range(1, len(parts)):
+                    yield Path(os.path.abspath(base.joinpath(*parts[:depth], "__init__.py")))
+                yield Path(os.path.abspath(base.joinpath(*parts[:-1], parts[-1] + ".py")))
+                yield Path(os.path.abspath(base.joinpath(*parts, "__init__.py")))

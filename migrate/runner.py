@@ -17,7 +17,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from migrate.discovery import discover
-from migrate.files import FileChanged, SourceFile, UnreadableFile, decode_source, read_source, write_atomic
+from migrate.files import (
+    FileChanged,
+    SourceFile,
+    UnreadableFile,
+    decode_source,
+    read_source,
+    write_atomic,
+)
 from migrate.results import FileError, FileResult
 
 SHADOW_CODE = "AM900"
@@ -129,13 +136,27 @@ def check_output_dir(output_dir: Path, paths: list[Path], force: bool) -> str | 
     return None
 
 
-def _units(files: list[Path]) -> list[list[Path]]:
+@dataclass(frozen=True)
+class Unit:
+    """Files migrated together: `paths` were given (and may be written); `read` are modules the
+    given scripts import that were not given, read only to follow the training into them."""
+
+    paths: list[Path]
+    read: dict[Path, str] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return sum(map(_size, self.paths))
+
+
+def _units(files: list[Path]) -> list[Unit]:
     """The run's files grouped into units: files connected by imports among them are migrated
-    together (`migrate/project.py`, `migrate/crossmodule/`); every other file on its own."""
+    together (`migrate/project.py`, `migrate/crossmodule/`); every other file on its own. A script
+    whose local imports were not given is joined by them, read only (`Unit.read`)."""
     modules = [p for p in files if p.suffix == ".py"]
-    if len(modules) < 2:
-        return [[p] for p in files]
-    from migrate.project import build_index
+    if not modules:
+        return [Unit([p]) for p in files]
+    from migrate.project import build_index, local_imports
 
     texts: dict[Path, str] = {}
     for path in modules:
@@ -143,13 +164,20 @@ def _units(files: list[Path]) -> list[list[Path]]:
             texts[Path(os.path.abspath(path))] = read_source(path).text
         except (UnreadableFile, OSError):
             continue  # reported when the file itself is processed
+    companions = local_imports(texts)
+    if len(texts) + len(companions) < 2:
+        return [Unit([p]) for p in files]
     given = {Path(os.path.abspath(p)): p for p in modules}
-    units = [[given[p] for p in unit] for unit in build_index(texts).units() if len(unit) > 1]
-    grouped = {Path(os.path.abspath(p)) for unit in units for p in unit}
-    return units + [[p] for p in files if Path(os.path.abspath(p)) not in grouped]
+    units: list[Unit] = []
+    for group in build_index({**texts, **companions}).units():
+        paths = [given[p] for p in group if p in given]
+        if paths and len(group) > 1:
+            units.append(Unit(paths, {p: companions[p] for p in group if p not in given}))
+    grouped = {Path(os.path.abspath(p)) for unit in units for p in unit.paths}
+    return units + [Unit([p]) for p in files if Path(os.path.abspath(p)) not in grouped]
 
 
-def _execute(units: list[list[Path]], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
+def _execute(units: list[Unit], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
     # Import the engine (libcst, the rules) before the pool forks, so that workers inherit it
     # instead of each importing it again; then freeze what is loaded: module objects are never
     # garbage, so no full collection (and, after fork, no worker's copy-on-write pages) pays for
@@ -165,7 +193,7 @@ def _execute(units: list[list[Path]], settings: Settings, jobs: int, progress: P
             for unit in units:
                 results.extend(process_unit(unit, settings))
                 if progress is not None:
-                    progress(len(unit))
+                    progress(len(unit.paths))
             return results
         return _execute_pool(units, settings, jobs, progress)
     finally:
@@ -173,19 +201,19 @@ def _execute(units: list[list[Path]], settings: Settings, jobs: int, progress: P
             gc.unfreeze()
 
 
-def _execute_pool(units: list[list[Path]], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
+def _execute_pool(units: list[Unit], settings: Settings, jobs: int, progress: Progress | None) -> list[FileResult]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     # Largest units first, in small chunks: the last chunks are the quickest, so the workers finish
     # together (results are sorted by path afterwards, so the order of work is not seen).
-    order = sorted(units, key=lambda unit: sum(map(_size, unit)), reverse=True)
+    order = sorted(units, key=lambda unit: unit.size, reverse=True)
     size = max(1, min(8, math.ceil(len(order) / (jobs * 8))))
     chunks = [order[i : i + size] for i in range(0, len(order), size)]
     results = []
     # every task is submitted (and, with fork, every worker started) before the first progress
     # callback, so a progress display's thread never exists when a worker is forked
     with ProcessPoolExecutor(max_workers=min(jobs, len(chunks))) as pool:
-        futures = {pool.submit(_process_chunk, chunk, settings): sum(map(len, chunk)) for chunk in chunks}
+        futures = {pool.submit(_process_chunk, chunk, settings): sum(len(u.paths) for u in chunk) for chunk in chunks}
         for future in as_completed(futures):
             results.extend(future.result())
             if progress is not None:
@@ -200,16 +228,19 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _process_chunk(units: list[list[Path]], settings: Settings) -> list[FileResult]:
+def _process_chunk(units: list[Unit], settings: Settings) -> list[FileResult]:
     return [result for unit in units for result in process_unit(unit, settings)]
 
 
-def process_unit(paths: list[Path], settings: Settings) -> list[FileResult]:
+def process_unit(unit: Unit, settings: Settings) -> list[FileResult]:
     """One file as `process_file`; several files connected by imports migrated together, each
-    written only when it changed (never raises)."""
-    if len(paths) == 1:
+    written only when it changed (never raises). Files read but not given are never written: when
+    the unit's training needs an edit in one of them, no file is, and the script is told to give
+    them too (AM013)."""
+    paths = unit.paths
+    if len(paths) == 1 and not unit.read:
         return [process_file(paths[0], settings)]
-    from migrate.crossmodule.unit import Source, migrate_unit
+    from migrate.crossmodule.unit import Source, migrate_unit, not_given
     from migrate.project import build_index
 
     read: dict[Path, SourceFile] = {}
@@ -222,9 +253,13 @@ def process_unit(paths: list[Path], settings: Settings) -> list[FileResult]:
         except OSError as error:
             results[path] = FileResult(str(path), "", error=FileError(0, 0, f"cannot read: {error.strerror}"))
     sources = [Source(Path(os.path.abspath(p)), str(p), s.text) for p, s in read.items()]
+    companions = [Source(p, _shown(p), text) for p, text in unit.read.items()]
     try:
-        index = build_index({s.path: s.text for s in sources})
-        for (path, source), result in zip(read.items(), migrate_unit(sources, index, settings.options)):
+        index = build_index({s.path: s.text for s in (*sources, *companions)})
+        migrated = migrate_unit([*sources, *companions], index, settings.options)
+        if companions:
+            migrated = not_given(migrated[: len(sources)], migrated[len(sources):], sources, companions, index, settings.options)
+        for (path, source), result in zip(read.items(), migrated):
             target = _destination(path, settings)
             _check_shadowing(result, target.parent, settings.options)
             if settings.write and result.changed and result.error is None:
@@ -234,6 +269,13 @@ def process_unit(paths: list[Path], settings: Settings) -> list[FileResult]:
         for path, source in read.items():
             results[path] = _internal_error(str(path), source)
     return [results[p] for p in paths]
+
+
+def _shown(path: Path) -> str:
+    """A file that was not given, as the user would name it: relative to the working directory
+    when inside it."""
+    relative = os.path.relpath(path)
+    return path.as_posix() if relative.startswith("..") else relative
 
 
 def process_file(path: Path, settings: Settings) -> FileResult:

@@ -18,6 +18,7 @@ told which of the run's files calls it instead.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -362,3 +363,40 @@ def _tell_callees(results: dict[Path, FileResult], members: list[Path], entry: P
             if any(w in d.message for w in _LIBRARY) else d
             for d in result.diagnostics
         ]
+
+
+def not_given(
+    given: list[FileResult], read: list[FileResult], sources: list[Source], companions: list[Source],
+    index: ModuleIndex, options,  # type: ignore[no-untyped-def]
+) -> list[FileResult]:
+    """The results of the given files of a unit that also holds modules read but not given
+    (`migrate.project.local_imports`): those are never written, so when the unit's training takes
+    an edit in one of them, none of the given scripts that reach it is written either (a script
+    rewritten without its training step would train differently, or not at all), and each gets
+    AM013 naming the modules to give too."""
+    from migrate.runner import migrate_text
+
+    # A module is edited for the unit when its result differs from what it gets on its own.
+    claimed = {
+        c.path: c for c, r in zip(companions, read) if r.changed and r.new_text != migrate_text(c.text, c.display, options).new_text
+    }
+    if not claimed:
+        return given
+    for source, result in zip(sources, given):
+        needed = [claimed[p].display for p in index.reached(source.path) if p in claimed]
+        if not needed:
+            continue
+        result.new_text = None
+        result.changes = []
+        names = index.modules[source.path].imports.values()
+        line = min((n.line for imported in names for n in imported), default=1)
+        folder = os.path.commonpath([os.path.dirname(source.path), *(os.path.dirname(p) for p in claimed)])
+        if not os.path.relpath(folder).startswith(".."):
+            folder = os.path.relpath(folder)
+        message = (
+            f"this script trains through {', '.join(f'`{n}`' for n in needed)}, which need edits too but were not given "
+            f"(they were read to follow the training, and are never written), so nothing was written: migrate them "
+            f"together, e.g. `accel-migrate {folder}`"
+        )
+        result.diagnostics = sorted({*result.diagnostics, Diagnostic(CODE, line, message)}, key=lambda d: (d.line, d.code))
+    return given

@@ -126,3 +126,42 @@ def test_an_accelerator_created_at_the_entrys_module_level_is_passed_to_another_
     assert "mean_over_ranks(loss, accelerator)" in (results["main.py"].new_text or "")
     assert "if __name__ == '__main__':\n    accelerator = Accelerator()\n    main()\n" in (
         results["main.py"].new_text or "")
+
+
+def test_a_script_given_alone_reads_its_imports_and_writes_nothing_they_would_need(tmp_path: Path) -> None:
+    """main.py alone trains through engine.py and utils.py (not given): they are read, so the
+    script is not taken for one without training code, and since they need edits too, nothing is
+    written and the script is told which files to give."""
+    repo = _copy(tmp_path)
+    before = {p.name: p.read_bytes() for p in repo.glob("*.py")}
+    report = run([repo / "main.py"], Options(), write=True)
+    assert [Path(r.path).name for r in report.results] == ["main.py"]  # the read modules are not reported
+    (result,) = report.results
+    assert not result.changed
+    (diagnostic,) = [d for d in result.diagnostics if d.code == "AM013"]
+    assert "engine.py" in diagnostic.message and "utils.py" in diagnostic.message
+    assert "were not given" in diagnostic.message and str(repo) in diagnostic.message
+    assert {p.name: p.read_bytes() for p in repo.glob("*.py")} == before
+
+
+def test_a_script_given_alone_is_migrated_when_its_imports_need_no_edit(tmp_path: Path) -> None:
+    """A local module of models and helpers that the training does not run through is read and
+    left as it is; the script itself is migrated and written."""
+    (tmp_path / "models.py").write_text(
+        "import torch\nfrom torch import nn\n\n\ndef make_model():\n    return nn.Linear(4, 2)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom models import make_model\n\n\n"
+        "def main():\n    model = make_model()\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), batch_size=4)\n"
+        "    for x, y in loader:\n        optimizer.zero_grad()\n"
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n        loss.backward()\n        optimizer.step()\n\n\n"
+        "if __name__ == \"__main__\":\n    main()\n"
+    )
+    models = (tmp_path / "models.py").read_bytes()
+    report = run([script], Options(), write=True)
+    (result,) = report.results
+    assert result.changed and not [d for d in result.diagnostics if d.code == "AM013"]
+    assert "accelerator.backward(loss)" in script.read_text()
+    assert (tmp_path / "models.py").read_bytes() == models
