@@ -153,6 +153,9 @@ def _migrate_entry(
     view = merged_facts(head.facts, [(m.source.display, m.facts) for m in rest if m.facts is not None],
                         imported, head.source.display)
     if isinstance(view, Conflict):
+        wrapper = _package_wrapper(view, entry, by_path, index)
+        if wrapper is not None:
+            return wrapper
         return _Outcome(reason=(
             f"`{view.name}` is defined in both {view.first} and {view.second}, and the cross-module "
             "analysis follows functions by name; rename one of them"))
@@ -301,6 +304,28 @@ def _factory(head: _Parsed, where: _Parsed, builder, lines) -> _Outcome:  # type
         "and handed back to this script; the cross-module analysis prepares objects built in the entry's "
         "own code: build the optimizer here (`optimizer = torch.optim.X(model.parameters(), ...)`, the "
         f"parameter groups may still come from {where.source.display}), or prepare it by hand"))
+
+
+def _package_wrapper(view: Conflict, entry: Path, by_path: dict[Path, Source], index: ModuleIndex) -> _Outcome | None:
+    """`build_loader` of a package's `__init__.py` wraps the `build_loader` of one of its modules,
+    imported under another name (`from .build import build_loader as _build_loader`): what the
+    wrapper returns depends on its branches, so the loaders the entry gets are not followed."""
+    paths = {source.display: path for path, source in by_path.items()}
+    for package, module in ((view.first, view.second), (view.second, view.first)):
+        init, other = paths.get(package), paths.get(module)
+        if init is None or other is None or init.name != "__init__.py":
+            continue
+        aliased = [n for n in index.modules[init].imports.get(other, []) if n.name == view.name and n.local != n.name]
+        if not aliased:
+            continue
+        dotted = next((n for n in index.modules[other].names if "." in n), other.stem)
+        imported = [n.line for n in index.modules[entry].imports.get(init, []) if n.name == view.name]
+        return _Outcome(line=min(imported, default=1), reason=(
+            f"`{view.name}` of {package} wraps `{view.name}` of {module} (imported as `{aliased[0].local}` at "
+            f"{package}:{aliased[0].line}) and the objects it returns depend on its branches, so the loaders it "
+            f"builds are not followed: import the function that builds them (`from {dotted} import {view.name}`), "
+            f"or make {package} re-export it (`from .{other.stem} import {view.name}`), and run again"))
+    return None
 
 
 def _attribute_call(head: _Parsed, rest: list[_Parsed], module_imports, lines) -> _Outcome | None:  # type: ignore[no-untyped-def]

@@ -12,7 +12,8 @@ from migrate.engine import Options
 from migrate.project import build_index
 from migrate.runner import run
 
-REPO = Path(__file__).resolve().parents[2] / "fixtures" / "repos" / "train_step" / "in"
+REPOS = Path(__file__).resolve().parents[2] / "fixtures" / "repos"
+REPO = REPOS / "train_step" / "in"
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -165,3 +166,25 @@ def test_a_script_given_alone_is_migrated_when_its_imports_need_no_edit(tmp_path
     assert result.changed and not [d for d in result.diagnostics if d.code == "AM013"]
     assert "accelerator.backward(loss)" in script.read_text()
     assert (tmp_path / "models.py").read_bytes() == models
+
+
+def test_a_package_wrapper_of_the_loader_builder_is_refused_with_the_import_to_write(tmp_path: Path) -> None:
+    """data/__init__.py defines `build_loader` itself, calling the `build_loader` of data/build.py
+    imported under another name: what it returns depends on its branches, so nothing is written
+    and main.py is told, on its import line, which import makes the unit migrate."""
+    pkg = REPOS / "pkgloader" / "in"
+    repo = tmp_path / "repo"
+    shutil.copytree(pkg, repo)
+    (repo / "data" / "__init__.py").write_text(
+        "from .build import build_loader as _build_loader\n\n\n"
+        "def build_loader(config, pretrain=False):\n"
+        "    if not pretrain:\n        return _build_loader(config)\n    raise NotImplementedError\n")
+    results = _results(repo)
+    assert not any(r.changed for r in results.values())
+    diagnostic = next(d for d in results["main.py"].diagnostics if d.code == "AM013")
+    assert diagnostic.line == 12  # `from data import build_loader`
+    assert "wraps `build_loader`" in diagnostic.message and "`from data.build import build_loader`" in diagnostic.message
+    # the import it names makes the unit migrate
+    main = repo / "main.py"
+    main.write_text(main.read_text().replace("from data import build_loader", "from data.build import build_loader"))
+    assert _results(repo)["main.py"].changed
