@@ -36,7 +36,9 @@ Leaves alone (each with a diagnostic coded AM013 on the entry, naming file:line 
 - a training step reached as a module attribute (`import engine; engine.train_one_epoch(...)`):
   write `from engine import train_one_epoch`, or give the files one at a time;
 - two modules of the unit defining a function or class of the same name that the cross-module
-  view would confuse;
+  view would confuse; when one is a package's `__init__.py` wrapping the other's function imported
+  under another name (`from .build import build_loader as _build_loader`), the diagnostic is on the
+  entry's import line and names the import to write (`from data.build import build_loader`);
 - an optimizer built inside a class of another module that the script does not build itself
   (another module's `fit()` runs `Trainer(...).run()`), or by a factory whose optimizer is not built over one of its arguments' `.parameters()` (a
   factory returning `torch.optim.X(model.parameters(), ...)` for its `model` argument is followed:
