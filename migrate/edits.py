@@ -42,6 +42,9 @@ class EditPlan:
     # Small statements dropped from their line (`opt = SGD(...); scaler = GradScaler()`): the
     # line's other statements stay, the line goes only when nothing is left of it.
     remove_small: set[cst.BaseSmallStatement] = edits(set)
+    # Small statements replaced on their line (`device = torch.device(...); model = Net()`: the
+    # device choice becomes `device = accelerator.device`, the line's other statements stay).
+    replace_small: dict[cst.BaseSmallStatement, cst.BaseSmallStatement] = edits(dict)
     new_params: dict[cst.FunctionDef, bool] = edits(dict)  # value: keyword-only
     new_args: dict[cst.Call, bool] = edits(dict)  # value: pass by keyword
     wrap_loop_body: dict[cst.For, cst.BaseExpression] = edits(dict)  # `with <expr>:`

@@ -118,6 +118,8 @@ class Rewriter(cst.CSTTransformer):
                 replacement = _without(original, new, plan.remove_small)
             else:
                 replacement = [new]
+            if isinstance(original, cst.SimpleStatementLine) and any(s in plan.replace_small for s in original.body):
+                replacement = [_replaced_small(original, stmt, plan.replace_small) if stmt is new else stmt for stmt in replacement]
             if replacement == [new] and _emptied_guard(original, new):
                 replacement = []  # `if use_cuda: model = model.cuda()` once the move went
             for stmt in replacement:
@@ -224,6 +226,21 @@ def _without(
     assert isinstance(new, cst.SimpleStatementLine) and len(new.body) == len(original.body)
     kept = [small for small, before in zip(new.body, original.body) if before not in removed]
     return _with_body(new, kept)
+
+
+def _replaced_small(
+    original: cst.SimpleStatementLine,
+    new: cst.BaseStatement,
+    replaced: dict[cst.BaseSmallStatement, cst.BaseSmallStatement],
+) -> cst.BaseStatement:
+    """`new` (the rewritten `original`) with the small statements `replaced` names swapped, each
+    keeping its semicolon."""
+    assert isinstance(new, cst.SimpleStatementLine) and len(new.body) == len(original.body)
+    body = [
+        replaced[before].with_changes(semicolon=small.semicolon) if before in replaced else small  # type: ignore[attr-defined]
+        for small, before in zip(new.body, original.body)
+    ]
+    return new.with_changes(body=body)
 
 
 def _with_body(stmt: cst.SimpleStatementLine, kept: list[cst.BaseSmallStatement]) -> list[cst.BaseStatement]:

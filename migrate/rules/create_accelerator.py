@@ -134,7 +134,14 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     create = statement(f"accelerator = Accelerator({kwargs})\n")
     replaced = plan.create_at if plan.create_at is not None else binding.where.stmt if binding is not None else None
     in_place = replaced is not None and index < len(block) and block[index] is replaced
-    if in_place:
+    shared = _shared_line_assign(binding) if binding is not None and plan.create_at is None else None
+    if in_place and shared is not None:
+        # `device = torch.device(...); model = Net()`: only the device choice is rebound, the
+        # line's other statements keep their own edits.
+        assert binding is not None and replaced is not None
+        plan.insert_before[replaced] = [create, *plan.insert_before.get(replaced, [])]
+        plan.replace_small[shared] = _rebind_small(binding.name, device_value)
+    elif in_place:
         assert replaced is not None
         new: list[cst.BaseStatement] = [create.with_changes(leading_lines=replaced.leading_lines)]
         if plan.create_at is None:
@@ -153,7 +160,9 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
             plan.insert_after[block[-1]] = [*plan.insert_after.get(block[-1], []), create]
         if plan.create_at is not None:
             plan.replace_stmt[plan.create_at] = []  # the Accelerator joins the group elsewhere
-        if binding is not None and binding.where.stmt is not plan.create_at:
+        if binding is not None and binding.where.stmt is not plan.create_at and shared is not None:
+            plan.replace_small[shared] = _rebind_small(binding.name, device_value)
+        elif binding is not None and binding.where.stmt is not plan.create_at:
             rebind = _rebind(binding.name, device_value, binding.where.stmt, keep_leading=True)
             plan.replace_stmt[binding.where.stmt] = [rebind]
             plan.rebound[rebind] = binding.name
@@ -164,6 +173,11 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
         plan.rebound[new_device] = binding.name
     for later in roles.later_device_bindings:
         stmt = later.where.stmt
+        later_shared = _shared_line_assign(later)
+        if later_shared is not None:
+            plan.replace_small[later_shared] = _rebind_small(later.name, device_value)
+            plan.change(CODE, stmt, f"`{later.name}` chosen again: now `{device_value}` as well")
+            continue
         rebound = _rebind(later.name, device_value, stmt, keep_leading=True)
         plan.replace_stmt[stmt] = [rebound]
         plan.change(CODE, stmt, f"`{later.name}` chosen again: now `{device_value}` as well")
@@ -250,6 +264,22 @@ def _is_cpu(value: cst.BaseExpression | None) -> bool:
     if isinstance(value, cst.Call) and len(value.args) == 1:
         value = value.args[0].value  # torch.device("cpu")
     return isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu"
+
+
+def _shared_line_assign(binding: DeviceBinding) -> cst.BaseSmallStatement | None:
+    """The `name = value` of a device choice that shares its line with other statements
+    (`device = torch.device(...); model = Net()`), else None."""
+    stmt = binding.where.stmt
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) < 2:
+        return None
+    for small in stmt.body:
+        if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is binding.value:
+            return small
+    return None
+
+
+def _rebind_small(name: str, value: str) -> cst.BaseSmallStatement:
+    return cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=cst.parse_expression(value))
 
 
 def _rebind(name: str, value: str, original: cst.BaseStatement, keep_leading: bool = False) -> cst.BaseStatement:

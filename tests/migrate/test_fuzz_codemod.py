@@ -295,6 +295,42 @@ def test_sampler_lines_shared_with_other_statements_keep_the_others() -> None:
     assert "    loader = DataLoader(ds, shuffle=True)\n" in out and "        accelerator.print(epoch)\n" in out, out
 
 
+def test_a_device_choice_on_the_models_line_is_rebound_alone() -> None:
+    # fuzz seed 2: the whole line `device = ...; model = ...; optimizer = ...` became
+    # `device = accelerator.device`, losing the model and the optimizer; the second run then took
+    # the other same-named `main` for the training function and changed the output
+    text = (
+        "import torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "def block():\n"
+        "    def main():\n"
+        "        device = torch.device('cuda' if torch.cuda.is_available() else 'cpu'); "
+        "model = torch.nn.Linear(4, 1).to(device); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "        loader = DataLoader(torch.randn(32, 4), batch_size=4)\n"
+        "        for x in loader:\n"
+        "            x = x.to(device)\n"
+        "            model(x).pow(2).mean().backward()\n"
+        "            optimizer.step()\n"
+        "    def main():\n"
+        "        device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "        model = torch.nn.Linear(4, 1).to(device)\n"
+        "        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "        for x in DataLoader(torch.randn(32, 4), batch_size=4):\n"
+        "            model(x.to(device)).pow(2).mean().backward()\n"
+        "            optimizer.step()\n"
+        "block()\n"
+    )
+    assert not failures(text)
+    out = migrate_source(text, "train.py").new_text
+    assert out is not None
+    assert (
+        "        accelerator = Accelerator()\n"
+        "        device = accelerator.device; model = torch.nn.Linear(4, 1); "
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    ) in out, out
+    assert "        model = torch.nn.Linear(4, 1).to(device)\n" in out, out  # the other `main` is not the home
+
+
 def test_objects_built_out_of_reach_of_an_existing_accelerator_are_reported() -> None:
     # was an AssertionError in create_accelerator._thread_parameter (on the second run of a script
     # whose first run created the Accelerator in main): the module-level optimizer's prepare call was
