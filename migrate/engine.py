@@ -124,11 +124,11 @@ def run_rules(
             annotate(module, plan, line.__getitem__)
         attempt.changes = sorted(
             {Change(r.code, line[r.node], r.message) for r in plan.changes},
-            key=lambda c: (c.line, c.code),
+            key=lambda c: (c.line, c.code, c.message),
         )
         attempt.diagnostics = sorted(
             {Diagnostic(f.code, line[f.node], f.message) for f in plan.findings},
-            key=lambda d: (d.line, d.code),
+            key=lambda d: (d.line, d.code, d.message),
         )
     elif plan.changes:
         attempt.changes = [Change(r.code, 0, r.message) for r in plan.changes]

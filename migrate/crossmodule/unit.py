@@ -98,7 +98,7 @@ def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[Fil
             result.parsed = True
             result.diagnostics = sorted(
                 {*result.diagnostics, Diagnostic(CODE, outcome.line, _not_followed(outcome.reason))},
-                key=lambda d: (d.line, d.code),
+                key=lambda d: (d.line, d.code, d.message),
             )
             _tell_callees(results, members, entry, by_path, index)
     return [results[s.path] for s in sources]
@@ -159,7 +159,7 @@ def _migrate_entry(
         return _Outcome(reason=(
             f"`{view.name}` is defined in both {view.first} and {view.second}, and the cross-module "
             "analysis follows functions by name; rename one of them"))
-    lines = {m.source.path: start_lines(m.module) for m in modules}
+    lines = _StartLinesByPath({m.source.path: m.module for m in modules})
     hidden = _attribute_call(head, rest, module_imports, lines)
     if hidden is not None:
         return hidden  # a training step the roles cannot see: a rewrite of the rest would be partial
@@ -203,9 +203,9 @@ def _migrate_entry(
         if new_text is None:
             return _Outcome(reason=f"the rewrite of {m.source.display} would not compile (please report this)")
         changes = sorted({Change(r.code, lines[m.source.path][r.node], r.message) for r in plan.changes
-                          if r.node in lines[m.source.path]}, key=lambda c: (c.line, c.code))
+                          if r.node in lines[m.source.path]}, key=lambda c: (c.line, c.code, c.message))
         diagnostics = sorted({Diagnostic(f.code, lines[m.source.path][f.node], f.message) for f in plan.findings
-                              if f.node in lines[m.source.path]}, key=lambda d: (d.line, d.code))
+                              if f.node in lines[m.source.path]}, key=lambda d: (d.line, d.code, d.message))
         outcome.results[m.source.path] = FileResult(
             m.source.display, m.source.text, new_text=new_text if new_text != m.source.text else None,
             changes=changes, diagnostics=diagnostics, parsed=True)
@@ -275,6 +275,19 @@ def _check(outcome: _Outcome, by_path: dict[Path, Source], options) -> str | Non
 
 def _module_imports(index: ModuleIndex, entry: Path, by_path: dict[Path, Source]) -> list[tuple[Path, ImportedName]]:
     return [(t, n) for t, names in index.modules[entry].imports.items() if t in by_path for n in names if n.name is None]
+
+
+class _StartLinesByPath(dict[str, dict[cst.CSTNode, int]]):
+    """Each module's start lines, by path, computed on first use: a whole-module pass each, which
+    most units (a refusal, a change in the entry alone) need for few of their modules."""
+
+    def __init__(self, modules: dict[str, cst.Module]) -> None:
+        super().__init__()
+        self._modules = modules
+
+    def __missing__(self, path: str) -> dict[cst.CSTNode, int]:
+        table = self[path] = start_lines(self._modules[path])
+        return table
 
 
 def _why_not(roles, plan, head: _Parsed, rest: list[_Parsed], owner, lines) -> _Outcome:  # type: ignore[no-untyped-def]
@@ -423,5 +436,5 @@ def not_given(
             f"(they were read to follow the training, and are never written), so nothing was written: migrate them "
             f"together, e.g. `accel-migrate {folder}`"
         )
-        result.diagnostics = sorted({*result.diagnostics, Diagnostic(CODE, line, message)}, key=lambda d: (d.line, d.code))
+        result.diagnostics = sorted({*result.diagnostics, Diagnostic(CODE, line, message)}, key=lambda d: (d.line, d.code, d.message))
     return given

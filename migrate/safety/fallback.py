@@ -194,4 +194,4 @@ def _unchanged(first: Attempt, failures: list[_Failure], text: str) -> Attempt:
 
 
 def _sorted(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
-    return sorted(dict.fromkeys(diagnostics), key=lambda d: (d.line, d.code))
+    return sorted(dict.fromkeys(diagnostics), key=lambda d: (d.line, d.code, d.message))
