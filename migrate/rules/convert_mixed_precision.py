@@ -33,8 +33,10 @@ Leaves alone:
     autocast that is always on: with the flag off the original still runs an fp16 forward), by a
     condition the Accelerator's creation cannot read (a name bound later, or the device choice
     itself: `nullcontext() if device_type == "cpu" else torch.autocast(...)`), or scripts that
-    use the scaler in other ways (`scaler.state_dict()`, `get_scale()`): reported, and the AMP
-    code is kept as it is (it still works: `accelerator.backward(scaler.scale(loss))`). Files
+    use the scaler in other ways (`scaler.state_dict()`, `get_scale()`), or that keep it on an
+    object (`self._scaler = GradScaler()` in a loss-scaler class whose `__call__` does the
+    backward, unscale, clipping and step, saved in checkpoints through its `state_dict()`): reported,
+    and the AMP code is kept as it is (it still works: `accelerator.backward(scaler.scale(loss))`). Files
     that already create an Accelerator. NVIDIA apex AMP (`amp.initialize`, `amp.scale_loss`) is
     not converted: reported, with the fix (remove it and use `Accelerator(mixed_precision="fp16")`
     with `accelerator.backward(loss)`).
@@ -81,6 +83,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     autocasts = [(scope, c) for scope in facts.scopes for c in scope.library_calls if c.qualified in _AUTOCASTS]
     if not scalers and not autocasts:
         return
+    if _held_by_an_object(plan, scalers):
+        return
     precision = _precision(roles, scalers, autocasts, plan)
     if precision is None:
         return
@@ -124,6 +128,28 @@ def _passed_on(scope: Scope, name: str) -> bool:
 
     walk(scope.node, Finder())
     return Finder.found
+
+
+def _held_by_an_object(plan: EditPlan, scalers: set) -> bool:  # type: ignore[type-arg]
+    """A GradScaler kept on an object (`self._scaler = GradScaler()` in a loss-scaler class whose
+    `__call__` scales, unscales, clips and steps): reported, and all of the AMP code is kept.
+
+    The object's scaler is correct at N processes as it is (it unscales and checks for inf/nan the
+    gradients the prepared model already all-reduced, so every process skips the same steps), and
+    its `state_dict()` goes into the script's checkpoints. Removing it would change those
+    checkpoints, and an autocast converted without it would run fp16 without loss scaling."""
+    held = sorted(name for scope, name in scalers if "." in name)
+    if not held:
+        return False
+    scope, name = next((s, n) for s, n in sorted(scalers, key=lambda item: item[1]) if n == held[0])
+    owner = f"`{scope.parent.name}`" if scope.is_method and scope.parent is not None else "an object"
+    plan.report(CODE, scope.bindings[name][0].where.stmt, (
+        f"the GradScaler is held by {owner} (`{name}`), a loss-scaler object: the AMP code (its scaler and "
+        "the autocasts) was kept as it is, and is correct under `accelerator.prepare` (the scaler unscales and "
+        "checks gradients the prepared model already synchronised); its backward and clipping go through the "
+        "accelerator. To hand precision to the Accelerator instead, remove the scaler object and use "
+        "`Accelerator(mixed_precision=\"fp16\")` with `accelerator.backward(loss)`"))
+    return True
 
 
 def _chosen_by_condition(module: cst.Module, calls: list[cst.Call]) -> dict[int, cst.BaseExpression]:

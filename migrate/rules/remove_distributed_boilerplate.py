@@ -19,7 +19,8 @@ What it does:
       `model.module` becomes `accelerator.unwrap_model(model)`.
     - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader, `sampler.set_epoch(...)`
       and `loader.sampler.set_epoch(...)` go (prepared loaders reshuffle each epoch themselves),
-      and the loader is prepared. Also when a helper of the same file builds the loader
+      and the loader is prepared. A `print` of the removed sampler goes with it; a sampler read
+      in any other way keeps its binding (no longer given to the loader). Also when a helper of the same file builds the loader
       (`train_loader = build_loader(dataset)` returning `DataLoader(..., sampler=DistributedSampler(...))`),
       or returns it as one element of a tuple (`datasets, train_loader, val_loader =
       build_loader(config)`, also from another module of the unit): the sampler goes inside the
@@ -622,6 +623,8 @@ def _sampler_shuffle(
             plan.report(CODE, call, f"DistributedSampler option `{keyword or 'positional'}` has no DataLoader "
                         "equivalent; the sampler was kept and the loader not prepared")
             return None
+    if name is not None and not _drop_sampler_reads(plan, home, name, sampler):
+        return shuffle, name  # read elsewhere: the binding stays, the loader no longer uses it
     if name is not None:
         for binding in home.bindings[name]:
             if binding.value is None:
@@ -629,6 +632,63 @@ def _sampler_shuffle(
             else:  # kept when it shares a line it cannot be taken out of alone
                 remove_statement(plan, binding.where.stmt, binding.value)
     return shuffle, name
+
+
+class _NameReads(cst.CSTVisitor):
+    """The statements of a scope that read `name` (its own nested scopes included)."""
+
+    def __init__(self, name: str, skipped: cst.CSTNode) -> None:
+        self.name, self.skipped = name, skipped
+        self.statements: list[cst.BaseStatement] = []
+        self._current: list[cst.BaseStatement] = []
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._current.append(node)
+
+    def leave_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._current.pop()
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        return node.value is not self.skipped  # `DataLoader(..., sampler=sampler)`: the use being replaced
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return not (node.attr.value == "set_epoch" and isinstance(node.value, cst.Name))  # removed with it
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == self.name:
+            statement = self._current[-1] if self._current else None
+            if statement is not None and statement not in self.statements:
+                self.statements.append(statement)
+
+
+def _drop_sampler_reads(plan: EditPlan, home: Scope, name: str, sampler: cst.BaseExpression) -> bool:
+    """The statements that read the removed sampler besides its loader: a `print(...)` of it
+    (`print("Sampler_train = %s" % str(sampler_train))`) goes with it; any other read keeps the
+    binding (False), so that no name is read after the rewrite removed it."""
+    finder = _NameReads(name, sampler)
+    walk(home.node, finder)
+    bound = {id(b.where.stmt) for b in home.bindings.get(name, [])}
+    reads = [stmt for stmt in finder.statements if id(stmt) not in bound]
+    if not all(_only_prints(stmt) for stmt in reads):
+        return False
+    for stmt in reads:
+        plan.replace_stmt[stmt] = []
+        plan.change(CODE, stmt, f"the print of the removed DistributedSampler `{name}` removed")
+    return True
+
+
+def _only_prints(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, cst.Call)
+        and isinstance(stmt.body[0].value.func, cst.Name)
+        and stmt.body[0].value.func.value == "print"
+    )
 
 
 def _swap_sampler(call: cst.Call, index: int, shuffle: cst.BaseExpression, has_shuffle: bool) -> cst.Call:
