@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from migrate.analysis import (
+    Binding,
     DeviceBinding,
     Facts,
     Loop,
@@ -38,6 +39,16 @@ BACKWARD = "AM003"  # replace_loss_backward
 PREPARE = "AM004"  # prepare_training_objects
 MIXED_PRECISION = "AM006"  # convert_mixed_precision
 DISTRIBUTED = "AM007"  # remove_distributed_boilerplate
+
+
+@dataclass(eq=False)
+class WrappedOptimizer:
+    """`optimizer = ScheduledOptim(torch.optim.Adam(model.parameters()), d_model, warmup)`: a
+    one-statement binding of an object that takes the optimizer as one of its arguments."""
+
+    binding: Binding
+    wrapper: cst.Call
+    inner: cst.Call  # the optimizer, an argument of `wrapper`
 
 
 @dataclass(eq=False)
@@ -70,6 +81,9 @@ class Roles:
     # (`self.ddp_model = DDP(self.model)` beside `self.ddp_model = self.model`); prepare binds the
     # alias, and the model's own name keeps the bare module its checkpoints are saved from
     model_aliases: dict[str, str] = field(default_factory=dict)
+    # optimizer -> its wrapped form (`optimizer = ScheduledOptim(Adam(...), ...)`): prepared as the
+    # inner optimizer, then wrapped again after the prepare call (AM004)
+    wrapped_optimizers: dict[str, "WrappedOptimizer"] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     unprepared: bool = False  # a training object was found that cannot be prepared (reported by `cannot_prepare`)

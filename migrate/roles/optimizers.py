@@ -15,7 +15,7 @@ import libcst as cst
 from migrate.analysis import Binding, Scope
 from migrate.names import call_argument, instance_attribute, root_name
 from migrate.roles.calls import OPTIMIZER, call_name, callee
-from migrate.roles.model import Roles
+from migrate.roles.model import Roles, WrappedOptimizer
 from migrate.walk import walk
 
 
@@ -30,6 +30,11 @@ def find_home_and_optimizers(roles: Roles) -> None:
             for binding in bindings:
                 if builds_optimizer(roles, binding.value, classes, factories):
                     found.append((scope, binding))
+                else:
+                    wrapped = _wrapped_optimizer(roles, scope, binding, classes)
+                    if wrapped is not None:
+                        found.append((scope, binding))
+                        roles.wrapped_optimizers[binding.name] = wrapped
     if not found:
         _report_wrapped_optimizers(roles, classes)
         return
@@ -45,6 +50,24 @@ def find_home_and_optimizers(roles: Roles) -> None:
                 f"optimizer `{binding.name}` is built in `{scope.name}`, not in `{roles.home.name}` "
                     "where the other training objects are prepared; pass it to `accelerator.prepare(...)` yourself",
             )
+
+
+def _wrapped_optimizer(roles: Roles, scope: Scope, binding: Binding, classes: set[str]) -> WrappedOptimizer | None:
+    """`optimizer = ScheduledOptim(torch.optim.Adam(...), ...)` as the name's only binding, a
+    statement of its own: the inner optimizer can be bound to the name, prepared, and wrapped again
+    (`optimizer = ScheduledOptim(optimizer, ...)`) right after the prepare call, so the wrapper
+    steps the prepared optimizer. Other shapes are reported by `_report_wrapped_optimizers`."""
+    value, stmt = binding.value, binding.where.stmt
+    if not isinstance(value, cst.Call) or len(scope.bindings.get(binding.name, [])) != 1:
+        return None
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    if len(stmt.body[0].targets) != 1 or stmt.body[0].value is not value or binding.where.in_loop:
+        return None
+    inner = [a.value for a in value.args if builds_optimizer(roles, a.value, classes, set())]
+    if len(inner) != 1 or not isinstance(inner[0], cst.Call) or not call_name(roles, inner[0], OPTIMIZER):
+        return None
+    return WrappedOptimizer(binding, value, inner[0])
 
 
 def _report_wrapped_optimizers(roles: Roles, classes: set[str]) -> None:
@@ -138,15 +161,21 @@ def find_models(roles: Roles) -> None:
     factories = optimizer_factories(roles, classes)
     for name in roles.optimizers:
         for binding in home.bindings[name]:
-            if not builds_optimizer(roles, binding.value, classes, factories):
+            wrapped = roles.wrapped_optimizers.get(name)
+            built = binding.value
+            if wrapped is not None and wrapped.binding is binding:
+                built = wrapped.inner
+                owners = _parameter_owners(home, wrapped.inner)
+            elif not builds_optimizer(roles, binding.value, classes, factories):
                 continue
-            assert isinstance(binding.value, cst.Call)
-            owners = (
-                _parameter_owners(home, binding.value)
-                if call_name(roles, binding.value, OPTIMIZER) or callee(binding.value) in classes
-                else _factory_owners(roles, binding.value)
-            )
-            if not owners and not call_name(roles, binding.value, OPTIMIZER):
+            else:
+                assert isinstance(binding.value, cst.Call)
+                owners = (
+                    _parameter_owners(home, binding.value)
+                    if call_name(roles, binding.value, OPTIMIZER) or callee(binding.value) in classes
+                    else _factory_owners(roles, binding.value)
+                )
+            if not owners and not call_name(roles, built, OPTIMIZER):
                 # Prepared without its model, the optimizer would step a model that is neither on
                 # the device nor synchronised: the file is left as it is.
                 roles.refused = True

@@ -47,7 +47,11 @@ Leaves alone:
     this file, `X, Y = get_batch()`, the report names it as the one that must draw this process's
     share). An optimizer factory whose model cannot be told is reported and the file left as it is
     (prepared alone, the optimizer would step a model that is neither placed nor synchronised).
-    Optimizers wrapped in another object (`ScheduledOptim(torch.optim.Adam(...))`) are reported.
+    An optimizer wrapped in another object (`optimizer = ScheduledOptim(torch.optim.Adam(...),
+    d_model, warmup)`, the name's only binding, a statement of its own) is bound as the inner
+    optimizer, prepared, and wrapped again right after the prepare call (`optimizer =
+    ScheduledOptim(optimizer, d_model, warmup)`), so the wrapper's schedule steps the prepared
+    optimizer; other wrapped shapes (never bound, rebound, inside an expression) are reported.
     A second training section in the same scope that builds its optimizer again after the prepare
     call (a notebook-style file training a baseline, then another model) is reported and the
     file left as it is: that section's model would train unprepared.
@@ -58,8 +62,11 @@ Fix safety:
 
 from __future__ import annotations
 
+import libcst as cst
+
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.roles.model import WrappedOptimizer
 from migrate.rules.base import assignment, indent_of, prepared_loaders
 
 CODE = "AM004"
@@ -111,6 +118,26 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if anchor is None:
             return
         plan.insert_before.setdefault(anchor, []).append(stmt)
+    for name in names:
+        wrapped = roles.wrapped_optimizers.get(name)
+        if wrapped is not None:
+            _rewrap(plan, name, wrapped, anchor, after=where is not None)
     plan.use_accelerator(home)
     plan.change(CODE, anchor, f"prepare {', '.join(names)}")
+
+
+def _rewrap(plan: EditPlan, name: str, wrapped: WrappedOptimizer, anchor: cst.BaseStatement, after: bool) -> None:
+    """`optimizer = ScheduledOptim(Adam(...), 8, 4)` -> `optimizer = Adam(...)`, prepared, then
+    `optimizer = ScheduledOptim(optimizer, 8, 4)` right after the prepare call: the wrapper keeps
+    its schedule and steps the prepared optimizer (which skips steps while accumulating and
+    unscales fp16 gradients)."""
+    stmt = wrapped.binding.where.stmt
+    assert isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)
+    assign = stmt.body[0]
+    plan.replace_stmt[stmt] = [stmt.with_changes(body=[assign.with_changes(value=wrapped.inner)])]
+    args = [cst.Arg(cst.Name(name), keyword=a.keyword, equal=a.equal, comma=a.comma) if a.value is wrapped.inner else a
+            for a in wrapped.wrapper.args]
+    again = cst.SimpleStatementLine([assign.with_changes(value=wrapped.wrapper.with_changes(args=args))])
+    (plan.insert_after if after else plan.insert_before).setdefault(anchor, []).append(again)
+    plan.change(CODE, stmt, f"`{name}` prepared as the optimizer it wraps, then wrapped again after the prepare call")
 

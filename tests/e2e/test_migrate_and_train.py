@@ -82,6 +82,9 @@ SPECS: dict[str, Spec] = {
     # and the barrier pair around the model must become the accelerator's (a hang or both ranks
     # logging otherwise)
     "research_local_rank_flag": Spec(),
+    # the optimizer wrapped in a warmup-schedule object: prepared as the inner optimizer, then
+    # wrapped again, so the schedule (and its learning rates) is the original's
+    "scheduled_optim_wrapper": Spec(),
     "amp_bf16_autocast": Spec(
         split_rtol=5e-2,
         split_reason="bf16 autocast rounds activations and weight gradients to 8 mantissa bits; "
