@@ -16,6 +16,7 @@ from migrate.analysis import Binding, Scope
 from migrate.names import call_argument, instance_attribute, root_name
 from migrate.roles.calls import OPTIMIZER, call_name, callee
 from migrate.roles.model import Roles, WrappedOptimizer
+from migrate.roles.unwrapped_alias import wrapped_model
 from migrate.walk import walk
 
 
@@ -175,6 +176,7 @@ def find_models(roles: Roles) -> None:
                     if call_name(roles, binding.value, OPTIMIZER) or callee(binding.value) in classes
                     else _factory_owners(roles, binding.value)
                 )
+            owners = list(dict.fromkeys(wrapped_model(home, owner, roles.facts.aliases) for owner in owners))
             if not owners and not call_name(roles, built, OPTIMIZER):
                 # Prepared without its model, the optimizer would step a model that is neither on
                 # the device nor synchronised: the file is left as it is.

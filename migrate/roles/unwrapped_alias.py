@@ -1,0 +1,47 @@
+"""The model an optimizer is built over, when it is named through the hand-wrapped model's alias.
+
+`model_without_ddp = model`, then `if args.distributed: model = DDP(model); model_without_ddp =
+model.module`, then `optimizer = create_optimizer(args, model_without_ddp)` (DeiT, ConvNeXt, MAE):
+`model_without_ddp` is always the user's module and `model`, the one trained, wraps it. The model
+to prepare is `model`: prepare wraps it once (the hand DDP goes, `model.module` becomes
+`accelerator.unwrap_model(model)`), and `model_without_ddp` still names the user's module, which
+is what the script saves and loads. Preparing the alias instead would leave the hand DDP in place
+and wrap the module a second time.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.analysis import Scope
+from migrate.names import ImportAliases
+
+_WRAPPERS = frozenset(
+    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}
+)
+
+
+def wrapped_model(home: Scope, name: str, aliases: ImportAliases) -> str:
+    """`model` when every binding of `name` in `home` is `name = model` or `name = model.module`
+    (at least one plain alias) and `home` wraps `model` by hand (`model = DDP(model, ...)`);
+    otherwise `name` itself."""
+    origins: set[str] = set()
+    plain = False
+    for binding in home.bindings.get(name, []):
+        value = binding.value
+        if isinstance(value, cst.Name):
+            origins.add(value.value)
+            plain = True
+        elif isinstance(value, cst.Attribute) and value.attr.value == "module" and isinstance(value.value, cst.Name):
+            origins.add(value.value.value)
+        else:
+            return name
+    if not plain or len(origins) != 1:
+        return name
+    (model,) = origins
+    for binding in home.bindings.get(model, []):
+        value = binding.value
+        if (isinstance(value, cst.Call) and aliases.qualify(value.func) in _WRAPPERS and value.args
+                and isinstance(value.args[0].value, cst.Name) and value.args[0].value.value == model):
+            return model
+    return name
