@@ -279,7 +279,8 @@ def _shared_line_assign(binding: DeviceBinding) -> cst.BaseSmallStatement | None
 
 
 def _rebind_small(name: str, value: str) -> cst.BaseSmallStatement:
-    return cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=cst.parse_expression(value))
+    # `name` may be held on a namespace (`args.device`): parsed, not made a Name
+    return cst.Assign(targets=[cst.AssignTarget(cst.parse_expression(name))], value=cst.parse_expression(value))
 
 
 def _rebind(name: str, value: str, original: cst.BaseStatement, keep_leading: bool = False) -> cst.BaseStatement:

@@ -40,18 +40,26 @@ def migrate(repo: Path, *extra: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=TIMEOUT)
 
 
-def test_train_step_repository_migrates_as_one_unit_and_trains_the_same(tmp_path: Path) -> None:
-    case = REPOS / "train_step"
+def migrated_copy(name: str, tmp_path: Path, rewritten: list[str]) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """fixtures/repos/<name>/in copied to tmp_path/migrated and migrated in place by the CLI (exit
+    0): out/ holds exactly the `rewritten` files (relative paths), each one equal to it, and every
+    other file is left as in/."""
+    case = REPOS / name
     migrated = tmp_path / "migrated"
     shutil.copytree(case / "in", migrated)
     result = migrate(migrated)
     assert result.returncode == 0, result.stdout + result.stderr
-    # out/ holds the files the unit rewrites; the others (the factory) are left as they are
-    rewritten = sorted(p.name for p in (case / "out").glob("*.py"))
-    assert rewritten == ["engine.py", "main.py", "utils.py"]
-    for path in sorted((case / "in").glob("*.py")):
-        expected = case / ("out" if path.name in rewritten else "in") / path.name
-        assert (migrated / path.name).read_text() == expected.read_text(), path.name
+    assert sorted(str(p.relative_to(case / "out")) for p in (case / "out").rglob("*.py")) == sorted(rewritten)
+    for path in sorted((case / "in").rglob("*.py")):
+        relative = str(path.relative_to(case / "in"))
+        expected = case / ("out" if relative in rewritten else "in") / relative
+        assert (migrated / relative).read_text() == expected.read_text(), relative
+    return migrated, result
+
+
+def test_train_step_repository_migrates_as_one_unit_and_trains_the_same(tmp_path: Path) -> None:
+    case = REPOS / "train_step"
+    migrated, result = migrated_copy("train_step", tmp_path, ["engine.py", "main.py", "utils.py"])
     # the edits landed in the module that trains, and the accelerator reaches it as a parameter
     engine = (migrated / "engine.py").read_text()
     assert "accelerator.backward(loss)" in engine and "*, accelerator)" in engine

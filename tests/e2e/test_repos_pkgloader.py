@@ -10,11 +10,10 @@ are prepared at the factory's binding, `reduce_tensor` of utils.py takes the acc
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 from pathlib import Path
 
-from tests.e2e.test_repos import LOSS, REPOS, TIMEOUT, migrate
+from tests.e2e.test_repos import LOSS, REPOS, TIMEOUT, migrated_copy
 from tests.runtime.rt_helpers import run_cmd, torchrun
 
 VAL = re.compile(r"^epoch (\d+) val acc ([0-9.]+) loss ([0-9.]+) of 24 samples$", re.M)
@@ -22,16 +21,7 @@ VAL = re.compile(r"^epoch (\d+) val acc ([0-9.]+) loss ([0-9.]+) of 24 samples$"
 
 def test_pkgloader_repository_migrates_as_one_unit_and_trains_the_same(tmp_path: Path) -> None:
     case = REPOS / "pkgloader"
-    migrated = tmp_path / "migrated"
-    shutil.copytree(case / "in", migrated)
-    result = migrate(migrated)
-    assert result.returncode == 0, result.stdout + result.stderr
-    rewritten = sorted(str(p.relative_to(case / "out")) for p in (case / "out").rglob("*.py"))
-    assert rewritten == ["data/build.py", "main.py", "utils.py"]
-    for path in sorted((case / "in").rglob("*.py")):
-        name = str(path.relative_to(case / "in"))
-        expected = case / ("out" if name in rewritten else "in") / name
-        assert (migrated / name).read_text() == expected.read_text(), name
+    migrated, result = migrated_copy("pkgloader", tmp_path, ["data/build.py", "main.py", "utils.py"])
     main = (migrated / "main.py").read_text()
     assert "accelerator.prepare(\n        model, optimizer, data_loader_train\n    )" in main
     assert "init_process_group" not in main and "DistributedDataParallel" not in main

@@ -9,27 +9,18 @@ every epoch, only the main process prints, the checkpoint with the scaler state 
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 
-from tests.e2e.test_repos import LOSS, REPOS, TIMEOUT, migrate
+from tests.e2e.test_repos import LOSS, REPOS, TIMEOUT, migrate, migrated_copy
 from tests.runtime.rt_helpers import run_cmd, torchrun
 
 
 def test_scaler_repository_migrates_as_one_unit_and_trains_the_same(tmp_path: Path) -> None:
     case = REPOS / "scaler"
-    migrated = tmp_path / "migrated"
-    shutil.copytree(case / "in", migrated)
-    result = migrate(migrated)
-    assert result.returncode == 0, result.stdout + result.stderr
-    rewritten = sorted(p.name for p in (case / "out").glob("*.py"))
-    assert rewritten == ["engine.py", "main.py", "utils.py"]
-    for path in sorted((case / "in").glob("*.py")):
-        expected = case / ("out" if path.name in rewritten else "in") / path.name
-        assert (migrated / path.name).read_text() == expected.read_text(), path.name
+    migrated, result = migrated_copy("scaler", tmp_path, ["engine.py", "main.py", "utils.py"])
     main = (migrated / "main.py").read_text()
     # the trained model is prepared (not its alias), the hand DDP and the sampler (and its print) go
     assert "accelerator.prepare(\n        model, optimizer, data_loader_train" in main

@@ -24,13 +24,12 @@ two-process launch of this test is main.py's.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_repos import REPOS, TIMEOUT, migrate
+from tests.e2e.test_repos import REPOS, TIMEOUT, migrate, migrated_copy
 from tests.runtime.rt_helpers import run_cmd, torchrun
 
 
@@ -40,12 +39,7 @@ def _stats(stdout: str) -> list[dict]:
 
 def test_spawn_rank_repository_migrates_and_trains(tmp_path: Path) -> None:
     case = REPOS / "spawnrank"
-    migrated = tmp_path / "migrated"
-    shutil.copytree(case / "in", migrated)
-    result = migrate(migrated)
-    assert result.returncode == 0, result.stdout + result.stderr
-    for name in ("main.py", "evaluate.py"):
-        assert (migrated / name).read_text() == (case / "out" / name).read_text(), name
+    migrated, result = migrated_copy("spawnrank", tmp_path, ["evaluate.py", "main.py"])
     again = migrate(migrated, "--check")
     assert again.returncode == 0, again.stdout + again.stderr  # a second run is a no-op
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.test_repos import REPOS, TIMEOUT, migrate
+from tests.e2e.test_repos import REPOS, TIMEOUT, migrate, migrated_copy
 from tests.runtime.rt_helpers import run_cmd, torchrun
 
 STEP = re.compile(r"^step (\d+) loss ([0-9.]+) samples (\d+)$", re.M)
@@ -54,16 +54,7 @@ def test_trainloop_repository_migrates_as_one_unit_and_trains_the_same(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     case = REPOS / "trainloop"
-    migrated = tmp_path / "migrated"
-    shutil.copytree(case / "in", migrated)
-    result = migrate(migrated)
-    assert result.returncode == 0, result.stdout + result.stderr
-    rewritten = sorted(str(p.relative_to(case / "out")) for p in (case / "out").rglob("*.py"))
-    assert rewritten == ["tiny_diffusion/dist_util.py", "tiny_diffusion/train_util.py"]
-    for path in sorted((case / "in").rglob("*.py")):
-        relative = str(path.relative_to(case / "in"))
-        expected = case / ("out" if relative in rewritten else "in") / relative
-        assert (migrated / relative).read_text() == expected.read_text(), relative
+    migrated, result = migrated_copy("trainloop", tmp_path, ["tiny_diffusion/dist_util.py", "tiny_diffusion/train_util.py"])
     output = result.stdout + result.stderr
     assert "AM007" in output and "`setup_dist`" in output  # the kept process-group helper is reported
     assert "AM004 warning" not in output  # the dataset's own shard (dist.get_rank()) is this process's

@@ -360,3 +360,23 @@ def test_the_long_run_counts_every_program_and_groups_failures() -> None:
     assert set(tally.counts) == set(tally.groups)
     problem = '\nTraceback (most recent call last):\n  File "/r/migrate/roles.py", line 9, in f\nAssertionError\n'
     assert fuzz.signature("1: exception" + problem) == "N: exception AssertionError at migrate/roles.py:9 f"
+
+
+def test_a_device_held_on_args_on_a_shared_line_is_rebound_alone() -> None:
+    # the bounded property test (programs recombined from fixtures/scripts/research_local_rank_flag):
+    # `args.device = torch.device(...); model = ...` was rebound through `cst.Name("args.device")`,
+    # an internal error
+    text = (
+        "import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n"
+        "def main():\n"
+        "    args = argparse.ArgumentParser().parse_args([])\n"
+        "    args.device = torch.device('cuda' if torch.cuda.is_available() else 'cpu'); model = torch.nn.Linear(4, 1)\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x in DataLoader(torch.randn(32, 4), batch_size=4):\n"
+        "        model(x.to(args.device)).pow(2).mean().backward()\n"
+        "        optimizer.step()\n"
+        "main()\n"
+    )
+    assert not failures(text)
+    out = migrate_source(text, "train.py").new_text
+    assert out is not None and "    args.device = accelerator.device; model = torch.nn.Linear(4, 1)\n" in out
