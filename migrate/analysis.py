@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Union
 
 import libcst as cst
@@ -62,6 +63,7 @@ class Loop:
     callees: set[str] = field(default_factory=set)
     accumulating: bool = False  # body is already `with accelerator.accumulate(...)`
     gathers: bool = False  # calls `accelerator.gather_for_metrics` (already migrated)
+    scope: Scope | None = field(default=None, repr=False)  # the function (or module) the loop runs in
 
 
 @dataclass(eq=False)
@@ -136,6 +138,7 @@ class Scope:
     devices: list[DeviceBinding] = field(default_factory=list)
     accelerators: list[Binding] = field(default_factory=list)
     prepared: set[str] = field(default_factory=set)
+    local_functions: dict[str, Scope] = field(default_factory=dict)  # plain functions defined in this function
 
     @property
     def is_function(self) -> bool:
@@ -148,17 +151,71 @@ class Scope:
     def binds(self, name: str) -> bool:
         return name in self.bindings or name in self.params
 
+    @property
+    def qualname(self) -> str:
+        """`train`, `Trainer.fit`, `main.closure`: the dotted path a message names."""
+        names = []
+        scope: Scope | None = self
+        while scope is not None and scope.parent is not None:
+            names.append(scope.name)
+            scope = scope.parent
+        return ".".join(reversed(names)) or self.name
+
 
 @dataclass(eq=False)
 class Facts:
     module: cst.Module
     aliases: ImportAliases
     scopes: list[Scope]
-    functions: dict[str, Scope]  # plain (non-method) functions by name
+    functions: dict[str, Scope]  # module-level plain (non-method) functions by name
     classes: dict[str, Scope]  # module-level classes by name
     module_scope: Scope
     import_block_end: StmtRef | None  # first module statement after the leading imports
     patches_print: bool = False  # assigns `builtins.print` (a rank-0 print patch)
+
+    # Calls are resolved as Python resolves the name where the call runs, never by the name alone:
+    # two functions may share a name (a nested `main` beside the module's, a `closure` in each of
+    # two functions), and the one a call reaches depends on where the call is.
+
+    def resolve(self, callee: str, at: Scope) -> Scope | None:
+        """The function a call of `callee` (a plain name, or `self.name`) made in `at` runs: the
+        nearest enclosing function defining it (class bodies are skipped, as Python skips them),
+        then the module's functions (with the names a cross-module view joins in); None when a
+        parameter or variable shadows the name on the way, or nothing defines it."""
+        if callee.startswith("self."):
+            return self._method(callee.removeprefix("self."), at)
+        level: Scope | None = at
+        while level is not None and level.parent is not None:
+            if level.is_function:
+                found = level.local_functions.get(callee)
+                if found is not None:
+                    return found
+                if level.binds(callee):
+                    return None
+            level = level.parent
+        return self.functions.get(callee)
+
+    def _method(self, name: str, at: Scope) -> Scope | None:
+        level: Scope | None = at
+        while level is not None and not level.is_method:
+            level = level.parent  # a closure inside a method calls `self.x` of that method's class
+        owner = level.parent if level is not None else None
+        if owner is None:
+            return None
+        return next((s for s in self.scopes if s.parent is owner and s.is_function and s.name == name), None)
+
+    def function_called(self, call: cst.Call) -> Scope | None:
+        """The function of this module (or of the cross-module view) that `call` runs."""
+        found = self._call_sites.get(id(call))
+        return self.resolve(found[0].callee, found[1]) if found is not None else None
+
+    @cached_property
+    def _call_sites(self) -> dict[int, tuple[CallSite, Scope]]:
+        return {id(site.call): (site, scope) for scope in self.scopes for site in scope.calls}
+
+    def plain_functions(self) -> list[Scope]:
+        """Every function that is not a method, nested ones included."""
+        return [s for s in self.scopes if s.is_function and not s.is_method]
 
 
 @dataclass(eq=False)
@@ -396,7 +453,8 @@ class _Collector(Visitor):
         names = target_names(node.target)
         for name in names:
             self._bind(name, None, loop_target=True)
-        loop = Loop(node=node, source=self._loop_source(node.iter), batch_names=set(names), where=self.here)
+        loop = Loop(node=node, source=self._loop_source(node.iter), batch_names=set(names), where=self.here,
+                    scope=self.frame.scope)
         loop.accumulating = _is_accumulate_block(node.body)
         self.frame.scope.loops.append(loop)
         self.frame.loops.append(loop)
@@ -651,11 +709,14 @@ def analyze(module: cst.Module) -> Facts:
     collector = _Collector(module)
     walk(module, collector)
     _follow_wrapped_sources(collector)
-    functions = {
-        s.name: s
-        for s in collector.scopes
-        if s.is_function and not s.is_method
-    }
+    functions: dict[str, Scope] = {}
+    for s in collector.scopes:
+        if not s.is_function or s.is_method or s.parent is None:
+            continue
+        if s.parent is collector.module_scope:
+            functions[s.name] = s
+        elif s.parent.is_function:
+            s.parent.local_functions[s.name] = s
     classes = {s.name: s for s in collector.scopes if isinstance(s.node, cst.ClassDef) and s.parent is collector.module_scope}
     return Facts(
         classes=classes,

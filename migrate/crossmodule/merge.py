@@ -1,8 +1,8 @@
 """One view of an entry module and the modules it reaches: the facts the roles read, joined.
 
 The roles (`migrate/roles/`) follow names through a module's own functions: a parameter's
-origins are the arguments at the module's call sites of that function, which `Facts.functions`
-finds by name. Joining the facts of several modules so that an imported function is one more
+origins are the arguments at the module's call sites of that function, which `Facts.resolve`
+finds from where each call runs. Joining the facts of several modules so that an imported function is one more
 function of the entry lets the roles cross the module boundary without knowing about modules:
 
 - `functions`/`classes`: the entry's own, then the names it imports from the run's modules
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from migrate.analysis import CallSite, Facts, Scope
+from migrate.analysis import Facts, Scope
 from migrate.names import ImportAliases
 from migrate.project import ImportedName
 
@@ -96,9 +96,7 @@ def _called_across(name: str, path: str, first: str, entry: Facts, others: list[
 
 def _rename_calls(scopes: list[Scope], renamed: dict[str, str]) -> None:
     for scope in scopes:
-        scope.calls = [
-            CallSite(renamed[site.callee], site.call, site.where, site.loops) if site.callee in renamed else site
-            for site in scope.calls
-        ]
+        for site in scope.calls:
+            site.callee = renamed.get(site.callee, site.callee)
         for loop in scope.loops:
             loop.callees = {renamed.get(c, c) for c in loop.callees}

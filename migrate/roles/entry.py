@@ -3,7 +3,7 @@
 A test module, a library module (no entry point, no DataLoader: its models and data come from its
 caller) and a file whose optimizer or Accelerator is created in a class body are refused here with
 the reason (AM004 / AM001): no placement of the Accelerator would be right for them.
-`training_functions` names the functions that call backward, directly or through others."""
+`training_functions` finds the functions that call backward, directly or through others."""
 
 from __future__ import annotations
 
@@ -15,19 +15,16 @@ from migrate.roles.calls import DATALOADER
 from migrate.roles.model import ACCELERATOR, PREPARE, Finding, Roles
 
 
-def training_functions(facts: Facts) -> set[str]:
-    """Names of functions (and `self.method`s) that call backward, directly or through others."""
-    units = dict(facts.functions)
-    for scope in facts.scopes:
-        if scope.is_method:
-            units.setdefault(f"self.{scope.name}", scope)
-    training = {name for name, scope in units.items() if scope.backwards}
+def training_functions(facts: Facts) -> set[Scope]:
+    """The functions (and methods) that call backward, directly or through others they call."""
+    units = [s for s in facts.scopes if s.is_function]
+    training = {scope for scope in units if scope.backwards}
     changed = True
     while changed:
         changed = False
-        for name, scope in units.items():
-            if name not in training and any(site.callee in training for site in scope.calls):
-                training.add(name)
+        for scope in units:
+            if scope not in training and any(facts.resolve(site.callee, scope) in training for site in scope.calls):
+                training.add(scope)
                 changed = True
     return training
 
@@ -128,7 +125,7 @@ def _runs_from_module_level(roles: Roles, target: Scope) -> bool:
             continue
         seen.add(id(scope))
         for site in scope.calls:
-            function = facts.functions.get(site.callee)
+            function = facts.resolve(site.callee, scope)
             if function is not None:
                 pending.append(function)
             owner = facts.classes.get(site.callee)

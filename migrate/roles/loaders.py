@@ -83,7 +83,8 @@ def loader_calls(roles: Roles, home: Scope, loader: str) -> list[tuple[Scope, cs
             found.append((home, value))
         elif built_by_helper(roles, value):
             assert isinstance(value.func, cst.Name)
-            helper = roles.facts.functions[value.func.value]
+            helper = roles.facts.function_called(value)
+            assert helper is not None
             for returned in helper.returns:
                 values = (
                     [b.value for b in helper.bindings.get(returned.value, [])]
@@ -103,8 +104,8 @@ def _returned_element(roles: Roles, binding: Binding) -> list[tuple[Scope, cst.C
     if unpacked is None:
         return None
     call, index = unpacked
-    helper = roles.facts.functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
-    if helper is None or not helper.is_function or not helper.returns:
+    helper = roles.facts.function_called(call)
+    if helper is None or helper.is_method or not helper.returns:
         return None
     found: list[tuple[Scope, cst.Call]] = []
     for returned in helper.returns:
@@ -156,7 +157,7 @@ def built_by_helper(roles: Roles, value: cst.BaseExpression | None) -> bool:
     """`loader = make_loader(...)` where that function of this file returns a DataLoader."""
     if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
         return False
-    helper = roles.facts.functions.get(value.func.value)
+    helper = roles.facts.function_called(value)
     if helper is None or not helper.returns:
         return False
     for returned in helper.returns:

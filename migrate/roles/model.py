@@ -15,6 +15,7 @@ import libcst as cst
 
 from migrate.analysis import (
     Binding,
+    CallSite,
     DeviceBinding,
     Facts,
     Loop,
@@ -89,7 +90,7 @@ class Roles:
     unprepared: bool = False  # a training object was found that cannot be prepared (reported by `cannot_prepare`)
     spawn: "SpawnLaunch | None" = None  # an understood `mp.spawn` launcher (AM007 converts it)
     sharding: "HandSharding | None" = None  # hand-written FSDP / fully_shard / ZeRO that AM007 converts
-    _training_functions: set[str] = field(default_factory=set)
+    _training_functions: set[Scope] = field(default_factory=set)
 
     def cannot_prepare(self, node: cst.CSTNode, message: str) -> None:
         """A training object that `accelerator.prepare(...)` will not take: reported as the
@@ -185,8 +186,13 @@ class Roles:
         if self._is_constructor(function):
             assert function.parent is not None
             callee = function.parent.name
-        elif self.facts.functions.get(function.name) is function:
-            callee = function.name
+        elif function.is_function and not function.is_method:
+            return [
+                (scope, site.call)
+                for scope in self.facts.scopes
+                for site in scope.calls
+                if site.callee == function.name and self.facts.resolve(site.callee, scope) is function
+            ]
         elif function.is_method:
             siblings = self.methods_of(function) or []
             callee = f"self.{function.name}"
@@ -204,7 +210,7 @@ class Roles:
         )
 
     def _is_callable_unit(self, scope: Scope) -> bool:
-        return self.facts.functions.get(scope.name) is scope or scope.is_method
+        return scope.is_function
 
     def constructor_of(self, method: Scope) -> Scope | None:
         methods = self.methods_of(method) or []
@@ -303,7 +309,14 @@ class Roles:
     # -- training loops --------------------------------------------------------------------
 
     def is_training_loop(self, loop: Loop) -> bool:
-        return loop.has_backward or bool(loop.callees & self._training_functions)
+        if loop.has_backward:
+            return True
+        scope = loop.scope or self.facts.module_scope
+        return any(self.facts.resolve(callee, scope) in self._training_functions for callee in loop.callees)
+
+    def calls_training(self, site: CallSite, scope: Scope) -> bool:
+        """The call (made in `scope`) runs a function that calls backward, directly or not."""
+        return self.facts.resolve(site.callee, scope) in self._training_functions
 
 
 def _binds_device(scope: Scope, name: str) -> bool:

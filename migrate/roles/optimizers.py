@@ -22,6 +22,7 @@ from migrate.walk import walk
 
 def find_home_and_optimizers(roles: Roles) -> None:
     found: list[tuple[Scope, Binding]] = []
+    wrapped_in: list[tuple[Scope, WrappedOptimizer]] = []
     classes = optimizer_classes(roles)
     factories = optimizer_factories(roles, classes)
     for scope in roles.facts.scopes:
@@ -35,12 +36,14 @@ def find_home_and_optimizers(roles: Roles) -> None:
                     wrapped = _wrapped_optimizer(roles, scope, binding, classes)
                     if wrapped is not None:
                         found.append((scope, binding))
-                        roles.wrapped_optimizers[binding.name] = wrapped
+                        wrapped_in.append((scope, wrapped))
     if not found:
         _report_wrapped_optimizers(roles, classes)
         return
     found.sort(key=lambda pair: pair[1].where.order)
     roles.home = found[0][0]
+    # only home's wrappers are prepared and wrapped again; another function's is reported below
+    roles.wrapped_optimizers = {w.binding.name: w for scope, w in wrapped_in if scope is roles.home}
     for scope, binding in found:
         if scope is roles.home:
             if binding.name not in roles.optimizers:
@@ -48,7 +51,7 @@ def find_home_and_optimizers(roles: Roles) -> None:
         else:
             roles.cannot_prepare(
                 binding.where.stmt,
-                f"optimizer `{binding.name}` is built in `{scope.name}`, not in `{roles.home.name}` "
+                f"optimizer `{binding.name}` is built in `{scope.qualname}`, not in `{roles.home.qualname}` "
                     "where the other training objects are prepared; pass it to `accelerator.prepare(...)` yourself",
             )
 
@@ -247,7 +250,7 @@ def _optimized_parameters(roles: Roles, function: Scope, seen: frozenset[int] = 
     found = [owner for owner in finder.owners if owner in function.params]
     seen = seen | {id(function)}
     for site in function.calls:
-        helper = roles.facts.functions.get(site.callee)
+        helper = roles.facts.resolve(site.callee, function)
         if helper is None or helper.is_method or id(helper) in seen:
             continue
         for param in _optimized_parameters(roles, helper, seen):

@@ -45,7 +45,7 @@ def _sole_caller(roles: Roles, home: Scope) -> Scope | None:
     device (`args.device = torch.device(...)`) and calling `train(args, model)`, which builds the
     optimizer. The Accelerator then replaces main's device choice and reaches `train` as a
     parameter, so main's own device-dependent code (rank checks, moves) can use it too."""
-    if not home.is_function or home.is_method or roles.facts.functions.get(home.name) is not home:
+    if not home.is_function or home.is_method:
         return None
     sites = roles.call_sites(home)
     callers = {id(s): s for s, _ in sites}
@@ -191,7 +191,7 @@ def _first_training_use(roles: Roles) -> int:
     home = roles.home
     assert home is not None
     orders = [top_level(loop.where).order for loop in home.loops if roles.is_training_loop(loop)]
-    orders += [top_level(site.where).order for site in home.calls if site.callee in roles._training_functions]
+    orders += [top_level(site.where).order for site in home.calls if roles.calls_training(site, home)]
     return min(orders, default=1 << 60)
 
 

@@ -86,7 +86,7 @@ def _values(roles: Roles, scope: Scope, ref: str, depth: int) -> list[cst.BaseEx
 def _generator_stream(roles: Roles, value: cst.BaseExpression) -> Stream | None:
     if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
         return None
-    function = roles.facts.functions.get(value.func.value)
+    function = roles.facts.function_called(value)
     if function is None or not _yields(function.node):
         return None
     for call in function.library_calls:

@@ -349,7 +349,7 @@ def _placement(
     users = _global_users(roles, plan) if scope is roles.facts.module_scope else set()
     for depth in range(level + 1):
         block, stop = chain[depth]
-        first = next((i for i in range(stop) if _uses(block[i], plan, users, default)), None)
+        first = next((i for i in range(stop) if _uses(block[i], roles, plan, users, default)), None)
         if first is not None:
             level, chain = depth, [*chain[:depth], (block, first)]
             break
@@ -360,7 +360,7 @@ def _placement(
     if inits:
         last = inits[-1]
         device = roles.device_binding.where.stmt if roles.device_binding is not None else None
-        if any(_uses(block[i], plan, users, default) or (device is not None and _contains(block[i], device))
+        if any(_uses(block[i], roles, plan, users, default) or (device is not None and _contains(block[i], device))
                for i in range(index, last + 1)):
             plan.report(CODE, block[last], (
                 "the process group is initialised here (`init_process_group`, or the script's own setup "
@@ -376,7 +376,7 @@ def _contains(stmt: cst.BaseStatement, target: cst.BaseStatement) -> bool:
     return stmt is target or any(_chain(block, target) is not None for block in statement_blocks(stmt))
 
 
-def _uses(stmt: cst.BaseStatement, plan: EditPlan, users: set[str], default: cst.BaseStatement) -> bool:
+def _uses(stmt: cst.BaseStatement, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement) -> bool:
     """True when the rewritten `stmt` reads `accelerator` when it runs (defs and classes: later)."""
     found = False
 
@@ -387,7 +387,7 @@ def _uses(stmt: cst.BaseStatement, plan: EditPlan, users: set[str], default: cst
                 return False
             if node is not default and _edit_uses(node, plan):
                 found = True
-            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in users:
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and roles.facts.function_called(node) in users:
                 found = True
             return not found
 
@@ -414,16 +414,16 @@ def _edit_uses(node: cst.CSTNode, plan: EditPlan) -> bool:
     return any(re.search(r"\baccelerator\b", empty.code_for_node(p)) for p in produced)
 
 
-def _global_users(roles: Roles, plan: EditPlan) -> set[str]:
-    """Module functions that read the module-level `accelerator`, directly or through others."""
-    functions = roles.facts.functions
-    users = {name for name, fn in functions.items() if fn in plan.uses_accelerator}
+def _global_users(roles: Roles, plan: EditPlan) -> set[Scope]:
+    """Functions that read the module-level `accelerator`, directly or through others they call."""
+    functions = roles.facts.plain_functions()
+    users = {fn for fn in functions if fn in plan.uses_accelerator}
     changed = True
     while changed:
         changed = False
-        for name, fn in functions.items():
-            if name not in users and any(site.callee in users for site in fn.calls):
-                users.add(name)
+        for fn in functions:
+            if fn not in users and any(roles.facts.resolve(site.callee, fn) in users for site in fn.calls):
+                users.add(fn)
                 changed = True
     return users
 
@@ -440,11 +440,12 @@ def _initialises_group(roles: Roles, stmt: cst.BaseStatement, replaced: cst.Base
             nonlocal found
             func = node.func
             name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
-            if isinstance(func, cst.Name) and name in local:
+            called = roles.facts.function_called(node) if isinstance(func, cst.Name) else None
+            if called is not None and called in local:
                 found = True
             elif roles.facts.aliases.qualify(func) == _INIT:
                 found = True  # `if ddp: init_process_group(...)` below the device choice
-            elif name not in roles.facts.functions and _INIT_HELPERS.match(name):
+            elif called is None and _INIT_HELPERS.match(name):
                 found = True
 
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
@@ -457,15 +458,15 @@ def _initialises_group(roles: Roles, stmt: cst.BaseStatement, replaced: cst.Base
     return found
 
 
-def _group_initialisers(roles: Roles) -> set[str]:
-    functions = roles.facts.functions
-    found = {name for name, fn in functions.items() if any(c.qualified == _INIT for c in fn.library_calls)}
+def _group_initialisers(roles: Roles) -> set[Scope]:
+    functions = roles.facts.plain_functions()
+    found = {fn for fn in functions if any(c.qualified == _INIT for c in fn.library_calls)}
     changed = True
     while changed:
         changed = False
-        for name, fn in functions.items():
-            if name not in found and any(site.callee in found for site in fn.calls):
-                found.add(name)
+        for fn in functions:
+            if fn not in found and any(roles.facts.resolve(site.callee, fn) in found for site in fn.calls):
+                found.add(fn)
                 changed = True
     return found
 

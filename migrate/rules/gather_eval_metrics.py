@@ -405,8 +405,8 @@ class _Loop:
             qualified = self.roles.facts.aliases.qualify(func)
             if qualified == "torch.sum" and expr.args and not _has_dim(expr, positional_from=1):
                 return not self._scalar_in(expr.args[0].value, at, scope)
-            if isinstance(func, cst.Name) and func.value in self.roles.facts.functions:
-                helper = self.roles.facts.functions[func.value]
+            helper = self.roles.facts.function_called(expr)
+            if helper is not None and not helper.is_method:
                 return bool(helper.returns) and all(
                     self._additive(r, 1 << 30, helper, depth + 1) for r in helper.returns
                 )
