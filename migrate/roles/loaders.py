@@ -205,7 +205,8 @@ def kept_as_attribute(home: Scope, name: str) -> str | None:
 
 
 def find_eval_loops(roles: Roles) -> None:
-    """Loops without backward over a DataLoader built in home: candidates for gather_for_metrics."""
+    """Loops without backward over DataLoaders built in home (evaluation loaders, or the training
+    loader itself): candidates for gather_for_metrics."""
     home = roles.home
     assert home is not None
     for scope in roles.facts.scopes:
@@ -213,13 +214,13 @@ def find_eval_loops(roles: Roles) -> None:
             if loop.source is None or roles.is_training_loop(loop):
                 continue
             found = roles.origins(scope, loop.source)
-            if not found or len(found) != 1:
+            if not found or any(origin_scope is not home for origin_scope, _ in found):
                 continue
-            (origin_scope, name), = found
-            if origin_scope is not home or name in roles.loaders:
-                continue
-            if any(call_name(roles, b.value, DATALOADER) for b in home.bindings.get(name, [])):
-                roles.eval_loops.append((scope, loop, name))
+            names = sorted(name for _, name in found)
+            # every loader the loop can iterate is one of home's (a function evaluating both the
+            # training loader and a test loader): the loop is decided once, for all of them
+            if all(any(call_name(roles, b.value, DATALOADER) for b in home.bindings.get(n, [])) for n in names):
+                roles.eval_loops.extend((scope, loop, name) for name in names)
 
 
 def report_unsharded_training(roles: Roles) -> None:

@@ -11,6 +11,10 @@ What it does:
     inserted statement is `out, y = accelerator.gather_for_metrics((out, y))`; a model call inside
     a metric (`preds.append(model(x).argmax(-1))`) is wrapped in place. The loader is then
     prepared with the training objects and its batch moves go.
+    The training loader is evaluated the same way (`evaluate(model, train_loader)` for a training
+    accuracy), when the loop runs with autograd off (`with torch.no_grad():`, or a function
+    decorated `@torch.no_grad()`): prepared for training, it is sharded in any case. One function
+    called with several loaders (the training loader and a test loader) is converted once, for all.
 
 Why:
     A prepared loader gives each process a share of the evaluation set; the gathered values cover
@@ -41,7 +45,10 @@ Leaves alone (each reported unless no metric is recognised):
     - an evaluation under a rank-0 check (`if args.rank == 0:`): only the main process evaluates,
       over the whole loader, as before (gathering there would wait for processes that never come).
     Those loaders stay unprepared and keep their `.to(device)`: each process evaluates all of it
-    (correct and the same on every process, only N times the work). The report says how to make
+    (correct and the same on every process, only N times the work). The training loader cannot
+    stay whole: a metric over it that is not gathered (any of the above, a loop over it outside
+    `no_grad`, which may train through a call the tool cannot see, or a loop it shares with a test
+    loader left unprepared) is reported, as it covers one process's share. The report says how to make
     the metric gatherable: `reduction="sum"` (divided by `len(loader.dataset)`), or a batch mean
     multiplied by the batch size.
 
@@ -101,47 +108,119 @@ class _Plan:
 def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models or roles.home.prepared:
         return
-    planned: dict[str, list[tuple[Scope, _Plan]]] = {}
-    refused: set[str] = set()
+    # An evaluation function may be called with several loaders (`evaluate(model, train_loader)`
+    # and `evaluate(model, val_loader)`): its loop is converted once, for all of them, or not at all.
+    loops: dict[int, tuple[Scope, Loop, list[str]]] = {}
     for scope, loop, loader in roles.eval_loops:
-        if loop.gathers:
-            continue
-        if not roles.can_reach(scope):
-            refused.add(loader)
-            continue
-        if _on_rank_zero(loop):
-            refused.add(loader)  # one process evaluates all of it, as before: nothing to gather
-            continue
-        found = _Loop(roles, scope, loop).plan()
-        if found is None:
-            refused.add(loader)
-        elif isinstance(found, _Refusal):
-            refused.add(loader)
-            plan.report(
-                CODE,
-                found.node,
-                f"{found.message}; `{loader}` was left unprepared, so each process evaluates all of it "
-                "(correct, N times the work)",
-            )
+        if not loop.gathers:
+            loops.setdefault(id(loop), (scope, loop, []))[2].append(loader)
+    training = set(roles.loaders)  # prepared for training already: sharded whatever happens here
+    refused: set[str] = set()  # evaluation loaders left unprepared: each process evaluates all of them
+    planned: dict[int, _Plan] = {}
+    for key, (scope, loop, loaders) in loops.items():
+        found = _decide(roles, plan, scope, loop, loaders, training)
+        if isinstance(found, _Plan):
+            planned[key] = found
         else:
-            planned.setdefault(loader, []).append((scope, found))
-    for loader, entries in planned.items():
-        if loader in refused:
-            continue
-        for scope, found in entries:
-            if found.names:
-                stmt = assignment(found.names, "accelerator.gather_for_metrics", [_packed(found.names)], 0)
-                plan.insert_before.setdefault(found.insert_at, []).append(stmt)
-                plan.change(CODE, found.insert_at, f"metric inputs {', '.join(found.names)} gathered across processes")
-            for call in found.wraps:
-                plan.calls[call] = lambda updated: accelerator_call("gather_for_metrics", [cst.Arg(updated)])
-                plan.change(CODE, call, "model outputs that feed a metric gathered across processes")
-            plan.use_accelerator(scope)
-        plan.eval_loaders.append(loader)
+            refused.update(n for n in loaders if n not in training)
+    changed = True
+    while changed:  # a loader left unprepared by one loop cannot be gathered in another
+        changed = False
+        for key, found in list(planned.items()):
+            scope, loop, loaders = loops[key]
+            whole = sorted(n for n in loaders if n in refused)
+            if not whole:
+                continue
+            del planned[key]
+            changed = True
+            refused.update(n for n in loaders if n not in training)
+            for loader in loaders:
+                if loader in training:
+                    _report_sharded(plan, loop.node, loader, f"the same loop also evaluates `{whole[0]}`, which "
+                                    "is left unprepared, and gathering it would count each of its samples N times")
+    for key, found in planned.items():
+        scope = loops[key][0]
+        if found.names:
+            stmt = assignment(found.names, "accelerator.gather_for_metrics", [_packed(found.names)], 0)
+            plan.insert_before.setdefault(found.insert_at, []).append(stmt)
+            plan.change(CODE, found.insert_at, f"metric inputs {', '.join(found.names)} gathered across processes")
+        for call in found.wraps:
+            plan.calls[call] = lambda updated: accelerator_call("gather_for_metrics", [cst.Arg(updated)])
+            plan.change(CODE, call, "model outputs that feed a metric gathered across processes")
+        plan.use_accelerator(scope)
+    for _, _, loaders in loops.values():
+        for loader in loaders:
+            if loader not in training and loader not in refused and loader not in plan.eval_loaders:
+                plan.eval_loaders.append(loader)
+
+
+def _decide(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop, loaders: list[str], training: set[str]) -> _Plan | None:
+    """The loop's gathers, or None: no metric it recognises, or one it cannot gather (reported;
+    over the training loader, which stays sharded, the report says the metric covers one process)."""
+    sharded = [n for n in loaders if n in training]
+    whole = [n for n in loaders if n not in training]
+
+    def refuse(node: cst.CSTNode, why: str) -> None:
+        for loader in sharded:
+            _report_sharded(plan, node, loader, why)
+        if whole:
+            names = ", ".join(f"`{n}`" for n in whole)
+            plan.report(CODE, node, f"{why}; {names} {'was' if len(whole) == 1 else 'were'} left unprepared, so "
+                        "each process evaluates all of it (correct, N times the work)")
+
+    if not roles.can_reach(scope):
+        for loader in sharded:
+            _report_sharded(plan, loop.node, loader, "the accelerator cannot reach this function")
+        return None
+    if _on_rank_zero(loop):
+        # one process evaluates all of an evaluation loader, as before: nothing to gather
+        for loader in sharded:
+            _report_sharded(plan, loop.node, loader, "it runs under a rank-0 check, where a gather would wait "
+                            "for processes that never join it")
+        return None
+    found = _Loop(roles, scope, loop).plan()
+    if sharded and isinstance(found, _Plan) and not _without_grad(roles, scope, loop):
+        found = _Refusal(loop.node, "it is not under `torch.no_grad()` or `torch.inference_mode()`, so it may "
+                         "train through a call this tool cannot see into, and gathering its batches would train "
+                         "every process on all of them")
+    if isinstance(found, _Refusal):
+        refuse(found.node, found.message)
+        return None
+    return found
+
+
+def _report_sharded(plan: EditPlan, node: cst.CSTNode, loader: str, why: str) -> None:
+    """A metric over the training loader that is not gathered: prepared for training, the loader
+    gives each process its share, so the metric would cover one process's samples."""
+    plan.report(CODE, node, (
+        f"this loop evaluates over the training loader `{loader}`, which is prepared and so gives each process "
+        f"its share of the data, but its metric is not gathered ({why}): on N processes the value covers one "
+        "process's samples. Gather the per-sample values with `accelerator.gather_for_metrics(...)` before "
+        "the metric, or evaluate over a loader of its own"))
 
 
 def _packed(names: list[str]) -> str:
     return f"({', '.join(names)})" if len(names) > 1 else names[0]
+
+
+_NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
+
+
+def _without_grad(roles: Roles, scope: Scope, loop: Loop) -> bool:
+    """The loop runs with autograd off: inside `with torch.no_grad():`, with its whole body in one,
+    or in a function decorated `@torch.no_grad()`; so it evaluates and trains nothing."""
+    def no_grad(expr: cst.BaseExpression) -> bool:
+        func = expr.func if isinstance(expr, cst.Call) else expr
+        return roles.facts.aliases.qualify(func) in _NO_GRAD
+
+    def within(stmt: cst.CSTNode) -> bool:
+        return isinstance(stmt, cst.With) and any(no_grad(item.item) for item in stmt.items)
+
+    body = loop.node.body.body if isinstance(loop.node.body, cst.IndentedBlock) else ()
+    if any(within(ref.stmt) for ref in loop.where.path) or (len(body) == 1 and within(body[0])):
+        return True
+    function = scope.node
+    return isinstance(function, cst.FunctionDef) and any(no_grad(d.decorator) for d in function.decorators)
 
 
 def _on_rank_zero(loop: Loop) -> bool:
