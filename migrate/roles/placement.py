@@ -84,7 +84,7 @@ def place_prepare(roles: Roles) -> None:
     late: set[str] = set()
     for name in (*{loader for _, _, loader in roles.eval_loops}, *roles.epoch_schedulers):
         bound = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target]
-        if bound and all(top_level(r).order < first_use for r in bound):
+        if bound and all(r.order < first_use for r in bound):
             refs.extend(bound)
         else:
             late.add(name)
@@ -178,20 +178,18 @@ def _setup_bindings(home: Scope, name: str, first_use: int) -> list[StmtRef]:
     some. A model rebuilt after training (`model = Net()` + `load_state_dict` to run inference, as
     tutorials do) is not what trains: preparing after the rebuild would leave training unprepared."""
     refs = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target]
-    before = [r for r in refs if top_level(r).order < first_use]
+    # Own document order, not the top-level statement's: a binding and the loop it feeds may share
+    # one enclosing block (`if True:` / `with ...:`), which would make every binding "not before".
+    before = [r for r in refs if r.order < first_use]
     return before or refs
-
-
-def top_level(ref: StmtRef) -> StmtRef:
-    return ref.path[0] if ref.path else ref
 
 
 def _first_training_use(roles: Roles) -> int:
     """Document order of home's first statement that trains (a training loop or a call into one)."""
     home = roles.home
     assert home is not None
-    orders = [top_level(loop.where).order for loop in home.loops if roles.is_training_loop(loop)]
-    orders += [top_level(site.where).order for site in home.calls if roles.calls_training(site, home)]
+    orders = [loop.where.order for loop in home.loops if roles.is_training_loop(loop)]
+    orders += [site.where.order for site in home.calls if roles.calls_training(site, home)]
     return min(orders, default=1 << 60)
 
 
