@@ -15,7 +15,8 @@ unit of its own and goes through the single-file engine unchanged.
 
 A name imported from a package that its `__init__.py` re-exports (`from data import build_loader`,
 data/__init__.py: `from .build import build_loader`) is recorded as imported from the module
-defining it (data/build.py), as Python binds it.
+defining it (data/build.py), as Python binds it; so is one that a wrapper of the `__init__` only
+hands the script's calls on to (`migrate/forwarding.py`).
 
 Only scripts (files that mention `__main__`) and the files they import that mention `torch` (no
 other file holds training code, see `migrate/prefilter.py`) take part (a package `__init__` is
@@ -34,6 +35,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from migrate.forwarding import forwarded
+
 
 @dataclass
 class ModuleInfo:
@@ -45,6 +48,9 @@ class ModuleInfo:
     # package `__init__` files whose re-exports were followed: not reached, but in the unit, so
     # that the unit's own index resolves the import the same way
     reexports: list[Path] = field(default_factory=list)
+    # local name -> (package `__init__`, module defining the function): names whose calls a
+    # wrapper of the package only hands on (`migrate/forwarding.py`), followed as re-exports
+    forwarded: dict[str, tuple[Path, Path]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,9 @@ def _follow_reexports(info: ModuleInfo, index: ModuleIndex, sources: dict[Path, 
     """`from data import build_loader` where data/__init__.py only re-exports it (`from .build
     import build_loader`): the name is recorded as imported from the module that defines it, as
     Python binds it. A package `__init__` holds no training code of its own, so it is read for
-    its imports even without `torch`; a name it defines itself (a wrapper) stays its own."""
+    its imports even without `torch`; a name it defines itself (a wrapper) stays its own, unless
+    every call the importer makes of it only dispatches to one name it imports
+    (`migrate/forwarding.py`): then that name is followed, as for a re-export."""
     for target in [t for t in info.imports if t.name == "__init__.py"]:
         if target not in read:
             read.add(target)
@@ -152,6 +160,11 @@ def _follow_reexports(info: ModuleInfo, index: ModuleIndex, sources: dict[Path, 
         kept: list[ImportedName] = []
         for name in info.imports[target]:
             found = exported.get(name.name) if name.name is not None else None
+            if found is None and name.name is not None and f"def {name.name}" in sources[target]:
+                via = forwarded(sources[target], name.name, sources[info.path], name.local)
+                found = exported.get(via) if via is not None else None
+                if found is not None:
+                    info.forwarded[name.local] = (target, found[0])
             if found is None:
                 kept.append(name)
                 continue

@@ -181,6 +181,9 @@ def _migrate_entry(
         else:
             return _factory(head, where, home, lines)
     plan = plan_edits(roles, options)
+    rerouted = _reroute_forwarded_imports(head, plan, index.modules[entry].forwarded, index, by_path)
+    if rerouted is not None:
+        return rerouted
 
     def owner(node: cst.CSTNode) -> _Parsed | None:
         return next((m for m in modules if node in lines[m.source.path]), None)
@@ -305,6 +308,48 @@ def _why_not(roles, plan, head: _Parsed, rest: list[_Parsed], owner, lines) -> _
         where = owner(first.node)
         return _Outcome(reason=f"{where.source.display}:{lines[where.source.path][first.node]}: {first.code} {first.message}")
     return _Outcome(reason="the roles found nothing to rewrite in the other modules of the run")
+
+
+def _reroute_forwarded_imports(head: _Parsed, plan, forwarded: dict[str, tuple[Path, Path]],  # type: ignore[no-untyped-def]
+                               index: ModuleIndex, by_path: dict[Path, Source]) -> _Outcome | None:
+    """A function the entry reaches through a package's dispatching wrapper (`migrate/forwarding.py`)
+    whose calls the migration changes (`build_loader(config, accelerator)`): the wrapper would not
+    hand the new argument on (it would bind it to its own flag), so the entry imports the function
+    itself from its module instead (`from data.build import build_loader`), which is what the
+    wrapper ran for these calls. Only a plain `from pkg import name` line is rewritten; any other
+    import of it refuses the unit (None: nothing to do, or done in `plan`)."""
+    if not forwarded:
+        return None
+    changed_calls = {*plan.new_args, *plan.calls}
+    for local, (package, module) in forwarded.items():
+        if not any(isinstance(c.func, cst.Name) and c.func.value == local for c in changed_calls):
+            continue
+        name = next(n.name for n in index.modules[head.source.path].imports.get(module, []) if n.local == local)
+        dotted = next((n for n in index.modules[module].names if "." in n), None)
+        statement = next((stmt for stmt in head.module.body if _imports_only(stmt, local)), None)
+        if dotted is None or statement is None:
+            return _Outcome(reason=(
+                f"`{local}` is reached through the wrapper in {by_path[package].display}, which would not hand on "
+                f"the `accelerator` argument its migrated calls pass to {by_path[module].display}: import it "
+                f"from that module on a line of its own, and run again"))
+        alias = "" if name == local else f" as {local}"
+        plan.replace_stmt[statement] = [statement.with_changes(
+            body=[cst.parse_statement(f"from {dotted} import {name}{alias}\n").body[0]])]
+        plan.change(CODE, statement, (
+            f"`{local}` is imported from {dotted}, the module whose function the wrapper in "
+            f"{by_path[package].display} runs for this script's calls: the migrated calls pass it "
+            "`accelerator`, which the wrapper would not hand on"))
+    return None
+
+
+def _imports_only(statement: cst.CSTNode, local: str) -> bool:
+    """`from pkg import local` (absolute, one name, no `as`), alone on its line."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return False
+    node = statement.body[0]
+    return (isinstance(node, cst.ImportFrom) and not node.relative and not isinstance(node.names, cst.ImportStar)
+            and len(node.names) == 1 and node.names[0].asname is None
+            and isinstance(node.names[0].name, cst.Name) and node.names[0].name.value == local)
 
 
 def _factory(head: _Parsed, where: _Parsed, builder, lines) -> _Outcome:  # type: ignore[no-untyped-def]

@@ -81,7 +81,7 @@ def find_roles(facts: Facts) -> Roles:
 
 def _find_roles(roles: Roles) -> None:
     facts = roles.facts
-    roles._training_functions = training_functions(facts)
+    roles._training_functions = training_functions(roles)
     find_home_and_optimizers(roles)
     find_existing_accelerator(roles)
     if roles.home is None or built_in_a_class_body(roles):

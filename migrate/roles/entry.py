@@ -15,15 +15,16 @@ from migrate.roles.calls import DATALOADER
 from migrate.roles.model import ACCELERATOR, PREPARE, Finding, Roles
 
 
-def training_functions(facts: Facts) -> set[Scope]:
-    """The functions (and methods) that call backward, directly or through others they call."""
-    units = [s for s in facts.scopes if s.is_function]
+def training_functions(roles: Roles) -> set[Scope]:
+    """The functions (and methods) that call backward, directly or through others they call
+    (a callable object's `__call__` included, see `Roles.runs`)."""
+    units = [s for s in roles.facts.scopes if s.is_function]
     training = {scope for scope in units if scope.backwards}
     changed = True
     while changed:
         changed = False
         for scope in units:
-            if scope not in training and any(facts.resolve(site.callee, scope) in training for site in scope.calls):
+            if scope not in training and any(roles.runs(site.callee, scope) in training for site in scope.calls):
                 training.add(scope)
                 changed = True
     return training

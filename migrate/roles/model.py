@@ -91,6 +91,7 @@ class Roles:
     spawn: "SpawnLaunch | None" = None  # an understood `mp.spawn` launcher (AM007 converts it)
     sharding: "HandSharding | None" = None  # hand-written FSDP / fully_shard / ZeRO that AM007 converts
     _training_functions: set[Scope] = field(default_factory=set)
+    _called_objects: dict[tuple[int, str], "Scope | None"] = field(default_factory=dict)
 
     def cannot_prepare(self, node: cst.CSTNode, message: str) -> None:
         """A training object that `accelerator.prepare(...)` will not take: reported as the
@@ -312,17 +313,56 @@ class Roles:
         if loop.has_backward:
             return True
         scope = loop.scope or self.facts.module_scope
-        return any(self.facts.resolve(callee, scope) in self._training_functions for callee in loop.callees)
+        return any(self.runs(callee, scope) in self._training_functions for callee in loop.callees)
 
     def calls_training(self, site: CallSite, scope: Scope) -> bool:
         """The call (made in `scope`) runs a function that calls backward, directly or not."""
-        return self.facts.resolve(site.callee, scope) in self._training_functions
+        return self.runs(site.callee, scope) in self._training_functions
+
+    def runs(self, callee: str, scope: Scope) -> Scope | None:
+        """What a call of `callee` made in `scope` runs: the function Python resolves it to, or, for
+        a name holding an instance of a class of this file (or of the cross-module view), that
+        class's `__call__`: `loss_scaler(loss, optimizer, ...)`, timm's NativeScaler shape, whose
+        `__call__` does backward, clipping and step."""
+        found = self.facts.resolve(callee, scope)
+        if found is not None or callee.startswith("self."):
+            return found
+        key = (id(scope), callee)
+        if key not in self._called_objects:
+            self._called_objects[key] = self._call_method(scope, callee)
+        return self._called_objects[key]
+
+    def _call_method(self, scope: Scope, name: str) -> Scope | None:
+        if not scope.binds(name) and not any(s.binds(name) for s in _enclosing_scopes(scope)):
+            return None  # a builtin or an imported callable: nothing of this view
+        methods: set[Scope] = set()
+        for origin_scope, origin in self.origins(scope, name) or ():
+            for binding in origin_scope.bindings.get(origin, []):
+                value = binding.value
+                cls = self.facts.classes.get(value.func.value) if (
+                    isinstance(value, cst.Call) and isinstance(value.func, cst.Name)) else None
+                if cls is None:
+                    return None  # one of its values is not an instance of a known class
+                method = next((s for s in self.facts.scopes
+                               if s.parent is cls and s.is_function and s.name == "__call__"), None)
+                if method is None:
+                    return None
+                methods.add(method)
+        return next(iter(methods)) if len(methods) == 1 else None
 
 
 def _binds_device(scope: Scope, name: str) -> bool:
     if any(d.name == name for d in scope.devices):
         return True
     return any(b.value is not None and is_accelerator_device(b.value) for b in scope.bindings.get(name, []))
+
+
+def _enclosing_scopes(scope: Scope) -> list[Scope]:
+    found, current = [], _enclosing_function_or_module(scope)
+    while current is not None:
+        found.append(current)
+        current = _enclosing_function_or_module(current)
+    return found
 
 
 def _enclosing_function_or_module(scope: Scope) -> Scope | None:

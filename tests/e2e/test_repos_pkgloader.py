@@ -1,6 +1,6 @@
 """The swin-shaped repository fixtures/repos/pkgloader: main.py imports its loader builder from the
-`data` package (data/__init__.py re-exports `build_loader` of data/build.py, which builds the
-training loader over a DistributedSampler from `dist.get_rank()`), its optimizer from a factory
+`data` package (data/__init__.py wraps `build_loader` of data/build.py in a dispatcher whose
+default branch hands the call on, see migrate/forwarding.py; data/build.py builds the training loader over a DistributedSampler from `dist.get_rank()`), its optimizer from a factory
 whose parameter groups come from a helper (`set_weight_decay(model, ...)`), and sets up the
 process group in `if __name__ == "__main__":`. Migrated as one unit: the loader is prepared in
 main.py and its sampler removed inside data/build.py (sharded once), the optimizer and the model
@@ -25,6 +25,8 @@ def test_pkgloader_repository_migrates_as_one_unit_and_trains_the_same(tmp_path:
     main = (migrated / "main.py").read_text()
     assert "accelerator.prepare(\n        model, optimizer, data_loader_train\n    )" in main
     assert "init_process_group" not in main and "DistributedDataParallel" not in main
+    # the call now passes `accelerator`, which the package's wrapper would bind to its flag
+    assert "from data.build import build_loader\n" in main and "build_loader(config, accelerator)" in main
     assert "DistributedSampler" not in (migrated / "data" / "build.py").read_text()  # sharded once, by prepare
     utils = (migrated / "utils.py").read_text()
     assert "def reduce_tensor(tensor, accelerator):" in utils and "rt /= accelerator.num_processes" in utils

@@ -86,7 +86,7 @@ def test_index_follows_a_package_reexport_to_the_defining_module(tmp_path: Path)
                    "if __name__ == '__main__':\n    build_loader(build_model())\n",
         "data/__init__.py": "from .build import build_loader\n",  # no torch: read for its re-exports
         "data/build.py": "import torch\ndef build_loader(model): return torch.utils.data.DataLoader([1])\n",
-        "models/__init__.py": "from .build import make as _make\n\ndef build_model():\n    return _make()\n",
+        "models/__init__.py": "from .build import make as _make\n\ndef build_model():\n    model = _make()\n    return model\n",
         "models/build.py": "import torch\ndef make(): return torch.nn.Linear(1, 1)\n",
     })
     index = build_index(files)
@@ -95,7 +95,8 @@ def test_index_follows_a_package_reexport_to_the_defining_module(tmp_path: Path)
     # the name is imported from the module that defines it, as Python binds it
     assert [(n.name, n.local, n.line) for n in imports[build]] == [("build_loader", "build_loader", 2)]
     assert tmp_path / "data" / "__init__.py" not in imports
-    # a package that defines the name itself (a wrapper) stays the module imported from
+    # a package that defines the name itself (a wrapper doing more than hand the call on) stays
+    # the module imported from
     assert [n.name for n in imports[tmp_path / "models" / "__init__.py"]] == ["build_model"]
     # the unit holds the package __init__ too, so that the unit's own index resolves it the same way
     unit = next(u for u in index.units() if main in u)
@@ -170,15 +171,16 @@ def test_a_script_given_alone_is_migrated_when_its_imports_need_no_edit(tmp_path
 
 def test_a_package_wrapper_of_the_loader_builder_is_refused_with_the_import_to_write(tmp_path: Path) -> None:
     """data/__init__.py defines `build_loader` itself, calling the `build_loader` of data/build.py
-    imported under another name: what it returns depends on its branches, so nothing is written
-    and main.py is told, on its import line, which import makes the unit migrate."""
+    imported under another name, on a branch the call does not decide (a config value): what it
+    returns depends on its branches, so nothing is written and main.py is told, on its import
+    line, which import makes the unit migrate."""
     pkg = REPOS / "pkgloader" / "in"
     repo = tmp_path / "repo"
     shutil.copytree(pkg, repo)
     (repo / "data" / "__init__.py").write_text(
         "from .build import build_loader as _build_loader\n\n\n"
-        "def build_loader(config, pretrain=False):\n"
-        "    if not pretrain:\n        return _build_loader(config)\n    raise NotImplementedError\n")
+        "def build_loader(config):\n"
+        "    if not config.DATA.PRETRAIN:\n        return _build_loader(config)\n    raise NotImplementedError\n")
     results = _results(repo)
     assert not any(r.changed for r in results.values())
     diagnostic = next(d for d in results["main.py"].diagnostics if d.code == "AM013")
@@ -188,3 +190,59 @@ def test_a_package_wrapper_of_the_loader_builder_is_refused_with_the_import_to_w
     main = repo / "main.py"
     main.write_text(main.read_text().replace("from data import build_loader", "from data.build import build_loader"))
     assert _results(repo)["main.py"].changed
+
+
+def test_a_dispatching_package_wrapper_migrates_as_a_reexport_does(tmp_path: Path) -> None:
+    """fixtures/repos/pkgloader's data/__init__.py wraps the loader builder (swin's shape), and
+    main.py's call leaves the branch flag at its default: the unit is written as with a plain
+    re-export (`from .build import build_loader`), the wrapper itself untouched, except that main.py
+    now imports the builder from data.build: its migrated call passes `accelerator`, which the
+    wrapper would have bound to its `simmim` flag (and taken the other branch)."""
+    wrapped, reexported = tmp_path / "wrapped", tmp_path / "reexported"
+    shutil.copytree(REPOS / "pkgloader" / "in", wrapped)
+    shutil.copytree(REPOS / "pkgloader" / "in", reexported)
+    (reexported / "data" / "__init__.py").write_text("from .build import build_loader\n")
+
+    def by_path(repo: Path) -> dict[str, object]:
+        return {Path(r.path).relative_to(repo).as_posix(): r for r in run([repo], Options(), write=False).results}
+
+    first, second = by_path(wrapped), by_path(reexported)
+    assert "build_loader(config, accelerator)" in first["main.py"].new_text and first["data/build.py"].changed
+    assert first["main.py"].new_text == second["main.py"].new_text.replace(
+        "from data import build_loader", "from data.build import build_loader")
+    assert any(c.code == "AM013" and "imported from data.build" in c.message for c in first["main.py"].changes)
+    assert {p: r.new_text for p, r in first.items() if p not in ("data/__init__.py", "main.py")} == {
+        p: r.new_text for p, r in second.items() if p not in ("data/__init__.py", "main.py")}
+    assert not first["data/__init__.py"].changed
+
+
+def test_a_forwarded_name_imported_under_another_name_is_refused(tmp_path: Path) -> None:
+    """The import line to reroute binds the wrapper under an alias: the unit is refused with the
+    import to write, rather than rewritten with a call the wrapper would misread."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPOS / "pkgloader" / "in", repo)
+    main = repo / "main.py"
+    text = main.read_text().replace("from data import build_loader", "from data import build_loader as make_loaders")
+    main.write_text(text.replace("build_loader(", "make_loaders("))
+    results = _results(repo)
+    assert not any(r.changed for r in results.values())
+    diagnostic = next(d for d in results["main.py"].diagnostics if d.code == "AM013")
+    assert "`make_loaders` is reached through the wrapper in" in diagnostic.message
+    assert "on a line of its own" in diagnostic.message
+
+
+def test_a_wrapper_imported_with_other_names_of_its_package_is_refused(tmp_path: Path) -> None:
+    """`from data import build_loader, VERSION`: the package module itself is imported, so its
+    wrapper and the module's function are two definitions of one name; the refusal names the
+    import that makes the unit migrate."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPOS / "pkgloader" / "in", repo)
+    (repo / "data" / "__init__.py").write_text(
+        (repo / "data" / "__init__.py").read_text() + "\n\nVERSION = 1\n")
+    main = repo / "main.py"
+    main.write_text(main.read_text().replace("from data import build_loader", "from data import build_loader, VERSION"))
+    results = _results(repo)
+    assert not any(r.changed for r in results.values())
+    diagnostic = next(d for d in results["main.py"].diagnostics if d.code == "AM013")
+    assert "wraps `build_loader`" in diagnostic.message
+    assert "`from data.build import build_loader`" in diagnostic.message
