@@ -172,6 +172,7 @@ class Facts:
     module_scope: Scope
     import_block_end: StmtRef | None  # first module statement after the leading imports
     patches_print: bool = False  # assigns `builtins.print` (a rank-0 print patch)
+    text: str | None = None  # the module's source when the caller has it (spares a code-generation pass)
 
     # Calls are resolved as Python resolves the name where the call runs, never by the name alone:
     # two functions may share a name (a nested `main` beside the module's, a `closure` in each of
@@ -705,7 +706,7 @@ def _follow_wrapped_sources(collector: _Collector) -> None:
                 loop.source = inner
 
 
-def analyze(module: cst.Module) -> Facts:
+def analyze(module: cst.Module, text: str | None = None) -> Facts:
     collector = _Collector(module)
     walk(module, collector)
     _follow_wrapped_sources(collector)
@@ -727,4 +728,5 @@ def analyze(module: cst.Module) -> Facts:
         module_scope=collector.module_scope,
         import_block_end=collector.import_block_end,
         patches_print=collector.patches_print,
+        text=text,
     )

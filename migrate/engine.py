@@ -59,12 +59,16 @@ def mentions_torch(text: str) -> bool:
     return worth_parsing(text)
 
 
-def migrate_source(text: str, path: str = "<string>", options: Options = Options()) -> FileResult:
+def migrate_source(
+    text: str, path: str = "<string>", options: Options = Options(), module: cst.Module | None = None
+) -> FileResult:
+    """One file's text -> FileResult. `module`: `text` already parsed, when the caller has it."""
     result = FileResult(path=path, old_text=text)
     if not mentions_torch(text):
         return result
     try:
-        module = cst.parse_module(text)
+        if module is None:
+            module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
         result.error = _syntax_error(text, path, error)
         return result
@@ -112,7 +116,7 @@ def run_rules(
     are not located, unless skip comments need the lines.
     """
     attempt = Attempt()
-    plan = plan_edits(find_roles(analyze(module)), options)
+    plan = plan_edits(find_roles(analyze(module, text)), options)
 
     if (plan.changes or plan.findings) and (report or skipped):
         # Skip comments and annotations look up other nodes' lines; otherwise only the reported ones.

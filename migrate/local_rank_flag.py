@@ -48,7 +48,8 @@ class FlagCheck:
 
 def find(facts: Facts) -> list[FlagCheck]:
     """The comparisons of this file's `--local_rank` flag that single out processes."""
-    if "local_rank" not in facts.module.code or not _declares_flag(facts.module):
+    text = facts.text if facts.text is not None else facts.module.code
+    if "local_rank" not in text or not _declares_flag(facts.module):
         return []
     finder = _Finder(facts)
     walk(facts.module, finder)

@@ -57,6 +57,40 @@ class _Parsed:
     facts: Facts | None = None
 
 
+class _Parses:
+    """The unit's parsed modules, each parsed once (on first use) for the single-file pass, the
+    joined view and the checks: a parse is most of what a file costs."""
+
+    def __init__(self, by_path: dict[Path, Source], trees: dict[Path, cst.Module] | None = None) -> None:
+        self.by_path = by_path
+        self.trees: dict[Path, cst.Module | None] = dict(trees or {})  # None: a syntax error
+        self.items: dict[Path, _Parsed | None] = {}  # None: a syntax error or `# accel-migrate: skip`
+
+    def tree(self, path: Path) -> cst.Module | None:
+        if path not in self.trees:
+            try:
+                self.trees[path] = cst.parse_module(self.by_path[path].text)
+            except cst.ParserSyntaxError:
+                self.trees[path] = None  # the single-file result reports the syntax error
+        return self.trees[path]
+
+
+class _Results(dict[Path, FileResult]):
+    """Each file's single-file result, computed on first use: a file that takes the cross-module
+    result of its unit never needs its own."""
+
+    def __init__(self, by_path: dict[Path, Source], parses: _Parses, options) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self._by_path, self._parses, self._options = by_path, parses, options
+
+    def __missing__(self, path: Path) -> FileResult:
+        from migrate.runner import migrate_text
+
+        source = self._by_path[path]
+        result = self[path] = migrate_text(source.text, source.display, self._options, self._parses.tree(path))
+        return result
+
+
 @dataclass
 class _Outcome:
     results: dict[Path, FileResult] = field(default_factory=dict)  # files with cross-module edits
@@ -65,13 +99,11 @@ class _Outcome:
 
 
 def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[FileResult]:  # type: ignore[no-untyped-def]
-    from migrate.runner import migrate_text
-
     by_path = {s.path: s for s in sources}
-    results = {s.path: migrate_text(s.text, s.display, options) for s in sources}
+    parsed = _Parses(by_path)
+    results = _Results(by_path, parsed, options)
     if CODE in options.ignore:  # not `enabled`: `--select AM003` still wants AM003 across modules
         return [results[s.path] for s in sources]
-    parsed: dict[Path, _Parsed | None] = {}
     claimed: dict[Path, Path] = {}  # module -> the entry whose cross-module edits it took
     for entry in _entries(index, by_path):
         members = _reached(index, entry, by_path)
@@ -112,33 +144,29 @@ def _reached(index: ModuleIndex, entry: Path, by_path: dict[Path, Source]) -> li
     return [p for p in index.reached(entry) if p in by_path]
 
 
-def _parse(path: Path, by_path: dict[Path, Source], parsed: dict[Path, _Parsed | None]) -> _Parsed | None:
-    if path not in parsed:
-        source = by_path[path]
-        try:
-            module = cst.parse_module(source.text)
-        except cst.ParserSyntaxError:
-            parsed[path] = None  # the single-file result reports the syntax error
-        else:
-            skip_file, skipped = skip_lines(source.text)
-            parsed[path] = None if skip_file else _Parsed(source, module, skipped)
-    item = parsed[path]
+def _parse(path: Path, parsed: _Parses) -> _Parsed | None:
+    if path not in parsed.items:
+        source = parsed.by_path[path]
+        module = parsed.tree(path)
+        skip_file, skipped = skip_lines(source.text)
+        parsed.items[path] = None if module is None or skip_file else _Parsed(source, module, skipped)
+    item = parsed.items[path]
     if item is not None:
-        item.facts = analyze(item.module)  # fresh facts: the joined view renames call sites in them
+        item.facts = analyze(item.module, item.source.text)  # fresh facts: the joined view renames call sites in them
     return item
 
 
 def _migrate_entry(
     entry: Path, members: list[Path], by_path: dict[Path, Source], index: ModuleIndex,
-    parsed: dict[Path, _Parsed | None], options,  # type: ignore[no-untyped-def]
+    parsed: _Parses, options,  # type: ignore[no-untyped-def]
 ) -> _Outcome:
     from migrate.engine import plan_edits
 
     modules: list[_Parsed] = []
     for path in members:
-        item = _parse(path, by_path, parsed)
+        item = _parse(path, parsed)
         if item is None:
-            why = "has a syntax error" if parsed.get(path) is None and "accel-migrate: skip" not in by_path[path].text else "is skipped (`# accel-migrate: skip`)"
+            why = "has a syntax error" if parsed.tree(path) is None and "accel-migrate: skip" not in by_path[path].text else "is skipped (`# accel-migrate: skip`)"
             return _Outcome(reason=f"{by_path[path].display} {why}, so the modules it belongs to cannot be followed")
         modules.append(item)
     head, rest = modules[0], modules[1:]
@@ -212,7 +240,7 @@ def _migrate_entry(
         outcome.results[m.source.path] = FileResult(
             m.source.display, m.source.text, new_text=new_text if new_text != m.source.text else None,
             changes=changes, diagnostics=diagnostics, parsed=True)
-    failure = _check(outcome, by_path, options)
+    failure = _check(outcome, parsed, options)
     if failure is not None:
         return _Outcome(reason=failure)
     return outcome
@@ -225,13 +253,13 @@ def _rewrite(m: _Parsed, plan) -> str | None:  # type: ignore[no-untyped-def]
         new_module = remove_unused(m.module, new_module, rewriter.rebound)
     # the entry may create nothing (a trainer class of another module creates the Accelerator):
     # each file takes only the imports its rewritten code reads
+    new_text = new_module.code
     wanted = {
         item for item in plan.imports
-        if re.search(rf"\b{re.escape(item[1])}\b", new_module.code) and not re.search(rf"\b{re.escape(item[1])}\b", m.source.text)
+        if re.search(rf"\b{re.escape(item[1])}\b", new_text) and not re.search(rf"\b{re.escape(item[1])}\b", m.source.text)
     }
     if wanted:
-        new_module = add_imports(new_module, wanted)
-    new_text = new_module.code
+        new_text = add_imports(new_module, wanted).code
     try:
         compile(new_text, m.source.display, "exec", dont_inherit=True)
     except SyntaxError:
@@ -239,19 +267,26 @@ def _rewrite(m: _Parsed, plan) -> str | None:  # type: ignore[no-untyped-def]
     return new_text
 
 
-def _check(outcome: _Outcome, by_path: dict[Path, Source], options) -> str | None:  # type: ignore[no-untyped-def]
+def _check(outcome: _Outcome, parsed: _Parses, options) -> str | None:  # type: ignore[no-untyped-def]
     """Every rewritten file passes the safety checks (idempotence judged on the whole unit)."""
     from migrate.safety import idempotent
     from migrate.safety.fallback import first_failure, map_line
     from migrate.safety.registry import CHECKS
 
+    by_path = parsed.by_path
     checks = [c for c in CHECKS if c.code not in options.ignore and c.code != idempotent.CODE]
+    outputs: dict[Path, cst.Module] = {}  # the second run below reads the trees the checks parsed
     for path, result in outcome.results.items():
         if result.new_text is None:
             continue
-        module = cst.parse_module(result.old_text)
-        failure = first_failure(module, result.old_text, result.display if hasattr(result, "display") else result.path,
-                                options, result.new_text, checks)
+        module = parsed.tree(path)
+        assert module is not None  # it was rewritten
+        try:
+            outputs[path] = cst.parse_module(result.new_text)
+        except cst.ParserSyntaxError:
+            pass  # first_failure reports it
+        failure = first_failure(module, result.old_text, result.path, options, result.new_text, checks,
+                                after=outputs.get(path))
         if failure is not None:
             check, violations = failure
             line = map_line(result.old_text, result.new_text, violations[0].line)
@@ -266,9 +301,11 @@ def _check(outcome: _Outcome, by_path: dict[Path, Source], options) -> str | Non
 
     index = build_index({s.path: s.text for s in again})
     again_by_path = {s.path: s for s in again}
-    parsed: dict[Path, _Parsed | None] = {}
+    unchanged = {p: t for p, t in parsed.trees.items() if p not in outcome.results or outcome.results[p].new_text is None}
+    second_parses = _Parses(again_by_path, {**unchanged, **outputs})
     for entry in _entries(index, again_by_path):
-        second = _migrate_entry(entry, _reached(index, entry, again_by_path), again_by_path, index, parsed, options)
+        second = _migrate_entry(entry, _reached(index, entry, again_by_path), again_by_path, index, second_parses,
+                                options)
         if second.reason is None and any(r.changed for r in second.results.values()):
             changed = next(r.path for r in second.results.values() if r.changed)
             return (f"a second run over the rewritten unit would change {changed} again (AM103 idempotent); "

@@ -102,11 +102,14 @@ class _Failure:
 
 
 def first_failure(
-    module: cst.Module, text: str, path: str, options: Options, new_text: str, checks: list[Check]
+    module: cst.Module, text: str, path: str, options: Options, new_text: str, checks: list[Check],
+    after: cst.Module | None = None,
 ) -> tuple[Check, list[Violation]] | None:
-    """The first check `new_text` fails, with its violations (sorted by line), or None."""
+    """The first check `new_text` fails, with its violations (sorted by line), or None. `after`:
+    `new_text` already parsed, when the caller has it."""
     try:
-        after = cst.parse_module(new_text)
+        if after is None:
+            after = cst.parse_module(new_text)
     except cst.ParserSyntaxError as error:  # compiled, but not in libcst's grammar: never write it
         reason = str(error.message).splitlines()[0]
         return _PARSES, [Violation(error.raw_line, f"a second run could not parse the output ({reason})")]

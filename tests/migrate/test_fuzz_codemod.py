@@ -93,8 +93,8 @@ def test_the_oracle_reports_an_invalid_output(monkeypatch: pytest.MonkeyPatch) -
 
     real = migrate.runner.migrate_text
 
-    def broken(text, display, options):  # type: ignore[no-untyped-def]
-        result = real(text, display, options)
+    def broken(text, display, options, module=None):  # type: ignore[no-untyped-def]
+        result = real(text, display, options, module)
         result.new_text = (result.new_text or text) + "\nx = (\n"
         return result
 
@@ -109,8 +109,8 @@ def test_the_oracle_reports_a_failing_check_and_a_second_run_that_changes(monkey
     real = migrate.runner.migrate_text
     script = (Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "train_mlp.py").read_text()
 
-    def half_migrated(text, display, options):  # type: ignore[no-untyped-def]
-        result = real(text, display, options)
+    def half_migrated(text, display, options, module=None):  # type: ignore[no-untyped-def]
+        result = real(text, display, options, module)
         if text == script:  # first run: a backward through an accelerator the output never creates
             result.new_text = script.replace("loss.backward()", "accelerator.backward(loss)")
         return result
@@ -128,8 +128,8 @@ def test_the_oracle_reports_a_program_without_training_code_that_comes_back_chan
 
     real = migrate.engine.migrate_source
 
-    def touching(text, path="<string>", options=migrate.engine.Options()):  # type: ignore[no-untyped-def]
-        result = real(text, path, options)
+    def touching(text, path="<string>", options=migrate.engine.Options(), module=None):  # type: ignore[no-untyped-def]
+        result = real(text, path, options, module)
         if "backward" not in text:  # the stripped programs of properties 5 and 6: one byte more
             result.new_text = text + "\n"
         return result

@@ -39,8 +39,8 @@ def edit_during_migration(monkeypatch: pytest.MonkeyPatch, victim: Path, new: by
     """The migration of `victim` ends after someone saved `new` over it (None: deleted it)."""
     real = migrate.runner.migrate_text
 
-    def migrate_then_edit(text, display, options):  # type: ignore[no-untyped-def]
-        result = real(text, display, options)
+    def migrate_then_edit(text, display, options, module=None):  # type: ignore[no-untyped-def]
+        result = real(text, display, options, module)
         if Path(display) == victim:
             if new is None:
                 victim.unlink()
