@@ -242,10 +242,19 @@ def report_unsharded_training(roles: Roles) -> None:
             "MPI's rank 0 of 1 and train on the same data: take the shard from `torch.distributed.get_rank()` "
             "and `get_world_size()` (the Accelerator's process group)")))
         return
+    if stream is not None and stream.ranked_by == "local":
+        assert stream.rank_read is not None
+        roles.findings.append(Finding(PREPARE, stream.rank_read, (
+            f"the training batches come from `{stream.drawn}`, a `{stream.function}` built with the local rank "
+            "(`LOCAL_RANK`), which repeats on every machine: on more than one node the processes of each node "
+            f"would train on the same batches. Build `{stream.function}` with the global rank, "
+            "`accelerator.process_index` (torchrun's `RANK`), and `accelerator.num_processes`")))
+        return
     source = stream.function if stream is not None else _batch_function(roles, scope, site)
     if source is not None:
+        drawn = stream.drawn if stream is not None and stream.drawn else f"{source}()"
         message = (
-            f"no DataLoader feeds this training step: its batches come from `{source}()`, which every process "
+            f"no DataLoader feeds this training step: its batches come from `{drawn}`, which every process "
             "would run alike, so all of them would train on the same data. Make "
             f"`{source}` draw this process's share: pass it `accelerator.process_index` and "
             "`accelerator.num_processes` (a per-rank seed for its random offsets, or a strided part of the "

@@ -222,9 +222,10 @@ def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
         receiver = func.value.value
         home = roles.home
         assert home is not None
-        # `raw_model = model.module if ddp else model`: an alias of a model wrapped by hand, which
-        # prepare would wrap a second time; not told apart here.
-        if any(_aliases_a_module(b.value) for b in home.bindings.get(receiver, [])):
+        # `raw_model = model.module if ddp else model`: an alias of a model wrapped by hand is
+        # the model (`wrapped_model`); another alias is not told apart here.
+        if wrapped_model(home, receiver, roles.facts.aliases) == receiver and any(
+                _aliases_a_module(b.value) for b in home.bindings.get(receiver, [])):
             return []
         return [receiver]
     assert isinstance(func, cst.Name)

@@ -17,6 +17,15 @@ step gets no loader. Whether it is still right at N processes depends on where t
 - no rank at all: an unsharded stream, reported by the loaders' own AM004 message with the name of
   the generator that must take the rank.
 
+A batch object of this module's own (nanoGPT's `DataLoaderLite(B, T, process_rank=ddp_rank,
+num_processes=ddp_world_size)`, drawn from with `x, y = train_loader.next_batch()` in the training
+loop) is a stream too, ranked by torch when an argument of its constructor is the process's global
+rank: `dist.get_rank()`, torchrun's `RANK` (`int(os.environ["RANK"])`), `accelerator.process_index`,
+or a name bound to one of them (`ddp_rank = int(os.environ["RANK"])` in one branch, `ddp_rank = 0`
+in the other). Built with `LOCAL_RANK` instead, it is reported (AM004): the local rank repeats on
+every node, so the processes of each machine would read the same batches; built with no rank, the
+loaders' AM004 message names the object that must take one.
+
 Names are followed as the roles follow them (`self.data = data` in the constructor, `data` from
 the callers of the class), a few assignments deep.
 """
@@ -27,12 +36,13 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate.analysis import Scope
+from migrate.analysis import Scope, Site
 from migrate.names import instance_attribute
 from migrate.roles.model import Roles
 from migrate.walk import walk
 
 _TORCH_RANKS = frozenset({"torch.distributed.get_rank", "torch.distributed.get_world_size"})
+_GLOBAL_RANK = "torch.distributed.get_rank"
 _MPI_RANKS = ("Get_rank", "Get_size")
 _DEPTH = 4
 
@@ -42,8 +52,9 @@ class Stream:
     """The generator function a training step draws its batches from with `next(...)`."""
 
     function: str
-    ranked_by: str | None  # "torch", "mpi", or None (it reads no rank)
-    rank_read: cst.Call | None  # the first rank read of the generator, where a report points
+    ranked_by: str | None  # "torch", "mpi", "local" (LOCAL_RANK), or None (it reads no rank)
+    rank_read: cst.CSTNode | None  # the first rank read, where a report points
+    drawn: str = ""  # what the loop calls for a batch, when not `function()` (`batches.next_batch()`)
 
 
 def training_stream(roles: Roles, trainer: Scope) -> Stream | None:
@@ -62,7 +73,68 @@ def training_stream(roles: Roles, trainer: Scope) -> Stream | None:
                 stream = _generator_stream(roles, value)
                 if stream is not None:
                     return stream
+        for method in scope.method_calls:
+            if not (method.loops and isinstance(method.receiver, cst.Name) and _assigned(method)):
+                continue
+            for value in _values(roles, scope, method.receiver.value, _DEPTH):
+                stream = _batch_object(roles, scope, value, method)
+                if stream is not None:
+                    return stream
     return None
+
+
+def _assigned(site: Site) -> bool:
+    """`x, y = batches.next_batch()`: the call is what a statement of the loop binds."""
+    stmt = site.where.stmt
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(small, cst.Assign) and small.value is site.call for small in stmt.body)
+
+
+def _batch_object(roles: Roles, scope: Scope, value: cst.BaseExpression, site: Site) -> Stream | None:
+    """`DataLoaderLite(..., process_rank=ddp_rank, ...)`: an instance of a class of this module, and
+    the rank its constructor is given (see the module's docstring)."""
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in roles.facts.classes):
+        return None
+    assert isinstance(site.receiver, cst.Name) and isinstance(site.call.func, cst.Attribute)
+    drawn = f"{site.receiver.value}.{site.call.func.attr.value}()"
+    local = None
+    for arg in value.args:
+        read = _rank(roles, scope, arg.value, _DEPTH)
+        if read is not None and read[0] == "RANK":
+            return Stream(value.func.value, "torch", read[1], drawn)
+        local = local or (read[1] if read is not None else None)
+    return Stream(value.func.value, "local" if local is not None else None, local, drawn)
+
+
+def _rank(roles: Roles, scope: Scope, expr: cst.BaseExpression, depth: int) -> tuple[str, cst.CSTNode] | None:
+    """("RANK", where) when `expr` reads the process's global rank (itself, or a binding of the name
+    it is), ("LOCAL_RANK", where) for the local rank, else None."""
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "int" and expr.args:
+        expr = expr.args[0].value
+    aliases = roles.facts.aliases
+    if isinstance(expr, cst.Call) and aliases.qualify(expr.func) == _GLOBAL_RANK:
+        return "RANK", expr
+    if isinstance(expr, cst.Attribute) and expr.attr.value in ("process_index", "local_process_index"):
+        return ("RANK" if expr.attr.value == "process_index" else "LOCAL_RANK"), expr
+    key: cst.BaseExpression | None = None
+    if isinstance(expr, cst.Subscript) and aliases.qualify(expr.value) == "os.environ" and len(expr.slice) == 1:
+        element = expr.slice[0].slice
+        key = element.value if isinstance(element, cst.Index) else None
+    elif (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "get"
+          and aliases.qualify(expr.func.value) == "os.environ" and expr.args):
+        key = expr.args[0].value
+    if key is not None:
+        variable = key.evaluated_value if isinstance(key, cst.SimpleString) else None
+        return (str(variable), expr) if variable in ("RANK", "LOCAL_RANK") else None
+    found: tuple[str, cst.CSTNode] | None = None
+    if isinstance(expr, cst.Name) and depth > 0:
+        for where, name in roles.origins(scope, expr.value) or ():
+            for binding in where.bindings.get(name, []):
+                if binding.value is not None:
+                    read = _rank(roles, where, binding.value, depth - 1)
+                    if read is not None and (found is None or read[0] == "RANK"):
+                        found = read
+    return found
 
 
 def _values(roles: Roles, scope: Scope, ref: str, depth: int) -> list[cst.BaseExpression]:

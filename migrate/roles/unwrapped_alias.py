@@ -6,7 +6,9 @@ model.module`, then `optimizer = create_optimizer(args, model_without_ddp)` (Dei
 to prepare is `model`: prepare wraps it once (the hand DDP goes, `model.module` becomes
 `accelerator.unwrap_model(model)`), and `model_without_ddp` still names the user's module, which
 is what the script saves and loads. Preparing the alias instead would leave the hand DDP in place
-and wrap the module a second time.
+and wrap the module a second time. nanoGPT's `raw_model = model.module if ddp else model` (one
+binding, both branches aliases of `model`) is the same alias, and `raw_model.configure_optimizers()`
+builds the optimizer over `model`.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ def wrapped_model(home: Scope, name: str, aliases: ImportAliases) -> str:
     plain = False
     for binding in home.bindings.get(name, []):
         value = binding.value
-        if isinstance(value, cst.Name):
-            origins.add(value.value)
-            plain = True
-        elif isinstance(value, cst.Attribute) and value.attr.value == "module" and isinstance(value.value, cst.Name):
-            origins.add(value.value.value)
-        else:
-            return name
+        # `raw_model = model.module if ddp else model` (nanoGPT): both branches, one binding
+        for branch in (value.body, value.orelse) if isinstance(value, cst.IfExp) else (value,):
+            if isinstance(branch, cst.Name):
+                origins.add(branch.value)
+                plain = True
+            elif isinstance(branch, cst.Attribute) and branch.attr.value == "module" and isinstance(branch.value, cst.Name):
+                origins.add(branch.value.value)
+            else:
+                return name
     if not plain or len(origins) != 1:
         return name
     (model,) = origins

@@ -8,7 +8,10 @@ What it does:
     `torch.accelerator.current_accelerator()`) become
     `accelerator = Accelerator()` + `device = accelerator.device`; a device stored on a namespace
     (`args.device = torch.device(...)`) becomes `args.device = accelerator.device`, kept even where
-    this module does not read it. Without a device choice the
+    this module does not read it. The same name chosen again later becomes `accelerator.device`
+    too; chosen again by the very next statement (`device = "cpu"` then an `if
+    torch.cuda.is_available(): device = "cuda" elif ...` autodetection), that statement goes.
+    Without a device choice the
     Accelerator is created at the top of the function that builds the optimizer (or after the
     imports for a module-level loop). Helpers of this file that now use `accelerator` receive it
     as a new trailing parameter (keyword-only when the signature has defaults, `*args` or
@@ -74,7 +77,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from migrate.analysis import DeviceBinding, Scope
+from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import names_read, statement
@@ -171,8 +174,16 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
         new_device = _rebind(binding.name, device_value, device, keep_leading=True)
         plan.replace_stmt[device] = [new_device]
         plan.rebound[new_device] = binding.name
+    previous = binding
     for later in roles.later_device_bindings:
         stmt = later.where.stmt
+        if previous is not None and previous.where.stmt is not plan.create_at and _right_after(previous.where, later.where):
+            # `device = "cpu"` then `if torch.cuda.is_available(): device = "cuda" elif ...`:
+            # the choice made again at once is the same `accelerator.device`; it goes.
+            plan.replace_stmt[stmt] = []
+            plan.change(CODE, stmt, f"`{later.name}` chosen again right after: removed, it is `{device_value}` already")
+            continue
+        previous = later
         later_shared = _shared_line_assign(later)
         if later_shared is not None:
             plan.replace_small[later_shared] = _rebind_small(later.name, device_value)
@@ -281,6 +292,14 @@ def _shared_line_assign(binding: DeviceBinding) -> cst.BaseSmallStatement | None
 def _rebind_small(name: str, value: str) -> cst.BaseSmallStatement:
     # `name` may be held on a namespace (`args.device`): parsed, not made a Name
     return cst.Assign(targets=[cst.AssignTarget(cst.parse_expression(name))], value=cst.parse_expression(value))
+
+
+def _right_after(first: StmtRef, then: StmtRef) -> bool:
+    """`then` is the statement after `first` in the same block (nothing runs in between)."""
+    if first.block is not then.block:
+        return False
+    body = first.block.body
+    return any(stmt is first.stmt and body[i + 1] is then.stmt for i, stmt in enumerate(body[:-1]))
 
 
 def _rebind(name: str, value: str, original: cst.BaseStatement, keep_leading: bool = False) -> cst.BaseStatement:

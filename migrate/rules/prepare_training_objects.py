@@ -16,7 +16,9 @@ What it does:
     this file (`LARS(model.parameters())`), or by a function or method of this file that returns
     one (`optimizer = model.configure_optimizers(...)`: the receiver is the model;
     `optimizer = create_optimizer(args, model)`: the argument whose `.parameters()` it uses). The
-    optimizer is then prepared where that call binds it, never inside the factory.
+    optimizer is then prepared where that call binds it, never inside the factory. A receiver or
+    argument that names the hand-wrapped model's module (`raw_model = model.module if ddp else
+    model`, nanoGPT; `model_without_ddp`, DeiT) stands for the model: `model` is prepared, once.
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader

@@ -96,6 +96,12 @@ SPECS: dict[str, Spec] = {
     "checkpoint_resume": Spec(),
     "clip_warmup_scheduler": Spec(),
     "no_dataloader_loop": Spec(loader=False, split_rtol=1e-6),
+    # nanoGPT: its own loader shards by torchrun's RANK, the optimizer comes from
+    # raw_model.configure_optimizers(), sync only on the last micro-step
+    "nanogpt_style_ddp": Spec(
+        kind="ddp", loader=False, split_rtol=None,
+        split_reason="no DataLoader: the script's own loader shards by rank, so split_batches does not apply",
+    ),
     "batchnorm_cnn_eval": Spec(
         split_rtol=None,
         split_reason="BatchNorm normalises with the statistics of each process's half batch (8 images "
@@ -378,3 +384,21 @@ def test_local_rank_flag_checks_single_out_the_main_process() -> None:
     assert re.findall(r"^trained (\d+) steps$", two.stdout, re.M) == ["12"], two.stdout[-2000:]
     assert re.findall(r"^saving the model after (\d+) steps$", two.stdout, re.M) == ["12"]
     assert "accelerator.num_processes > 1 and accelerator.is_local_main_process" in result.migrated_text
+
+
+def test_nanogpt_shape_trains_on_the_original_samples() -> None:
+    """nanoGPT's loader takes its shard from torchrun's RANK, now `accelerator.process_index`: under
+    `accel launch` each rank reads the batches it read under torchrun, the optimizer is the one
+    `raw_model.configure_optimizers()` built over the prepared model, and the hand-toggled sync
+    (`require_backward_grad_sync`) still holds on the prepared DDP model. So each rank's losses are
+    the torchrun original's (not only their level, as for a DistributedSampler script)."""
+    result = outcome("nanogpt_style_ddp")
+    original, two = result.runs["original"], _migrated(result, "migrated_2p")
+    _ok(original, "the original under torchrun")
+    _ok(two, "the migrated script under accel launch")
+    for rank in (0, 1):
+        assert two.losses(rank) and _rel(two.losses(rank), original.losses(rank)) <= 1e-6, rank
+    assert two.losses(0) != two.losses(1), "both ranks read the same batches"
+    assert LOSS.findall(two.stdout) == LOSS.findall(original.stdout)
+    assert "raw_model = accelerator.unwrap_model(model) if ddp else model" in result.migrated_text
+    assert "model, optimizer = accelerator.prepare(model, optimizer)" in result.migrated_text

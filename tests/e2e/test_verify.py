@@ -167,6 +167,7 @@ VERIFY_SCRIPTS = {
     "clip_warmup_scheduler": ([], 0),
     "no_dataloader_loop": ([], 0),
     "batchnorm_cnn_eval": ([], 0),
+    "nanogpt_style_ddp": ([], 0),  # DDP only when torchrun's RANK is set: plain python runs it alone
 }
 
 
