@@ -30,8 +30,12 @@ Leaves alone:
     `torch.save(model, path)` of a whole prepared module (reported: it would pickle the wrapper;
     save `accelerator.unwrap_model(model)` or its state dict), prints when the script patches
     `builtins.print` for rank 0 itself (reported), tqdm calls that already pass `disable=`, a model
-    built anew after `prepare` (`model = Net()` to reload for inference: it is not wrapped), and
-    loads after a save inside a rank check or in another branch (a barrier there would hang).
+    built anew after `prepare` (`model = Net()` to reload for inference: it is not wrapped),
+    loads after a save inside a rank check or in another branch (a barrier there would hang), and
+    prints in methods of a class that never holds the accelerator (an `nn.Module`, or a class of a
+    script that creates the Accelerator at module level: nanoGPT's `configure_optimizers` and
+    `DataLoaderLite`): under the script's own rank check (`if master_process:`) they are already
+    main-process only; any other is reported.
 
 Fix safety:
     Safe: on one process the main process is the only process.
@@ -259,6 +263,30 @@ def _quiet_progress_bar(plan: EditPlan, scope: Scope, call: cst.Call) -> None:
     plan.change(CODE, call, "progress bar shown by the local main process only")
 
 
+def _unreachable_method(roles: Roles, scope: Scope) -> str | None:
+    """What a method is when its class never holds the accelerator ("an nn.Module": built before
+    the Accelerator and never handed one; "a class of the script": the Accelerator is created at
+    module level, and nothing threads it into the class), else None."""
+    owner = scope.parent
+    if not scope.is_method or owner is None or not isinstance(owner.node, cst.ClassDef):
+        return None
+    if roles.accelerator_scope in (roles.methods_of(scope) or []):
+        return None
+    bases = [roles.facts.aliases.qualify(base.value) or "" for base in owner.node.bases]
+    if any(base.rsplit(".", 1)[-1] == "Module" for base in bases):
+        return "an nn.Module"
+    if roles.accelerator_scope is roles.facts.module_scope and not roles.needs_parameter(scope):
+        return "a class of the script"
+    return None
+
+
+def _rank_guarded(where: StmtRef) -> bool:
+    """Inside an `if` whose test is a rank check (`if master_process:`, `if rank == 0:`)."""
+    empty = cst.Module([])
+    return any(isinstance(outer.stmt, cst.If) and _RANK_TEST.search(empty.code_for_node(outer.stmt.test))
+               for outer in where.path)
+
+
 def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     sites = [site for site in scope.calls if site.callee == "print" and not scope.binds("print")]
     if not sites:
@@ -270,6 +298,18 @@ def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
             "the script patches `builtins.print` itself (a rank-0 print guard), so prints were left as "
             "they are; remove the patch and use `accelerator.print`",
         )
+        return
+    what = _unreachable_method(roles, scope)
+    if what is not None:
+        # Its methods cannot call `accelerator.print` (the safety check would refuse a
+        # `self.accelerator` nobody sets): a print under the script's own rank check stays as it
+        # is; any other is reported.
+        unguarded = [s for s in sites if not _rank_guarded(s.where)]
+        if unguarded:
+            assert scope.parent is not None
+            plan.report(CODE, unguarded[0].call, (
+                f"`print` in `{scope.parent.name}.{scope.name}`, a method of {what}, which cannot reach "
+                "the accelerator: it prints on every process; put it under the script's main-process check"))
         return
     for site in sites:
         plan.calls[site.call] = lambda updated: updated.with_changes(
