@@ -35,7 +35,8 @@ Leaves alone:
     prints in methods of a class that never holds the accelerator (an `nn.Module`, or a class of a
     script that creates the Accelerator at module level: nanoGPT's `configure_optimizers` and
     `DataLoaderLite`): under the script's own rank check (`if master_process:`) they are already
-    main-process only; any other is reported.
+    main-process only; any other is reported. A print that formats the process's own rank
+    (`print(f"rank {ddp_rank} sample {i}: {text}")`) is each process's on purpose and is kept.
 
 Fix safety:
     Safe: on one process the main process is the only process.
@@ -51,6 +52,7 @@ from migrate.analysis import Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import accelerator_call, names_read, reference
+from migrate.walk import Visitor, walk
 
 CODE = "AM009"
 NAME = "checkpoints-and-output"
@@ -280,6 +282,25 @@ def _unreachable_method(roles: Roles, scope: Scope) -> str | None:
     return None
 
 
+_RANK_NAME = re.compile(r"(^|_)rank$|^process_index$|^get_rank$", re.IGNORECASE)
+
+
+def _says_its_rank(call: cst.Call) -> bool:
+    """`print(f"rank {ddp_rank} sample {i}: {text}")`: a line each process prints about itself on
+    purpose; from the main process only, the others' lines would be lost."""
+
+    class Finder(Visitor):
+        found = False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            self.found = self.found or bool(_RANK_NAME.search(node.value))
+
+    finder = Finder()
+    for arg in call.args:
+        walk(arg.value, finder)  # an attribute's name is a Name too: `args.rank`, `dist.get_rank()`
+    return finder.found
+
+
 def _rank_guarded(where: StmtRef) -> bool:
     """Inside an `if` whose test is a rank check (`if master_process:`, `if rank == 0:`)."""
     empty = cst.Module([])
@@ -310,6 +331,9 @@ def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
             plan.report(CODE, unguarded[0].call, (
                 f"`print` in `{scope.parent.name}.{scope.name}`, a method of {what}, which cannot reach "
                 "the accelerator: it prints on every process; put it under the script's main-process check"))
+        return
+    sites = [s for s in sites if not _says_its_rank(s.call)]
+    if not sites:
         return
     for site in sites:
         plan.calls[site.call] = lambda updated: updated.with_changes(

@@ -46,8 +46,11 @@ Leaves alone:
     every process would see all the data), a loader still sharded by a `DistributedSampler`
     (when AM007 is off: preparing it would shard twice), and a training step that no DataLoader
     feeds (every process would train on the same data; when the batches come from a function of
-    this file, `X, Y = get_batch()`, the report names it as the one that must draw this process's
-    share). An optimizer factory whose model cannot be told is reported and the file left as it is
+    this file, `X, Y = get_batch()`, or an object of a class of this file, `x, y =
+    train_loader.next_batch()`, the report names it as the one that must draw this process's
+    share; an object built with torchrun's global rank, nanoGPT's `DataLoaderLite(...,
+    process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
+    it is, since the local rank repeats on every node). An optimizer factory whose model cannot be told is reported and the file left as it is
     (prepared alone, the optimizer would step a model that is neither placed nor synchronised).
     An optimizer wrapped in another object (`optimizer = ScheduledOptim(torch.optim.Adam(...),
     d_model, warmup)`, the name's only binding, a statement of its own) is bound as the inner
