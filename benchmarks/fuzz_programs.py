@@ -436,7 +436,9 @@ def failures(text: str, path: str = "fuzz_program.py") -> list[str]:
     4. a second run on the output changes nothing;
     5. the program without any statement mentioning backward/optim/torch comes back untouched;
     6. the program without what the text pre-filter looks for, but with a comment that lets it
-       through, is parsed and left untouched with no diagnostic (the pre-filter's soundness).
+       through, is parsed and left untouched with no diagnostic (the pre-filter's soundness);
+    7. the rules' rewritten tree, which the safety checks read instead of a parse of the output
+       (`migrate.safety.fallback.output_tree`), is the tree a parse of its code gives.
     """
     import traceback
 
@@ -453,8 +455,53 @@ def failures(text: str, path: str = "fuzz_program.py") -> list[str]:
         return [f"1: {kind} at {result.error.line}:{result.error.column}: {result.error.message}"]
     if result.new_text is not None:
         problems += _output_failures(text, result.new_text, result, path)
+        problems += _tree_failures(text, path)
     problems += _untouched_failures(text, path)
     return problems
+
+
+def _tree_failures(text: str, path: str) -> list[str]:
+    import libcst as cst
+
+    from migrate.engine import Options, run_rules
+    from migrate.safety.fallback import output_tree
+    from migrate.suppression import skip_lines
+
+    attempt = run_rules(cst.parse_module(text), text, path, Options(), skip_lines(text)[1])
+    tree = output_tree(attempt.new_module, attempt.new_text or "")
+    if tree is None or attempt.new_text is None:
+        return []  # parsed from its text by the checks
+    where = tree_difference(tree, cst.parse_module(attempt.new_text))
+    return [] if where is None else [f"7: the rewritten tree differs from the parse of its code at {where}"]
+
+
+def tree_difference(tree: object, parsed: object, where: str = "module") -> str | None:
+    """Where `tree` differs from `parsed` (None: nowhere), as a path of fields. A field the tree
+    leaves to its default (`MaybeSentinel.DEFAULT`: a comma or a star written as code generation
+    decides) matches whatever the parser recorded, and a tuple matches a list of the same items."""
+    import dataclasses
+
+    import libcst as cst
+
+    if tree is cst.MaybeSentinel.DEFAULT or parsed is cst.MaybeSentinel.DEFAULT:
+        return None
+    if isinstance(tree, (list, tuple)) and isinstance(parsed, (list, tuple)):
+        if len(tree) != len(parsed):
+            return f"{where} ({len(tree)} items, parsed {len(parsed)})"
+        for i, (a, b) in enumerate(zip(tree, parsed)):
+            found = tree_difference(a, b, f"{where}[{i}]")
+            if found is not None:
+                return found
+        return None
+    if type(tree) is not type(parsed):
+        return f"{where} ({type(tree).__name__}, parsed {type(parsed).__name__})"
+    if isinstance(tree, cst.CSTNode):
+        for f in dataclasses.fields(tree):
+            found = tree_difference(getattr(tree, f.name), getattr(parsed, f.name), f"{where}.{f.name}")
+            if found is not None:
+                return found
+        return None
+    return None if tree == parsed else f"{where} ({tree!r}, parsed {parsed!r})"
 
 
 def _output_failures(text: str, new_text: str, result, path: str) -> list[str]:  # type: ignore[no-untyped-def]

@@ -4,7 +4,7 @@ Pipeline: text pre-filter (`prefilter.py`: no training code, so untouched and no
 parse -> statement start lines (`positions.py`) -> one analysis pass -> roles -> each selected rule
 records edits -> one rewrite pass, descending only towards edited nodes -> unused names removed ->
 imports added -> the output must compile, or the file is reported as failed and left untouched ->
-safety checks on the output (`migrate/safety/`: parsed once, every check of
+safety checks on the output (`migrate/safety/`: the rewritten tree, not parsed again, every check of
 `migrate/safety/registry.py`, only when a rule changed the text): an output that fails one is not
 returned; the rules run again without the rule at fault, or the file is left as it is, and a
 diagnostic coded by the check says what was dropped (`migrate/safety/fallback.py`).

@@ -94,6 +94,7 @@ class _Results(dict[Path, FileResult]):
 @dataclass
 class _Outcome:
     results: dict[Path, FileResult] = field(default_factory=dict)  # files with cross-module edits
+    trees: dict[Path, cst.Module] = field(default_factory=dict)  # their rewritten trees (what the checks read)
     reason: str | None = None  # why nothing was migrated across modules (None: it was)
     line: int = 1  # entry line the reason is about
 
@@ -230,9 +231,11 @@ def _migrate_entry(
     for m in modules:
         if m is not head and id(m) not in edited and id(m) not in reported:
             continue  # neither rewritten nor told anything (a module with findings keeps them)
-        new_text = _rewrite(m, plan)
-        if new_text is None:
+        rewritten = _rewrite(m, plan)
+        if rewritten is None:
             return _Outcome(reason=f"the rewrite of {m.source.display} would not compile (please report this)")
+        new_module, new_text = rewritten
+        outcome.trees[m.source.path] = new_module
         changes = sorted({Change(r.code, lines[m.source.path][r.node], r.message) for r in plan.changes
                           if r.node in lines[m.source.path]}, key=lambda c: (c.line, c.code, c.message))
         diagnostics = sorted({Diagnostic(f.code, lines[m.source.path][f.node], f.message) for f in plan.findings
@@ -246,7 +249,7 @@ def _migrate_entry(
     return outcome
 
 
-def _rewrite(m: _Parsed, plan) -> str | None:  # type: ignore[no-untyped-def]
+def _rewrite(m: _Parsed, plan) -> tuple[cst.Module, str] | None:  # type: ignore[no-untyped-def]
     rewriter = Rewriter(plan, with_ancestors(m.module, plan.targets()))
     new_module = m.module.visit(rewriter)
     if plan.removes_boilerplate or rewriter.rebound:
@@ -259,18 +262,19 @@ def _rewrite(m: _Parsed, plan) -> str | None:  # type: ignore[no-untyped-def]
         if re.search(rf"\b{re.escape(item[1])}\b", new_text) and not re.search(rf"\b{re.escape(item[1])}\b", m.source.text)
     }
     if wanted:
-        new_text = add_imports(new_module, wanted).code
+        new_module = add_imports(new_module, wanted)
+        new_text = new_module.code
     try:
         compile(new_text, m.source.display, "exec", dont_inherit=True)
     except SyntaxError:
         return None
-    return new_text
+    return new_module, new_text
 
 
 def _check(outcome: _Outcome, parsed: _Parses, options) -> str | None:  # type: ignore[no-untyped-def]
     """Every rewritten file passes the safety checks (idempotence judged on the whole unit)."""
     from migrate.safety import idempotent
-    from migrate.safety.fallback import first_failure, map_line
+    from migrate.safety.fallback import first_failure, map_line, output_tree
     from migrate.safety.registry import CHECKS
 
     by_path = parsed.by_path
@@ -281,8 +285,9 @@ def _check(outcome: _Outcome, parsed: _Parses, options) -> str | None:  # type: 
             continue
         module = parsed.tree(path)
         assert module is not None  # it was rewritten
+        tree = output_tree(outcome.trees.get(path), result.new_text)
         try:
-            outputs[path] = cst.parse_module(result.new_text)
+            outputs[path] = tree if tree is not None else cst.parse_module(result.new_text)
         except cst.ParserSyntaxError:
             pass  # first_failure reports it
         failure = first_failure(module, result.old_text, result.path, options, result.new_text, checks,

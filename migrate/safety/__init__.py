@@ -7,7 +7,8 @@ Each check is one module of this package, named by what it guarantees, exposing:
     def check(context: CheckContext) -> list[Violation]
 
 and a module docstring (what it checks, why, what it cannot see). A check reads the migrated output
-(`context.after`, parsed once by the engine and shared by all checks) and, when it needs to, the
+(`context.after`: the rules' rewritten tree, which is what a parse of the output gives, so the
+output is not parsed again; see `fallback.output_tree`; shared by all checks) and, when it needs to, the
 original (`context.before`). It returns the places where the output would run wrong; it never edits.
 
 The engine (`migrate/engine.py`) runs every check in `CHECKS` order on each output that differs

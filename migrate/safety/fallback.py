@@ -2,8 +2,8 @@
 
 What it does:
     The engine calls `checked` with the first output of the rules (only when a rule changed the
-    text: nothing else is ever written). The output is parsed once and every check of
-    `migrate/safety/registry.py` runs on it, in order, until one fails. Then:
+    text: nothing else is ever written). The rewritten tree (`output_tree`: not a second parse of the output) is what every check of
+    `migrate/safety/registry.py` reads, in order, until one fails. Then:
     1. the rule to blame is chosen: the rule a violation names (`Violation.rule`, when the check
        knows it), else the rule with a change nearest to the first failing line (the output line is
        mapped back to the input by a line diff; ties: the rule with fewer changes);
@@ -42,6 +42,7 @@ from migrate.results import Change, Diagnostic
 from migrate.safety import Check, CheckContext, Violation
 from migrate.safety import idempotent
 from migrate.safety.registry import CHECKS
+from migrate.walk import children
 
 MAX_DROPS = 4  # rules dropped from one file before it is left as it is
 
@@ -72,7 +73,8 @@ def checked(
         # Checks see the options this output was made with: a second run of the tool drops the
         # same rules again for the same reason, so idempotence is judged without them.
         now = replace(options, ignore=options.ignore | set(dropped)) if dropped else options
-        failure = first_failure(module, text, path, now, attempt.new_text, checks)
+        failure = first_failure(module, text, path, now, attempt.new_text, checks,
+                                after=output_tree(attempt.new_module, attempt.new_text))
         if failure is None:
             break
         check, violations = failure
@@ -99,6 +101,25 @@ class _Failure:
     attempt: Attempt  # the output that failed
     rule: str | None  # the rule dropped for it (None: the file is left as it is)
     blamed: str | None = None  # with rule None: the rule at fault that the others need
+
+
+def output_tree(rewritten: cst.Module | None, new_text: str) -> cst.Module | None:
+    """The tree the checks read for `new_text`: the rewritten tree itself, which is what a parse of
+    its code would give (tests/migrate/test_output_tree.py checks that on every fixture and in the
+    property tests), so the output is not parsed a second time (a parse is most of what a file
+    costs). Not when a rule put one node object in two places: analyses keyed by node would take
+    them for one, so such an output (and one without a tree) is parsed (None)."""
+    if rewritten is None:
+        return None
+    seen: set[int] = set()
+    stack: list[cst.CSTNode] = [rewritten]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            return None
+        seen.add(id(node))
+        stack.extend(children(node))
+    return rewritten
 
 
 def first_failure(

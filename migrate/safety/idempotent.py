@@ -1,8 +1,8 @@
 """Running the whole pipeline again on the output changes nothing (AM103, idempotent).
 
 What it checks:
-    The rules run again, with the same options, on the output (the tree the engine parsed once
-    for all checks, so no second parse): no rule may record a change whose rewrite alters the
+    The rules run again, with the same options, on the output (the rewritten tree all checks
+    read, so no second parse): no rule may record a change whose rewrite alters the
     text. Cheap on purpose: an output the text pre-filter rejects, or whose header says
     `# accel-migrate: skip`, passes without analysis; a second run that records no change passes
     without a rewrite; only one that records changes is rewritten and compared. An output that
