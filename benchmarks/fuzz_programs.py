@@ -468,7 +468,7 @@ def _tree_failures(text: str, path: str) -> list[str]:
     from migrate.suppression import skip_lines
 
     attempt = run_rules(cst.parse_module(text), text, path, Options(), skip_lines(text)[1])
-    tree = output_tree(attempt.new_module, attempt.new_text or "")
+    tree = output_tree(attempt.new_module)
     if tree is None or attempt.new_text is None:
         return []  # parsed from its text by the checks
     where = tree_difference(tree, cst.parse_module(attempt.new_text))

@@ -285,7 +285,7 @@ def _check(outcome: _Outcome, parsed: _Parses, options) -> str | None:  # type: 
             continue
         module = parsed.tree(path)
         assert module is not None  # it was rewritten
-        tree = output_tree(outcome.trees.get(path), result.new_text)
+        tree = output_tree(outcome.trees.get(path))
         try:
             outputs[path] = tree if tree is not None else cst.parse_module(result.new_text)
         except cst.ParserSyntaxError:

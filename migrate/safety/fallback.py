@@ -2,8 +2,9 @@
 
 What it does:
     The engine calls `checked` with the first output of the rules (only when a rule changed the
-    text: nothing else is ever written). The rewritten tree (`output_tree`: not a second parse of the output) is what every check of
-    `migrate/safety/registry.py` reads, in order, until one fails. Then:
+    text: nothing else is ever written). Every check of `migrate/safety/registry.py` reads the
+    rewritten tree (`output_tree`: not a second parse of the output), in order, until one fails.
+    Then:
     1. the rule to blame is chosen: the rule a violation names (`Violation.rule`, when the check
        knows it), else the rule with a change nearest to the first failing line (the output line is
        mapped back to the input by a line diff; ties: the rule with fewer changes);
@@ -74,7 +75,7 @@ def checked(
         # same rules again for the same reason, so idempotence is judged without them.
         now = replace(options, ignore=options.ignore | set(dropped)) if dropped else options
         failure = first_failure(module, text, path, now, attempt.new_text, checks,
-                                after=output_tree(attempt.new_module, attempt.new_text))
+                                after=output_tree(attempt.new_module))
         if failure is None:
             break
         check, violations = failure
@@ -103,8 +104,8 @@ class _Failure:
     blamed: str | None = None  # with rule None: the rule at fault that the others need
 
 
-def output_tree(rewritten: cst.Module | None, new_text: str) -> cst.Module | None:
-    """The tree the checks read for `new_text`: the rewritten tree itself, which is what a parse of
+def output_tree(rewritten: cst.Module | None) -> cst.Module | None:
+    """The tree the checks read for an output: the rewritten tree itself, which is what a parse of
     its code would give (tests/migrate/test_output_tree.py checks that on every fixture and in the
     property tests), so the output is not parsed a second time (a parse is most of what a file
     costs). Not when a rule put one node object in two places: analyses keyed by node would take
