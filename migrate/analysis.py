@@ -142,11 +142,11 @@ class Scope:
 
     @property
     def is_function(self) -> bool:
-        return isinstance(self.node, cst.FunctionDef)
+        return type(self.node) is cst.FunctionDef
 
     @property
     def is_method(self) -> bool:
-        return self.parent is not None and isinstance(self.parent.node, cst.ClassDef)
+        return self.parent is not None and type(self.parent.node) is cst.ClassDef
 
     def binds(self, name: str) -> bool:
         return name in self.bindings or name in self.params
@@ -268,14 +268,14 @@ class _Collector(Visitor):
         if kind == _BLOCK:
             self.blocks.append(node)
         elif kind == _STATEMENT and id(node) not in self._elifs:
-            if isinstance(node, cst.If) and isinstance(node.orelse, cst.If):
+            if type(node) is cst.If and type(node.orelse) is cst.If:
                 self._mark_elifs(node.orelse)
             self._enter_statement(node)
         return super().on_visit(node)
 
     def _mark_elifs(self, node: cst.If) -> None:
         self._elifs.add(id(node))
-        if isinstance(node.orelse, cst.If):
+        if type(node.orelse) is cst.If:
             self._mark_elifs(node.orelse)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
@@ -285,12 +285,12 @@ class _Collector(Visitor):
             self.blocks.pop()
         elif kind == _STATEMENT and id(original_node) not in self._elifs:
             frame = self.frame
-            if isinstance(original_node, (cst.FunctionDef, cst.ClassDef)) and len(self.frames) > 1:
+            if type(original_node) in (cst.FunctionDef, cst.ClassDef) and len(self.frames) > 1:
                 if frame.scope.node is original_node:
                     self.frames.pop()
                     frame = self.frame
             frame.stmts.pop()
-            if isinstance(original_node, cst.For) and frame.loops and frame.loops[-1].node is original_node:
+            if type(original_node) is cst.For and frame.loops and frame.loops[-1].node is original_node:
                 frame.loops.pop()
 
     def _enter_statement(self, node: cst.BaseStatement) -> None:
@@ -301,7 +301,7 @@ class _Collector(Visitor):
             block=self.blocks[-1],
             order=self.order,
             path=tuple(frame.stmts),
-            in_loop=any(isinstance(s.stmt, (cst.For, cst.While)) for s in frame.stmts),
+            in_loop=any(type(s.stmt) in (cst.For, cst.While) for s in frame.stmts),
         )
         frame.stmts.append(ref)
         if not frame.stmts[:-1] and frame.scope is self.module_scope:
@@ -310,9 +310,9 @@ class _Collector(Visitor):
     def _track_import_block(self, node: cst.BaseStatement, ref: StmtRef) -> None:
         if not self.leading_imports:
             return
-        if isinstance(node, cst.SimpleStatementLine) and all(
-            isinstance(s, (cst.Import, cst.ImportFrom))
-            or (isinstance(s, cst.Expr) and isinstance(s.value, cst.SimpleString))
+        if type(node) is cst.SimpleStatementLine and all(
+            type(s) in (cst.Import, cst.ImportFrom)
+            or (type(s) is cst.Expr and type(s.value) is cst.SimpleString)
             for s in node.body
         ):
             return
@@ -337,12 +337,12 @@ class _Collector(Visitor):
         for param in (*params.posonly_params, *params.params, *params.kwonly_params):
             scope.params.append(param.name.value)
         for star in (params.star_arg, params.star_kwarg):
-            if isinstance(star, cst.Param):
+            if type(star) is cst.Param:
                 scope.params.append(star.name.value)
         scope.simple_signature = (
             not params.posonly_params
             and not params.kwonly_params
-            and not isinstance(params.star_arg, cst.Param)
+            and type(params.star_arg) is not cst.Param
             and params.star_kwarg is None
             and all(p.default is None for p in params.params)
         )
@@ -396,7 +396,7 @@ class _Collector(Visitor):
         return instance_attribute(expr, receiver=scope.params[0])
 
     def _simple_target(self, expr: cst.BaseExpression) -> str | None:
-        if isinstance(expr, cst.Name):
+        if type(expr) is cst.Name:
             return expr.value
         return self._self_attribute(expr)
 
@@ -428,10 +428,10 @@ class _Collector(Visitor):
                     loop.batch_names.update(target_names(target.target))
 
     def _is_accelerator_call(self, value: cst.BaseExpression) -> bool:
-        return isinstance(value, cst.Call) and self.aliases.qualify(value.func) in ACCELERATOR_CLASSES
+        return type(value) is cst.Call and self.aliases.qualify(value.func) in ACCELERATOR_CLASSES
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if node.attr.value == "module" and isinstance(node.value, cst.Name) and self.frame.stmts:
+        if node.attr.value == "module" and type(node.value) is cst.Name and self.frame.stmts:
             self.frame.scope.module_accesses.append((node, self.here))
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
@@ -439,9 +439,9 @@ class _Collector(Visitor):
         if len(node.comparisons) != 1 or not self.frame.stmts:
             return
         target = node.comparisons[0]
-        if not isinstance(target.operator, (cst.Equal, cst.NotEqual)):
+        if type(target.operator) not in (cst.Equal, cst.NotEqual):
             return
-        equal = isinstance(target.operator, cst.Equal)
+        equal = type(target.operator) is cst.Equal
         left, right = node.left, target.comparator
         if _is_zero(right):
             self.frame.scope.zero_comparisons.append((node, left, equal))
@@ -461,14 +461,14 @@ class _Collector(Visitor):
         self.frame.loops.append(loop)
 
     def _loop_source(self, expr: cst.BaseExpression) -> str | None:
-        while isinstance(expr, cst.Call) and expr.args:
+        while type(expr) is cst.Call and expr.args:
             name = dotted_name(expr.func)
             qualified = self.aliases.qualify(expr.func) or name
-            method = expr.func.attr.value if isinstance(expr.func, cst.Attribute) else None
+            method = expr.func.attr.value if type(expr.func) is cst.Attribute else None
             if name not in LOOP_WRAPPERS and qualified not in LOOP_WRAPPERS and method not in LOOP_WRAPPER_METHODS:
                 return None
             expr = expr.args[0].value
-        if isinstance(expr, cst.Name):
+        if type(expr) is cst.Name:
             return expr.value
         return self._self_attribute(expr)
 
@@ -483,12 +483,12 @@ class _Collector(Visitor):
         qualified = self.aliases.qualify(func)
         if qualified is not None:
             scope.library_calls.append(LibraryCall(qualified, node, self.here, loops))
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             scope.calls.append(CallSite(func.value, node, self.here, loops))
             for loop in loops:
                 loop.callees.add(func.value)
             return
-        if not isinstance(func, cst.Attribute):
+        if type(func) is not cst.Attribute:
             return
         method = func.attr.value
         receiver = func.value
@@ -498,7 +498,7 @@ class _Collector(Visitor):
             scope.calls.append(CallSite(callee, node, self.here, loops))
             for loop in loops:
                 loop.callees.add(callee)
-        if isinstance(receiver, cst.Name):
+        if type(receiver) is cst.Name:
             scope.method_calls.append(Site(node, receiver, self.here, loops))
         if method == "backward" and self._is_tensor_backward(receiver):
             scope.backwards.append(Site(node, receiver, self.here, loops))
@@ -509,7 +509,7 @@ class _Collector(Visitor):
             scope.steps.append(Site(node, receiver, self.here, loops))
         elif method in ("to", "cuda"):
             self._record_move(node, receiver, method, loops)
-        elif method == "gather_for_metrics" and isinstance(receiver, cst.Name):
+        elif method == "gather_for_metrics" and type(receiver) is cst.Name:
             for loop in loops:
                 loop.gathers = True
         elif method == "prepare" and self._is_accelerator_receiver(receiver):
@@ -519,7 +519,7 @@ class _Collector(Visitor):
                     scope.prepared.add(name)
 
     def _is_accelerator_receiver(self, receiver: cst.BaseExpression) -> bool:
-        if isinstance(receiver, cst.Name):
+        if type(receiver) is cst.Name:
             return self._is_accelerator_name(receiver.value)
         return self._self_attribute(receiver) == "self.accelerator"
 
@@ -539,7 +539,7 @@ class _Collector(Visitor):
         return name == "accelerator"
 
     def _is_tensor_backward(self, receiver: cst.BaseExpression) -> bool:
-        if isinstance(receiver, cst.Name) and self._is_accelerator_name(receiver.value):
+        if type(receiver) is cst.Name and self._is_accelerator_name(receiver.value):
             return False
         if self._self_attribute(receiver) == "self.accelerator":
             return False
@@ -571,31 +571,31 @@ class _Collector(Visitor):
 
 def _held_attribute(target: cst.BaseExpression) -> str | None:
     """"args.device" for a target `args.device` (an attribute of a plain name)."""
-    if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
+    if type(target) is cst.Attribute and type(target.value) is cst.Name:
         return f"{target.value.value}.{target.attr.value}"
     return None
 
 
 def _is_accumulate_block(body: cst.BaseSuite) -> bool:
-    if not isinstance(body, cst.IndentedBlock) or len(body.body) != 1:
+    if type(body) is not cst.IndentedBlock or len(body.body) != 1:
         return False
     stmt = body.body[0]
-    if not isinstance(stmt, cst.With):
+    if type(stmt) is not cst.With:
         return False
     return any(
-        isinstance(item.item, cst.Call)
-        and isinstance(item.item.func, cst.Attribute)
+        type(item.item) is cst.Call
+        and type(item.item.func) is cst.Attribute
         and item.item.func.attr.value == "accumulate"
         for item in stmt.items
     )
 
 
 def _is_zero(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Integer) and expr.value == "0"
+    return type(expr) is cst.Integer and expr.value == "0"
 
 
 def _is_bool(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value in ("True", "False")
+    return type(expr) is cst.Name and expr.value in ("True", "False")
 
 
 def _contains_call(expr: cst.BaseExpression) -> bool:
@@ -614,7 +614,7 @@ class _CallFinder(cst.CSTVisitor):
 
 
 def _value_root(expr: cst.BaseExpression) -> str | None:
-    if isinstance(expr, (cst.Tuple, cst.List)) and expr.elements:
+    if type(expr) in (cst.Tuple, cst.List) and expr.elements:
         roots = {_value_root(e.value) for e in expr.elements}
         return roots.pop() if len(roots) == 1 else None
     return root_name(expr)
@@ -633,20 +633,20 @@ def _is_gpu_index(name: str, value: cst.BaseExpression) -> bool:
     """`device = 0` / `gpu_id = 0`: a literal GPU index chosen for the one process (the DDP
     tutorial's single-GPU script). Every rank would use cuda:0; it is a device choice like
     `torch.device("cuda:0")`. Only for names that say they hold a device."""
-    return isinstance(value, cst.Integer) and _GPU_INDEX_NAMES.match(name) is not None
+    return type(value) is cst.Integer and _GPU_INDEX_NAMES.match(name) is not None
 
 
 def is_device_choice(expr: cst.BaseExpression, aliases: ImportAliases) -> bool:
     """`torch.device(...)`, `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0"`,
     `torch.accelerator.current_accelerator()` (optionally `.type`)."""
-    if isinstance(expr, cst.Call):
+    if type(expr) is cst.Call:
         qualified = aliases.qualify(expr.func)
         return qualified in ("torch.device", "torch.accelerator.current_accelerator")
-    if isinstance(expr, cst.Attribute) and expr.attr.value == "type":
+    if type(expr) is cst.Attribute and expr.attr.value == "type":
         return is_device_choice(expr.value, aliases)
-    if isinstance(expr, cst.IfExp):
+    if type(expr) is cst.IfExp:
         return is_device_choice(expr.body, aliases) and is_device_choice(expr.orelse, aliases)
-    if isinstance(expr, cst.SimpleString):
+    if type(expr) is cst.SimpleString:
         text = expr.evaluated_value
         return isinstance(text, str) and text.split(":", 1)[0] in _DEVICE_STRINGS
     return False
@@ -660,36 +660,36 @@ def device_if_target(node: cst.If, aliases: ImportAliases) -> str | None:
     branch: cst.If | cst.Else | None = node
     while branch is not None:
         body = branch.body
-        if not isinstance(body, cst.IndentedBlock):
+        if type(body) is not cst.IndentedBlock:
             return None
         for stmt in body.body:
-            if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+            if not (type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1):
                 return None
             small = stmt.body[0]
             if (
-                isinstance(small, cst.Expr)
-                and isinstance(small.value, cst.Call)
+                type(small) is cst.Expr
+                and type(small.value) is cst.Call
                 and aliases.qualify(small.value.func) == "torch.cuda.set_device"
             ):
                 continue  # part of choosing the device (removed with the rest of the boilerplate)
             if not (
-                isinstance(small, cst.Assign)
+                type(small) is cst.Assign
                 and len(small.targets) == 1
-                and isinstance(small.targets[0].target, cst.Name)
+                and type(small.targets[0].target) is cst.Name
                 and is_device_choice(small.value, aliases)
             ):
                 return None
             names.add(small.targets[0].target.value)
-        branch = branch.orelse if isinstance(branch, cst.If) else None
+        branch = branch.orelse if type(branch) is cst.If else None
     return names.pop() if len(names) == 1 else None
 
 
 def _mentions_availability(expr: cst.BaseExpression, aliases: ImportAliases) -> bool:
-    if isinstance(expr, cst.Call):
+    if type(expr) is cst.Call:
         return aliases.qualify(expr.func) in _AVAILABILITY_CHECKS
-    if isinstance(expr, cst.UnaryOperation):
+    if type(expr) is cst.UnaryOperation:
         return _mentions_availability(expr.expression, aliases)
-    if isinstance(expr, cst.BooleanOperation):
+    if type(expr) is cst.BooleanOperation:
         return _mentions_availability(expr.left, aliases) or _mentions_availability(expr.right, aliases)
     return False
 
@@ -699,7 +699,7 @@ def _follow_wrapped_sources(collector: _Collector) -> None:
     for scope in collector.scopes:
         for loop in scope.loops:
             bindings = scope.bindings.get(loop.source or "", [])
-            if len(bindings) != 1 or not isinstance(bindings[0].value, cst.Call):
+            if len(bindings) != 1 or type(bindings[0].value) is not cst.Call:
                 continue
             inner = collector._loop_source(bindings[0].value)
             if inner is not None and inner != loop.source:
@@ -718,7 +718,7 @@ def analyze(module: cst.Module, text: str | None = None) -> Facts:
             functions[s.name] = s
         elif s.parent.is_function:
             s.parent.local_functions[s.name] = s
-    classes = {s.name: s for s in collector.scopes if isinstance(s.node, cst.ClassDef) and s.parent is collector.module_scope}
+    classes = {s.name: s for s in collector.scopes if type(s.node) is cst.ClassDef and s.parent is collector.module_scope}
     return Facts(
         classes=classes,
         module=module,

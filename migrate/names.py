@@ -24,7 +24,7 @@ class ImportAliases:
                 continue
             if alias.asname is not None:
                 local = alias.asname.name
-                if isinstance(local, cst.Name):
+                if type(local) is cst.Name:
                     self._aliases[local.value] = dotted
             else:
                 # `import torch.nn` binds `torch`, which resolves to itself.
@@ -32,16 +32,16 @@ class ImportAliases:
                 self._aliases[head] = head
 
     def record_import_from(self, node: cst.ImportFrom) -> None:
-        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+        if node.relative or node.module is None or type(node.names) is cst.ImportStar:
             return
         module = dotted_name(node.module)
         if module is None:
             return
         for alias in node.names:
-            if not isinstance(alias.name, cst.Name):
+            if type(alias.name) is not cst.Name:
                 continue
             local = alias.name.value
-            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+            if alias.asname is not None and type(alias.asname.name) is cst.Name:
                 local = alias.asname.name.value
             self._aliases[local] = f"{module}.{alias.name.value}"
 
@@ -63,9 +63,9 @@ class ImportAliases:
 
 def dotted_name(expr: cst.BaseExpression) -> str | None:
     """`a.b.c` for a chain of Name/Attribute nodes, else None."""
-    if isinstance(expr, cst.Name):
+    if type(expr) is cst.Name:
         return expr.value
-    if isinstance(expr, cst.Attribute):
+    if type(expr) is cst.Attribute:
         base = dotted_name(expr.value)
         return None if base is None else f"{base}.{expr.attr.value}"
     return None
@@ -74,11 +74,11 @@ def dotted_name(expr: cst.BaseExpression) -> str | None:
 def root_name(expr: cst.BaseExpression) -> str | None:
     """The Name at the root of `a.b[0].c(...)`-style chains (`a`), or None."""
     while True:
-        if isinstance(expr, cst.Name):
+        if type(expr) is cst.Name:
             return expr.value
-        if isinstance(expr, cst.Attribute):
+        if type(expr) is cst.Attribute:
             expr = expr.value
-        elif isinstance(expr, cst.Subscript):
+        elif type(expr) is cst.Subscript:
             expr = expr.value
         else:
             return None
@@ -86,14 +86,14 @@ def root_name(expr: cst.BaseExpression) -> str | None:
 
 def target_names(target: cst.BaseExpression) -> list[str]:
     """Every plain name bound by an assignment/for target (`x`, `(a, (b, c))`, `[a, *b]`)."""
-    if isinstance(target, cst.Name):
+    if type(target) is cst.Name:
         return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
+    if type(target) in (cst.Tuple, cst.List):
         names: list[str] = []
         for element in target.elements:
             names.extend(target_names(element.value))
         return names
-    if isinstance(target, cst.StarredElement):
+    if type(target) is cst.StarredElement:
         return target_names(target.value)
     return []
 
@@ -119,6 +119,6 @@ def instance_attribute(expr: cst.BaseExpression, receiver: str = "self") -> str 
 
     One spelling for instance state across the analysis, the roles and the rules, whatever the
     method calls its first parameter."""
-    if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == receiver:
+    if type(expr) is cst.Attribute and type(expr.value) is cst.Name and expr.value.value == receiver:
         return f"self.{expr.attr.value}"
     return None

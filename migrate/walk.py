@@ -11,6 +11,13 @@ What it does not visit: whitespace, comments, parentheses, brackets, commas, col
 tokens. No rule reads those through a visitor (a rule that needs a comparison's operator reads it
 from the node). tests/migrate/test_walk.py checks, on every fixture, that `walk` reaches every other
 node libcst's own traversal reaches, in the same order.
+
+Node type tests in the hot walks (analysis, names, the safety checks) are written
+`type(node) is cst.Name` rather than `isinstance(node, cst.Name)`: libcst's node classes derive from
+ABC, so each isinstance runs ABCMeta's Python-level `__instancecheck__` (about a microsecond per
+call with a tuple of classes, some 1.1 million calls per corpus run). The concrete node classes are
+never subclassed, so the exact type test is the same test; abstract bases (`cst.BaseExpression`)
+still need isinstance.
 """
 
 from __future__ import annotations

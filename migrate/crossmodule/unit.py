@@ -36,7 +36,7 @@ from migrate.results import Change, Diagnostic, FileResult
 from migrate.rewriter import Rewriter
 from migrate.roles import find_roles
 from migrate.suppression import drop_skipped, skip_lines
-from migrate.walk import with_ancestors
+from migrate.walk import children, with_ancestors
 
 # What the single-file engine says of a module whose training objects come from elsewhere.
 _LIBRARY = ("a library module", "no optimizer is built in this file")
@@ -214,8 +214,10 @@ def _migrate_entry(
     if rerouted is not None:
         return rerouted
 
+    nodes = _NodesByPath({m.source.path: m.module for m in modules})
+
     def owner(node: cst.CSTNode) -> _Parsed | None:
-        return next((m for m in modules if node in lines[m.source.path]), None)
+        return next((m for m in modules if node in nodes[m.source.path]), None)
 
     for m in modules:
         if m.skipped:
@@ -236,10 +238,13 @@ def _migrate_entry(
             return _Outcome(reason=f"the rewrite of {m.source.display} would not compile (please report this)")
         new_module, new_text = rewritten
         outcome.trees[m.source.path] = new_module
-        changes = sorted({Change(r.code, lines[m.source.path][r.node], r.message) for r in plan.changes
-                          if r.node in lines[m.source.path]}, key=lambda c: (c.line, c.code, c.message))
-        diagnostics = sorted({Diagnostic(f.code, lines[m.source.path][f.node], f.message) for f in plan.findings
-                              if f.node in lines[m.source.path]}, key=lambda d: (d.line, d.code, d.message))
+        own = nodes[m.source.path]
+        mine = [r for r in plan.changes if r.node in own], [f for f in plan.findings if f.node in own]
+        line = lines.get(m.source.path) or start_lines(m.module, {x.node for group in mine for x in group})
+        changes = sorted({Change(r.code, line[r.node], r.message) for r in mine[0]},
+                         key=lambda c: (c.line, c.code, c.message))
+        diagnostics = sorted({Diagnostic(f.code, line[f.node], f.message) for f in mine[1]},
+                             key=lambda d: (d.line, d.code, d.message))
         outcome.results[m.source.path] = FileResult(
             m.source.display, m.source.text, new_text=new_text if new_text != m.source.text else None,
             changes=changes, diagnostics=diagnostics, parsed=True)
@@ -320,6 +325,25 @@ def _check(outcome: _Outcome, parsed: _Parses, options) -> str | None:  # type: 
 
 def _module_imports(index: ModuleIndex, entry: Path, by_path: dict[Path, Source]) -> list[tuple[Path, ImportedName]]:
     return [(t, n) for t, names in index.modules[entry].imports.items() if t in by_path for n in names if n.name is None]
+
+
+class _NodesByPath(dict[str, set[cst.CSTNode]]):
+    """Each module's nodes (those that carry code), by path, collected on first use: which module a
+    planned edit or finding belongs to. A read-only walk costs a fraction of a start-line pass."""
+
+    def __init__(self, modules: dict[str, cst.Module]) -> None:
+        super().__init__()
+        self._modules = modules
+
+    def __missing__(self, path: str) -> set[cst.CSTNode]:
+        found: set[cst.CSTNode] = set()
+        stack: list[cst.CSTNode] = [self._modules[path]]
+        while stack:
+            node = stack.pop()
+            found.add(node)
+            stack.extend(children(node))
+        self[path] = found
+        return found
 
 
 class _StartLinesByPath(dict[str, dict[cst.CSTNode, int]]):

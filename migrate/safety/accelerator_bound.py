@@ -86,31 +86,31 @@ class _Target:
 
     def is_read(self, node: cst.CSTNode) -> bool:
         if self.self_name is None:
-            return isinstance(node, cst.Name) and node.value == _NAME
+            return type(node) is cst.Name and node.value == _NAME
         return (
-            isinstance(node, cst.Attribute)
+            type(node) is cst.Attribute
             and node.attr.value == _NAME
-            and isinstance(node.value, cst.Name)
+            and type(node.value) is cst.Name
             and node.value.value == self.self_name
         )
 
     def is_bound_by(self, target: cst.BaseExpression) -> bool:
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in (cst.Tuple, cst.List):
             return any(self.is_bound_by(e.value) for e in target.elements)
-        if isinstance(target, cst.StarredElement):
+        if type(target) is cst.StarredElement:
             return self.is_bound_by(target.value)
         return self.is_read(target)
 
 
 def _callee(call: cst.Call) -> str | None:
     func = call.func
-    if isinstance(func, cst.Name):
+    if type(func) is cst.Name:
         return func.value
-    if isinstance(func, cst.Attribute):
+    if type(func) is cst.Attribute:
         owner = func.value
-        if isinstance(owner, cst.Name):
+        if type(owner) is cst.Name:
             return f"{owner.value}.{func.attr.value}"  # `self.fit`, `Base.__init__`
-        if isinstance(owner, cst.Call) and isinstance(owner.func, cst.Name) and owner.func.value == "super":
+        if type(owner) is cst.Call and type(owner.func) is cst.Name and owner.func.value == "super":
             return f"super.{func.attr.value}"
     return None
 
@@ -128,44 +128,44 @@ class _Events:
         if t.is_read(node):
             self.reads.append(node)
             return self
-        if isinstance(node, (cst.Name, cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal, cst.FunctionDef, cst.ClassDef)):
+        if type(node) in (cst.Name, cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal, cst.FunctionDef, cst.ClassDef):
             return self
-        if isinstance(node, cst.Attribute):
+        if type(node) is cst.Attribute:
             return self.collect(node.value)
-        if isinstance(node, cst.Arg):
+        if type(node) is cst.Arg:
             return self.collect(node.value)
-        if isinstance(node, cst.Param):
+        if type(node) is cst.Param:
             for part in (node.annotation, node.default):
                 if part is not None:
                     self.collect(part)
             return self
-        if isinstance(node, cst.Assign):
+        if type(node) is cst.Assign:
             self.collect(node.value)
             for target in node.targets:
                 self._target(target.target)
             return self
-        if isinstance(node, cst.AnnAssign):
+        if type(node) is cst.AnnAssign:
             if node.value is not None:
                 self.collect(node.value)
             self._target(node.target)
             return self
-        if isinstance(node, cst.AugAssign):
+        if type(node) is cst.AugAssign:
             self.collect(node.target)  # `x += 1` reads x first
             self.collect(node.value)
             return self
-        if isinstance(node, cst.Del):
+        if type(node) is cst.Del:
             self._target(node.target)
             return self
-        if isinstance(node, cst.CompFor):
+        if type(node) is cst.CompFor:
             self.collect(node.iter)
             for condition in node.ifs:
                 self.collect(condition)
             if node.inner_for_in is not None:
                 self.collect(node.inner_for_in)
             return self
-        if isinstance(node, cst.NamedExpr):
+        if type(node) is cst.NamedExpr:
             return self.collect(node.value)
-        if isinstance(node, cst.Call):
+        if type(node) is cst.Call:
             for child in children(node):
                 self.collect(child)
             callee = _callee(node)
@@ -178,41 +178,41 @@ class _Events:
 
     def _target(self, target: cst.BaseExpression) -> None:
         """An assignment target: a plain name (or `self.accelerator`) is written, not read."""
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in (cst.Tuple, cst.List):
             for element in target.elements:
                 self._target(element.value)
-        elif isinstance(target, cst.StarredElement):
+        elif type(target) is cst.StarredElement:
             self._target(target.value)
-        elif self.target.is_read(target) or isinstance(target, cst.Name):
+        elif self.target.is_read(target) or type(target) is cst.Name:
             return
-        elif isinstance(target, cst.Attribute):
+        elif type(target) is cst.Attribute:
             self.collect(target.value)
         else:
             self.collect(target)
 
 
 def _binds(small: cst.BaseSmallStatement, t: _Target) -> bool:
-    if isinstance(small, cst.Assign):
+    if type(small) is cst.Assign:
         return any(t.is_bound_by(target.target) for target in small.targets)
-    if isinstance(small, cst.AnnAssign):
+    if type(small) is cst.AnnAssign:
         return small.value is not None and t.is_bound_by(small.target)
-    if isinstance(small, cst.AugAssign):
+    if type(small) is cst.AugAssign:
         return t.is_bound_by(small.target)
-    if isinstance(small, (cst.Import, cst.ImportFrom)) and t.self_name is None:
+    if type(small) in (cst.Import, cst.ImportFrom) and t.self_name is None:
         names = small.names
-        if isinstance(names, cst.ImportStar):
+        if type(names) is cst.ImportStar:
             return False
         for alias in names:
             bound = alias.asname.name if alias.asname is not None else alias.name
-            if isinstance(bound, cst.Name) and bound.value == _NAME:
+            if type(bound) is cst.Name and bound.value == _NAME:
                 return True
     return False
 
 
 def _walrus_binds(node: cst.CSTNode, t: _Target) -> bool:
-    if isinstance(node, cst.NamedExpr) and t.is_bound_by(node.target):
+    if type(node) is cst.NamedExpr and t.is_bound_by(node.target):
         return True
-    if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+    if type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
         return False
     return any(_walrus_binds(child, t) for child in children(node))
 
@@ -248,7 +248,7 @@ class _Flow:
         return bound
 
     def suite(self, suite: cst.BaseSuite, bound: bool) -> State:
-        if isinstance(suite, cst.IndentedBlock):
+        if type(suite) is cst.IndentedBlock:
             return self.block(suite.body, bound)
         return self.smalls(suite.body, bound)  # `if x: a = 1`
 
@@ -288,13 +288,13 @@ class _Flow:
     def smalls(self, body: Sequence[cst.BaseSmallStatement], bound: bool) -> State:
         for small in body:
             state: bool = self.events(small, bound)
-            if isinstance(small, cst.Del) and self.t.is_bound_by(small.target):
+            if type(small) is cst.Del and self.t.is_bound_by(small.target):
                 state = False
             elif _binds(small, self.t):
                 state = True
-            if isinstance(small, (cst.Return, cst.Raise, cst.Continue)):
+            if type(small) in (cst.Return, cst.Raise, cst.Continue):
                 return None
-            if isinstance(small, cst.Break):
+            if type(small) is cst.Break:
                 if self.breaks:
                     self.breaks[-1].append(state)
                 return None
@@ -302,21 +302,21 @@ class _Flow:
         return bound
 
     def stmt(self, stmt: cst.BaseStatement, bound: bool) -> State:
-        if isinstance(stmt, cst.SimpleStatementLine):
+        if type(stmt) is cst.SimpleStatementLine:
             return self.smalls(stmt.body, bound)
-        if isinstance(stmt, cst.If):
+        if type(stmt) is cst.If:
             bound = self.events(stmt.test, bound)
             body = self.suite(stmt.body, bound)
             if stmt.orelse is None:
                 other: State = bound
-            elif isinstance(stmt.orelse, cst.If):
+            elif type(stmt.orelse) is cst.If:
                 other = self.stmt(stmt.orelse, bound)
             else:
                 other = self.suite(stmt.orelse.body, bound)
             return _merge(body, other)
-        if isinstance(stmt, (cst.For, cst.While)):
+        if type(stmt) in (cst.For, cst.While):
             return self._loop(stmt, bound)
-        if isinstance(stmt, (cst.Try, cst.TryStar)):
+        if type(stmt) in (cst.Try, cst.TryStar):
             body = self.suite(stmt.body, bound)
             handlers = [self.suite(h.body, bound) for h in stmt.handlers]
             normal = self.suite(stmt.orelse.body, body) if stmt.orelse is not None and body is not None else body
@@ -328,23 +328,23 @@ class _Flow:
                 if final and result is not None:
                     result = True
             return result
-        if isinstance(stmt, cst.With):
+        if type(stmt) is cst.With:
             for item in stmt.items:
                 bound = self.events(item.item, bound)
                 if item.asname is not None and self.t.is_bound_by(item.asname.name):
                     bound = True
             return self.suite(stmt.body, bound)
-        if isinstance(stmt, cst.FunctionDef):
+        if type(stmt) is cst.FunctionDef:
             for decorator in stmt.decorators:
                 bound = self.events(decorator, bound)
             self.events(stmt.params, bound)  # default values are evaluated now
             return bound
-        if isinstance(stmt, cst.ClassDef):
+        if type(stmt) is cst.ClassDef:
             for part in (*stmt.decorators, *stmt.bases, *stmt.keywords):
                 bound = self.events(part, bound)
             self.suite(stmt.body, bound)  # the class body runs now; what it binds is the class's
             return bound
-        if isinstance(stmt, cst.Match):
+        if type(stmt) is cst.Match:
             bound = self.events(stmt.subject, bound)
             cases = [self.suite(case.body, bound) for case in stmt.cases]
             return _merge(bound, *cases)
@@ -352,13 +352,13 @@ class _Flow:
 
     def _loop(self, stmt: cst.For | cst.While, bound: bool) -> State:
         forever = False
-        if isinstance(stmt, cst.For):
+        if type(stmt) is cst.For:
             bound = self.events(stmt.iter, bound)
             inside = bound or self.t.is_bound_by(stmt.target)
         else:
             bound = self.events(stmt.test, bound)
             inside = bound
-            forever = isinstance(stmt.test, cst.Name) and stmt.test.value == "True"
+            forever = type(stmt.test) is cst.Name and stmt.test.value == "True"
         self.breaks.append([])
         self.suite(stmt.body, inside)  # bindings of one iteration do not reach the first one
         breaks = self.breaks.pop()
@@ -393,7 +393,7 @@ class _Fn:
         first = [*params.posonly_params, *params.params]
         if self.cls is None or not first:
             return None
-        if any(isinstance(d.decorator, cst.Name) and d.decorator.value in ("staticmethod", "classmethod") for d in self.node.decorators):
+        if any(type(d.decorator) is cst.Name and d.decorator.value in ("staticmethod", "classmethod") for d in self.node.decorators):
             return None
         return first[0].name.value
 
@@ -411,10 +411,10 @@ class _Class:
 
 def _own_statements(body: cst.BaseSuite) -> Iterable[cst.CSTNode]:
     """Every statement of a block, nested blocks included, not entering defs and classes."""
-    stmts = body.body if isinstance(body, cst.IndentedBlock) else [cst.SimpleStatementLine(body=body.body)]
+    stmts = body.body if type(body) is cst.IndentedBlock else [cst.SimpleStatementLine(body=body.body)]
     for stmt in stmts:
         yield stmt
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or isinstance(stmt, cst.SimpleStatementLine):
+        if type(stmt) in (cst.FunctionDef, cst.ClassDef) or type(stmt) is cst.SimpleStatementLine:
             continue
         for suite in _suites(stmt):
             yield from _own_statements(suite)
@@ -426,9 +426,9 @@ def _suites(stmt: cst.BaseStatement) -> list[cst.BaseSuite]:
         part = getattr(stmt, name, None)
         if isinstance(part, cst.BaseSuite):
             out.append(part)
-        elif isinstance(part, (cst.Else, cst.Finally)):
+        elif type(part) in (cst.Else, cst.Finally):
             out.append(part.body)
-        elif isinstance(part, cst.If):
+        elif type(part) is cst.If:
             out.extend(_suites(part))
     for handler in getattr(stmt, "handlers", ()):
         out.append(handler.body)
@@ -447,7 +447,7 @@ class _Collector:
 
     def _scan(self, stmts: Sequence[cst.BaseStatement], fn: _Fn | None, cls: _Class | None, prefix: str) -> None:
         for stmt in stmts:
-            if isinstance(stmt, cst.FunctionDef):
+            if type(stmt) is cst.FunctionDef:
                 new = _Fn(stmt, fn, cls, qualname=f"{prefix}{stmt.name.value}")
                 self.fns.append(new)
                 if cls is not None:
@@ -455,33 +455,33 @@ class _Collector:
                 elif fn is None:
                     self.module_fns[new.name] = new
                 self._scan(_body(stmt.body), new, None, f"{new.qualname}.")
-            elif isinstance(stmt, cst.ClassDef):
+            elif type(stmt) is cst.ClassDef:
                 klass = _Class(stmt, fn)
                 self.classes.append(klass)
                 if fn is None and cls is None:
                     self.module_classes[klass.name] = klass
                 self._scan(_body(stmt.body), fn, klass, f"{prefix}{stmt.name.value}.")
-            elif not isinstance(stmt, cst.SimpleStatementLine):
+            elif type(stmt) is not cst.SimpleStatementLine:
                 for suite in _suites(stmt):
                     self._scan(_body(suite), fn, cls if cls is not None else None, prefix)
 
 
 def _body(suite: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
-    return suite.body if isinstance(suite, cst.IndentedBlock) else ()
+    return suite.body if type(suite) is cst.IndentedBlock else ()
 
 
 def _describe(fn: _Fn, body: cst.BaseSuite) -> None:
     t = _Target()
     params = fn.node.params
     names = [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
-    names += [s.name.value for s in (params.star_arg, params.star_kwarg) if isinstance(s, cst.Param)]
+    names += [s.name.value for s in (params.star_arg, params.star_kwarg) if type(s) is cst.Param]
     declared = None
     assigns = False
     for stmt in _own_statements(body):
-        if isinstance(stmt, cst.SimpleStatementLine):
+        if type(stmt) is cst.SimpleStatementLine:
             for small in stmt.body:
-                if isinstance(small, (cst.Global, cst.Nonlocal)) and any(n.name.value == _NAME for n in small.names):
-                    declared = "global" if isinstance(small, cst.Global) else "nonlocal"
+                if type(small) in (cst.Global, cst.Nonlocal) and any(n.name.value == _NAME for n in small.names):
+                    declared = "global" if type(small) is cst.Global else "nonlocal"
                 assigns = assigns or _binds(small, t)
                 events = _Events(t).collect(small)
                 fn.reads = fn.reads or bool(events.reads)
@@ -493,7 +493,7 @@ def _describe(fn: _Fn, body: cst.BaseSuite) -> None:
             events = _Events(t).collect(part)
             fn.reads = fn.reads or bool(events.reads)
             fn.calls.update(c for _, c in events.calls)
-        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == _NAME:
+        if type(stmt) is cst.FunctionDef and stmt.name.value == _NAME:
             assigns = True
     if _NAME in names:
         fn.status = "param"
@@ -511,32 +511,32 @@ class _Header:
     def __init__(self, stmt: cst.BaseStatement) -> None:
         self.expressions: list[cst.CSTNode] = []
         self.targets: list[cst.BaseExpression] = []
-        if isinstance(stmt, cst.If):
+        if type(stmt) is cst.If:
             branch: cst.If | cst.Else | None = stmt
-            while isinstance(branch, cst.If):
+            while type(branch) is cst.If:
                 self.expressions.append(branch.test)
                 branch = branch.orelse
-        elif isinstance(stmt, cst.For):
+        elif type(stmt) is cst.For:
             self.expressions.append(stmt.iter)
             self.targets.append(stmt.target)
-        elif isinstance(stmt, cst.While):
+        elif type(stmt) is cst.While:
             self.expressions.append(stmt.test)
-        elif isinstance(stmt, cst.With):
+        elif type(stmt) is cst.With:
             for item in stmt.items:
                 self.expressions.append(item.item)
                 if item.asname is not None:
                     self.targets.append(item.asname.name)
-        elif isinstance(stmt, (cst.Try, cst.TryStar)):
+        elif type(stmt) in (cst.Try, cst.TryStar):
             for handler in stmt.handlers:
                 if handler.type is not None:
                     self.expressions.append(handler.type)
                 if handler.name is not None:
                     self.targets.append(handler.name.name)
-        elif isinstance(stmt, cst.FunctionDef):
+        elif type(stmt) is cst.FunctionDef:
             self.expressions.extend([*stmt.decorators, stmt.params])
-        elif isinstance(stmt, cst.ClassDef):
+        elif type(stmt) is cst.ClassDef:
             self.expressions.extend([*stmt.decorators, *stmt.bases, *stmt.keywords])
-        elif isinstance(stmt, cst.Match):
+        elif type(stmt) is cst.Match:
             self.expressions.append(stmt.subject)
 
 
@@ -615,8 +615,8 @@ def _check_names(module: cst.Module, collected: _Collector, found: Found) -> Non
     t = _Target()
     binders = {fn.name for fn in collected.module_fns.values() if fn.status == "global"}
     module_binds = bool(binders) or any(
-        isinstance(stmt, cst.SimpleStatementLine) and any(_binds(small, t) for small in stmt.body)
-        or (not isinstance(stmt, cst.SimpleStatementLine) and any(t.is_bound_by(x) for x in _Header(stmt).targets))
+        type(stmt) is cst.SimpleStatementLine and any(_binds(small, t) for small in stmt.body)
+        or (type(stmt) is not cst.SimpleStatementLine and any(t.is_bound_by(x) for x in _Header(stmt).targets))
         for stmt in _module_statements(module)
     )
     _Flow(t, "the module", _needy(collected, None), binders, found).block(module.body, False)
@@ -626,7 +626,7 @@ def _check_names(module: cst.Module, collected: _Collector, found: Found) -> Non
             _Flow(t, f"`{fn.qualname}`", _needy(collected, fn), set(), found).suite(fn.node.body, entry)
         elif fn.reads and _resolve(fn) is None and not module_binds:
             for stmt in _own_statements(fn.node.body):
-                parts = [stmt] if isinstance(stmt, cst.SimpleStatementLine) else _Header(stmt).expressions
+                parts = [stmt] if type(stmt) is cst.SimpleStatementLine else _Header(stmt).expressions
                 for part in parts:
                     for read in _Events(t).collect(part).reads:
                         found.append((read, (
@@ -648,10 +648,10 @@ def _check_class(klass: _Class, collected: _Collector, found: Found) -> None:
             continue
         t = _Target(self_name)
         for stmt in _own_statements(method.node.body):
-            parts = [stmt] if isinstance(stmt, cst.SimpleStatementLine) else _Header(stmt).expressions
+            parts = [stmt] if type(stmt) is cst.SimpleStatementLine else _Header(stmt).expressions
             for part in parts:
                 readers.setdefault(name, []).extend(_Events(t).collect(part).reads)
-            if isinstance(stmt, cst.SimpleStatementLine) and any(_binds(s, t) for s in stmt.body):
+            if type(stmt) is cst.SimpleStatementLine and any(_binds(s, t) for s in stmt.body):
                 setters.add(name)
     readers = {name: nodes for name, nodes in readers.items() if nodes}
     if not readers:
@@ -710,10 +710,10 @@ def _base_names(klass: _Class) -> list[str]:
     for base in klass.node.bases:
         value = base.value
         parts: list[str] = []
-        while isinstance(value, cst.Attribute):
+        while type(value) is cst.Attribute:
             parts.append(value.attr.value)
             value = value.value
-        if isinstance(value, cst.Name):
+        if type(value) is cst.Name:
             parts.append(value.value)
             names.append(".".join(reversed(parts)))
     return names
@@ -733,7 +733,7 @@ def _bases(klass: _Class, collected: _Collector, seen: set[int]) -> tuple[bool, 
         sets = any(
             method.self_name is not None
             and any(
-                isinstance(stmt, cst.SimpleStatementLine) and any(_binds(s, _Target(method.self_name)) for s in stmt.body)
+                type(stmt) is cst.SimpleStatementLine and any(_binds(s, _Target(method.self_name)) for s in stmt.body)
                 for stmt in _own_statements(method.node.body)
             )
             for method in base.methods.values()

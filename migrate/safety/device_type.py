@@ -45,18 +45,21 @@ _STRING_METHODS = frozenset({
 
 
 def check(context: CheckContext) -> list[Violation]:
-    before = _Module(context.before)
     after = _Module(context.after)
+    # names used as strings that the output binds to a device object; the input is scanned only
+    # when there is one (most outputs have none, and the scan of the input costs as much again)
+    suspects = [(qualname, scope, name, now) for qualname, scope in after.scopes.items()
+                for name in sorted(set(scope.uses)) if (now := _device_origin(after, scope, name)) is not None]
+    if not suspects:
+        return []
+    before = _Module(context.before)
     positions = line_of(context)
     violations: list[Violation] = []
-    for qualname, scope in after.scopes.items():
+    for qualname, scope, name, now in suspects:
         old = before.scopes.get(qualname)
-        if old is None:
-            continue
-        for name in sorted(set(scope.uses)):
+        if old is not None:
             was = _string_origin(before, old, name)
-            now = _device_origin(after, scope, name)
-            if was is None or now is None:
+            if was is None:
                 continue
             for use, what in scope.uses[name]:
                 violations.append(Violation(positions(use), (
@@ -86,33 +89,33 @@ class _Module:
     def _scan(self, stmts: Sequence[cst.BaseStatement], scope: _Scope, qualname: str, top: bool) -> None:
         self.scopes.setdefault(qualname or "<module>", scope)
         for stmt in _statements(stmts):
-            if isinstance(stmt, cst.FunctionDef):
+            if type(stmt) is cst.FunctionDef:
                 name = f"{qualname}.{stmt.name.value}" if qualname else stmt.name.value
                 params = stmt.params
                 inner = _Scope(stmt, params=[p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)])
                 if top:
                     self.functions[stmt.name.value] = name
-                body = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ()
+                body = stmt.body.body if type(stmt.body) is cst.IndentedBlock else ()
                 self._scan(body, inner, name, top=False)
-            elif isinstance(stmt, cst.ClassDef):
-                body = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ()
+            elif type(stmt) is cst.ClassDef:
+                body = stmt.body.body if type(stmt.body) is cst.IndentedBlock else ()
                 self._scan_class(body, f"{qualname}.{stmt.name.value}" if qualname else stmt.name.value)
             else:
                 _Uses(scope).collect(stmt)
 
     def _scan_class(self, stmts: Sequence[cst.BaseStatement], qualname: str) -> None:
         for stmt in _statements(stmts):
-            if isinstance(stmt, cst.FunctionDef):
+            if type(stmt) is cst.FunctionDef:
                 params = stmt.params
                 inner = _Scope(stmt, params=[p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)])
-                body = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ()
+                body = stmt.body.body if type(stmt.body) is cst.IndentedBlock else ()
                 self._scan(body, inner, f"{qualname}.{stmt.name.value}", top=False)
 
 
 def _statements(stmts: Sequence[cst.BaseStatement]) -> Iterable[cst.BaseStatement]:
     """Statements of a block with the blocks of compound statements flattened in (defs kept whole)."""
     for stmt in stmts:
-        if isinstance(stmt, (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef)):
+        if type(stmt) in (cst.SimpleStatementLine, cst.FunctionDef, cst.ClassDef):
             yield stmt
             continue
         yield _HeaderOnly(stmt)  # type: ignore[misc]
@@ -128,20 +131,20 @@ class _HeaderOnly:
 
 
 def _header_parts(stmt: cst.CSTNode) -> list[cst.CSTNode]:
-    if isinstance(stmt, cst.If):
+    if type(stmt) is cst.If:
         parts: list[cst.CSTNode] = []
         branch: object = stmt
-        while isinstance(branch, cst.If):
+        while type(branch) is cst.If:
             parts.append(branch.test)
             branch = branch.orelse
         return parts
-    if isinstance(stmt, cst.For):
+    if type(stmt) is cst.For:
         return [stmt.iter]
-    if isinstance(stmt, cst.While):
+    if type(stmt) is cst.While:
         return [stmt.test]
-    if isinstance(stmt, cst.With):
+    if type(stmt) is cst.With:
         return [item.item for item in stmt.items]
-    if isinstance(stmt, cst.Match):
+    if type(stmt) is cst.Match:
         return [stmt.subject]
     return []
 
@@ -157,11 +160,11 @@ class _Uses:
             for part in _header_parts(stmt.stmt):
                 self._walk(part)
             return
-        assert isinstance(stmt, cst.SimpleStatementLine)
+        assert type(stmt) is cst.SimpleStatementLine
         for small in stmt.body:
-            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+            if type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name:
                 self.scope.values.setdefault(small.targets[0].target.value, []).append(small.value)
-            elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None:
+            elif type(small) is cst.AnnAssign and type(small.target) is cst.Name and small.value is not None:
                 self.scope.values.setdefault(small.target.value, []).append(small.value)
             self._walk(small)
 
@@ -169,26 +172,26 @@ class _Uses:
         self.scope.uses.setdefault(name, []).append((node, what))
 
     def _walk(self, node: cst.CSTNode) -> None:
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        if type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
             return
-        if isinstance(node, cst.Comparison):
+        if type(node) is cst.Comparison:
             self._comparison(node)
-        elif isinstance(node, cst.Arg):
-            if node.keyword is not None and node.keyword.value == "device_type" and isinstance(node.value, cst.Name):
+        elif type(node) is cst.Arg:
+            if node.keyword is not None and node.keyword.value == "device_type" and type(node.value) is cst.Name:
                 self._use(node, node.value.value, "`device_type=`")
-        elif isinstance(node, cst.Call):
+        elif type(node) is cst.Call:
             self._call(node)
-        elif isinstance(node, cst.FormattedStringExpression) and isinstance(node.expression, cst.Name):
+        elif type(node) is cst.FormattedStringExpression and type(node.expression) is cst.Name:
             self._use(node, node.expression.value, "formatting it into a string")
-        elif isinstance(node, cst.BinaryOperation):
+        elif type(node) is cst.BinaryOperation:
             self._binary(node)
-        elif isinstance(node, cst.Dict):
+        elif type(node) is cst.Dict:
             for element in node.elements:
-                if isinstance(element, cst.DictElement) and isinstance(element.key, cst.Name):
+                if type(element) is cst.DictElement and type(element.key) is cst.Name:
                     self._use(element, element.key.value, "a dictionary key")
-        elif isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        elif type(node) is cst.Subscript and len(node.slice) == 1:
             index = node.slice[0].slice
-            if isinstance(index, cst.Index) and isinstance(index.value, cst.Name):
+            if type(index) is cst.Index and type(index.value) is cst.Name:
                 self._use(node, index.value.value, "a lookup by key")
         for child in children(node):
             self._walk(child)
@@ -198,68 +201,68 @@ class _Uses:
         for target in node.comparisons:
             right = target.comparator
             op = target.operator
-            if isinstance(op, (cst.In, cst.NotIn)) and isinstance(right, cst.Name):
+            if type(op) in (cst.In, cst.NotIn) and type(right) is cst.Name:
                 self._use(node, right.value, "`in`")
-            elif isinstance(op, (cst.Equal, cst.NotEqual)):
+            elif type(op) in (cst.Equal, cst.NotEqual):
                 for one, other in ((left, right), (right, left)):
-                    if isinstance(one, cst.Name) and _is_string(other):
+                    if type(one) is cst.Name and _is_string(other):
                         self._use(node, one.value, "`==` against a string")
             left = right
 
     def _call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             self.scope.calls.append((func.value, node))
-            if func.value == "isinstance" and len(node.args) == 2 and isinstance(node.args[0].value, cst.Name):
-                if isinstance(node.args[1].value, cst.Name) and node.args[1].value.value == "str":
+            if func.value == "isinstance" and len(node.args) == 2 and type(node.args[0].value) is cst.Name:
+                if type(node.args[1].value) is cst.Name and node.args[1].value.value == "str":
                     self._use(node, node.args[0].value.value, "`isinstance(..., str)`")
-        if isinstance(func, cst.Attribute):
-            if func.attr.value in _STRING_METHODS and isinstance(func.value, cst.Name):
+        if type(func) is cst.Attribute:
+            if func.attr.value in _STRING_METHODS and type(func.value) is cst.Name:
                 self._use(node, func.value.value, f"`.{func.attr.value}()`")
-        attr = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "")
+        attr = func.attr.value if type(func) is cst.Attribute else getattr(func, "value", "")
         positional = [a for a in node.args if a.keyword is None and not a.star]
-        if attr == "autocast" and positional and isinstance(positional[0].value, cst.Name):
+        if attr == "autocast" and positional and type(positional[0].value) is cst.Name:
             self._use(node, positional[0].value.value, "autocast's `device_type`")
 
     def _binary(self, node: cst.BinaryOperation) -> None:
-        if isinstance(node.operator, cst.Add):
+        if type(node.operator) is cst.Add:
             for one, other in ((node.left, node.right), (node.right, node.left)):
-                if isinstance(one, cst.Name) and _is_string(other):
+                if type(one) is cst.Name and _is_string(other):
                     self._use(node, one.value, "string concatenation")
-        elif isinstance(node.operator, cst.Modulo) and _is_string(node.left):
-            values = [e.value for e in node.right.elements] if isinstance(node.right, cst.Tuple) else [node.right]
+        elif type(node.operator) is cst.Modulo and _is_string(node.left):
+            values = [e.value for e in node.right.elements] if type(node.right) is cst.Tuple else [node.right]
             for value in values:
-                if isinstance(value, cst.Name):
+                if type(value) is cst.Name:
                     self._use(node, value.value, "`%` formatting")
 
 
 def _is_string(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+    return type(expr) in (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
 
 
 def _stringy(expr: cst.BaseExpression) -> bool:
     """An expression whose value is a str whatever runs: literals, f-strings, `x.type`, `str(x)`."""
     if _is_string(expr):
         return True
-    if isinstance(expr, cst.IfExp):
+    if type(expr) is cst.IfExp:
         return _stringy(expr.body) and _stringy(expr.orelse)
-    if isinstance(expr, cst.Attribute):
+    if type(expr) is cst.Attribute:
         return expr.attr.value == "type"  # `torch.device(...).type`, `accelerator.device.type`
-    if isinstance(expr, cst.Call):
+    if type(expr) is cst.Call:
         func = expr.func
-        if isinstance(func, cst.Name) and func.value == "str":
+        if type(func) is cst.Name and func.value == "str":
             return True
-        return isinstance(func, cst.Attribute) and _is_string(func.value) and func.attr.value in ("format", "join")
-    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Add, cst.Modulo)):
+        return type(func) is cst.Attribute and _is_string(func.value) and func.attr.value in ("format", "join")
+    if type(expr) is cst.BinaryOperation and type(expr.operator) in (cst.Add, cst.Modulo):
         return _is_string(expr.left)
     return False
 
 
 def _device_object(expr: cst.BaseExpression) -> bool:
     """`accelerator.device`, `self.accelerator.device`, `torch.device(...)`."""
-    if isinstance(expr, cst.Attribute):
+    if type(expr) is cst.Attribute:
         return expr.attr.value == "device"
-    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+    if type(expr) is cst.Call and type(expr.func) is cst.Attribute:
         return expr.func.attr.value == "device"
     return False
 
@@ -295,7 +298,7 @@ def _device_origin(module: _Module, scope: _Scope, name: str, depth: int = 0) ->
 def _passed(module: _Module, scope: _Scope, name: str) -> list[tuple[_Scope, str]]:
     """(caller scope, argument name) for each call of this module-level function that passes
     `name` by a plain name; empty when any caller passes something else or nothing is found."""
-    if not isinstance(scope.node, cst.FunctionDef):
+    if type(scope.node) is not cst.FunctionDef:
         return []
     qualname = module.functions.get(scope.node.name.value)
     if qualname is None or module.scopes.get(qualname) is not scope:
@@ -307,7 +310,7 @@ def _passed(module: _Module, scope: _Scope, name: str) -> list[tuple[_Scope, str
             if callee != scope.node.name.value:
                 continue
             arg = call_argument(call, index, name)
-            if not isinstance(arg, cst.Name):
+            if type(arg) is not cst.Name:
                 return []
             out.append((caller, arg.value))
     return out
@@ -330,6 +333,6 @@ def used_as_string(module: cst.Module, scope_node: cst.Module | cst.FunctionDef,
             continue
         for index, param in enumerate(target.params):
             arg = call_argument(call, index, param)
-            if isinstance(arg, cst.Name) and arg.value == name and target.uses.get(param) and not target.values.get(param):
+            if type(arg) is cst.Name and arg.value == name and target.uses.get(param) and not target.values.get(param):
                 return True
     return False
