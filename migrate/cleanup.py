@@ -78,15 +78,15 @@ def remove_unused(original: cst.Module, new: cst.Module, rebound: dict[cst.BaseS
 
 
 def _is_import_line(stmt: cst.BaseStatement) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(small, (cst.Import, cst.ImportFrom)) for small in stmt.body
+    return type(stmt) is cst.SimpleStatementLine and all(
+        type(small) in (cst.Import, cst.ImportFrom) for small in stmt.body
     )
 
 
 def _boilerplate_locals(imports: list[cst.BaseStatement]) -> set[str]:
     found: set[str] = set()
     for stmt in imports:
-        assert isinstance(stmt, cst.SimpleStatementLine)
+        assert type(stmt) is cst.SimpleStatementLine
         for small in stmt.body:
             for qualified, local in _aliases(small):
                 if _is_boilerplate(qualified):
@@ -97,21 +97,21 @@ def _boilerplate_locals(imports: list[cst.BaseStatement]) -> set[str]:
 def _aliases(small: cst.BaseSmallStatement) -> list[tuple[str, str]]:
     """(qualified name, local name) for each alias of an import statement."""
     pairs: list[tuple[str, str]] = []
-    if isinstance(small, cst.Import):
+    if type(small) is cst.Import:
         for alias in small.names:
             dotted = dotted_name(alias.name) or ""
             local = _asname(alias) or dotted.split(".")[0]
             pairs.append((dotted, local))
-    elif isinstance(small, cst.ImportFrom) and small.module is not None and not isinstance(small.names, cst.ImportStar):
+    elif type(small) is cst.ImportFrom and small.module is not None and type(small.names) is not cst.ImportStar:
         module = dotted_name(small.module) or ""
         for alias in small.names:
-            name = alias.name.value if isinstance(alias.name, cst.Name) else ""
+            name = alias.name.value if type(alias.name) is cst.Name else ""
             pairs.append((f"{module}.{name}", _asname(alias) or name))
     return pairs
 
 
 def _asname(alias: cst.ImportAlias) -> str | None:
-    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+    if alias.asname is not None and type(alias.asname.name) is cst.Name:
         return alias.asname.name.value
     return None
 
@@ -153,12 +153,12 @@ class _Remover(cst.CSTTransformer):
         return _rebuild(updated_node, kept)
 
     def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom):  # type: ignore[no-untyped-def]
-        if isinstance(updated_node.names, cst.ImportStar) or updated_node.module is None:
+        if type(updated_node.names) is cst.ImportStar or updated_node.module is None:
             return updated_node
         module = dotted_name(updated_node.module) or ""
         kept = []
         for alias in updated_node.names:
-            name = alias.name.value if isinstance(alias.name, cst.Name) else ""
+            name = alias.name.value if type(alias.name) is cst.Name else ""
             if (_asname(alias) or name) in self.unused and _is_boilerplate(f"{module}.{name}"):
                 continue
             kept.append(alias)
@@ -171,6 +171,6 @@ def _rebuild(node, kept):  # type: ignore[no-untyped-def]
     if not kept:
         return cst.RemoveFromParent()
     kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-    if isinstance(node, cst.ImportFrom) and node.rpar is not None and len(kept) == 1:
+    if type(node) is cst.ImportFrom and node.rpar is not None and len(kept) == 1:
         return node.with_changes(names=kept, lpar=None, rpar=None)
     return node.with_changes(names=kept)

@@ -82,7 +82,7 @@ class Rewriter(cst.CSTTransformer):
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
         header = self.plan.wrap_loop_body.get(original_node)
-        if header is None or not isinstance(updated_node.body, cst.IndentedBlock):
+        if header is None or type(updated_node.body) is not cst.IndentedBlock:
             return updated_node
         inner = updated_node.body
         wrapped = cst.With(
@@ -114,11 +114,11 @@ class Rewriter(cst.CSTTransformer):
                 replacement = list(plan.replace_stmt[original])
             elif original in plan.drop_if_trivial:
                 replacement = _drop_trivial(new)
-            elif isinstance(original, cst.SimpleStatementLine) and plan.remove_small.intersection(original.body):
+            elif type(original) is cst.SimpleStatementLine and plan.remove_small.intersection(original.body):
                 replacement = _without(original, new, plan.remove_small)
             else:
                 replacement = [new]
-            if isinstance(original, cst.SimpleStatementLine) and any(s in plan.replace_small for s in original.body):
+            if type(original) is cst.SimpleStatementLine and any(s in plan.replace_small for s in original.body):
                 replacement = [_replaced_small(original, stmt, plan.replace_small) if stmt is new else stmt for stmt in replacement]
             if replacement == [new] and _emptied_guard(original, new):
                 replacement = []  # `if use_cuda: model = model.cuda()` once the move went
@@ -150,7 +150,7 @@ class Rewriter(cst.CSTTransformer):
 
 def _main_process_only(stmt: cst.BaseStatement, guard: cst.BaseStatement | None) -> list[cst.BaseStatement]:
     """`stmt` inside `if accelerator.is_main_process:`, appended to `guard` (the one just before)."""
-    if isinstance(guard, cst.If) and isinstance(guard.body, cst.IndentedBlock):
+    if type(guard) is cst.If and type(guard.body) is cst.IndentedBlock:
         body = guard.body
         return [guard.with_changes(body=body.with_changes(body=[*body.body, stmt]))]
     test = cst.Attribute(cst.Name(ACCELERATOR), cst.Name("is_main_process"))
@@ -160,7 +160,7 @@ def _main_process_only(stmt: cst.BaseStatement, guard: cst.BaseStatement | None)
 
 def _comments_of(stmt: cst.BaseStatement) -> list[cst.EmptyLine]:
     lines = [line for line in stmt.leading_lines if line.comment is not None]
-    if isinstance(stmt, cst.SimpleStatementLine) and stmt.trailing_whitespace.comment is not None:
+    if type(stmt) is cst.SimpleStatementLine and stmt.trailing_whitespace.comment is not None:
         lines.append(cst.EmptyLine(comment=stmt.trailing_whitespace.comment))
     return lines
 
@@ -171,7 +171,7 @@ def _prepend_lines(stmt: cst.BaseStatement, lines: list[cst.EmptyLine]) -> cst.B
 
 def _drop_trivial(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
     """Remove `x` / `x = x` / `a, b = a, b` left behind once a device move was stripped."""
-    if not isinstance(stmt, cst.SimpleStatementLine):
+    if type(stmt) is not cst.SimpleStatementLine:
         return [stmt]
     kept = [small for small in stmt.body if not _is_trivial(small)]
     if len(kept) == len(stmt.body):
@@ -183,11 +183,11 @@ def _emptied_guard(original: cst.BaseStatement, new: cst.BaseStatement) -> bool:
     """An `if` without `else`, testing names and constants only (`if use_cuda:`, `if args.gpu is
     not None:`, `if torch.cuda.is_available():`), whose statements the rewrite all removed (its body is now the `pass` put in their
     place): the test has no effect left, so neither has the `if`."""
-    if not (isinstance(original, cst.If) and isinstance(new, cst.If)) or new.orelse is not None:
+    if not (type(original) is cst.If and type(new) is cst.If) or new.orelse is not None:
         return False
-    if _calls_something(original.test) or not isinstance(new.body, cst.IndentedBlock):
+    if _calls_something(original.test) or type(new.body) is not cst.IndentedBlock:
         return False
-    before = original.body.body if isinstance(original.body, cst.IndentedBlock) else ()
+    before = original.body.body if type(original.body) is cst.IndentedBlock else ()
     if not before or _only_pass(before):
         return False
     return _only_pass(new.body.body)
@@ -214,7 +214,7 @@ def _calls_something(test: cst.BaseExpression) -> bool:
 
 def _only_pass(body: Sequence[cst.BaseStatement]) -> bool:
     return all(
-        isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(small, cst.Pass) for small in stmt.body)
+        type(stmt) is cst.SimpleStatementLine and all(type(small) is cst.Pass for small in stmt.body)
         for stmt in body
     )
 
@@ -223,7 +223,7 @@ def _without(
     original: cst.SimpleStatementLine, new: cst.BaseStatement, removed: set[cst.BaseSmallStatement]
 ) -> list[cst.BaseStatement]:
     """`new` (the rewritten `original`) without the small statements `removed` names; [] if none is left."""
-    assert isinstance(new, cst.SimpleStatementLine) and len(new.body) == len(original.body)
+    assert type(new) is cst.SimpleStatementLine and len(new.body) == len(original.body)
     kept = [small for small, before in zip(new.body, original.body) if before not in removed]
     return _with_body(new, kept)
 
@@ -235,7 +235,7 @@ def _replaced_small(
 ) -> cst.BaseStatement:
     """`new` (the rewritten `original`) with the small statements `replaced` names swapped, each
     keeping its semicolon."""
-    assert isinstance(new, cst.SimpleStatementLine) and len(new.body) == len(original.body)
+    assert type(new) is cst.SimpleStatementLine and len(new.body) == len(original.body)
     body = [
         replaced[before].with_changes(semicolon=small.semicolon) if before in replaced else small  # type: ignore[attr-defined]
         for small, before in zip(new.body, original.body)
@@ -254,9 +254,9 @@ def _with_body(stmt: cst.SimpleStatementLine, kept: list[cst.BaseSmallStatement]
 
 def _is_trivial(small: cst.BaseSmallStatement) -> bool:
     module = cst.Module(body=[])
-    if isinstance(small, cst.Expr):
-        return isinstance(small.value, (cst.Name, cst.Attribute))
-    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+    if type(small) is cst.Expr:
+        return type(small.value) in (cst.Name, cst.Attribute)
+    if type(small) is cst.Assign and len(small.targets) == 1:
         target = module.code_for_node(small.targets[0].target).replace(" ", "").strip("()")
         value = module.code_for_node(small.value).replace(" ", "").strip("()")
         return target == value
@@ -360,7 +360,7 @@ class _ToSelfAccelerator(cst.CSTTransformer):
 def _store_accelerator(function: cst.FunctionDef, instance: str) -> cst.FunctionDef:
     """`__init__(..., accelerator)` keeps it: `self.accelerator = accelerator` first thing."""
     body = function.body
-    if not isinstance(body, cst.IndentedBlock):
+    if type(body) is not cst.IndentedBlock:
         return function
     store = cst.parse_statement(f"{instance}.{ACCELERATOR} = {ACCELERATOR}\n")
     statements = list(body.body)

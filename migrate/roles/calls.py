@@ -30,7 +30,7 @@ DISTRIBUTED_SAMPLER = frozenset({"torch.utils.data.DistributedSampler", "torch.u
 
 
 def call_name(roles: Roles, value: cst.BaseExpression | None, pattern) -> bool:  # type: ignore[no-untyped-def]
-    if not isinstance(value, cst.Call):
+    if type(value) is not cst.Call:
         return False
     qualified = roles.facts.aliases.qualify(value.func)
     if qualified is None:
@@ -42,15 +42,15 @@ def call_name(roles: Roles, value: cst.BaseExpression | None, pattern) -> bool: 
 
 def callee(call: cst.Call) -> str:
     func = call.func
-    if isinstance(func, cst.Attribute):
+    if type(func) is cst.Attribute:
         return func.attr.value
-    return func.value if isinstance(func, cst.Name) else ""
+    return func.value if type(func) is cst.Name else ""
 
 
 def is_move_call(value: cst.BaseExpression | None) -> bool:
     return (
-        isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Attribute)
+        type(value) is cst.Call
+        and type(value.func) is cst.Attribute
         and value.func.attr.value in ("to", "cuda")
     )
 
@@ -59,11 +59,11 @@ def is_self_move(binding: Binding) -> bool:
     """`model = model.to(device)` or `model = DDP(model, ...)` rebinds a name to (a wrapper of)
     itself: it adds no origin of its own."""
     value = binding.value
-    if not isinstance(value, cst.Call):
+    if type(value) is not cst.Call:
         return False
-    if isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
+    if type(value.func) is cst.Attribute and value.func.attr.value in ("to", "cuda"):
         return root_name(value.func.value) == binding.name
-    name = value.func.attr.value if isinstance(value.func, cst.Attribute) else getattr(value.func, "value", "")
+    name = value.func.attr.value if type(value.func) is cst.Attribute else getattr(value.func, "value", "")
     return (
         name in ("DDP", "DistributedDataParallel", "DataParallel", "FSDP", "FullyShardedDataParallel")
         and bool(value.args)
@@ -73,18 +73,18 @@ def is_self_move(binding: Binding) -> bool:
 
 def is_accelerator_device(expr: cst.BaseExpression) -> bool:
     return (
-        isinstance(expr, cst.Attribute)
+        type(expr) is cst.Attribute
         and expr.attr.value == "device"
-        and isinstance(expr.value, cst.Name)
+        and type(expr.value) is cst.Name
         and expr.value.value == "accelerator"
     )
 
 
 def is_expression_statement(stmt: cst.BaseStatement, call: cst.Call) -> bool:
     return (
-        isinstance(stmt, cst.SimpleStatementLine)
+        type(stmt) is cst.SimpleStatementLine
         and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
+        and type(stmt.body[0]) is cst.Expr
         and stmt.body[0].value is call
     )
 

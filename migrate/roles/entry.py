@@ -76,19 +76,19 @@ def _is_test_module(facts: Facts) -> bool:
     """The module imports unittest or pytest at its top level, or defines a class derived from a
     base named `...TestCase` (unittest's TestCase and the harnesses built on it)."""
     for stmt in facts.module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
+        if type(stmt) is not cst.SimpleStatementLine:
             continue
         for small in stmt.body:
-            if isinstance(small, cst.Import):
+            if type(small) is cst.Import:
                 modules = [dotted_name(alias.name) or "" for alias in small.names]
-            elif isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None:
+            elif type(small) is cst.ImportFrom and not small.relative and small.module is not None:
                 modules = [dotted_name(small.module) or ""]
             else:
                 continue
             if any(m.split(".", 1)[0] in _TEST_FRAMEWORKS for m in modules):
                 return True
     for owner in facts.classes.values():
-        assert isinstance(owner.node, cst.ClassDef)
+        assert type(owner.node) is cst.ClassDef
         for base in owner.node.bases:
             name = dotted_name(base.value)
             if name is not None and name.rsplit(".", 1)[-1].endswith("TestCase"):
@@ -99,14 +99,14 @@ def _is_test_module(facts: Facts) -> bool:
 def _has_main_guard(module: cst.Module) -> bool:
     """`if __name__ == "__main__":` (either operand order) among the module's top-level statements."""
     for stmt in module.body:
-        if not (isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Comparison)):
+        if not (type(stmt) is cst.If and type(stmt.test) is cst.Comparison):
             continue
         test = stmt.test
-        if len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+        if len(test.comparisons) != 1 or type(test.comparisons[0].operator) is not cst.Equal:
             continue
         operands = (test.left, test.comparisons[0].comparator)
-        if any(isinstance(o, cst.Name) and o.value == "__name__" for o in operands) and any(
-            isinstance(o, cst.SimpleString) and o.evaluated_value == "__main__" for o in operands
+        if any(type(o) is cst.Name and o.value == "__name__" for o in operands) and any(
+            type(o) is cst.SimpleString and o.evaluated_value == "__main__" for o in operands
         ):
             return True
     return False
@@ -147,7 +147,7 @@ def built_in_a_class_body(roles: Roles) -> bool:
     for every such shape, so the file is reported and left as it is.
     """
     home, scope = roles.home, roles.accelerator_scope
-    if scope is not None and isinstance(scope.node, cst.ClassDef):
+    if scope is not None and type(scope.node) is cst.ClassDef:
         binding = scope.accelerators[0]
         finding = Finding(
             ACCELERATOR,
@@ -156,7 +156,7 @@ def built_in_a_class_body(roles: Roles) -> bool:
             "methods of this file cannot read it as `accelerator`, so the file was left as it is: create it "
             "in the function that trains (or at module level) and run accel-migrate again",
         )
-    elif home is not None and isinstance(home.node, cst.ClassDef):
+    elif home is not None and type(home.node) is cst.ClassDef:
         binding = home.bindings[roles.optimizers[0]][0]
         finding = Finding(
             PREPARE,

@@ -62,14 +62,14 @@ def _wrapped_optimizer(roles: Roles, scope: Scope, binding: Binding, classes: se
     (`optimizer = ScheduledOptim(optimizer, ...)`) right after the prepare call, so the wrapper
     steps the prepared optimizer. Other shapes are reported by `_report_wrapped_optimizers`."""
     value, stmt = binding.value, binding.where.stmt
-    if not isinstance(value, cst.Call) or len(scope.bindings.get(binding.name, [])) != 1:
+    if type(value) is not cst.Call or len(scope.bindings.get(binding.name, [])) != 1:
         return None
-    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+    if not (type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 and type(stmt.body[0]) is cst.Assign):
         return None
     if len(stmt.body[0].targets) != 1 or stmt.body[0].value is not value or binding.where.in_loop:
         return None
     inner = [a.value for a in value.args if builds_optimizer(roles, a.value, classes, set())]
-    if len(inner) != 1 or not isinstance(inner[0], cst.Call) or not call_name(roles, inner[0], OPTIMIZER):
+    if len(inner) != 1 or type(inner[0]) is not cst.Call or not call_name(roles, inner[0], OPTIMIZER):
         return None
     return WrappedOptimizer(binding, value, inner[0])
 
@@ -81,7 +81,7 @@ def _report_wrapped_optimizers(roles: Roles, classes: set[str]) -> None:
         for name, bindings in scope.bindings.items():
             for binding in bindings:
                 value = binding.value
-                if not isinstance(value, cst.Call):
+                if type(value) is not cst.Call:
                     continue
                 inner = next((a.value for a in value.args if builds_optimizer(roles, a.value, classes, set())), None)
                 if inner is None:
@@ -102,13 +102,13 @@ def builds_optimizer(
     function/method of this module that returns one (`model.configure_optimizers(...)`)."""
     if call_name(roles, value, OPTIMIZER):
         return True
-    if not isinstance(value, cst.Call):
+    if type(value) is not cst.Call:
         return False
     func = value.func
-    if isinstance(func, cst.Name):
+    if type(func) is cst.Name:
         return func.value in classes or func.value in factories
-    return isinstance(func, cst.Attribute) and func.attr.value in factories and not (
-        isinstance(func.value, cst.Name) and roles.facts.aliases.qualify(func.value) is not None
+    return type(func) is cst.Attribute and func.attr.value in factories and not (
+        type(func.value) is cst.Name and roles.facts.aliases.qualify(func.value) is not None
     )
 
 
@@ -116,7 +116,7 @@ def optimizer_classes(roles: Roles) -> set[str]:
     """Classes of this module that subclass a torch optimizer (`class LARS(torch.optim.Optimizer)`)."""
     found: set[str] = set()
     for stmt in roles.facts.module.body:
-        if isinstance(stmt, cst.ClassDef) and any(
+        if type(stmt) is cst.ClassDef and any(
             (roles.facts.aliases.qualify(base.value) or "").startswith("torch.optim.") for base in stmt.bases
         ):
             found.add(stmt.name.value)
@@ -133,7 +133,7 @@ def optimizer_factories(roles: Roles, classes: set[str]) -> set[str]:
             continue
         for value in scope.returns:
             built = builds_optimizer(roles, value, classes, set())
-            if not built and isinstance(value, cst.Name):
+            if not built and type(value) is cst.Name:
                 built = any(
                     builds_optimizer(roles, b.value, classes, set()) for b in scope.bindings.get(value.value, [])
                 )
@@ -145,7 +145,7 @@ def optimizer_factories(roles: Roles, classes: set[str]) -> set[str]:
         site.call.func.attr.value
         for s in roles.facts.scopes
         for site in s.method_calls
-        if isinstance(site.call.func, cst.Attribute)
+        if type(site.call.func) is cst.Attribute
     }
     return found & called
 
@@ -173,7 +173,7 @@ def find_models(roles: Roles) -> None:
             elif not builds_optimizer(roles, binding.value, classes, factories):
                 continue
             else:
-                assert isinstance(binding.value, cst.Call)
+                assert type(binding.value) is cst.Call
                 owners = (
                     _parameter_owners(home, binding.value)
                     if call_name(roles, binding.value, OPTIMIZER) or callee(binding.value) in classes
@@ -216,8 +216,8 @@ def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
     (`model.configure_optimizers(...)`, whose `self.parameters()` it optimizes), or the arguments
     a function passes on as `X.parameters()` (`create_optimizer(args, model)`)."""
     func = call.func
-    if isinstance(func, cst.Attribute):
-        if not isinstance(func.value, cst.Name):
+    if type(func) is cst.Attribute:
+        if type(func.value) is not cst.Name:
             return []
         receiver = func.value.value
         home = roles.home
@@ -228,7 +228,7 @@ def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
                 _aliases_a_module(b.value) for b in home.bindings.get(receiver, [])):
             return []
         return [receiver]
-    assert isinstance(func, cst.Name)
+    assert type(func) is cst.Name
     factory = next(
         (s for s in roles.facts.scopes if s.is_function and not s.is_method and s.name == func.value), None
     )
@@ -237,7 +237,7 @@ def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
     owners: list[str] = []
     for owner in _optimized_parameters(roles, factory):
         arg = call_argument(call, factory.params.index(owner), owner)
-        if isinstance(arg, cst.Name) and arg.value not in owners:
+        if type(arg) is cst.Name and arg.value not in owners:
             owners.append(arg.value)
     return owners
 
@@ -256,16 +256,16 @@ def _optimized_parameters(roles: Roles, function: Scope, seen: frozenset[int] = 
             continue
         for param in _optimized_parameters(roles, helper, seen):
             arg = call_argument(site.call, helper.params.index(param), param)
-            if isinstance(arg, cst.Name) and arg.value in function.params and arg.value not in found:
+            if type(arg) is cst.Name and arg.value in function.params and arg.value not in found:
                 found.append(arg.value)
     return found
 
 
 def _aliases_a_module(value: cst.BaseExpression | None) -> bool:
     """`other`, `other.module`, `a if c else b`: another name's module, not a model built here."""
-    if isinstance(value, cst.IfExp):
+    if type(value) is cst.IfExp:
         return True
-    return isinstance(value, cst.Name) or (isinstance(value, cst.Attribute) and value.attr.value == "module")
+    return type(value) is cst.Name or (type(value) is cst.Attribute and value.attr.value == "module")
 
 
 _HELD_DEPTH = 3  # `self.master_params = self.model_params = list(self.model.parameters())` is two deep
@@ -329,7 +329,7 @@ def _sorted_parameter_owners(home: Scope, values: list[cst.BaseExpression]) -> l
             class Appends(cst.CSTVisitor):
                 def visit_Call(self, call: cst.Call) -> None:
                     func = call.func
-                    if isinstance(func, cst.Attribute) and func.attr.value == "append" and isinstance(func.value, cst.Name):
+                    if type(func) is cst.Attribute and func.attr.value == "append" and type(func.value) is cst.Name:
                         appended.append(func.value.value)
 
             walk(node.body, Appends())
@@ -343,21 +343,21 @@ def _sorted_parameter_owners(home: Scope, values: list[cst.BaseExpression]) -> l
 def _starts_empty(binding: Binding) -> bool:
     """`weights = []`, or `weights, biases = [], []`."""
     stmt = binding.where.stmt
-    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
-    if not isinstance(small, cst.Assign):
+    small = stmt.body[0] if type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 else None
+    if type(small) is not cst.Assign:
         return False
     value = small.value
-    values = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
-    return all(isinstance(v, cst.List) and not v.elements for v in values)
+    values = [e.value for e in value.elements] if type(value) is cst.Tuple else [value]
+    return all(type(v) is cst.List and not v.elements for v in values)
 
 
 def _held_names(value: cst.BaseExpression) -> list[str]:
     """The names and `self.` attributes an argument passes on: itself, or the arguments of the call
     it is (`list(params)`, `make_master_params(self.model_params)`)."""
-    name = value.value if isinstance(value, cst.Name) else instance_attribute(value)
+    name = value.value if type(value) is cst.Name else instance_attribute(value)
     if name is not None:
         return [name]
-    if isinstance(value, cst.Call):
+    if type(value) is cst.Call:
         return [n for arg in value.args for n in _held_names(arg.value)]
     return []
 
@@ -368,7 +368,7 @@ class _ParametersFinder(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
+        if type(func) is cst.Attribute and func.attr.value in ("parameters", "named_parameters"):
             owner = instance_attribute(func.value) or root_name(func.value)
             if owner is not None:
                 self.owners.append(owner)

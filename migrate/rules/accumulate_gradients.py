@@ -98,7 +98,7 @@ def _convert_no_sync(roles: Roles, plan: EditPlan) -> None:
     bare module, which has no `no_sync`."""
     for scope in roles.facts.scopes:
         for site in scope.method_calls:
-            assert isinstance(site.receiver, cst.Name) and isinstance(site.call.func, cst.Attribute)
+            assert type(site.receiver) is cst.Name and type(site.call.func) is cst.Attribute
             if site.call.func.attr.value != "no_sync" or site.call.args:
                 continue
             name = site.receiver.value
@@ -119,7 +119,7 @@ def _convert_attribute_no_sync(roles: Roles, plan: EditPlan) -> None:
             continue
         for call in _calls_in(scope.node):
             func = call.func
-            if not (isinstance(func, cst.Attribute) and func.attr.value == "no_sync" and not call.args):
+            if not (type(func) is cst.Attribute and func.attr.value == "no_sync" and not call.args):
                 continue
             name = instance_attribute(func.value)
             if name not in prepared or call in plan.calls:
@@ -155,8 +155,8 @@ def _sync_toggles(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop, gate: 
     class Finder(cst.CSTVisitor):
         def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
             for small in node.body:
-                if isinstance(small, cst.Assign) and any(
-                    isinstance(t.target, cst.Attribute) and t.target.attr.value == _SYNC_FLAG for t in small.targets
+                if type(small) is cst.Assign and any(
+                    type(t.target) is cst.Attribute and t.target.attr.value == _SYNC_FLAG for t in small.targets
                 ):
                     toggles.append((node, small))
 
@@ -182,9 +182,9 @@ def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop)
     Returns the (original) step condition when it was converted.
     """
     body = loop.node.body
-    if not isinstance(body, cst.IndentedBlock):
+    if type(body) is not cst.IndentedBlock:
         return None
-    gates = [(stmt, n) for stmt in body.body if isinstance(stmt, cst.If) for n in [_step_gate(stmt)] if n is not None]
+    gates = [(stmt, n) for stmt in body.body if type(stmt) is cst.If for n in [_step_gate(stmt)] if n is not None]
     if not gates:
         return None
     steps = {_code(n) for _, n in gates}
@@ -217,27 +217,27 @@ def _step_gate(stmt: cst.If) -> cst.BaseExpression | None:
     if stmt.orelse is not None or "step(" not in _code(stmt.body):
         return None
     test = stmt.test
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.Or:
         test = test.left
-    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+    if not (type(test) is cst.Comparison and len(test.comparisons) == 1):
         return None
     target = test.comparisons[0]
-    if not (isinstance(target.operator, cst.Equal) and isinstance(target.comparator, cst.Integer)):
+    if not (type(target.operator) is cst.Equal and type(target.comparator) is cst.Integer):
         return None
     if target.comparator.value != "0":
         return None
     left = test.left
-    if isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo):
-        if isinstance(left.right, (cst.Name, cst.Integer)):
+    if type(left) is cst.BinaryOperation and type(left.operator) is cst.Modulo:
+        if type(left.right) in (cst.Name, cst.Integer):
             return left.right
     return None
 
 
 def _available_at_creation(roles: Roles, plan: EditPlan, count: cst.BaseExpression) -> bool:
     """N is a literal, or a module constant bound before a module-level Accelerator is created."""
-    if isinstance(count, cst.Integer):
+    if type(count) is cst.Integer:
         return True
-    assert isinstance(count, cst.Name)
+    assert type(count) is cst.Name
     module = roles.facts.module_scope
     bindings = module.bindings.get(count.value, [])
     if len(bindings) != 1:
@@ -262,11 +262,11 @@ def _remove_divisions(plan: EditPlan, body: cst.BaseSuite, count: cst.BaseExpres
         def visit_Assign(self, node: cst.Assign) -> None:
             value = node.value
             if (
-                isinstance(value, cst.BinaryOperation)
-                and isinstance(value.operator, cst.Divide)
+                type(value) is cst.BinaryOperation
+                and type(value.operator) is cst.Divide
                 and _code(value.right) == wanted
                 and len(node.targets) == 1
-                and isinstance(node.targets[0].target, cst.Name)
+                and type(node.targets[0].target) is cst.Name
             ):
                 divided.add(node.targets[0].target.value)
                 plan.keep_left_operand.add(value)
@@ -276,10 +276,10 @@ def _remove_divisions(plan: EditPlan, body: cst.BaseSuite, count: cst.BaseExpres
                 return
             small = node.body[0]
             if (
-                isinstance(small, cst.AugAssign)
-                and isinstance(small.operator, cst.DivideAssign)
+                type(small) is cst.AugAssign
+                and type(small.operator) is cst.DivideAssign
                 and _code(small.value) == wanted
-                and isinstance(small.target, cst.Name)
+                and type(small.target) is cst.Name
             ):
                 divided.add(small.target.value)
                 plan.replace_stmt[node] = []
@@ -294,7 +294,7 @@ def _remove_compensation(plan: EditPlan, scope: Scope, divided: set[str], count:
 
     class Finder(cst.CSTVisitor):
         def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-            if isinstance(node.operator, cst.Multiply) and _code(node.right) == wanted:
+            if type(node.operator) is cst.Multiply and _code(node.right) == wanted:
                 if set(names_read(node.left)) & divided:
                     plan.keep_left_operand.add(node)
 

@@ -103,7 +103,7 @@ def _wait_before_reload(plan: EditPlan, scope: Scope, saves: list[StmtRef]) -> N
         return  # different branches of one statement: a load on a path without the save
     empty = cst.Module([])
     for outer in save_chain[:depth]:
-        if isinstance(outer.stmt, (cst.If, cst.While)) and _RANK_TEST.search(empty.code_for_node(outer.stmt.test)):
+        if type(outer.stmt) in (cst.If, cst.While) and _RANK_TEST.search(empty.code_for_node(outer.stmt.test)):
             return  # only some processes get here: a barrier would hang
     plan.insert_before.setdefault(before.stmt, []).append(cst.parse_statement("accelerator.wait_for_everyone()\n"))
     plan.change(CODE, before.stmt, "every process waits for the main process to finish the checkpoint before loading it")
@@ -114,7 +114,7 @@ def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> b
     if not call.args:
         return False
     saved = call.args[0].value
-    if isinstance(saved, cst.Name) and roles.all_in(scope, saved.value, roles.models):
+    if type(saved) is cst.Name and roles.all_in(scope, saved.value, roles.models):
         plan.report(
             CODE,
             call,
@@ -123,7 +123,7 @@ def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> b
         )
         return False
     state_dicts = [c for c in _state_dict_calls(saved) if _model_root(roles, scope, c) is not None]
-    if not state_dicts and isinstance(saved, cst.Name):
+    if not state_dicts and type(saved) is cst.Name:
         # `weights = model.state_dict(); torch.save(weights, path)`: save once, from the main process.
         bound = [b.value for b in scope.bindings.get(saved.value, []) if b.value is not None]
         if any(_model_root(roles, scope, c) for v in bound for c in _state_dict_calls(v)):
@@ -155,7 +155,7 @@ def _unwrapped_state_dicts(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     prepared_at = roles.prepare_after.order if roles.prepare_after is not None else _existing_prepare(roles)
     for site in scope.method_calls:
         func = site.call.func
-        assert isinstance(func, cst.Attribute) and isinstance(site.receiver, cst.Name)
+        assert type(func) is cst.Attribute and type(site.receiver) is cst.Name
         model = site.receiver.value
         if func.attr.value not in ("state_dict", "load_state_dict") or site.call in plan.calls:
             continue
@@ -179,7 +179,7 @@ def _rebuilt_after(scope: Scope, model: str, prepared_at: int, site: Site) -> bo
     latest = max(before, key=lambda b: b.where.order)
     return (
         latest.where.order > prepared_at
-        and isinstance(latest.value, cst.Call)
+        and type(latest.value) is cst.Call
         and model not in names_read(latest.value)
     )
 
@@ -193,8 +193,8 @@ def _existing_prepare(roles: Roles) -> int:
     orders = [
         site.where.order
         for site in home.method_calls
-        if isinstance(site.call.func, cst.Attribute) and site.call.func.attr.value == "prepare"
-        and isinstance(site.receiver, cst.Name) and site.receiver.value == "accelerator"
+        if type(site.call.func) is cst.Attribute and site.call.func.attr.value == "prepare"
+        and type(site.receiver) is cst.Name and site.receiver.value == "accelerator"
     ]
     return min(orders, default=0)
 
@@ -212,17 +212,17 @@ def _unwrap_state_dicts(roles: Roles, plan: EditPlan, scope: Scope, expr: cst.Ba
 
 
 def _state_dict_calls(expr: cst.BaseExpression) -> list[cst.Call]:
-    if isinstance(expr, cst.Call):
+    if type(expr) is cst.Call:
         func = expr.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "state_dict" and not expr.args:
+        if type(func) is cst.Attribute and func.attr.value == "state_dict" and not expr.args:
             return [expr]
         return []
-    if isinstance(expr, cst.IfExp):
+    if type(expr) is cst.IfExp:
         return [*_state_dict_calls(expr.body), *_state_dict_calls(expr.orelse)]
-    if isinstance(expr, cst.Dict):
+    if type(expr) is cst.Dict:
         found: list[cst.Call] = []
         for element in expr.elements:
-            if isinstance(element, cst.DictElement):
+            if type(element) is cst.DictElement:
                 found.extend(_state_dict_calls(element.value))
         return found
     return []
@@ -230,9 +230,9 @@ def _state_dict_calls(expr: cst.BaseExpression) -> list[cst.Call]:
 
 def _model_root(roles: Roles, scope: Scope, state_call: cst.Call) -> str | None:
     """`m` for `m.state_dict()` / `m.module.state_dict()` when `m` is a prepared model."""
-    assert isinstance(state_call.func, cst.Attribute)
+    assert type(state_call.func) is cst.Attribute
     owner = state_call.func.value
-    if isinstance(owner, cst.Attribute) and owner.attr.value == "module":
+    if type(owner) is cst.Attribute and owner.attr.value == "module":
         owner = owner.value
     ref = reference(owner)
     if ref is not None and roles.all_in(scope, ref, roles.models):
@@ -270,7 +270,7 @@ def _unreachable_method(roles: Roles, scope: Scope) -> str | None:
     the Accelerator and never handed one; "a class of the script": the Accelerator is created at
     module level, and nothing threads it into the class), else None."""
     owner = scope.parent
-    if not scope.is_method or owner is None or not isinstance(owner.node, cst.ClassDef):
+    if not scope.is_method or owner is None or type(owner.node) is not cst.ClassDef:
         return None
     if roles.accelerator_scope in (roles.methods_of(scope) or []):
         return None
@@ -304,7 +304,7 @@ def _says_its_rank(call: cst.Call) -> bool:
 def _rank_guarded(where: StmtRef) -> bool:
     """Inside an `if` whose test is a rank check (`if master_process:`, `if rank == 0:`)."""
     empty = cst.Module([])
-    return any(isinstance(outer.stmt, cst.If) and _RANK_TEST.search(empty.code_for_node(outer.stmt.test))
+    return any(type(outer.stmt) is cst.If and _RANK_TEST.search(empty.code_for_node(outer.stmt.test))
                for outer in where.path)
 
 

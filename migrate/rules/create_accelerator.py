@@ -207,7 +207,7 @@ def _cpu_flag(roles: Roles) -> tuple[str, cst.BaseExpression] | None:
     if first is None or not first.where.path:
         return None
     parent = first.where.path[-1].stmt
-    if not isinstance(parent, cst.If) or not isinstance(parent.orelse, cst.Else):
+    if type(parent) is not cst.If or type(parent.orelse) is not cst.Else:
         return None
     if _is_availability(parent.test):
         return None
@@ -215,14 +215,14 @@ def _cpu_flag(roles: Roles) -> tuple[str, cst.BaseExpression] | None:
     side: dict[str, bool] = {}  # branch -> chooses the CPU
     for binding in (first, *roles.later_device_bindings):
         for branch, block in branches.items():
-            if isinstance(block, cst.IndentedBlock) and any(stmt is binding.where.stmt for stmt in block.body):
+            if type(block) is cst.IndentedBlock and any(stmt is binding.where.stmt for stmt in block.body):
                 side[branch] = _is_cpu(binding.value)
     if len(side) != 2 or side["body"] == side["orelse"]:
         return None
     test = cst.Module([]).code_for_node(parent.test)
     if side["body"]:
         return test, parent.test
-    simple = isinstance(parent.test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
+    simple = type(parent.test) in (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
     return (f"not {test}" if simple else f"not ({test})"), parent.test
 
 
@@ -233,12 +233,12 @@ def _bound_before(test: cst.BaseExpression, scope: Scope, block: Sequence[cst.Ba
     earlier: set[str] = set(scope.params)
     for stmt in block[:index]:
         earlier |= _bound_names(stmt)
-    if not isinstance(scope.node, cst.Module):
+    if type(scope.node) is not cst.Module:
         # A function runs after its module's top level: names bound there (imports included) count.
         module_scope = scope
         while module_scope.parent is not None:
             module_scope = module_scope.parent
-        assert isinstance(module_scope.node, cst.Module)
+        assert type(module_scope.node) is cst.Module
         for stmt in module_scope.node.body:
             earlier |= _bound_names(stmt)
     return all(name in earlier for name in names_read(test))
@@ -246,17 +246,17 @@ def _bound_before(test: cst.BaseExpression, scope: Scope, block: Sequence[cst.Ba
 
 def _bound_names(stmt: cst.BaseStatement) -> set[str]:
     names: set[str] = set()
-    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+    if type(stmt) in (cst.FunctionDef, cst.ClassDef):
         return {stmt.name.value}
-    if not isinstance(stmt, cst.SimpleStatementLine):
+    if type(stmt) is not cst.SimpleStatementLine:
         return names  # a compound statement may not run its bindings: not counted
     for small in stmt.body:
-        if isinstance(small, cst.Assign):
+        if type(small) is cst.Assign:
             for target in small.targets:
-                names |= {n for n in names_read(target.target)} if isinstance(target.target, (cst.Name, cst.Tuple)) else set()
-        elif isinstance(small, (cst.AnnAssign, cst.AugAssign)) and isinstance(small.target, cst.Name):
+                names |= {n for n in names_read(target.target)} if type(target.target) in (cst.Name, cst.Tuple) else set()
+        elif type(small) in (cst.AnnAssign, cst.AugAssign) and type(small.target) is cst.Name:
             names.add(small.target.value)
-        elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+        elif type(small) in (cst.Import, cst.ImportFrom) and type(small.names) is not cst.ImportStar:
             for alias in small.names:
                 bound = alias.asname.name if alias.asname else alias.name
                 names.add(cst.Module([]).code_for_node(bound).split(".")[0])
@@ -265,26 +265,26 @@ def _bound_names(stmt: cst.BaseStatement) -> set[str]:
 
 def _is_availability(test: cst.BaseExpression) -> bool:
     return (
-        isinstance(test, cst.Call)
-        and isinstance(test.func, cst.Attribute)
+        type(test) is cst.Call
+        and type(test.func) is cst.Attribute
         and test.func.attr.value == "is_available"
     )
 
 
 def _is_cpu(value: cst.BaseExpression | None) -> bool:
-    if isinstance(value, cst.Call) and len(value.args) == 1:
+    if type(value) is cst.Call and len(value.args) == 1:
         value = value.args[0].value  # torch.device("cpu")
-    return isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu"
+    return type(value) is cst.SimpleString and value.evaluated_value == "cpu"
 
 
 def _shared_line_assign(binding: DeviceBinding) -> cst.BaseSmallStatement | None:
     """The `name = value` of a device choice that shares its line with other statements
     (`device = torch.device(...); model = Net()`), else None."""
     stmt = binding.where.stmt
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) < 2:
+    if type(stmt) is not cst.SimpleStatementLine or len(stmt.body) < 2:
         return None
     for small in stmt.body:
-        if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is binding.value:
+        if type(small) in (cst.Assign, cst.AnnAssign) and small.value is binding.value:
             return small
     return None
 
@@ -304,7 +304,7 @@ def _right_after(first: StmtRef, then: StmtRef) -> bool:
 
 def _rebind(name: str, value: str, original: cst.BaseStatement, keep_leading: bool = False) -> cst.BaseStatement:
     new = statement(f"{name} = {value}\n")
-    if isinstance(original, cst.SimpleStatementLine):
+    if type(original) is cst.SimpleStatementLine:
         new = new.with_changes(trailing_whitespace=original.trailing_whitespace)
     if keep_leading:
         new = new.with_changes(leading_lines=original.leading_lines)
@@ -320,10 +320,10 @@ _INIT = "torch.distributed.init_process_group"
 
 def _scope_body(roles: Roles, scope: Scope) -> Sequence[cst.BaseStatement]:
     node = scope.node
-    if isinstance(node, cst.Module):
+    if type(node) is cst.Module:
         return node.body
-    assert isinstance(node, cst.FunctionDef)
-    return node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+    assert type(node) is cst.FunctionDef
+    return node.body.body if type(node.body) is cst.IndentedBlock else ()
 
 
 def _chain(body: Sequence[cst.BaseStatement], target: cst.BaseStatement) -> Chain | None:
@@ -338,14 +338,14 @@ def _chain(body: Sequence[cst.BaseStatement], target: cst.BaseStatement) -> Chai
 
 
 def _is_main_guard(stmt: cst.BaseStatement) -> bool:
-    if not (isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Comparison)):
+    if not (type(stmt) is cst.If and type(stmt.test) is cst.Comparison):
         return False
     test = stmt.test
     return (
-        isinstance(test.left, cst.Name)
+        type(test.left) is cst.Name
         and test.left.value == "__name__"
         and len(test.comparisons) == 1
-        and isinstance(test.comparisons[0].comparator, cst.SimpleString)
+        and type(test.comparisons[0].comparator) is cst.SimpleString
     )
 
 
@@ -402,11 +402,11 @@ def _uses(stmt: cst.BaseStatement, roles: Roles, plan: EditPlan, users: set[Scop
     class Finder(cst.CSTVisitor):
         def on_visit(self, node: cst.CSTNode) -> bool:
             nonlocal found
-            if found or isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if found or type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
                 return False
             if node is not default and _edit_uses(node, plan):
                 found = True
-            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and roles.facts.function_called(node) in users:
+            elif type(node) is cst.Call and type(node.func) is cst.Name and roles.facts.function_called(node) in users:
                 found = True
             return not found
 
@@ -458,8 +458,8 @@ def _initialises_group(roles: Roles, stmt: cst.BaseStatement, replaced: cst.Base
         def visit_Call(self, node: cst.Call) -> None:
             nonlocal found
             func = node.func
-            name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
-            called = roles.facts.function_called(node) if isinstance(func, cst.Name) else None
+            name = func.value if type(func) is cst.Name else func.attr.value if type(func) is cst.Attribute else ""
+            called = roles.facts.function_called(node) if type(func) is cst.Name else None
             if called is not None and called in local:
                 found = True
             elif roles.facts.aliases.qualify(func) == _INIT:
@@ -500,19 +500,19 @@ def _string_device(roles: Roles, scope: Scope, binding: DeviceBinding) -> bool:
             stmt.body[0].value
             for block in statement_blocks(binding.where.stmt)
             for stmt in block
-            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)
+            if type(stmt) is cst.SimpleStatementLine and type(stmt.body[0]) is cst.Assign
         ]
-    if not values or not all(isinstance(v, (cst.SimpleString, cst.IfExp, cst.FormattedString)) and _is_str(v) for v in values):
+    if not values or not all(type(v) in (cst.SimpleString, cst.IfExp, cst.FormattedString) and _is_str(v) for v in values):
         return False
     node = scope.node
-    assert isinstance(node, (cst.Module, cst.FunctionDef))
+    assert type(node) in (cst.Module, cst.FunctionDef)
     return used_as_string(roles.facts.module, node, binding.name)
 
 
 def _is_str(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.IfExp):
+    if type(expr) is cst.IfExp:
         return _is_str(expr.body) and _is_str(expr.orelse)
-    return isinstance(expr, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString))
+    return type(expr) in (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)
 
 
 def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
@@ -520,12 +520,12 @@ def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
     threaded: set[int] = set()
     for scope in [*plan.uses_accelerator, roles.accelerator_scope]:
         # Methods reach it as `self.accelerator` (created in a method, or stored by `__init__`).
-        if scope is not None and scope.is_method and isinstance(scope.node, cst.FunctionDef):
+        if scope is not None and scope.is_method and type(scope.node) is cst.FunctionDef:
             plan.self_accelerator.add(scope.node)
         elif scope is not None and scope.is_function and not roles.needs_parameter(scope):
             # a function nested in a method reads the method's `self.accelerator`
             method = _enclosing_method(scope)
-            if method is not None and isinstance(method.node, cst.FunctionDef):
+            if method is not None and type(method.node) is cst.FunctionDef:
                 plan.self_accelerator.add(method.node)
     pending = [s for s in plan.uses_accelerator if roles.needs_parameter(s)]
     while pending:
@@ -535,10 +535,10 @@ def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
             if constructor is None:
                 continue
             # A method that builds an instance (`return Runner(self.model)`) passes `self.accelerator`.
-            if isinstance(scope.node, cst.FunctionDef):
+            if type(scope.node) is cst.FunctionDef:
                 plan.self_accelerator.add(scope.node)
             scope = constructor
-            assert isinstance(scope.node, cst.FunctionDef)
+            assert type(scope.node) is cst.FunctionDef
             plan.self_accelerator.add(scope.node)
             plan.stores_accelerator.add(scope.node)
         if id(scope) in threaded:
@@ -546,12 +546,12 @@ def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
         threaded.add(id(scope))
         if "accelerator" in scope.params:
             continue
-        if not isinstance(scope.node, cst.FunctionDef):
+        if type(scope.node) is not cst.FunctionDef:
             # Module-level code or a class body that does not see the Accelerator: nothing to add a
             # parameter to. Its uses then fail the accelerator-bound check and are not written.
-            where = scope.node if isinstance(scope.node, cst.ClassDef) else roles.facts.module.body[0]
+            where = scope.node if type(scope.node) is cst.ClassDef else roles.facts.module.body[0]
             plan.report(CODE, where, (
-                f"`accelerator` is needed in {'class ' + scope.name if isinstance(scope.node, cst.ClassDef) else 'module-level code'}, "
+                f"`accelerator` is needed in {'class ' + scope.name if type(scope.node) is cst.ClassDef else 'module-level code'}, "
                 f"which cannot see the Accelerator created in `{roles.accelerator_scope.name if roles.accelerator_scope else '?'}`: "
                 "create it at module level, or move this code into the function that creates it"
             ))

@@ -197,10 +197,10 @@ def _forget_init_arguments(scope: Scope, call: cst.Call, plan: EditPlan) -> None
     """`backend = "nccl" if ... else "gloo"` fed only the removed `init_process_group(backend)`
     (or `policy = partial(...)` only the removed `FSDP(model, auto_wrap_policy=policy)`)."""
     for arg in call.args:
-        if isinstance(arg.value, cst.Name):
+        if type(arg.value) is cst.Name:
             for binding in scope.bindings.get(arg.value.value, []):
                 stmt = binding.where.stmt
-                if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+                if type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1:
                     plan.rebound[stmt] = arg.value.value
 
 
@@ -209,7 +209,7 @@ def _library_call(
 ) -> None:
     if qualified in _SPAWN:
         return  # converted by `_convert_spawn` (the roles refuse the shapes it cannot convert)
-    if qualified in _IDENTITY_AT_ONE and _standalone(where, call) and isinstance(call.func, cst.Attribute):
+    if qualified in _IDENTITY_AT_ONE and _standalone(where, call) and type(call.func) is cst.Attribute:
         if not _guarded(where):
             _guard_collective(plan, where.stmt, call, call.func)
     elif qualified in _COLLECTIVES:
@@ -249,13 +249,13 @@ def _library_call(
 def _guarded(where: StmtRef) -> bool:
     """Directly inside `if <...>.is_initialized():` (the guard written by hand, or by a first run)."""
     parent = where.path[-1].stmt if where.path else None
-    test = parent.test if isinstance(parent, cst.If) else None
-    return isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value == "is_initialized"
+    test = parent.test if type(parent) is cst.If else None
+    return type(test) is cst.Call and type(test.func) is cst.Attribute and test.func.attr.value == "is_initialized"
 
 
 def _guard_collective(plan: EditPlan, stmt: cst.BaseStatement, call: cst.Call, func: cst.Attribute) -> None:
     """`dist.all_reduce(c)` -> `if dist.is_initialized(): dist.all_reduce(c)` (same spelling of the module)."""
-    assert isinstance(stmt, cst.SimpleStatementLine)
+    assert type(stmt) is cst.SimpleStatementLine
     test = cst.Call(cst.Attribute(func.value, cst.Name("is_initialized")))
     inner = stmt.with_changes(leading_lines=[])
     plan.replace_stmt[stmt] = [cst.If(test=test, body=cst.IndentedBlock([inner]), leading_lines=stmt.leading_lines)]
@@ -274,9 +274,9 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
     size = cst.parse_expression(f'int({environ}.get("WORLD_SIZE", "1"))')
     args = [cst.Arg(rank), *(cst.Arg(size if i in spawn.world_size_args else a) for i, a in enumerate(spawn.args))]
     stmt = spawn.stmt
-    assert isinstance(stmt, cst.SimpleStatementLine)
+    assert type(stmt) is cst.SimpleStatementLine
     plan.replace_stmt[stmt] = [stmt.with_changes(body=[cst.Expr(cst.Call(cst.Name(spawn.worker.name), args))])]
-    count = spawn.nprocs.value if isinstance(spawn.nprocs, cst.Integer) else "N"
+    count = spawn.nprocs.value if type(spawn.nprocs) is cst.Integer else "N"
     plan.change(CODE, spawn.call, f"`mp.spawn` -> `{spawn.worker.name}(...)` called directly, its rank from "
                 f"`LOCAL_RANK`: launch the script with `accel launch --nproc-per-node {count}`")
     if spawn.nprocs_binding is not None:
@@ -316,37 +316,37 @@ def _env_rank_bindings(
                     plan.change(CODE, binding.where.stmt, f"`{name}` from `accelerator.{prop}`")
                 else:
                     _default_env_read(plan, binding.where.stmt, variable)
-            elif isinstance(value, cst.Call) and roles.facts.aliases.qualify(value.func) in _RANK_PROPERTY:
+            elif type(value) is cst.Call and roles.facts.aliases.qualify(value.func) in _RANK_PROPERTY:
                 rank_names[(id(scope), name)] = _RANK_PROPERTY[roles.facts.aliases.qualify(value.func) or ""]
                 stmt = binding.where.stmt
-                if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+                if type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1:
                     plan.rebound[stmt] = name  # `rank = dist.get_rank()`: goes if nothing reads it
 
 
 def _env_variable(roles: Roles, value: cst.BaseExpression) -> str | None:
     """"LOCAL_RANK" for `int(os.environ["LOCAL_RANK"])`, `os.environ.get("RANK", 0)`, ..."""
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "int" and value.args:
+    if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value == "int" and value.args:
         value = value.args[0].value
     key: cst.BaseExpression | None = None
-    if isinstance(value, cst.Subscript) and roles.facts.aliases.qualify(value.value) == "os.environ":
+    if type(value) is cst.Subscript and roles.facts.aliases.qualify(value.value) == "os.environ":
         element = value.slice[0].slice
-        key = element.value if isinstance(element, cst.Index) else None
+        key = element.value if type(element) is cst.Index else None
     elif (
-        isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Attribute)
+        type(value) is cst.Call
+        and type(value.func) is cst.Attribute
         and value.func.attr.value == "get"
         and roles.facts.aliases.qualify(value.func.value) == "os.environ"
         and value.args
     ):
         key = value.args[0].value
-    if isinstance(key, cst.SimpleString) and key.evaluated_value in _ENV_PROPERTY:
+    if type(key) is cst.SimpleString and key.evaluated_value in _ENV_PROPERTY:
         return str(key.evaluated_value)
     return None
 
 
 def _rebind(stmt: cst.BaseStatement, name: str, prop: str) -> cst.BaseStatement:
     new = cst.parse_statement(f"{name} = accelerator.{prop}\n")
-    if isinstance(stmt, cst.SimpleStatementLine):
+    if type(stmt) is cst.SimpleStatementLine:
         new = new.with_changes(leading_lines=stmt.leading_lines, trailing_whitespace=stmt.trailing_whitespace)
     return new
 
@@ -356,9 +356,9 @@ def _default_env_read(plan: EditPlan, stmt: cst.BaseStatement, variable: str) ->
 
     class Subscripts(cst.CSTVisitor):
         def visit_Subscript(self, node: cst.Subscript) -> None:
-            if isinstance(node.value, cst.Attribute) and node.value.attr.value == "environ":
+            if type(node.value) is cst.Attribute and node.value.attr.value == "environ":
                 key = node.slice[0].slice
-                if isinstance(key, cst.Index):
+                if type(key) is cst.Index:
                     found.append((node, key.value))
 
     found: list[tuple[cst.Subscript, cst.BaseExpression]] = []
@@ -374,11 +374,11 @@ def _default_env_read(plan: EditPlan, stmt: cst.BaseStatement, variable: str) ->
 def _rank_checks(roles: Roles, plan: EditPlan, scope: Scope, rank_names: dict[tuple[int, str], str]) -> None:
     for comparison, operand, equal in scope.zero_comparisons:
         prop = None
-        if isinstance(operand, cst.Name):
+        if type(operand) is cst.Name:
             found = roles.origins(scope, operand.value)
             props = {rank_names.get((id(s), n)) for s, n in found or ()}
             prop = props.pop() if len(props) == 1 else None
-        elif isinstance(operand, cst.Call):
+        elif type(operand) is cst.Call:
             prop = _RANK_PROPERTY.get(roles.facts.aliases.qualify(operand.func) or "")
         check = _MAIN_CHECK.get(prop or "")
         if check is None:
@@ -387,7 +387,7 @@ def _rank_checks(roles: Roles, plan: EditPlan, scope: Scope, rank_names: dict[tu
         if not equal:
             test = cst.UnaryOperation(cst.Not(), test)
         plan.comparisons[comparison] = test.with_changes(lpar=comparison.lpar, rpar=comparison.rpar)
-        if isinstance(operand, cst.Call):
+        if type(operand) is cst.Call:
             plan.calls.pop(operand, None)
         plan.use_accelerator(scope)
         plan.change(CODE, comparison, f"rank check -> `accelerator.{check}`")
@@ -402,7 +402,7 @@ def _local_rank_flag(roles: Roles, plan: EditPlan) -> None:
                         f"every process, and `{check.scope.name}` cannot reach the accelerator: test "
                         f"{check.meaning} instead")
             continue
-        if isinstance(node, cst.BooleanOperation):
+        if type(node) is cst.BooleanOperation:
             plan.bool_ops[node] = check.replacement
         else:
             plan.comparisons[node] = check.replacement
@@ -412,7 +412,7 @@ def _local_rank_flag(roles: Roles, plan: EditPlan) -> None:
 
 def _module_accesses(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     for attribute, _ in scope.module_accesses:
-        assert isinstance(attribute.value, cst.Name)
+        assert type(attribute.value) is cst.Name
         model = attribute.value.value
         if not roles.all_in(scope, model, roles.models):
             continue
@@ -430,15 +430,15 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> None:
     for name in roles.models:
         for binding in home.bindings.get(name, []):
             value = binding.value
-            if not (isinstance(value, cst.Call) and roles.facts.aliases.qualify(value.func) in _WRAPPERS):
+            if not (type(value) is cst.Call and roles.facts.aliases.qualify(value.func) in _WRAPPERS):
                 continue
             if not value.args:
                 continue
             inner = value.args[0].value
             stmt = binding.where.stmt
-            if root_name(inner) == name and isinstance(inner, cst.Name):
+            if root_name(inner) == name and type(inner) is cst.Name:
                 parent = binding.where.path[-1].stmt if binding.where.path else None
-                if isinstance(parent, cst.If) and parent.orelse is None and _only_statement(parent, stmt):
+                if type(parent) is cst.If and parent.orelse is None and _only_statement(parent, stmt):
                     plan.replace_stmt[parent] = []
                 elif not remove_statement(plan, stmt, value):
                     plan.calls[value] = lambda updated: updated.args[0].value
@@ -472,7 +472,7 @@ def _convert_hand_sharding(roles: Roles, sharding: HandSharding, plan: EditPlan)
     for stmt, node, message in sharding.removed:
         plan.replace_stmt[stmt] = []
         plan.change(CODE, node, message)
-        if isinstance(node, cst.Call):
+        if type(node) is cst.Call:
             _forget_init_arguments(home, node, plan)  # `policy = partial(...)` fed only `FSDP(model, policy)`
     for call, klass, kept in sharding.optimizers:
         keep = [index for index, arg in enumerate(call.args) if any(arg is k for k in kept)]
@@ -499,7 +499,7 @@ def _ending_as(original: Sequence[cst.Arg], args: list[cst.Arg]) -> list[cst.Arg
 
 def _only_statement(parent: cst.If, stmt: cst.BaseStatement) -> bool:
     body = parent.body
-    return isinstance(body, cst.IndentedBlock) and len(body.body) == 1 and body.body[0] is stmt
+    return type(body) is cst.IndentedBlock and len(body.body) == 1 and body.body[0] is stmt
 
 
 def _remove_samplers(roles: Roles, plan: EditPlan) -> None:
@@ -556,8 +556,8 @@ def _only_builds_training_loaders(roles: Roles, helper: Scope, built: cst.Call) 
 
 def _unpacks(binding, call: cst.Call) -> bool:  # type: ignore[no-untyped-def]
     stmt = binding.where.stmt
-    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-            and isinstance(stmt.body[0], cst.Assign) and stmt.body[0].value is call)
+    return (type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1
+            and type(stmt.body[0]) is cst.Assign and stmt.body[0].value is call)
 
 
 def _remove_loader_set_epoch(roles: Roles, plan: EditPlan, loader: str) -> None:
@@ -567,13 +567,13 @@ def _remove_loader_set_epoch(roles: Roles, plan: EditPlan, loader: str) -> None:
             continue
         for stmt in _own_statements(scope.node):
             small = stmt.body[0] if len(stmt.body) == 1 else None
-            if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+            if not (type(small) is cst.Expr and type(small.value) is cst.Call):
                 continue
             func = small.value.func
             if not (
-                isinstance(func, cst.Attribute)
+                type(func) is cst.Attribute
                 and func.attr.value == "set_epoch"
-                and isinstance(func.value, cst.Attribute)
+                and type(func.value) is cst.Attribute
                 and func.value.attr.value == "sampler"
             ):
                 continue
@@ -607,9 +607,9 @@ def _sampler_shuffle(
 ) -> tuple[cst.BaseExpression, str | None] | None:
     """The shuffle the DataLoader takes over from a DistributedSampler bound in `home` (the scope
     the DataLoader call is in); the sampler's binding is removed."""
-    name = sampler.value if isinstance(sampler, cst.Name) else None
+    name = sampler.value if type(sampler) is cst.Name else None
     calls = [b.value for b in home.bindings.get(name, [])] if name is not None else [sampler]
-    if len(calls) != 1 or not isinstance(calls[0], cst.Call):
+    if len(calls) != 1 or type(calls[0]) is not cst.Call:
         return None
     call = calls[0]
     if roles.facts.aliases.qualify(call.func) not in _SAMPLERS:
@@ -652,7 +652,7 @@ class _NameReads(cst.CSTVisitor):
         return node.value is not self.skipped  # `DataLoader(..., sampler=sampler)`: the use being replaced
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
-        return not (node.attr.value == "set_epoch" and isinstance(node.value, cst.Name))  # removed with it
+        return not (node.attr.value == "set_epoch" and type(node.value) is cst.Name)  # removed with it
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
         return False
@@ -682,11 +682,11 @@ def _drop_sampler_reads(plan: EditPlan, home: Scope, name: str, sampler: cst.Bas
 
 def _only_prints(stmt: cst.BaseStatement) -> bool:
     return (
-        isinstance(stmt, cst.SimpleStatementLine)
+        type(stmt) is cst.SimpleStatementLine
         and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, cst.Call)
-        and isinstance(stmt.body[0].value.func, cst.Name)
+        and type(stmt.body[0]) is cst.Expr
+        and type(stmt.body[0].value) is cst.Call
+        and type(stmt.body[0].value.func) is cst.Name
         and stmt.body[0].value.func.value == "print"
     )
 
@@ -705,14 +705,14 @@ def _swap_sampler(call: cst.Call, index: int, shuffle: cst.BaseExpression, has_s
 def _remove_sampler_uses(roles: Roles, plan: EditPlan, sampler: str) -> None:
     for scope in roles.facts.scopes:
         for site in scope.method_calls:
-            if not (isinstance(site.receiver, cst.Name) and site.receiver.value == sampler):
+            if not (type(site.receiver) is cst.Name and site.receiver.value == sampler):
                 continue
-            assert isinstance(site.call.func, cst.Attribute)
+            assert type(site.call.func) is cst.Attribute
             if site.call.func.attr.value != "set_epoch":
                 continue
             stmt = site.where.stmt
-            shared = isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) > 1 and any(
-                isinstance(small, cst.Expr) and small.value is site.call for small in stmt.body)
+            shared = type(stmt) is cst.SimpleStatementLine and len(stmt.body) > 1 and any(
+                type(small) is cst.Expr and small.value is site.call for small in stmt.body)
             if _standalone(site.where, site.call) or shared:
                 remove_statement(plan, stmt, site.call)  # `sampler.set_epoch(epoch); print(epoch)`: the print stays
                 plan.change(CODE, site.call, "`set_epoch` removed: prepared loaders reshuffle each epoch")
@@ -721,9 +721,9 @@ def _remove_sampler_uses(roles: Roles, plan: EditPlan, sampler: str) -> None:
 def _standalone(where: StmtRef, call: cst.Call) -> bool:
     stmt = where.stmt
     return (
-        isinstance(stmt, cst.SimpleStatementLine)
+        type(stmt) is cst.SimpleStatementLine
         and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
+        and type(stmt.body[0]) is cst.Expr
         and stmt.body[0].value is call
     )
 
