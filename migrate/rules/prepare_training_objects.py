@@ -142,7 +142,9 @@ def _rewrap(plan: EditPlan, name: str, wrapped: WrappedOptimizer, anchor: cst.Ba
     plan.replace_stmt[stmt] = [stmt.with_changes(body=[assign.with_changes(value=wrapped.inner)])]
     args = [cst.Arg(cst.Name(name), keyword=a.keyword, equal=a.equal, comma=a.comma) if a.value is wrapped.inner else a
             for a in wrapped.wrapper.args]
-    again = cst.SimpleStatementLine([assign.with_changes(value=wrapped.wrapper.with_changes(args=args))])
+    targets = [target.deep_clone() for target in assign.targets]  # the first statement keeps the originals
+    rewrapped = wrapped.wrapper.with_changes(args=args)
+    again = cst.SimpleStatementLine([assign.with_changes(targets=targets, value=rewrapped)])
     (plan.insert_after if after else plan.insert_before).setdefault(anchor, []).append(again)
     plan.change(CODE, stmt, f"`{name}` prepared as the optimizer it wraps, then wrapped again after the prepare call")
 

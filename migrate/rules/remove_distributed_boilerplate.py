@@ -256,7 +256,7 @@ def _guarded(where: StmtRef) -> bool:
 def _guard_collective(plan: EditPlan, stmt: cst.BaseStatement, call: cst.Call, func: cst.Attribute) -> None:
     """`dist.all_reduce(c)` -> `if dist.is_initialized(): dist.all_reduce(c)` (same spelling of the module)."""
     assert type(stmt) is cst.SimpleStatementLine
-    test = cst.Call(cst.Attribute(func.value, cst.Name("is_initialized")))
+    test = cst.Call(cst.Attribute(func.value.deep_clone(), cst.Name("is_initialized")))  # not the call's own node
     inner = stmt.with_changes(leading_lines=[])
     plan.replace_stmt[stmt] = [cst.If(test=test, body=cst.IndentedBlock([inner]), leading_lines=stmt.leading_lines)]
     name = func.attr.value
@@ -618,7 +618,7 @@ def _sampler_shuffle(
     for arg in call.args[1:]:
         keyword = arg.keyword.value if arg.keyword is not None else None
         if keyword == "shuffle":
-            shuffle = arg.value
+            shuffle = arg.value.deep_clone()  # the sampler may stay: one node object in one place
         elif keyword not in ("num_replicas", "rank", "seed"):  # the prepared loader shares its own seed
             plan.report(CODE, call, f"DistributedSampler option `{keyword or 'positional'}` has no DataLoader "
                         "equivalent; the sampler was kept and the loader not prepared")
