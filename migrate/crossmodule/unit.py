@@ -55,16 +55,23 @@ class _Parsed:
     module: cst.Module
     skipped: set[int]
     facts: Facts | None = None
+    # the joined view of an entry may have renamed call sites in `facts` (`merge.py`): analysed
+    # again before any other use
+    renamed: bool = False
 
 
 class _Parses:
     """The unit's parsed modules, each parsed once (on first use) for the single-file pass, the
-    joined view and the checks: a parse is most of what a file costs."""
+    joined view and the checks: a parse is most of what a file costs. Each module's analysis is
+    made once too (`_parse`) and shared by every entry reaching it and by the second run of the
+    checks (`facts`: the analyses of trees taken over from a first run)."""
 
-    def __init__(self, by_path: dict[Path, Source], trees: dict[Path, cst.Module] | None = None) -> None:
+    def __init__(self, by_path: dict[Path, Source], trees: dict[Path, cst.Module] | None = None,
+                 facts: dict[Path, Facts] | None = None) -> None:
         self.by_path = by_path
         self.trees: dict[Path, cst.Module | None] = dict(trees or {})  # None: a syntax error
         self.items: dict[Path, _Parsed | None] = {}  # None: a syntax error or `# accel-migrate: skip`
+        self.facts: dict[Path, Facts] = dict(facts or {})
 
     def tree(self, path: Path) -> cst.Module | None:
         if path not in self.trees:
@@ -150,10 +157,11 @@ def _parse(path: Path, parsed: _Parses) -> _Parsed | None:
         source = parsed.by_path[path]
         module = parsed.tree(path)
         skip_file, skipped = skip_lines(source.text)
-        parsed.items[path] = None if module is None or skip_file else _Parsed(source, module, skipped)
+        parsed.items[path] = None if module is None or skip_file else _Parsed(
+            source, module, skipped, parsed.facts.get(path))
     item = parsed.items[path]
-    if item is not None:
-        item.facts = analyze(item.module, item.source.text)  # fresh facts: the joined view renames call sites in them
+    if item is not None and (item.facts is None or item.renamed):
+        item.facts, item.renamed = analyze(item.module, item.source.text), False
     return item
 
 
@@ -179,6 +187,8 @@ def _migrate_entry(
     ]
     module_imports = [(by_path[t].display, n) for t, n in _module_imports(index, entry, by_path)]
     assert head.facts is not None
+    # the view renames the entry's call sites of a function imported under another name
+    head.renamed = any(name.name is not None and name.local != name.name for _, name in imported)
     view = merged_facts(head.facts, [(m.source.display, m.facts) for m in rest if m.facts is not None],
                         imported, head.source.display)
     if isinstance(view, Conflict):
@@ -312,7 +322,9 @@ def _check(outcome: _Outcome, parsed: _Parses, options) -> str | None:  # type: 
     index = build_index({s.path: s.text for s in again})
     again_by_path = {s.path: s for s in again}
     unchanged = {p: t for p, t in parsed.trees.items() if p not in outcome.results or outcome.results[p].new_text is None}
-    second_parses = _Parses(again_by_path, {**unchanged, **outputs})
+    facts = {p: item.facts for p, item in parsed.items.items()
+             if p in unchanged and item is not None and item.facts is not None and not item.renamed}
+    second_parses = _Parses(again_by_path, {**unchanged, **outputs}, facts)
     for entry in _entries(index, again_by_path):
         second = _migrate_entry(entry, _reached(index, entry, again_by_path), again_by_path, index, second_parses,
                                 options)

@@ -1,0 +1,117 @@
+"""The work a unit shares between its entries and the second run of its checks
+(`migrate/crossmodule/unit.py`): each module is analysed once, not once per use, and the results
+are those of analysing it afresh for every use (the repositories of fixtures/repos, and written
+units with two entries sharing a module and a function imported under another name)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from migrate.crossmodule import unit
+from migrate.engine import Options
+from migrate.runner import run
+
+REPOS = Path(__file__).resolve().parents[2] / "fixtures" / "repos"
+
+UTILS = """\
+import torch
+
+
+def scaled(loss):
+    return loss * 1.0
+"""
+
+ENGINE = """\
+import torch
+from utils import scaled
+
+
+def train_one_epoch(model, loader, optimizer):
+    for x, y in loader:
+        loss = scaled(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+MAIN = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from engine import train_one_epoch{alias}
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(4, 1).to("cuda")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)
+    for epoch in range(2):
+        {call}(model, loader, optimizer)
+"""
+
+WRITTEN = {
+    "one_entry_renamed": {"utils.py": UTILS, "engine.py": ENGINE, "main.py": MAIN.format(alias=" as step", call="step")},
+    "two_entries": {
+        "utils.py": UTILS,
+        "engine.py": ENGINE,
+        "main.py": MAIN.format(alias="", call="train_one_epoch"),
+        "other.py": MAIN.format(alias=" as step", call="step"),
+    },
+}
+
+
+def _repos(tmp_path: Path) -> list[Path]:
+    repos = []
+    for source in sorted(REPOS.glob("*/in")):
+        repos.append(tmp_path / source.parent.name)
+        shutil.copytree(source, repos[-1])
+    for name, files in WRITTEN.items():
+        for file, text in files.items():
+            (tmp_path / name).mkdir(exist_ok=True)
+            (tmp_path / name / file).write_text(text)
+        repos.append(tmp_path / name)
+    return repos
+
+
+def _report(repo: Path) -> list[tuple[object, ...]]:
+    return [(r.path, r.new_text, r.changes, r.diagnostics, r.parsed, r.error)
+            for r in run([repo], Options(), write=False).results]
+
+
+def test_each_module_is_analysed_as_if_afresh_for_every_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repos = _repos(tmp_path)
+    shared = [_report(repo) for repo in repos]
+    parse = unit._parse
+
+    def afresh(path, parsed):  # type: ignore[no-untyped-def]
+        item = parsed.items.get(path)
+        if item is not None:
+            item.renamed = True  # analysed again, as if the view had changed its facts
+        parsed.facts.clear()
+        return parse(path, parsed)
+
+    monkeypatch.setattr(unit, "_parse", afresh)
+    assert [_report(repo) for repo in repos] == shared
+    assert any(r[1] is not None for report in shared for r in report)  # some unit was migrated
+
+
+def test_a_unit_analyses_each_module_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = _repos(tmp_path)[-1]  # two entries sharing engine.py and utils.py, one renaming its function
+    analysed: list[str | None] = []
+    analyze = unit.analyze
+
+    def counted(module, text=None):  # type: ignore[no-untyped-def]
+        analysed.append(text)
+        return analyze(module, text)
+
+    monkeypatch.setattr(unit, "analyze", counted)
+    report = {Path(r[0]).name: r for r in _report(repo)}
+    assert report["engine.py"][1] is not None and report["utils.py"][1] is None
+    # utils.py is never rewritten: one analysis for both entries and the second runs of their
+    # checks; engine.py (rewritten) once for both entries
+    assert analysed.count(UTILS) == 1
+    assert analysed.count(ENGINE) == 1
+    # other.py imports `train_one_epoch as step`: its view renames its call sites, so any later
+    # use analyses it again
+    assert analysed.count(MAIN.format(alias=" as step", call="step")) >= 2
