@@ -271,19 +271,43 @@ def _rewrite(m: _Parsed, plan) -> tuple[cst.Module, str] | None:  # type: ignore
         new_module = remove_unused(m.module, new_module, rewriter.rebound)
     # the entry may create nothing (a trainer class of another module creates the Accelerator):
     # each file takes only the imports its rewritten code reads
-    new_text = new_module.code
+    code = StatementCode()
+    new_text = code(new_module)
     wanted = {
         item for item in plan.imports
         if re.search(rf"\b{re.escape(item[1])}\b", new_text) and not re.search(rf"\b{re.escape(item[1])}\b", m.source.text)
     }
     if wanted:
         new_module = add_imports(new_module, wanted)
-        new_text = new_module.code
+        new_text = code(new_module)  # only the added import lines are generated again
     try:
         compile(new_text, m.source.display, "exec", dont_inherit=True)
     except SyntaxError:
         return None
     return new_module, new_text
+
+
+class StatementCode:
+    """`Module.code`, with the code of each top-level statement generated once for all the modules
+    it is given: a module with imports added (`add_imports`) shares all but a few statements with
+    the module it was made from, so its code costs those few statements. The code of a module is
+    the code of its header, statements and footer one after the other (at the top level nothing is
+    indented); a module without a trailing newline is left to libcst (it drops the last one)."""
+
+    def __init__(self) -> None:
+        self._done: dict[int, tuple[cst.CSTNode, str]] = {}  # the node is kept: its id stays its own
+
+    def __call__(self, module: cst.Module) -> str:
+        if not module.has_trailing_newline:
+            return module.code
+        text = "".join(self._code(module, node) for node in (*module.header, *module.body, *module.footer))
+        return text or module.code  # an empty module is one newline
+
+    def _code(self, module: cst.Module, node: cst.CSTNode) -> str:
+        done = self._done.get(id(node))
+        if done is None:
+            done = self._done[id(node)] = (node, module.code_for_node(node))
+        return done[1]
 
 
 def _check(outcome: _Outcome, parsed: _Parses, options) -> str | None:  # type: ignore[no-untyped-def]

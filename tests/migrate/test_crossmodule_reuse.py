@@ -115,3 +115,24 @@ def test_a_unit_analyses_each_module_once(tmp_path: Path, monkeypatch: pytest.Mo
     # other.py imports `train_one_epoch as step`: its view renames its call sites, so any later
     # use analyses it again
     assert analysed.count(MAIN.format(alias=" as step", call="step")) >= 2
+
+
+FIXTURES = REPOS.parent
+
+
+@pytest.mark.parametrize("suffix", [".in.py", ".out.py"])
+def test_statement_code_is_module_code_on_every_fixture(suffix: str) -> None:
+    import libcst as cst
+
+    from migrate.imports import add_imports
+
+    sources = [*sorted(FIXTURES.rglob(f"*{suffix}")), *(sorted(REPOS.rglob("*.py")) if suffix == ".in.py" else [])]
+    extra = ["", "\n", "# only a comment", "x = 1", "x = 1\n\n\n# trailing comment\n", "def f():\n    pass\n\n\n",
+             "import os\r\nx = 1\r\n", "if x:\n\ty = 1\n"]
+    modules = [cst.parse_module(p.read_text()) for p in sources] + [cst.parse_module(t) for t in extra]
+    assert len(modules) > 100
+    for module in modules:
+        code = unit.StatementCode()
+        assert code(module) == module.code
+        with_imports = add_imports(module, {("accelerate", "Accelerator"), ("os", "path")})
+        assert code(with_imports) == with_imports.code
