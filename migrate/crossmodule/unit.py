@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,7 +199,7 @@ def _migrate_entry(
         return _Outcome(reason=(
             f"`{view.name}` is defined in both {view.first} and {view.second}, and the cross-module "
             "analysis follows functions by name; rename one of them"))
-    lines = _StartLinesByPath({m.source.path: m.module for m in modules})
+    lines = _StartLines({m.source.path: m.module for m in modules})
     hidden = _attribute_call(head, rest, module_imports, lines)
     if hidden is not None:
         return hidden  # a training step the roles cannot see: a rewrite of the rest would be partial
@@ -207,12 +208,11 @@ def _migrate_entry(
     if home is not None and not any(home is s for s in head.facts.scopes):
         where = next(m for m in rest if m.facts is not None and any(home is s for s in m.facts.scopes))
         if home.is_method and home.parent is not None:
-            built = [lines[head.source.path][site.where.stmt] for scope in head.facts.scopes for site in scope.calls
-                     if site.callee == home.parent.name]
+            built = any(site.callee == home.parent.name for scope in head.facts.scopes for site in scope.calls)
             if not built:
                 return _Outcome(reason=(
                     f"the optimizer is built in `{home.parent.name}.{home.name}` "
-                    f"({where.source.display}:{lines[where.source.path][home.node]}), a class of another module "
+                    f"({where.source.display}:{lines.line(where.source.path, home.node)}), a class of another module "
                     "that this script does not build itself; the cross-module analysis follows a trainer class "
                     f"the script builds (`{home.parent.name}(...).run()`): build it here, or prepare by hand"))
             # else a trainer class the script builds and runs (`TrainLoop(model=model, ...).run_loop()`): its
@@ -231,7 +231,7 @@ def _migrate_entry(
 
     for m in modules:
         if m.skipped:
-            table = lines[m.source.path]
+            table = lines.table(m.source.path)
             drop_skipped(plan, lambda n, t=table: t.get(n, -1), m.skipped)
     edited = {id(owner(node)) for node in plan.targets()} | ({id(head)} if plan.create_at is not None else set())
     changed_modules = [m for m in modules if id(m) in edited]
@@ -250,7 +250,7 @@ def _migrate_entry(
         outcome.trees[m.source.path] = new_module
         own = nodes[m.source.path]
         mine = [r for r in plan.changes if r.node in own], [f for f in plan.findings if f.node in own]
-        line = lines.get(m.source.path) or start_lines(m.module, {x.node for group in mine for x in group})
+        line = lines.of(m.source.path, {x.node for group in mine for x in group})
         changes = sorted({Change(r.code, line[r.node], r.message) for r in mine[0]},
                          key=lambda c: (c.line, c.code, c.message))
         diagnostics = sorted({Diagnostic(f.code, line[f.node], f.message) for f in mine[1]},
@@ -382,17 +382,27 @@ class _NodesByPath(dict[str, set[cst.CSTNode]]):
         return found
 
 
-class _StartLinesByPath(dict[str, dict[cst.CSTNode, int]]):
-    """Each module's start lines, by path, computed on first use: a whole-module pass each, which
-    most units (a refusal, a change in the entry alone) need for few of their modules."""
+class _StartLines:
+    """Start lines of nodes of the unit's modules, by path. Most questions are about a few nodes (the
+    line a refusal names, the lines of a file's changes): each is a start-line pass that stops at the
+    last node asked for. A module with `# accel-migrate: skip` lines gets its whole table (every
+    planned edit is looked up in it), which then answers every later question about that module."""
 
-    def __init__(self, modules: dict[str, cst.Module]) -> None:
-        super().__init__()
+    def __init__(self, modules: dict[Path, cst.Module]) -> None:
         self._modules = modules
+        self._tables: dict[Path, dict[cst.CSTNode, int]] = {}
 
-    def __missing__(self, path: str) -> dict[cst.CSTNode, int]:
-        table = self[path] = start_lines(self._modules[path])
-        return table
+    def table(self, path: Path) -> dict[cst.CSTNode, int]:
+        if path not in self._tables:
+            self._tables[path] = start_lines(self._modules[path])
+        return self._tables[path]
+
+    def of(self, path: Path, nodes: Iterable[cst.CSTNode]) -> dict[cst.CSTNode, int]:
+        table = self._tables.get(path)
+        return table if table is not None else start_lines(self._modules[path], nodes)
+
+    def line(self, path: Path, node: cst.CSTNode) -> int:
+        return self.of(path, [node])[node]
 
 
 def _why_not(roles, plan, head: _Parsed, rest: list[_Parsed], owner, lines) -> _Outcome:  # type: ignore[no-untyped-def]
@@ -408,7 +418,7 @@ def _why_not(roles, plan, head: _Parsed, rest: list[_Parsed], owner, lines) -> _
     if findings:
         first = findings[0]
         where = owner(first.node)
-        return _Outcome(reason=f"{where.source.display}:{lines[where.source.path][first.node]}: {first.code} {first.message}")
+        return _Outcome(reason=f"{where.source.display}:{lines.line(where.source.path, first.node)}: {first.code} {first.message}")
     return _Outcome(reason="the roles found nothing to rewrite in the other modules of the run")
 
 
@@ -457,10 +467,10 @@ def _imports_only(statement: cst.CSTNode, local: str) -> bool:
 def _factory(head: _Parsed, where: _Parsed, builder, lines) -> _Outcome:  # type: ignore[no-untyped-def]
     """The optimizer comes from a function of another module (`create_optimizer(args, model)`)."""
     assert head.facts is not None
-    calls = [lines[head.source.path][site.where.stmt] for scope in head.facts.scopes for site in scope.calls
-             if site.callee == builder.name]
-    return _Outcome(line=min(calls, default=1), reason=(
-        f"the optimizer is built in `{builder.name}` ({where.source.display}:{lines[where.source.path][builder.node]}) "
+    calls = [site.where.stmt for scope in head.facts.scopes for site in scope.calls if site.callee == builder.name]
+    at = lines.of(head.source.path, calls)
+    return _Outcome(line=min((at[c] for c in calls), default=1), reason=(
+        f"the optimizer is built in `{builder.name}` ({where.source.display}:{lines.line(where.source.path, builder.node)}) "
         "and handed back to this script; the cross-module analysis prepares objects built in the entry's "
         "own code: build the optimizer here (`optimizer = torch.optim.X(model.parameters(), ...)`, the "
         f"parameter groups may still come from {where.source.display}), or prepare it by hand"))
@@ -496,7 +506,7 @@ def _attribute_call(head: _Parsed, rest: list[_Parsed], module_imports, lines) -
             for call in scope.library_calls:
                 function = call.qualified.split(".", 1)[1] if call.qualified.startswith(f"{name.local}.") else ""
                 if function and "." not in function and _trains(function, rest):
-                    line = lines[head.source.path][call.where.stmt]
+                    line = lines.line(head.source.path, call.where.stmt)
                     return _Outcome(line=line, reason=(
                         f"line {line} calls `{call.qualified}`, a function of another module of the run that "
                         "trains, through the module object; the cross-module analysis follows names imported "
