@@ -112,6 +112,9 @@ class Accelerator:
         self._models: list[nn.Module] = []
         # DDP models whose gradient synchronisation backward has not verified yet (see backward).
         self._unverified_ddp: list[DistributedDataParallel] = []
+        # Their forward pre-hooks (removed once verified): tell parameters left without a gradient
+        # from a step that bypassed DDP's forward.
+        self._forward_hooks: dict[DistributedDataParallel, Any] = {}
         self._active_loaders = ActiveLoaders()
         # Checkpointing (runtime/checkpoint.py); project_dir wins over project_config's.
         self.project_configuration = project_config or ProjectConfiguration()
@@ -233,6 +236,7 @@ class Accelerator:
             prepared.optimizer = self.strategy.prepare_optimizer(prepared.optimizer)
         if isinstance(placed, DistributedDataParallel) and placed not in self._unverified_ddp:
             self._unverified_ddp.append(placed)
+            self._forward_hooks[placed] = placed.register_forward_pre_hook(_mark_forward)
         return wrapped
 
     def prepare_data_loader(self, data_loader: DataLoader) -> PreparedDataLoader:
@@ -327,6 +331,9 @@ class Accelerator:
             scale = values.abs().max(0).values
             if bool((spread > 1e-6 * scale + 1e-12).any()):
                 name = type(model.module).__name__
+                silent = _without_gradient(model.module, ignored)
+                if silent and model.__dict__.get(_FORWARD_RAN, False):
+                    raise _unused_parameters_error(name, silent, self.num_processes)
                 raise GradientSyncError(
                     f"after accelerator.backward(), the gradients of the prepared {name} differ "
                     f"between the {self.num_processes} processes: DDP did not synchronise them.",
@@ -337,6 +344,7 @@ class Accelerator:
                     "model.compute_loss(x) run the module's code without DDP's forward.",
                 )
             self._unverified_ddp.remove(model)
+            self._forward_hooks.pop(model).remove()
 
     @contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
@@ -487,6 +495,9 @@ class Accelerator:
             if isinstance(getattr(self, name, None), list):
                 setattr(self, name, [])
         self._replaced_optimizers = {}
+        for hook in self._forward_hooks.values():
+            hook.remove()
+        self._forward_hooks = {}
         self._active_loaders = ActiveLoaders()
         released: list[None] = [None] * len(objects)
         del objects
@@ -836,3 +847,40 @@ def _sharded_entries(obj: Any, prefix: str = "") -> list[str]:
         return []
     return [path for key, value in items for path in _sharded_entries(value, key)]
 
+
+
+_FORWARD_RAN = "_accel_forward_ran"
+
+
+def _mark_forward(model: nn.Module, args: Any) -> None:
+    """Forward pre-hook of a prepared DDP model until its gradient sync is verified. A module-level
+    function and a flag in the instance dict (not through PreparedDDP's attribute forwarding), so
+    the model still pickles and deep-copies without the Accelerator."""
+    model.__dict__[_FORWARD_RAN] = True
+
+
+def _without_gradient(module: nn.Module, ignored: Iterable[str]) -> list[str]:
+    """Trainable parameters that the backward just run gave no gradient (run under ``no_grad``,
+    or not used by the loss)."""
+    skip = set(ignored)
+    return [name for name, param in module.named_parameters()
+            if param.requires_grad and param.grad is None and name not in skip]
+
+
+def _unused_parameters_error(name: str, silent: list[str], processes: int) -> GradientSyncError:
+    """Why DDP left a backward unsynchronised when some trainable parameters got no gradient:
+    DDP all-reduces a bucket of gradients only once every parameter in it has one, so a part
+    computed under ``torch.no_grad()`` (a frozen backbone whose parameters still require grad)
+    keeps its bucket, and the parameters sharing it, local to each process."""
+    shown = ", ".join(silent[:4]) + (f" and {len(silent) - 4} more" if len(silent) > 4 else "")
+    return GradientSyncError(
+        f"after accelerator.backward(), the gradients of the prepared {name} differ between the "
+        f"{processes} processes: {len(silent)} of its trainable parameters got no gradient ({shown}), "
+        "so DDP never synchronised the gradients that share their buckets.",
+        "every parameter that requires grad gets a gradient in each backward (DDP waits for all of "
+        "them); a part run under torch.no_grad() or left out of the loss still requires grad.",
+        "freeze what is not trained before accelerator.prepare (`for p in "
+        "model.backbone.parameters(): p.requires_grad_(False)`), or let DDP look for unused "
+        "parameters: Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
+        "find_unused_parameters=True)]).",
+    )

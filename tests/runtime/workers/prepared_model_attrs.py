@@ -2,7 +2,8 @@
 
 Run under torchrun with 2 processes; writes OUT_DIR/rank{r}.json. Reads, writes and calls through
 the prepared (DDP-wrapped) model; gradients of a step that mixes model(x) with model.encoder(x)
-against hand-averaged local gradients; a step whose only forward bypasses DDP's forward.
+against hand-averaged local gradients; a step whose only forward bypasses DDP's forward; a
+backbone run under no_grad whose parameters still require grad.
 """
 
 from __future__ import annotations
@@ -120,6 +121,28 @@ for label, call in {"method": "compute_loss", "submodule": "encoder"}.items():
     except GradientSyncError as error:
         result[f"bypass_{label}_error"] = str(error)
     result[f"bypass_{label}_grads_by_rank"] = gather_rows(local_grads(acc.unwrap_model(other)))
+
+# -- a backbone run under no_grad while its parameters still require grad -----------------------
+class FrozenByNoGrad(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Linear(4, 3)
+        self.head = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            features = self.backbone(x)
+        return self.head(features)
+
+
+acc = Accelerator()
+torch.manual_seed(0)
+frozen = acc.prepare(FrozenByNoGrad())
+try:
+    acc.backward(frozen(x * (rank + 1)).pow(2).mean())
+    result["no_grad_backbone_error"] = None
+except GradientSyncError as error:
+    result["no_grad_backbone_error"] = str(error)
 
 # -- bf16: the autocast forward is set on the wrapper, reads still fall through ------------------
 bf16 = Accelerator(mixed_precision="bf16")
