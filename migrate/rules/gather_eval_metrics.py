@@ -15,8 +15,21 @@ What it does:
     accuracy), when the loop runs with autograd off (`with torch.no_grad():`, or a function
     decorated `@torch.no_grad()`): prepared for training, it is sharded in any case. One function
     called with several loaders (the training loader and a test loader) is converted once, for all.
+    A prepared model called under a rank check (`if args.rank == 0:`, `if
+    accelerator.is_main_process:`, either branch), with autograd off (`with torch.no_grad():` or a
+    function decorated `@torch.no_grad()`), is called as `accelerator.unwrap_model(model)(x)`; so is
+    a model passed there to a function of this file that calls it (`evaluate(model, val_loader)`
+    under the check becomes `evaluate(accelerator.unwrap_model(model), val_loader)`, when the call or
+    the function runs without autograd).
 
 Why:
+    The prepared model's forward is DistributedDataParallel's on N processes, and it broadcasts the
+    model's buffers (BatchNorm's running statistics) from the main process: a collective. Run by
+    some processes only, it is answered by the others' next collective (the prepared loader's
+    shuffle seed at the next epoch, the next step's gradients): gloo aborts with a collective
+    mismatch, NCCL hangs. The unwrapped module computes the same outputs from this process's own
+    parameters and buffers (the broadcast sends the main process's to the others: on the main
+    process it changes nothing), without a collective.
     A prepared loader gives each process a share of the evaluation set; the gathered values cover
     all of it, exactly once (the padding that evens out the last batch is dropped), so
     `correct / len(loader.dataset)` stays right on any number of processes, and every process
@@ -51,11 +64,16 @@ Leaves alone (each reported unless no metric is recognised):
     loader left unprepared) is reported, as it covers one process's share. The report says how to make
     the metric gatherable: `reduction="sum"` (divided by `len(loader.dataset)`), or a batch mean
     multiplied by the batch size.
+    A prepared model called under a rank check with autograd on (a backward may follow, which no
+    rewrite makes right on some processes only), in a script with mixed precision (`unwrap_model`
+    would also drop the autocast the prepared model's forward runs under), or in a function that
+    cannot reach the accelerator is reported, with the call to write instead.
 
 Fix safety:
     Safe on one process: gathering one process's values returns them unchanged, and nothing that
     is computed changes. On N processes the metrics equal the one-process ones up to float
-    summation order.
+    summation order. `accelerator.unwrap_model(model)(x)` under no_grad computes what the prepared
+    model computes on that process (on one process the prepared model is the module itself).
 """
 
 from __future__ import annotations
@@ -68,7 +86,7 @@ import libcst as cst
 
 from migrate.analysis import Loop, Scope
 from migrate.edits import EditPlan
-from migrate.names import target_names
+from migrate.names import call_argument, target_names
 from migrate.roles import Roles
 from migrate.rules.base import accelerator_call, assignment, reference
 from migrate.walk import walk
@@ -108,6 +126,7 @@ class _Plan:
 def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models or roles.home.prepared:
         return
+    _main_process_forwards(roles, plan)
     # An evaluation function may be called with several loaders (`evaluate(model, train_loader)`
     # and `evaluate(model, val_loader)`): its loop is converted once, for all of them, or not at all.
     loops: dict[int, tuple[Scope, Loop, list[str]]] = {}
@@ -704,3 +723,175 @@ def _bound_in(stmt: cst.BaseStatement) -> set[str]:
 def _code(node: cst.CSTNode) -> str:
     text = cst.Module(body=[]).code_for_node(node).strip()
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- the prepared model's forward on some processes only ----------------------------------------
+
+# Names and attributes that hold "this is the main process" (`accelerator.is_main_process`,
+# nanoGPT's `master_process`).
+_MAIN_FLAGS = frozenset({"is_main_process", "is_local_main_process", "is_master", "master_process", "is_main"})
+_AUTOCAST = re.compile(r"autocast|GradScaler")
+
+
+def _rank_test(test: cst.BaseExpression) -> bool:
+    """`rank == 0`, `args.rank != 0`, `dist.get_rank() == 0`, `local_rank in [-1, 0]`,
+    `accelerator.is_main_process`, `master_process`, and `and` / `or` / `not` of those: a test that
+    is true on some processes and false on others."""
+    if isinstance(test, cst.BooleanOperation):
+        return _rank_test(test.left) or _rank_test(test.right)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _rank_test(test.expression)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        ranked = re.search(r"(^|[._])rank\b", _code(test.left)) is not None
+        if isinstance(target.operator, (cst.Equal, cst.NotEqual)):
+            return ranked and isinstance(target.comparator, cst.Integer) and target.comparator.value == "0"
+        if isinstance(target.operator, (cst.In, cst.NotIn)):
+            return ranked and isinstance(target.comparator, (cst.List, cst.Tuple, cst.Set))
+        return False
+    if isinstance(test, cst.Attribute):
+        return test.attr.value in _MAIN_FLAGS
+    return isinstance(test, cst.Name) and test.value in _MAIN_FLAGS
+
+
+class _RankBranchCalls(cst.CSTVisitor):
+    """Calls made inside the body or `else` of an `if` on the rank (not in nested functions), each
+    with the innermost rank test and whether autograd is off there (`with torch.no_grad():`)."""
+
+    def __init__(self, roles: Roles, function: cst.CSTNode) -> None:
+        self.roles = roles
+        self.function = function
+        self.tests: list[cst.BaseExpression] = []
+        self.no_grad = 0
+        self.found: list[tuple[cst.Call, cst.BaseExpression, bool]] = []
+
+    def _is_no_grad(self, expr: cst.BaseExpression) -> bool:
+        func = expr.func if isinstance(expr, cst.Call) else expr
+        return self.roles.facts.aliases.qualify(func) in _NO_GRAD
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.function
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return node is self.function
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_If(self, node: cst.If) -> bool:
+        ranked = _rank_test(node.test)
+        if ranked:
+            self.tests.append(node.test)
+        walk(node.body, self)
+        if node.orelse is not None:
+            walk(node.orelse, self)
+        if ranked:
+            self.tests.pop()
+        return False
+
+    def visit_With(self, node: cst.With) -> None:
+        if any(self._is_no_grad(item.item) for item in node.items):
+            self.no_grad += 1
+
+    def leave_With(self, node: cst.With) -> None:
+        if any(self._is_no_grad(item.item) for item in node.items):
+            self.no_grad -= 1
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.tests:
+            self.found.append((node, self.tests[-1], self.no_grad > 0))
+
+
+def _main_process_forwards(roles: Roles, plan: EditPlan) -> None:
+    """`model(x)` (or `evaluate(model, loader)`) under `if rank == 0:`: the prepared model's forward
+    on some processes only. Under DDP that forward broadcasts the model's buffers (BatchNorm's
+    running statistics), a collective the other processes never join: they go on to their next
+    collective (the prepared loader's per-epoch seed, the next step's gradients) and the run hangs
+    or aborts. Under `torch.no_grad()` the call goes through `accelerator.unwrap_model(model)`,
+    the same module without DDP's forward (this process's own buffers: the same outputs);
+    otherwise it is reported."""
+    mixed = "mixed_precision" in plan.accelerator_kwargs or any(
+        _AUTOCAST.search(call.qualified) for scope in roles.facts.scopes for call in scope.library_calls
+    )
+    for scope in roles.facts.scopes:
+        if not scope.is_function and scope is not roles.facts.module_scope:
+            continue
+        visitor = _RankBranchCalls(roles, scope.node)
+        walk(scope.node, visitor)
+        if not visitor.found:
+            continue
+        function = scope.node
+        decorated = isinstance(function, cst.FunctionDef) and any(
+            visitor._is_no_grad(d.decorator) for d in function.decorators
+        )
+        reach = roles.can_reach(scope)
+        for call, test, no_grad in visitor.found:
+            ref = reference(call.func)
+            if ref is not None and roles.all_in(scope, ref, roles.models):
+                _main_process_forward(plan, scope, call, call.func, ref, test, no_grad or decorated, mixed, reach)
+                continue
+            callee = roles.facts.function_called(call)
+            if callee is None or call in plan.calls:
+                continue
+            for index, param in enumerate(callee.params[1:] if callee.is_method else callee.params):
+                arg = call_argument(call, index, param)
+                name = reference(arg) if arg is not None else None
+                if name is None or not roles.all_in(scope, name, roles.models) or not _forwards(callee, param):
+                    continue
+                callee_no_grad = isinstance(callee.node, cst.FunctionDef) and any(
+                    visitor._is_no_grad(d.decorator) for d in callee.node.decorators
+                )
+                assert arg is not None
+                _main_process_forward(plan, scope, call, arg, name, test, no_grad or decorated or callee_no_grad,
+                                      mixed, reach, through=callee.qualname)
+
+
+def _forwards(function: Scope, param: str) -> bool:
+    """`function` calls its parameter `param` (`param(x)`): a forward of whatever is passed."""
+    found = False
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            found = found or (isinstance(node.func, cst.Name) and node.func.value == param)
+
+    walk(function.node, Visitor())
+    return found
+
+
+def _main_process_forward(
+    plan: EditPlan, scope: Scope, call: cst.Call, model: cst.BaseExpression, ref: str,
+    test: cst.BaseExpression, no_grad: bool, mixed: bool, reach: bool, through: str | None = None,
+) -> None:
+    where = f"`{_code(call)}`" + (f" (a forward of `{ref}` in `{through}`)" if through else "")
+    hang = (f"{where} runs the prepared `{ref}`'s forward under `if {_code(test)}:`, on some processes only: under DDP "
+            "that forward broadcasts the model's buffers (BatchNorm's running statistics), a collective the other "
+            "processes never join, so the run hangs or aborts (gloo: a collective mismatch) at their next collective")
+    if not no_grad:
+        plan.report(CODE, call, f"{hang}; it runs with autograd on, so it was left as it is: evaluate under "
+                    f"`torch.no_grad()` through `accelerator.unwrap_model({ref})` (the module without DDP's forward), "
+                    "or run it on every process")
+        return
+    if mixed:
+        plan.report(CODE, call, f"{hang}; `accelerator.unwrap_model({ref})` would avoid it but also drops the mixed "
+                    f"precision the prepared model's forward runs under: call it as `accelerator.unwrap_model({ref})` "
+                    "inside `with accelerator.autocast():`")
+        return
+    if not reach:
+        plan.report(CODE, call, f"{hang}; `{scope.qualname}` cannot reach the accelerator: pass "
+                    f"`accelerator.unwrap_model({ref})` (the module without DDP's forward) instead")
+        return
+    if model is call.func:
+        plan.calls[call] = lambda updated: updated.with_changes(
+            func=accelerator_call("unwrap_model", [cst.Arg(updated.func)])
+        )
+    else:
+        index = next(i for i, a in enumerate(call.args) if a.value is model)
+        plan.calls[call] = lambda updated, index=index: updated.with_changes(args=[
+            a.with_changes(value=accelerator_call("unwrap_model", [cst.Arg(a.value)])) if i == index else a
+            for i, a in enumerate(updated.args)
+        ])
+    plan.use_accelerator(scope)
+    plan.change(CODE, call, f"the prepared `{ref}` runs under `if {_code(test)}:` on some processes only: "
+                f"`accelerator.unwrap_model({ref})` runs it without DDP's forward, whose buffer broadcast (a "
+                "collective) the other processes would never join")

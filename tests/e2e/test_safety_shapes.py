@@ -12,6 +12,11 @@ training code:
 - `init_helper`: the script's own `init_distributed_mode(args)` initialises the process group under
   torchrun. Before: the Accelerator was created above it, and the helper's second
   `init_process_group` failed on 2 processes.
+- `rank_zero_eval`: a BatchNorm model evaluated after every epoch under `if rank == 0:`, under
+  `torch.no_grad()`. Before: the main process ran the prepared (DDP) model's forward, which
+  broadcasts its buffers, while the other process went on to the next epoch, whose prepared loader
+  broadcasts its shuffle seed: gloo aborted with a collective mismatch. Now the main process calls
+  `accelerator.unwrap_model(model)` (and prints the same validation loss as the original).
 
 For each: the CLI migrates it (exit 0); one process prints the same loss lines as the original
 (same seed, bit-identical); two gloo processes exit 0, the main process alone prints, and each
@@ -160,8 +165,53 @@ SCRIPTS = {
         if __name__ == "__main__":
             main(Args())
     ''',
+    "rank_zero_eval": '''
+        """BatchNorm model; the main process alone evaluates it after every epoch."""
+        import os
+
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def main():
+            rank = int(os.environ.get("RANK", "0"))
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            torch.manual_seed(0)
+            data = TensorDataset(torch.randn(128, 4), torch.randn(128, 1))
+            loader = DataLoader(data, batch_size=8, shuffle=True)
+            val_loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+            model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1)).to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+            for epoch in range(3):
+                model.train()
+                steps = 0
+                for step, (x, y) in enumerate(loader):
+                    x, y = x.to(device), y.to(device)
+                    optimizer.zero_grad()
+                    loss = nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+                    steps += 1
+                    print(f"epoch {epoch} step {step} loss {loss.item():.6f}")
+                model.eval()
+                if rank == 0:
+                    total = 0.0
+                    with torch.no_grad():
+                        for x, y in val_loader:
+                            x, y = x.to(device), y.to(device)
+                            total += nn.functional.mse_loss(model(x), y, reduction="sum").item()
+                    print(f"epoch {epoch} val {total / len(val_loader.dataset):.6f}")
+            open(f"steps-{rank}.txt", "w").write(f"rank {rank} steps {steps}\\n")
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
 }
 STEPS_PER_EPOCH = 128 // 8
+EPOCHS = {"rank_zero_eval": 3}
+VAL = re.compile(r"^epoch (\d+) val ([0-9.]+)$", re.M)
 
 
 @lru_cache(maxsize=None)
@@ -216,6 +266,10 @@ def test_migration_creates_the_accelerator_where_every_path_sees_it(name: str, t
         assert migrated.index("accelerator = Accelerator()") < migrated.index("data = download(128)")
     if name == "init_helper":
         assert migrated.index("    init_distributed_mode(args)") < migrated.index("accelerator = Accelerator()")
+    if name == "rank_zero_eval":
+        # DDP's forward on the main process only would broadcast the BatchNorm buffers, a collective
+        # the other process never joins (it is already in the next epoch's loader)
+        assert "accelerator.unwrap_model(model)(x)" in migrated
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
@@ -224,8 +278,9 @@ def test_one_process_trains_like_the_original(name: str, tmp_root: str) -> None:
     original, _ = _run(folder, "original", name, 1)
     migrated, run_dir = _run(folder, "migrated", name, 1)
     expected = LOSS.findall(original.stdout)
-    assert len(expected) == 2 * STEPS_PER_EPOCH
+    assert len(expected) == EPOCHS.get(name, 2) * STEPS_PER_EPOCH
     assert LOSS.findall(migrated.stdout) == expected
+    assert VAL.findall(migrated.stdout) == VAL.findall(original.stdout)
     assert _steps(run_dir) == {0: STEPS_PER_EPOCH}
 
 
@@ -234,6 +289,8 @@ def test_two_processes_train_their_share(name: str, tmp_root: str) -> None:
     folder = workdir(name, tmp_root)
     proc, run_dir = _run(folder, "migrated", name, 2)
     printed = LOSS.findall(proc.stdout)
-    assert len(printed) == STEPS_PER_EPOCH, "only the main process prints, and it runs half the batches"
+    assert len(printed) == EPOCHS.get(name, 2) * STEPS_PER_EPOCH // 2, "only the main process prints, and it runs half the batches"
+    if name == "rank_zero_eval":
+        assert [int(e) for e, _ in VAL.findall(proc.stdout)] == [0, 1, 2], "the main process evaluates every epoch"
     assert _steps(run_dir) == {0: STEPS_PER_EPOCH // 2, 1: STEPS_PER_EPOCH // 2}
     assert all(math.isfinite(float(loss)) for _, _, loss in printed)
