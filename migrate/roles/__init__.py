@@ -11,7 +11,8 @@ working on main's prepared objects. Everything the rules decide is derived here 
 - `entry`: whether the file is a script at all (a test or library module is left alone);
 - `loaders`, `schedulers`: the training loaders (and their sharding), the schedulers to prepare,
   the evaluation loops;
-- `traps`: shapes reported instead of rewritten (a hidden training step, apex, torch.compile);
+- `traps`: shapes reported instead of rewritten (a hidden training step, apex, torch.compile, a
+  prepared model wrapped again by hand where AM007 cannot remove the wrapper);
 - `placement`: where `accelerator = Accelerator()` and `accelerator.prepare(...)` go.
 
 A finder that cannot give a training object a role says so with a `Finding` (the diagnostic of the
@@ -52,7 +53,7 @@ from migrate.roles.optimizers import (
 from migrate.roles.placement import place_accelerator, place_prepare
 from migrate.roles.schedulers import find_schedulers
 from migrate.roles.spawn import SpawnLaunch, check_spawn_worker, spawn_launch
-from migrate.roles.traps import report_hidden_training_step, report_library_traps
+from migrate.roles.traps import refuse_rewrapped_models, report_hidden_training_step, report_library_traps
 
 __all__ = [
     "Finding", "Origin", "Roles", "SpawnLaunch", "find_roles", "kept_as_attribute", "loader_calls", "sampler_values",
@@ -94,6 +95,7 @@ def _find_roles(roles: Roles) -> None:
     report_unsharded_training(roles)
     report_hidden_training_step(roles)
     report_library_traps(roles)
+    refuse_rewrapped_models(roles)
     find_schedulers(roles)
     find_eval_loops(roles)
     place_accelerator(roles)

@@ -1,14 +1,18 @@
 """Shapes reported instead of rewritten, found while the roles are resolved.
 
 A training step hidden in another module (an optimizer but no backward in the file: AM003), apex
-AMP (AM006) and `torch.compile` of the model before the prepare call (AM004)."""
+AMP (AM006), `torch.compile` of the model before the prepare call (AM004), and a prepared model
+wrapped again by hand in DDP / DataParallel where AM007 cannot remove the wrapper (AM007, the file
+is refused)."""
 
 from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Scope
-from migrate.roles.model import BACKWARD, MIXED_PRECISION, PREPARE, Finding, Roles
+from migrate.analysis import Binding, Scope
+from migrate.names import instance_attribute
+from migrate.roles.calls import HAND_WRAPPERS
+from migrate.roles.model import BACKWARD, DISTRIBUTED, MIXED_PRECISION, PREPARE, Finding, Roles
 
 
 def report_hidden_training_step(roles: Roles) -> None:
@@ -61,3 +65,82 @@ def _compiles_a_model(roles: Roles, scope: Scope, call: cst.Call) -> bool:
         return False
     arg = call.args[0].value
     return isinstance(arg, cst.Name) and arg.value in roles.models
+
+
+def refuse_rewrapped_models(roles: Roles) -> None:
+    """`self.model = DDP(self.model, device_ids=[...])` in a class the prepared model reaches through
+    a constructor argument (`dataset, model, optimizer = load_train_objs()`, then
+    `Trainer(model, ...)`): AM007 removes hand wrappers only where the model is prepared, so this one
+    would stay and wrap the prepared model (DistributedDataParallel itself on N processes) in a
+    second DDP. The file is refused with the line."""
+    home = roles.home
+    if home is None or not roles.models or roles.refused or roles.accelerator_exists:
+        return
+    for scope in roles.facts.scopes:
+        if scope is home:
+            continue  # AM007 removes the wrappers of home's models there
+        for call in scope.library_calls:
+            if call.qualified not in HAND_WRAPPERS or not call.call.args:
+                continue
+            arg = call.call.args[0].value
+            ref = arg.value if isinstance(arg, cst.Name) else instance_attribute(arg)
+            if ref is None:
+                continue
+            model = _prepared_model(roles, scope, ref)
+            if model is None:
+                continue
+            if call.qualified.endswith(".DataParallel"):
+                kind, harm = "DataParallel", ("DataParallel around the prepared model (each process would split its "
+                                              "batches over every visible GPU, beside DDP's one GPU per process")
+            else:
+                kind, harm = "DistributedDataParallel", "DDP inside DDP (every gradient all-reduced twice"
+            roles.refused = True
+            roles.findings = [Finding(DISTRIBUTED, call.call, (
+                f"`{ref}` in `{scope.qualname}` is the model `{model}` that `accelerator.prepare(...)` would wrap in "
+                f"`{home.qualname}`, and this line wraps it again in {kind}: {harm}; `.module.state_dict()` "
+                "would save another `module.` prefix that the original's checkpoints do not have). The wrapper is "
+                "outside the function that prepares the model, so it "
+                "cannot be removed with it, and the file was left as it is: remove this wrapper by hand (prepare "
+                "wraps the model), read the bare module with `accelerator.unwrap_model(...)` instead of `.module`, "
+                "and run again"
+            ))]
+            return
+
+
+def _prepared_model(roles: Roles, scope: Scope, ref: str) -> str | None:
+    """The model of home that `ref` in `scope` holds: home's own binding, or home's return value
+    (`model = build()`, `dataset, model, optimizer = load_train_objs()` where home returns it)."""
+    home = roles.home
+    found = roles.origins(scope, ref)
+    for origin_scope, name in found or ():
+        if origin_scope is home and name in roles.models:
+            return name
+        for binding in origin_scope.bindings.get(name, []):
+            returned = _returned_by_home(roles, binding)
+            if returned is not None:
+                return returned
+    return None
+
+
+def _returned_by_home(roles: Roles, binding: Binding) -> str | None:
+    stmt = binding.where.stmt
+    assign = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.value, cst.Call)):
+        return None
+    if roles.facts.function_called(assign.value) is not roles.home or roles.home is None:
+        return None
+    target = assign.targets[0].target
+    index: int | None = None
+    if isinstance(target, (cst.Tuple, cst.List)):
+        for i, element in enumerate(target.elements):
+            if isinstance(element.value, cst.Name) and element.value.value == binding.name:
+                index = i
+    for returned in roles.home.returns:
+        value = returned
+        if index is not None:
+            if not isinstance(returned, cst.Tuple) or index >= len(returned.elements):
+                continue
+            value = returned.elements[index].value
+        if isinstance(value, cst.Name) and value.value in roles.models:
+            return value.value
+    return None

@@ -85,6 +85,12 @@ Leaves alone:
     blocks sharded without the model), sharding that runs only under an `if` (`--fsdp` flags), and
     other uses of FSDP (`FSDP.state_dict_type(...)`, `model.clip_grad_norm_()`, `model.reshard()`):
     the whole file is refused with the reason and the fix.
+    A `DDP(...)` / `DataParallel(...)` outside the function that prepares the model, around that
+    model (a trainer class given it through its constructor: `dataset, model, optimizer =
+    load_train_objs()`, then `Trainer(model, ...)` and `self.model = DDP(self.model, ...)` in its
+    `__init__`): removed there, the class's `.module` reads and checkpoint loads would need the
+    accelerator it cannot see; kept, it would wrap the prepared model in a second DDP (gradients
+    all-reduced twice, `module.module.` checkpoint keys). The whole file is refused with the line.
     Also a process group initialised in another function than the one that
     builds the optimizer, samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
