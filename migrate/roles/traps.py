@@ -2,15 +2,16 @@
 
 A training step hidden in another module (an optimizer but no backward in the file: AM003), apex
 AMP (AM006), `torch.compile` of the model before the prepare call (AM004), and a prepared model
-wrapped again by hand in DDP / DataParallel where AM007 cannot remove the wrapper (AM007, the file
-is refused)."""
+wrapped again by hand in DDP / DataParallel where AM007 cannot remove the wrapper (AM007), a copy
+of the prepared model trained in its place (`learner = maml.clone()`) and an optimizer rebound to
+another library's distributed optimizer (AM004): the last three refuse the file."""
 
 from __future__ import annotations
 
 import libcst as cst
 
 from migrate.analysis import Binding, Scope
-from migrate.names import instance_attribute
+from migrate.names import call_argument, instance_attribute
 from migrate.roles.calls import HAND_WRAPPERS
 from migrate.roles.model import BACKWARD, DISTRIBUTED, MIXED_PRECISION, PREPARE, Finding, Roles
 
@@ -144,3 +145,109 @@ def _returned_by_home(roles: Roles, binding: Binding) -> str | None:
         if isinstance(value, cst.Name) and value.value in roles.models:
             return value.value
     return None
+
+
+# nn.Module methods that run no forward and return no module to run one through.
+_MODULE_METHODS = frozenset({
+    "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children", "modules",
+    "named_modules", "state_dict", "load_state_dict", "train", "eval", "to", "cuda", "cpu", "half", "float",
+    "double", "bfloat16", "zero_grad", "requires_grad_", "apply", "type", "share_memory", "extra_repr",
+    "get_submodule", "get_parameter", "get_buffer", "register_buffer", "register_parameter", "register_module",
+    "add_module", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+})
+
+
+def refuse_forward_bypassing_copies(roles: Roles) -> None:
+    """`learner = maml.clone()` in a training loop, then `learner(x)` and a backward, the prepared
+    model itself never called there: on N processes the prepared model is DDP, whose reducer only
+    synchronises a backward that its own forward prepared. The copy's forward is the wrapped
+    module's (`PreparedDDP` hands `clone` to it), so no gradient is ever averaged across processes
+    (the runtime raises GradientSyncError at the first backward). The file is refused with the line."""
+    home = roles.home
+    if home is None or not roles.models or roles.refused or roles.accelerator_exists:
+        return
+    for scope in roles.facts.scopes:
+        for site in scope.method_calls:
+            receiver = site.receiver
+            assert type(receiver) is cst.Name
+            method = site.call.func.attr.value  # type: ignore[attr-defined]
+            if method in _MODULE_METHODS or not roles.all_in(scope, receiver.value, roles.models):
+                continue
+            loops = [loop for loop in site.loops if loop.has_backward]
+            copy = _bound_name(site.where.stmt, site.call)
+            if not loops or copy is None or _model_called(scope, receiver.value, loops[0]):
+                continue
+            if not _runs(roles, scope, copy):
+                continue
+            roles.refused = True
+            roles.findings = [Finding(PREPARE, site.call, (
+                f"`{copy} = {receiver.value}.{method}(...)` in a training loop, then `{copy}(...)`: on N processes the "
+                f"prepared `{receiver.value}` is DistributedDataParallel, and `{receiver.value}.{method}()` runs on the "
+                f"wrapped module (the prepared model hands attributes it does not have to it), so it returns a module "
+                "whose forward DDP never sees: DDP synchronises only a backward that its own forward prepared, so no "
+                "gradient would be averaged across processes (the runtime's check raises GradientSyncError). The "
+                "file was left as it is: compute the loss inside the model's `forward` and call the prepared model, or "
+                f"leave `{receiver.value}` unprepared and all-reduce its gradients yourself before the optimizer steps"
+            ))]
+            for wrapper in _distributed_optimizer_wrappers(roles):
+                roles.findings.append(wrapper)
+            return
+    wrappers = _distributed_optimizer_wrappers(roles)
+    if wrappers:
+        roles.refused = True
+        roles.findings = wrappers
+
+
+def _bound_name(stmt: cst.BaseStatement, call: cst.Call) -> str | None:
+    """`name = <call>` as a statement of its own: the name."""
+    small = stmt.body[0] if type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 else None
+    if type(small) is cst.Assign and small.value is call and len(small.targets) == 1:
+        target = small.targets[0].target
+        return target.value if type(target) is cst.Name else None
+    return None
+
+
+def _model_called(scope: Scope, model: str, loop: object) -> bool:
+    return any(site.callee == model and loop in site.loops for site in scope.calls)
+
+
+def _runs(roles: Roles, scope: Scope, name: str) -> bool:
+    """`name(...)` in `scope`, or `name` passed to a function of this file that calls that parameter."""
+    for site in scope.calls:
+        if site.callee == name:
+            return True
+        callee = roles.facts.function_called(site.call)
+        if callee is None:
+            continue
+        params = callee.params[1:] if callee.is_method else callee.params
+        for index, param in enumerate(params):
+            arg = call_argument(site.call, index, param)
+            if type(arg) is cst.Name and arg.value == name and any(s.callee == param for s in callee.calls):
+                return True
+    return False
+
+
+def _distributed_optimizer_wrappers(roles: Roles) -> list[Finding]:
+    """`optimizer = cherry.optim.Distributed(params, opt=optimizer)`: home's optimizer rebound to
+    another library's distributed optimizer, which averages the gradients (and syncs the
+    parameters) across processes with its own collectives; prepared, it would run them beside DDP's."""
+    home = roles.home
+    found: list[Finding] = []
+    if home is None:
+        return found
+    for name in roles.optimizers:
+        for binding in home.bindings.get(name, []):
+            value = binding.value
+            if type(value) is not cst.Call:
+                continue
+            qualified = roles.facts.aliases.qualify(value.func) or cst.Module([]).code_for_node(value.func)
+            takes_it = any(type(a.value) is cst.Name and a.value.value == name for a in value.args)
+            if takes_it and "Distributed" in qualified.rsplit(".", 1)[-1]:
+                found.append(Finding(PREPARE, value, (
+                    f"`{name}` is wrapped in `{qualified}(...)`, another library's distributed optimizer: it averages "
+                    "gradients (and synchronises parameters) across processes with its own collectives, so "
+                    f"`accelerator.prepare({name})` would hand it a model DDP already synchronises; the file was left "
+                    "as it is: keep one of the two (drop the wrapper and prepare the inner optimizer, or keep the "
+                    "wrapper and leave the model unprepared)"
+                )))
+    return found

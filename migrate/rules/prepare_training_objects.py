@@ -57,6 +57,14 @@ Leaves alone:
     optimizer, prepared, and wrapped again right after the prepare call (`optimizer =
     ScheduledOptim(optimizer, d_model, warmup)`), so the wrapper's schedule steps the prepared
     optimizer; other wrapped shapes (never bound, rebound, inside an expression) are reported.
+    A copy of the model trained in its place (`learner = maml.clone()` in the training loop, then
+    `learner(x)` directly or through a helper of this file, and a backward, the model itself never
+    called in that loop) refuses the file: the prepared model is DDP on N processes, and a method it
+    does not have runs on the wrapped module, so the copy's forward is never DDP's and no gradient
+    is averaged (the runtime's check raises GradientSyncError). So does an optimizer rebound to
+    another library's distributed optimizer (`optimizer = cherry.optim.Distributed(params,
+    opt=optimizer)`, `hvd.DistributedOptimizer(optimizer, ...)`): it averages gradients with its own
+    collectives, beside the ones DDP would add.
     A second training section in the same scope that builds its optimizer again after the prepare
     call (a notebook-style file training a baseline, then another model) is reported and the
     file left as it is: that section's model would train unprepared.
