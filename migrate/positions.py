@@ -1,22 +1,45 @@
-"""The line each node starts on, as libcst's PositionProvider would report it, at a third of its cost.
+"""The line each node starts on, as libcst's PositionProvider would report it, at a fraction of its cost.
 
 Changes and diagnostics name the line of the original file they concern. libcst's
 `MetadataWrapper(...).resolve(PositionProvider)` computes full ranges (lines and columns) and also
-re-walks the whole tree for batchable providers we never ask for. Here one code-generation pass
+re-walks the whole tree for batchable providers we never ask for. Here a code-generation pass
 records start lines only: a node's syntactic start (where libcst records one: after its leading
 comments and blank lines, at its first token) and otherwise the line where its code begins.
-tests/migrate/test_positions.py checks that every node gets PositionProvider's start line.
+tests/migrate/test_walk.py checks that every node gets PositionProvider's start line.
 
-Given the nodes it will be asked about (`wanted`), the pass stops as soon as the last of them is
-done: a node's start line is final once its own code is generated (whatever a syntactic start
-inside it recorded was recorded by then), and what comes later in the file cannot change it.
-Reports usually end before the file does, so this saves the tail of the pass.
+Reports name a handful of nodes (`wanted`), and generating the code of the whole file to place
+them cost a tenth of the run. So with `wanted`:
+
+1. a read-only descent (`migrate.walk.children`) finds the wanted nodes and the nodes on the way
+   down to them (their ancestors);
+2. the statements are placed by structure: a statement with nothing wanted inside only moves the
+   line on by the newlines of its code, counted from its tokens (`_line_count`, a plain walk over
+   its fields, a third of a code-generation pass); a compound statement (and its clauses, and an
+   indented block) is opened: its leading lines and decorators, then its header, then its body
+   and clauses in the order libcst generates them;
+3. only a simple statement line (or a one-line suite) with a wanted node inside, or a compound
+   statement's header holding one, goes through the line-counting code generation, started at
+   the line the statement begins on (a header's pass stops where its body begins).
+
+A code-generation pass does not depend on where it starts (tokens are the node's own, plus the
+module's default newline and indentation), so a statement's pass started at its line gives each
+node inside it the line the whole-file pass gives it. Everything stops once every wanted node has
+its line. Wanted nodes the descent does not reach (formatting nodes: whitespace, comments) send
+the call to the whole-file pass, which also serves calls without `wanted` (a whole-module table):
+it stops as soon as the last wanted node is done, since a node's start line is final once its own
+code is generated and what comes later in the file cannot change it.
+
+tests/migrate/test_positions_wanted.py checks, on every fixture, that the placed lines equal the
+whole-file pass's for every statement and for random sets of wanted nodes, and that `_line_count`
+equals the newlines of each node's code.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -33,6 +56,7 @@ class _StartLines(CodegenState):
     starts: dict[cst.CSTNode, int] = field(default_factory=dict)
     stack: list[int] = field(default_factory=list)
     wanted: set[cst.CSTNode] | None = None  # None: every node; else stop once all of them are done
+    stop_at: cst.CSTNode | None = None  # stop when this node's code is about to begin
 
     def add_indent_tokens(self) -> None:
         pass  # indentation never contains a newline
@@ -42,6 +66,8 @@ class _StartLines(CodegenState):
             self.line += len(_NEWLINES.findall(value))
 
     def before_codegen(self, node: cst.CSTNode) -> None:
+        if node is self.stop_at:
+            raise _HeaderDone
         self.stack.append(self.line)
 
     def after_codegen(self, node: cst.CSTNode) -> None:
@@ -62,33 +88,237 @@ class _StartLines(CodegenState):
 
 
 class _Recording:
-    __slots__ = ("state", "node", "start_node", "start")
+    __slots__ = ("state", "node", "start_node")
 
     def __init__(self, state: _StartLines, node: cst.CSTNode, start_node: cst.CSTNode | None) -> None:
         self.state, self.node, self.start_node = state, node, start_node
 
     def __enter__(self) -> None:
-        self.start = self.state.line
+        if self.start_node is None:  # known now: a header's pass may stop before the node ends
+            self.state.starts[self.node] = self.state.line
 
-    def __exit__(self, *exc: object) -> None:
-        starts = self.state.starts
-        starts[self.node] = starts[self.start_node] if self.start_node is not None else self.start
+    def __exit__(self, error: type[BaseException] | None, *exc: object) -> None:
+        if self.start_node is not None and error is None:  # a stopped pass never reached it
+            starts = self.state.starts
+            starts[self.node] = starts[self.start_node]
 
 
 class _Done(Exception):
     """Every wanted node has its start line: the rest of the pass is not needed."""
 
 
+class _HeaderDone(Exception):
+    """A compound statement's header pass reached the statement's body."""
+
+
 def start_lines(module: cst.Module, wanted: Iterable[cst.CSTNode] | None = None) -> dict[cst.CSTNode, int]:
     """Map every node of `module` to the (1-based) line its code starts on. With `wanted`, only
-    those nodes are guaranteed to be in the map (others before the last of them are too)."""
+    those nodes are guaranteed to be in the map."""
+    if wanted is None:
+        return _whole_pass(module, None)
+    left = set(wanted)
+    if not left:
+        return {}
+    if any(type(node) is cst.SimpleWhitespace or type(node) is cst.Newline for node in left):
+        return _whole_pass(module, left)  # tokens `_line_count` counts without looking them up
+    placer = _Placer(module, left)
+    try:
+        placer.place(module, 1)
+    except _Done:
+        pass
+    return placer.starts
+
+
+def _whole_pass(module: cst.Module, wanted: set[cst.CSTNode] | None) -> dict[cst.CSTNode, int]:
+    """The code-generation pass over the whole module (until the last wanted node is done)."""
     state = _StartLines(default_indent=module.default_indent, default_newline=module.default_newline)
-    if wanted is not None:
-        state.wanted = set(wanted)
-        if not state.wanted:
-            return state.starts
+    state.wanted = wanted
     try:
         module._codegen(state)  # the hook PositionProvider itself uses
     except _Done:
         pass
     return state.starts
+
+
+# Compound statements and their clauses, opened by `_Placer`: their fields before the syntactic
+# start, then (the header: every other field), then the blocks, in the order libcst generates them.
+_LEADING = ("leading_lines", "decorators", "lines_after_decorators")
+_BLOCKS = ("body", "handlers", "orelse", "finalbody", "cases", "footer")
+_OPENED = (
+    cst.If, cst.Else, cst.For, cst.While, cst.With, cst.Try, cst.TryStar, cst.ExceptHandler,
+    cst.ExceptStarHandler, cst.Finally, cst.FunctionDef, cst.ClassDef, cst.Match, cst.MatchCase,
+)
+_Parts = tuple[Callable[[cst.CSTNode], tuple[object, ...]], ...]  # leading, header, blocks getters
+_PARTS: dict[type, _Parts] = {}
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[cst.CSTNode], tuple[object, ...]]:
+    if not names:
+        return lambda node: ()
+    if len(names) == 1:
+        one = operator.attrgetter(names[0])
+        return lambda node: (one(node),)
+    return operator.attrgetter(*names)  # type: ignore[return-value]
+
+
+for _kind in _OPENED:
+    _names = [f.name for f in dataclasses.fields(_kind)]
+    _PARTS[_kind] = (
+        _getter(tuple(n for n in _LEADING if n in _names)),
+        _getter(tuple(n for n in _names if n not in _LEADING and n not in _BLOCKS)),
+        _getter(tuple(n for n in _BLOCKS if n in _names)),
+    )
+
+
+class _Placer:
+    """Places the wanted nodes by the structure of the statements around them (module docstring)."""
+
+    def __init__(self, module: cst.Module, wanted: set[cst.CSTNode]) -> None:
+        self.module = module
+        self.wanted = wanted  # those not placed yet
+        self.ids = frozenset(map(id, wanted))  # id() tests: a node's own __hash__ is Python code
+        self.starts: dict[cst.CSTNode, int] = {}
+
+    def record(self, node: cst.CSTNode, line: int) -> None:
+        if id(node) in self.ids:
+            self.starts[node] = line
+            wanted = self.wanted
+            wanted.discard(node)
+            if not wanted:
+                raise _Done
+
+    def place(self, node: object, line: int) -> int:
+        """Place what is wanted in `node` (a node, a sequence of nodes or None) whose code begins
+        on `line`; return the line its code ends on (where the next node's code begins)."""
+        kind = type(node)
+        if kind is tuple or kind is list:
+            for item in node:  # type: ignore[attr-defined]
+                line = self.place(item, line)
+            return line
+        if node is None:
+            return line
+        if kind is cst.IndentedBlock:
+            return self.place_block(node, line)  # type: ignore[arg-type]
+        if kind is cst.Module:
+            self.record(node, line)  # type: ignore[arg-type]
+            line = self.place(node.header, line)  # type: ignore[attr-defined]
+            line = self.place(node.body, line)  # type: ignore[attr-defined]
+            return self.place(node.footer, line)  # type: ignore[attr-defined]
+        parts = _PARTS.get(kind)
+        if parts is None:  # a simple statement line, a one-line suite, a formatting node
+            count = _line_count(node, self.ids)
+            return line + count if count >= 0 else self.generate(node, line)  # type: ignore[arg-type]
+        leading_of, header_of, blocks_of = parts
+        blocks = blocks_of(node)  # type: ignore[arg-type]
+        leading = _line_count(leading_of(node), self.ids)  # type: ignore[arg-type]
+        header = _line_count(header_of(node), self.ids) if leading >= 0 else -1  # type: ignore[arg-type]
+        if header < 0:  # something wanted before the body: generate up to it
+            line = self.generate(node, line, stop_at=_first_node(blocks))  # type: ignore[arg-type]
+            self.record(node, self.starts[node])  # type: ignore[arg-type]
+        else:
+            self.record(node, line + leading)  # type: ignore[arg-type]
+            line += leading + header
+        for block in blocks:
+            line = self.place(block, line)
+        return line
+
+    def place_block(self, block: cst.IndentedBlock, line: int) -> int:
+        count = _line_count(block.header, self.ids)
+        if count < 0:
+            return self.generate(block, line)
+        line += count
+        body = block.body
+        if body:
+            first = body[0]
+            if id(block) in self.ids:  # libcst gives a block its first statement's syntactic start
+                parts = _PARTS.get(type(first))
+                leading = parts[0](first) if parts is not None else first.leading_lines  # type: ignore[attr-defined]
+                self.record(block, line + _line_count(leading))
+            line = self.place(body, line)
+        else:
+            self.record(block, line)  # a generated `pass`
+            line += 1
+        return self.place(block.footer, line)
+
+    def generate(self, node: cst.CSTNode, line: int, stop_at: cst.CSTNode | None = None) -> int:
+        """The line-counting code generation of `node` alone, from `line`."""
+        state = _StartLines(
+            default_indent=self.module.default_indent, default_newline=self.module.default_newline,
+            line=line, starts=self.starts, wanted=self.wanted, stop_at=stop_at,
+        )
+        try:
+            node._codegen(state)
+        except _HeaderDone:
+            pass
+        return state.line
+
+
+def _first_node(blocks: tuple[object, ...]) -> cst.CSTNode | None:
+    for block in blocks:
+        if type(block) is tuple or type(block) is list:
+            if block:
+                return block[0]  # type: ignore[index,no-any-return]
+        elif block is not None:
+            return block  # type: ignore[return-value]
+    return None
+
+
+# Per node type: a getter of every field (formatting included) but the module's settings.
+_ALL_FIELDS: dict[type, Callable[[cst.CSTNode], tuple[object, ...]]] = {}
+_SETTINGS = frozenset({"default_indent", "default_newline", "encoding"})
+
+
+def _all_fields(kind: type) -> Callable[[cst.CSTNode], tuple[object, ...]]:
+    getter = _ALL_FIELDS[kind] = _getter(tuple(f.name for f in dataclasses.fields(kind) if f.name not in _SETTINGS))
+    return getter
+
+
+def _line_count(value: object, stop: frozenset[int] = frozenset()) -> int:
+    """The newlines in the code of `value` (a node, None, or a sequence of field values): the
+    Newline tokens, the newlines inside strings and backslash continuations, and an empty
+    indented block's generated `pass` line. -1 if it holds a node whose id is in `stop`
+    (never a whitespace or newline token: those are counted without looking them up)."""
+    count = 0
+    stack: list[cst.CSTNode] = []
+    values = value if type(value) is tuple or type(value) is list else (value,)
+    space, newline, name, block = cst.SimpleWhitespace, cst.Newline, cst.Name, cst.IndentedBlock
+    getters, not_nodes = _ALL_FIELDS, _NOT_NODES
+    while True:
+        # The commonest nodes (whitespace is two in five, names one in eight) are done in place.
+        for value in values:  # type: ignore[attr-defined]
+            kind = type(value)
+            if kind is space:
+                text = value.value  # type: ignore[attr-defined]
+                if "\n" in text or "\r" in text:  # a backslash continuation
+                    count += len(_NEWLINES.findall(text))
+            elif kind is name:
+                if id(value) in stop:
+                    return -1
+                if value.lpar:  # type: ignore[attr-defined]
+                    stack.extend(value.lpar)  # type: ignore[attr-defined]
+                    stack.extend(value.rpar)  # type: ignore[attr-defined]
+            elif kind is newline:
+                count += 1
+            elif kind is str:
+                if "\n" in value or "\r" in value:  # type: ignore[operator]
+                    count += len(_NEWLINES.findall(value))  # type: ignore[arg-type]
+            elif kind is tuple or kind is list:
+                stack.extend(value)  # type: ignore[arg-type]
+            elif kind not in not_nodes:
+                stack.append(value)  # type: ignore[arg-type]
+        if not stack:
+            return count
+        node = stack.pop()
+        if id(node) in stop:
+            return -1
+        kind = type(node)
+        if kind is newline:
+            count += 1
+            values = ()
+            continue
+        if kind is block and not node.body:  # type: ignore[attr-defined]
+            count += 1
+        values = (getters.get(kind) or _all_fields(kind))(node)
+
+
+_NOT_NODES = frozenset({str, bool, int, type(None), cst.MaybeSentinel})
