@@ -8,30 +8,30 @@ comments and blank lines, at its first token) and otherwise the line where its c
 tests/migrate/test_walk.py checks that every node gets PositionProvider's start line.
 
 Reports name a handful of nodes (`wanted`), and generating the code of the whole file to place
-them cost a tenth of the run. So with `wanted`:
+them cost a tenth of the run. So with `wanted` the statements are placed by structure, in one
+forward walk:
 
-1. a read-only descent (`migrate.walk.children`) finds the wanted nodes and the nodes on the way
-   down to them (their ancestors);
-2. the statements are placed by structure: a statement with nothing wanted inside only moves the
-   line on by the newlines of its code, counted from its tokens (`_line_count`, a plain walk over
-   its fields, a third of a code-generation pass); a compound statement (and its clauses, and an
-   indented block) is opened: its leading lines and decorators, then its header, then its body
-   and clauses in the order libcst generates them;
-3. only a simple statement line (or a one-line suite) with a wanted node inside, or a compound
-   statement's header holding one, goes through the line-counting code generation, started at
-   the line the statement begins on (a header's pass stops where its body begins).
+- a statement with nothing wanted inside only moves the line on by the newlines of its code,
+  counted from its tokens (`_line_count`: a plain walk over its fields, a third of a
+  code-generation pass, which also tells whether a wanted node is inside);
+- a compound statement (and each clause, and an indented block) is opened: its leading lines and
+  decorators, then its header (every other field but its blocks), then its blocks (body, handlers,
+  orelse, finalbody, cases, footer), in the order libcst generates them;
+- only a simple statement line (or a one-line suite) with a wanted node inside, or a compound
+  statement's header holding one, goes through the line-counting code generation, started at the
+  line the statement begins on (a header's pass stops where the body begins).
 
-A code-generation pass does not depend on where it starts (tokens are the node's own, plus the
+A code-generation pass does not depend on where it starts (its tokens are the node's own, plus the
 module's default newline and indentation), so a statement's pass started at its line gives each
-node inside it the line the whole-file pass gives it. Everything stops once every wanted node has
-its line. Wanted nodes the descent does not reach (formatting nodes: whitespace, comments) send
-the call to the whole-file pass, which also serves calls without `wanted` (a whole-module table):
-it stops as soon as the last wanted node is done, since a node's start line is final once its own
-code is generated and what comes later in the file cannot change it.
+node inside it the line the whole-file pass gives it. The walk stops once every wanted node has its
+line. Calls without `wanted` (a whole-module table) get the whole-file pass; `StartLineTable` is a
+table computed on demand for callers that usually look up a node or two. The whole-file pass also
+stops as soon as the last wanted node is done: a node's start line is final once its own code is
+generated, and what comes later in the file cannot change it.
 
-tests/migrate/test_positions_wanted.py checks, on every fixture, that the placed lines equal the
-whole-file pass's for every statement and for random sets of wanted nodes, and that `_line_count`
-equals the newlines of each node's code.
+tests/migrate/test_positions_wanted.py checks, on every fixture and on layout edge cases, that the
+placed lines equal the whole-file pass's (and PositionProvider's) for every statement, every code
+node and random sets of nodes, and that `_line_count` equals the newlines of each node's code.
 """
 
 from __future__ import annotations
