@@ -24,9 +24,8 @@ forward walk:
 A code-generation pass does not depend on where it starts (its tokens are the node's own, plus the
 module's default newline and indentation), so a statement's pass started at its line gives each
 node inside it the line the whole-file pass gives it. The walk stops once every wanted node has its
-line. Calls without `wanted` (a whole-module table) get the whole-file pass; `StartLineTable` is a
-table computed on demand for callers that usually look up a node or two. The whole-file pass also
-stops as soon as the last wanted node is done: a node's start line is final once its own code is
+line. Calls without `wanted` (a whole-module table), and wanted nodes the walk does not place (a
+formatting node), get the whole-file pass, which stops as soon as the last wanted node is done: a node's start line is final once its own code is
 generated, and what comes later in the file cannot change it.
 
 tests/migrate/test_positions_wanted.py checks, on every fixture and on layout edge cases, that the
