@@ -58,6 +58,9 @@ class EditPlan:
     subscripts: dict[cst.Subscript, Callable[[cst.Subscript], cst.BaseExpression]] = edits(dict)
     comparisons: dict[cst.Comparison, cst.BaseExpression] = edits(dict)  # rank-0 checks
     bool_ops: dict[cst.BooleanOperation, cst.BaseExpression] = edits(dict)  # `a or b` replaced whole
+    # Reads of a name given another name (AM010: a metric reads the gathered values under new names
+    # while the rest of the loop keeps this process's).
+    renames: dict[cst.Name, str] = edits(dict)
     create_at: cst.BaseStatement | None = None  # statement replaced by `accelerator = Accelerator()`
     create_at_order: int = 0
     if_tests: dict[cst.If, cst.BaseExpression] = edits(dict)  # new `if` conditions

@@ -46,6 +46,10 @@ class Rewriter(cst.CSTTransformer):
         edit = self.plan.subscripts.get(original_node)
         return edit(updated_node) if edit is not None else updated_node
 
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        name = self.plan.renames.get(original_node)
+        return updated_node.with_changes(value=name) if name is not None else updated_node
+
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         test = self.plan.if_tests.get(original_node)
         return updated_node.with_changes(test=test) if test is not None else updated_node

@@ -11,6 +11,12 @@ What it does:
     inserted statement is `out, y = accelerator.gather_for_metrics((out, y))`; a model call inside
     a metric (`preds.append(model(x).argmax(-1))`) is wrapped in place. The loader is then
     prepared with the training objects and its batch moves go.
+    When the loop (or the code after it) also reads a gathered name for something else than the
+    metric (`if i == 0: save(torch.cat([x[:8], recon.view(batch_size, ...)]))`, the last batch
+    after the loop, a model call wrapped in place that reads a batch the metric counts), the
+    gathered values are bound to new names that only the metric's lines read
+    (`gathered_out, gathered_y = accelerator.gather_for_metrics((out, y))`), and the rest of the
+    loop keeps this process's tensors: rebound in place, they would hold N processes' samples.
     The training loader is evaluated the same way (`evaluate(model, train_loader)` for a training
     accuracy), when the loop runs with autograd off (`with torch.no_grad():`, or a function
     decorated `@torch.no_grad()`): prepared for training, it is sharded in any case. One function
@@ -54,6 +60,9 @@ Leaves alone (each reported unless no metric is recognised):
       function it cannot see into, or a loss the model returns itself; gathered, each batch holds
       the samples of N batches, so the sum would have N times fewer terms;
     - a loop whose function divides by `len(loader)` (after prepare: the batches of one process);
+    - a value the metric computes from the gathered ones (`loss = criterion(out, y)` before
+      `test_loss += loss.item()`) that the loop also reads for something else (a progress print):
+      it would need one copy for the metric and one for this process;
     - loaders iterated by several loops not all of which it can convert;
     - an evaluation under a rank-0 check (`if args.rank == 0:`): only the main process evaluates,
       over the whole loader, as before (gathering there would wait for processes that never come).
@@ -79,7 +88,7 @@ Fix safety:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -121,6 +130,10 @@ class _Plan:
     insert_at: cst.BaseStatement
     names: list[str]
     wraps: list[cst.Call] = field(default_factory=list)
+    # The names the gathered values are bound to, when not `names` themselves: the loop also uses
+    # this process's values, so the metric reads the gathered ones under these (`renames`).
+    targets: list[str] | None = None
+    renames: dict[cst.Name, str] = field(default_factory=dict)
 
 
 def apply(roles: Roles, plan: EditPlan) -> None:
@@ -160,9 +173,12 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     for key, found in planned.items():
         scope = loops[key][0]
         if found.names:
-            stmt = assignment(found.names, "accelerator.gather_for_metrics", [_packed(found.names)], 0)
+            targets = found.targets or found.names
+            stmt = assignment(targets, "accelerator.gather_for_metrics", [_packed(found.names)], 0)
             plan.insert_before.setdefault(found.insert_at, []).append(stmt)
-            plan.change(CODE, found.insert_at, f"metric inputs {', '.join(found.names)} gathered across processes")
+            plan.renames.update(found.renames)
+            plan.change(CODE, found.insert_at, f"metric inputs {', '.join(found.names)} gathered across processes" + (
+                f" into {', '.join(targets)} (the loop also uses this process's values)" if found.targets else ""))
         for call in found.wraps:
             plan.calls[call] = lambda updated: accelerator_call("gather_for_metrics", [cst.Arg(updated)])
             plan.change(CODE, call, "model outputs that feed a metric gathered across processes")
@@ -267,6 +283,7 @@ class _Loop:
         self.loop = loop
         self.lines: list[_Line] = []
         self.opaque: set[str] = set()  # names bound in nested blocks: their kind is not known
+        self.compounds: list[tuple[int, cst.BaseStatement]] = []  # nested blocks, by the line they precede
         self.nested_metrics: list[cst.CSTNode] = []
         self.leaves: dict[str, int] = {}  # per-sample name -> index of the line that binds it
         self.derived: dict[str, tuple[int, cst.BaseExpression]] = {}  # per-sample values computed in the loop
@@ -286,6 +303,7 @@ class _Loop:
             elif isinstance(stmt, cst.With):
                 self._flatten(stmt.body)
             else:
+                self.compounds.append((len(self.lines), stmt))
                 self.opaque.update(_bound_in(stmt))
                 self.nested_metrics.extend(_metric_nodes(stmt))
 
@@ -341,7 +359,67 @@ class _Loop:
         if any(index >= first for index in self.leaves.values()):
             late_name = next(name for name, index in self.leaves.items() if index >= first)
             return _Refusal(self.lines[first].stmt, f"`{late_name}` is bound after the metric that reads it starts")
-        return _Plan(insert_at=self.lines[first].stmt, names=list(self.leaves), wraps=self.wraps)
+        found = _Plan(insert_at=self.lines[first].stmt, names=list(self.leaves), wraps=self.wraps)
+        separated = self._separate(found, first, {line.index for line, _, _ in metrics})
+        return separated if separated is not None else found
+
+    # -- the gathered values and this process's ------------------------------------------
+
+    def _separate(self, found: _Plan, first: int, metric_lines: set[int]) -> _Refusal | None:
+        """Rebinding the gathered names in place is right only when nothing but the metric reads
+        them after the gather (`if i == 0: save(x[:8])` would see N processes' samples, and a
+        `view(batch_size, ...)` would fail). Otherwise the gathered values get new names that only
+        the metric's lines read (recorded in `found`); a value the metric computes from them that
+        something else reads too cannot be split that way: refused. None: nothing to refuse."""
+        metric = metric_lines | {i for i in self.recomputed if i >= first}
+        gathered = set(found.names)
+        computed = {name: line for line in self.lines[first:] if line.index in metric for name in _assigned(line.small)}
+        tainted = gathered | set(computed)
+        others: list[tuple[str, cst.CSTNode]] = []  # (name, the statement that reads it)
+        wrapped = set(self.wraps)
+        for line in self.lines[first:]:
+            if line.index in metric:
+                # a model call wrapped in place runs on this process's inputs
+                reads = [n for call in _calls_in(line.small, wrapped) for n in _read_names(call.args)]
+            else:
+                reads = _read_names([line.small])
+            others.extend((n.value, line.small) for n in reads if n.value in tainted)
+        for position, stmt in self.compounds:
+            if position > first:
+                others.extend((name, node) for name, node in _readers(stmt) if name in tainted)
+        others.extend((name, node) for name, node in _read_after(self.scope.node, self.loop.node, tainted))
+        if not others:
+            return None
+        for name, node in others:
+            if name in computed:
+                return _Refusal(node, (
+                    f"`{name}` is computed for the metric (`{_code(computed[name].small)}`), which would "
+                    f"read the values gathered from every process, and is also read by `{_code(node)}`, "
+                    "which needs this process's values; gather the inputs under new names "
+                    f"(`{', '.join('gathered_' + n for n in found.names)} = accelerator.gather_for_metrics"
+                    f"({_packed(found.names)})`) and compute the metric's own copy of `{name}` from them"))
+        rebound = sorted(gathered & set(computed))
+        if rebound:
+            return _Refusal(computed[rebound[0]].small, (
+                f"`{rebound[0]}` is gathered for the metric and rebound by `{_code(computed[rebound[0]].small)}`, "
+                "while the rest of the loop reads this process's values; compute the metric from a name "
+                f"of its own (not `{rebound[0]}`)"))
+        taken = _names_in(self.scope.node)
+        fresh: dict[str, str] = {}
+        for name in found.names:
+            new = f"gathered_{name}"
+            suffix = 1
+            while new in taken:
+                new, suffix = f"gathered_{name}_{suffix}", suffix + 1
+            taken.add(new)
+            fresh[name] = new
+        found.targets = [fresh[name] for name in found.names]
+        for line in self.lines[first:]:
+            if line.index in metric:
+                for node in _read_names([line.small], skip=wrapped):
+                    if node.value in fresh:
+                        found.renames[node] = fresh[node.value]
+        return None
 
     def _check_metric(self, line: _Line, kind: str, values: list[cst.BaseExpression]) -> _Refusal | None:
         text = _code(line.small)
@@ -663,6 +741,140 @@ def _reads(expr: cst.BaseExpression, is_model: Callable[[cst.BaseExpression], bo
 
     walk(expr, Visitor())
     return found
+
+
+def _read_names(nodes: Sequence[cst.CSTNode], skip: set[cst.Call] | frozenset[cst.Call] = frozenset()) -> list[cst.Name]:
+    """The Name nodes of `nodes` that read a variable: not attribute or keyword names, not a plain
+    assignment target; a call in `skip` is not looked into. (Other stores count as reads: at worst
+    the metric reads its gathered values under new names when it did not need to.)"""
+    found: list[cst.Name] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            found.append(node)
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            walk(node.value, self)
+            return False
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            walk(node.value, self)
+            return False
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+            return type(node.target) is not cst.Name
+
+        def visit_Call(self, node: cst.Call) -> bool:
+            return node not in skip
+
+    for node in nodes:
+        walk(node, Visitor())
+    return found
+
+
+def _readers(stmt: cst.BaseStatement) -> list[tuple[str, cst.CSTNode]]:
+    """The names `stmt` reads (as `_read_names`), each with the innermost small statement that
+    reads it (the compound statement itself for a read in its header: `if out.sum() > 0:`)."""
+    inner: dict[cst.Name, cst.CSTNode] = {}
+
+    class Visitor(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            for small in node.body:
+                inner.update((name, small) for name in _read_names([small]))
+            return False
+
+    walk(stmt, Visitor())
+    return [(name.value, inner.get(name, stmt)) for name in _read_names([stmt])]
+
+
+def _calls_in(node: cst.CSTNode, calls: set[cst.Call]) -> list[cst.Call]:
+    """The calls of `calls` within `node`."""
+    found: list[cst.Call] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> bool:
+            if node in calls:
+                found.append(node)
+                return False
+            return True
+
+    walk(node, Visitor())
+    return found
+
+
+def _read_after(scope: cst.CSTNode | None, loop: cst.For, names: set[str]) -> list[tuple[str, cst.CSTNode]]:
+    """Reads of `names` after `loop` in its function (or module), before the name is bound again
+    (`print(out.shape)` after the loop reads its last batch), with the statement that reads it."""
+    if scope is None:
+        return []
+    found: list[tuple[str, cst.CSTNode]] = []
+    live = set(names)
+    after = False
+    statement: list[cst.CSTNode] = []
+
+    class Visitor(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if node is loop:
+                return False
+            if isinstance(node, cst.BaseStatement):
+                statement.append(node)
+            if node is not scope and type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+                return False
+            return super().on_visit(node)
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            nonlocal after
+            if original_node is loop:
+                after = True
+            if isinstance(original_node, cst.BaseStatement) and statement and statement[-1] is original_node:
+                statement.pop()
+            super().on_leave(original_node)
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if after and node.value in live:
+                found.append((node.value, statement[-1] if statement else node))
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            walk(node.value, self)
+            return False
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            walk(node.value, self)
+            return False
+
+        def visit_Assign(self, node: cst.Assign) -> bool:
+            walk(node.value, self)
+            for target in node.targets:
+                if after and type(target.target) is cst.Name:
+                    live.discard(target.target.value)
+                else:
+                    walk(target, self)
+            return False
+
+        def visit_For(self, node: cst.For) -> bool:
+            if node is loop:
+                return False
+            walk(node.iter, self)
+            if after:
+                live.difference_update(target_names(node.target))
+            walk(node.body, self)
+            if node.orelse is not None:
+                walk(node.orelse, self)
+            return False
+
+    walk(scope, Visitor())
+    return found
+
+
+def _names_in(node: cst.CSTNode) -> set[str]:
+    names: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            names.add(node.value)
+
+    walk(node, Visitor())
+    return names
 
 
 def _calls_model(roles: Roles, scope: Scope, expr: cst.BaseExpression) -> bool:

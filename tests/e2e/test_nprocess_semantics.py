@@ -12,6 +12,12 @@
   the reduction inserted by AM011 rank 1 stops at epoch 6 while rank 0 trains on and waits for it
   in the next all-reduce). With split_batches the 2 processes follow the 1-process trajectory, so
   they must also take the 1-process decisions.
+- `nprocess_scripts/eval_outputs_per_process.py`: an autoencoder whose evaluation loop also uses
+  the outputs and the batch for something else (`recon.view(BATCH, ...)` on the first batch), and
+  a loop counting `x.size(0)` next to a model call gathered in place. The metric must read the
+  gathered values under new names while the loop keeps this process's (rebound in place, the
+  reshape fails on 2 processes: "shape invalid"), and the wrapped model call must run on this
+  process's inputs (on the gathered ones, every prediction would be counted twice).
 
 The 1-process run of each migrated script must give exactly what the original gives. Every run has
 a timeout, so a hang (ranks stopping at different epochs) fails instead of stalling.
@@ -85,7 +91,7 @@ def test_migration_has_the_n_process_rewrites() -> None:
     assert 'torch.tensor(train_loss, dtype=torch.float64, device=accelerator.device), "mean"' in decided
 
 
-@pytest.mark.parametrize("name", ["eval_metrics", "plateau_early_stop"])
+@pytest.mark.parametrize("name", ["eval_metrics", "plateau_early_stop", "eval_outputs_per_process"])
 def test_one_process_identical_to_original(name: str) -> None:
     assert _run(name, "one") == _run(name, "original")
 
@@ -102,6 +108,26 @@ def test_eval_metrics_on_two_processes_equal_one_process() -> None:
         assert got_accuracy == accuracy
         assert got_predictions == predictions  # 37 of them: the padding of the last round is dropped
     assert ranks[0]["before"] == ranks[1]["before"]  # every rank computed the same values
+
+
+def test_eval_outputs_used_per_process_on_two_processes_equal_one_process() -> None:
+    migrated = _migrated("eval_outputs_per_process").read_text()
+    assert "gathered_recon, gathered_x, gathered_code = accelerator.gather_for_metrics(" in migrated
+    assert "reconstruction_loss(gathered_recon, gathered_x, gathered_code)" in migrated
+    assert "recon.view(BATCH, 6)" in migrated
+    assert "accelerator.gather_for_metrics(model(x))" in migrated
+    (single,) = _run("eval_outputs_per_process", "one")
+    ranks = _run("eval_outputs_per_process", "two")
+    assert len(ranks) == 2
+    loss, preview = single["before"]
+    seen, codes = single["codes"]
+    assert (seen, len(codes)) == (37, 37)
+    for rank in ranks:
+        got_loss, got_preview = rank["before"]
+        assert math.isclose(got_loss, loss, rel_tol=1e-6), (got_loss, loss)
+        assert got_preview == preview  # this process's first batch: 5 samples on each rank too
+        assert rank["codes"] == [seen, codes]  # 37 codes, each once, in the 1-process order
+    assert ranks[0]["before"] == ranks[1]["before"]
 
 
 def test_decisions_are_the_same_on_every_rank() -> None:
