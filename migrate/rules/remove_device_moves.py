@@ -25,6 +25,17 @@ Leaves alone:
     Moves of freshly created tensors (`torch.zeros(3).to(device)`): `device` is now
     `accelerator.device`, so they stay correct. Moves of evaluation batches, of frozen models and
     of anything whose device is not known to be the chosen device.
+    A model's move when the model (or a name bound to it: `model_without_ddp = model`) is read
+    between the move and the prepare call for something else than building the optimizer from its
+    parameters: passed to a constructor or a function (`ema = ModelEma(model)`,
+    `teacher = copy.deepcopy(model)`), or its state read (`model.state_dict()`). Such a copy was
+    made on the device and must stay there (an EMA copy left on the CPU would mix CPU and CUDA
+    tensors in `ema.update(model)`). The kept move is harmless: `prepare` moves the model again, to
+    the same `accelerator.device`. Reads that copy nothing do not keep it: `.parameters()`,
+    `.named_parameters()`, the optimizer's own statement (a factory or parameter-group helper
+    given the model), `.train()` / `.eval()` / `.apply(init)` / `.load_state_dict(...)`, in-place
+    tensor operations (`model.fc.weight.data.normal_(...)`, `nn.init.*_`), `torch.compile`,
+    `convert_sync_batchnorm`, a hand-written DDP wrapper, a forward pass and `print(model)`.
 
 Fix safety:
     Safe: a removed move only ever targeted the device the Accelerator uses.
@@ -38,7 +49,8 @@ from migrate.analysis import Move, Scope
 from migrate.edits import EditPlan
 from migrate.names import root_name
 from migrate.roles import Roles, kept_as_attribute
-from migrate.rules.base import prepared_loaders, reference
+from migrate.rules.base import prepared_loaders, reference, references_in
+from migrate.walk import walk
 
 CODE = "AM002"
 NAME = "remove-device-moves"
@@ -76,10 +88,14 @@ def _moved_object(
         prepared_at = roles.prepare_after.order if roles.prepare_after is not None else 0
         if scope is roles.home and move.where.order > prepared_at:
             return None
+        if _used_before_prepare(roles, scope, move, {ref}):
+            return None
         return f"model `{ref}`"
     if isinstance(receiver, cst.Call) and scope is roles.home:
         target = _assigned_name(roles, move)
         if target is not None and target in roles.models:
+            if _used_before_prepare(roles, scope, move, {target}):
+                return None
             return f"model `{target}`"
     root = root_name(receiver)
     if root is None:
@@ -169,6 +185,139 @@ def _assigned_name(roles: Roles, move: Move) -> str | None:
         if value is move.call:
             return reference(small.targets[0].target)
     return None
+
+
+# Methods of the model (or of one of its submodules) that hand its parameters to an optimizer, or
+# change it in place (its mode, its initial or loaded weights): they copy nothing off its device.
+_IN_PLACE_METHODS = frozenset({
+    "parameters", "named_parameters", "train", "eval", "apply", "load_state_dict", "requires_grad_", "zero_grad",
+})
+# Functions that only show or test the model.
+_INERT_FUNCTIONS = frozenset({"print", "str", "repr", "isinstance", "type", "hasattr", "id"})
+# Functions that return the model itself, or a module around its own parameters (no copy).
+_SAME_PARAMETERS = frozenset({"torch.compile", "torch.nn.SyncBatchNorm.convert_sync_batchnorm"})
+
+
+def _used_before_prepare(roles: Roles, scope: Scope, move: Move, names: set[str]) -> cst.CSTNode | None:
+    """The first statement after `move` (and before the prepare call, in the function that
+    prepares) that reads the moved model, or a name bound to it, other than to build the
+    optimizer from its parameters: `ema = ModelEma(model)`, `copy.deepcopy(model)`,
+    `model.state_dict()`. A copy made there must be made of the moved model, as before; the
+    move is kept (prepare moves the model again, to the same device)."""
+    names = set(names)
+    statement = move.where.stmt
+    for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+        if isinstance(small, cst.Assign):
+            names.update(n for t in small.targets if (n := reference(t.target)) is not None)
+    stop = roles.prepare_after.stmt if scope is roles.home and roles.prepare_after is not None else None
+    optimizer_statements: set[cst.CSTNode] = set()
+    feeding: set[str] = set()  # names the optimizer is built from (`param_groups` in `AdamW(param_groups)`)
+    for name in roles.optimizers:
+        for binding in scope.bindings.get(name, []):
+            optimizer_statements.add(binding.where.stmt)
+            if binding.value is not None:
+                feeding.update(n for n in references_in(binding.value) if n not in names)
+    aliases = roles.facts.aliases
+    state = {"after": False, "done": False}
+    found: list[cst.CSTNode] = []
+    current: list[cst.CSTNode] = []
+
+    class Visitor(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if state["done"] or found:
+                return False
+            if node is not scope.node and type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+                return False
+            if state["after"] and node in optimizer_statements:
+                return False
+            if isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+                current.append(node)
+            return super().on_visit(node)
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            super().on_leave(original_node)
+            if current and current[-1] is original_node:
+                current.pop()
+            if original_node is statement:
+                state["after"] = True
+            if original_node is stop:
+                state["done"] = True
+
+        def _read(self, node: cst.BaseExpression) -> bool:
+            ref = reference(node)
+            if ref is not None and ref in names and state["after"]:
+                found.append(current[-1] if current else node)
+            return ref is None
+
+        def visit_Name(self, node: cst.Name) -> None:
+            self._read(node)
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            if not self._read(node):
+                return False
+            walk(node.value, self)
+            return False
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            walk(node.value, self)
+            return False
+
+        def visit_Assign(self, node: cst.Assign) -> bool:
+            if not state["after"]:
+                return True
+            targets = [reference(t.target) for t in node.targets]
+            if all(targets) and all(t in feeding for t in targets):
+                return False  # a parameter-group helper the optimizer is built from
+            value = node.value
+            if isinstance(value, cst.Attribute) and value.attr.value == "module" and reference(value) is None:
+                value = value.value  # `model_without_ddp = model.module`: the same module
+            if reference(value) in names and all(targets):
+                names.update(t for t in targets if t is not None)  # `model_without_ddp = model`
+                return False
+            walk(node.value, self)
+            for target in node.targets:
+                if reference(target.target) is None:
+                    walk(target, self)
+            return False
+
+        def visit_Return(self, node: cst.Return) -> bool:
+            value = node.value
+            returned = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+            for element in returned:
+                if element is not None and reference(element) not in names:
+                    walk(element, self)  # the model itself goes to the caller, who prepares it
+            return False
+
+        def visit_Call(self, node: cst.Call) -> bool:
+            func = node.func
+            if reference(func) in names:  # a forward pass: no copy of the model
+                for arg in node.args:
+                    walk(arg.value, self)
+                return False
+            # `model.fc.weight.data.normal_(0, 0.01)`: PyTorch's in-place operations end in `_`
+            if isinstance(func, cst.Attribute) and (func.attr.value in _IN_PLACE_METHODS or func.attr.value.endswith("_")):
+                inner = func.value
+                while isinstance(inner, (cst.Attribute, cst.Subscript)) and reference(inner) is None:
+                    inner = inner.value  # `model[2].weight.data`: a tensor of the model
+                if reference(inner) in names:
+                    for arg in node.args:
+                        walk(arg.value, self)
+                    return False
+            if isinstance(func, cst.Name) and func.value in _INERT_FUNCTIONS:
+                return False
+            qualified = aliases.qualify(func)
+            if qualified in _WRAPPERS:
+                return False  # `model = DDP(model, ...)`: the prepare call wraps it instead
+            if qualified is not None and qualified.startswith("torch.nn.init."):
+                return False  # `nn.init.zeros_(model.fc.bias)`: in place
+            if qualified in _SAME_PARAMETERS and node.args and reference(node.args[0].value) in names:
+                for arg in node.args[1:]:
+                    walk(arg.value, self)
+                return False
+            return True
+
+    walk(scope.node, Visitor())
+    return found[0] if found else None
 
 
 def _strip(call: cst.Call, kept: list[int]) -> cst.BaseExpression:
