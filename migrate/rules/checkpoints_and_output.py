@@ -13,10 +13,24 @@ What it does:
     receive it.
     A checkpoint saved and then loaded again in the same function (train, save, reload for
     testing) gets `accelerator.wait_for_everyone()` before the first `torch.load` after the save.
+    The script's other file writes, from a short explicit list, run under
+    `if accelerator.is_main_process:` (neighbouring statements share one `if`):
+    `torchvision.utils.save_image(...)`, `matplotlib.pyplot.savefig(...)` and
+    `open(path, <literal mode with w, a or x>)` (the statement holding the call; for `with open(...)
+    as f:` the whole block, and `with` blocks around it that hold nothing else). Downloads and
+    unpacking (`urllib.request.urlretrieve`, `shutil.unpack_archive`, `.extractall(...)` of a
+    tarfile or zipfile) run on the main process only, with the `with` and `if` statements around
+    them (`if not os.path.exists(archive): urlretrieve(...)`: only the main process tests and
+    fetches), followed by `accelerator.wait_for_everyone()`: every process reads the data after it.
+    Not `with accelerator.main_process_first():` (which the runtime has): the others would then run
+    the block after the main process, downloading and unpacking again over the files the main
+    process is already reading; that idiom suits loaders that skip what is present (a torchvision
+    dataset's `download=True`).
 
 Why:
     Every process runs the script: without this, each of N processes writes the same checkpoint
-    file at once, prints every line N times and draws N progress bars. After `prepare` the model
+    file (image, plot, text file, unpacked archive) at once, prints every line N times and draws N
+    progress bars. After `prepare` the model
     may be wrapped (DistributedDataParallel): its state dict would carry a `module.` prefix that
     the single-device script cannot load. Only the main process writes the checkpoint: without the
     barrier, the others would read a file it has not finished (or not started) writing.
@@ -25,6 +39,8 @@ Example:
     torch.save(model.state_dict(), "net.pt")
     -> accelerator.save(accelerator.unwrap_model(model).state_dict(), "net.pt")
     print(f"loss {loss:.3f}")  ->  accelerator.print(f"loss {loss:.3f}")
+    plt.savefig("loss.pdf")    ->  if accelerator.is_main_process:
+                                       plt.savefig("loss.pdf")
 
 Leaves alone:
     `torch.save(model, path)` of a whole prepared module (reported: it would pickle the wrapper;
@@ -37,18 +53,35 @@ Leaves alone:
     `DataLoaderLite`): under the script's own rank check (`if master_process:`) they are already
     main-process only; any other is reported. A print that formats the process's own rank
     (`print(f"rank {ddp_rank} sample {i}: {text}")`) is each process's on purpose and is kept.
+    File writes already under a rank check stay as they are. Reported (with the line and the fix)
+    and left on every process, a write whose statement also calls the prepared model (a
+    distributed model's forward may synchronise buffers with the other processes), an
+    `accelerator` method, `torch.distributed`, `.backward()` or `.step()` (directly or in a
+    function of this file it calls): every process must run those; one that binds a name other
+    statements read (`n = f.write(...)`); one whose path is read back in the same function (by a
+    call named `*load*`, `*read*` or `open` with the same path expression: the others would read
+    a file not yet written); a writer call in the header of an `if`/`for`; and writes in
+    functions that cannot reach the accelerator (an nn.Module's methods, callbacks nothing in this
+    file calls). Other writers (`np.save`, `df.to_csv`, `fig.savefig` on a figure object) are not
+    recognised.
 
 Fix safety:
-    Safe: on one process the main process is the only process.
+    Safe: on one process the main process is the only process. On N processes a guarded write
+    holds no collective and no model call, and binds nothing the rest of the script reads, so the
+    other processes skip only the write; after a guarded download they wait at a barrier placed
+    where every process arrives (outside the tests the fetch was under, in the same block), as long
+    as the function holding it runs on every process.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import libcst as cst
 
 from migrate.analysis import Scope, Site, StmtRef
+from migrate.names import dotted_name, target_names
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import accelerator_call, names_read, reference
@@ -66,6 +99,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models:
         return
     for scope in roles.facts.scopes:
+        _file_writes(roles, plan, scope)
         if not roles.can_reach(scope):
             continue
         reached = scope in plan.uses_accelerator or not roles.needs_parameter(scope)
@@ -341,3 +375,323 @@ def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         )
         plan.change(CODE, site.call, "`print` -> `accelerator.print` (main process only)")
     plan.use_accelerator(scope)
+
+
+# -- other file writes -------------------------------------------------------------------------
+
+# Library calls that write a file (the statement holding one runs on the main process only).
+_FILE_WRITERS = frozenset({"torchvision.utils.save_image", "matplotlib.pyplot.savefig"})
+# Library calls that download or unpack data every process then reads (main process only, then a
+# barrier); `.extractall(...)` (tarfile, zipfile) is recognised as a method.
+_FETCHERS = frozenset({"urllib.request.urlretrieve", "shutil.unpack_archive"})
+_FETCH_METHODS = frozenset({"extractall"})
+# Where the written path sits among a writer's arguments: (position, keyword).
+_PATH_ARG = {
+    "torchvision.utils.save_image": (1, "fp"),
+    "matplotlib.pyplot.savefig": (0, "fname"),
+    "open": (0, "file"),
+}
+# Methods of a model that only read it (no forward): `model.parameters()` in a guarded write is fine.
+_READS_MODEL_ONLY = frozenset({
+    "state_dict", "parameters", "named_parameters", "buffers", "named_buffers", "modules",
+    "named_modules", "children", "named_children",
+})
+# A call reading a file back: its function's last name.
+_READS_BACK = re.compile(r"load|read|^open$", re.IGNORECASE)
+
+
+@dataclass(eq=False)
+class _Write:
+    what: str  # "`plt.savefig(...)`", for messages
+    call: cst.Call
+    where: StmtRef
+    fetch: bool  # a download or unpack every process then reads
+    path: cst.BaseExpression | None
+
+
+def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """Run the script's own file writes (`save_image`, `plt.savefig`, `with open(path, "w")`) and
+    downloads (`.extractall(...)`, `urlretrieve`) on the main process only, or report them."""
+    if type(scope.node) is cst.ClassDef:
+        return
+    writes = _find_writes(scope)
+    if not writes:
+        return
+    method = _unreachable_method(roles, scope)
+    if not roles.can_reach(scope) or method is not None:
+        first = writes[0]
+        kind = f", a method of {method}," if method is not None else ""
+        plan.report(CODE, first.call, (
+            f"{first.what} in `{scope.qualname}`{kind} which cannot reach the accelerator, runs on every process "
+            "(each writes the same file at once): run it on the main process only "
+            "(`if accelerator.is_main_process:`, passing `accelerator` in)"))
+        return
+    done: set[cst.BaseStatement] = set()
+    for write in writes:
+        unit = _fetch_unit(write.where) if write.fetch else _unit(write.where)
+        if unit.stmt in done:
+            continue
+        done.add(unit.stmt)
+        if _rank_guarded(unit) or unit.stmt in plan.main_process_only:
+            continue  # already the main process's (a second run sees our own `if`)
+        problem = _why_not_guarded(roles, scope, write, unit)
+        if problem is not None:
+            plan.report(CODE, write.call, f"{write.what} runs on every process (each writes the same file at once) "
+                        f"and cannot run on the main process only: {problem}")
+            continue
+        if unit.stmt in plan.replace_stmt:
+            continue
+        plan.main_process_only.add(unit.stmt)
+        plan.use_accelerator(scope)
+        if write.fetch:
+            barrier = cst.parse_statement("accelerator.wait_for_everyone()\n")
+            plan.insert_after[unit.stmt] = [*plan.insert_after.get(unit.stmt, []), barrier]
+            plan.change(CODE, unit.stmt, f"{write.what} on the main process only; the others wait for it "
+                        "(`accelerator.wait_for_everyone()`) before reading what it wrote")
+        else:
+            plan.change(CODE, unit.stmt, f"{write.what} on the main process only")
+
+
+def _find_writes(scope: Scope) -> list[_Write]:
+    found: list[_Write] = []
+    for call in scope.library_calls:
+        if call.qualified in _FILE_WRITERS:
+            short = call.qualified.rsplit(".", 1)[-1]
+            found.append(_Write(f"`{short}(...)`", call.call, call.where, False, _path_of(call.call, call.qualified)))
+        elif call.qualified in _FETCHERS:
+            short = call.qualified.rsplit(".", 1)[-1]
+            found.append(_Write(f"`{short}(...)`", call.call, call.where, True, None))
+    for site in scope.method_calls:
+        func = site.call.func
+        assert type(func) is cst.Attribute
+        if func.attr.value in _FETCH_METHODS:
+            found.append(_Write(f"`.{func.attr.value}(...)`", site.call, site.where, True, None))
+    if not scope.binds("open"):
+        for site in scope.calls:
+            if site.callee == "open" and _writes_mode(site.call):
+                mode = _mode(site.call)
+                found.append(_Write(f"`open(..., {mode})`", site.call, site.where, False, _path_of(site.call, "open")))
+    return sorted(found, key=lambda w: w.where.order)
+
+
+def _mode(call: cst.Call) -> str | None:
+    """The mode of `open(path, mode)` as written (`'w'`), when it is given."""
+    for index, arg in enumerate(call.args):
+        keyword = arg.keyword.value if arg.keyword is not None else None
+        if keyword == "mode" or (keyword is None and index == 1 and not arg.star):
+            return cst.Module([]).code_for_node(arg.value)
+    return None
+
+
+def _writes_mode(call: cst.Call) -> bool:
+    """`open(path, "w")` (also "a", "x", "wb", `mode="w"`): a mode given as a literal that writes."""
+    for index, arg in enumerate(call.args):
+        keyword = arg.keyword.value if arg.keyword is not None else None
+        if keyword == "mode" or (keyword is None and index == 1 and not arg.star):
+            value = arg.value
+            return (type(value) is cst.SimpleString and isinstance(value.evaluated_value, str)
+                    and bool(set(value.evaluated_value) & set("wax")))
+    return False
+
+
+def _path_of(call: cst.Call, qualified: str) -> cst.BaseExpression | None:
+    position, keyword = _PATH_ARG[qualified]
+    for index, arg in enumerate(call.args):
+        if (arg.keyword is None and not arg.star and index == position) or (
+                arg.keyword is not None and arg.keyword.value == keyword):
+            return arg.value
+    return None
+
+
+def _unit(where: StmtRef) -> StmtRef:
+    """The statement to guard: the one holding the call, or the `with` blocks around it that hold
+    nothing else (`with requests.get(url) as r: with tarfile.open(fileobj=r.raw) as t:
+    t.extractall()` downloads once, not only unpacks once)."""
+    unit = where
+    while unit.path:
+        outer = unit.path[-1]
+        if type(outer.stmt) is not cst.With or type(outer.stmt.body) is not cst.IndentedBlock:
+            break
+        if len(outer.stmt.body.body) != 1 or outer.stmt.body.body[0] is not unit.stmt:
+            break
+        unit = outer
+    return unit
+
+
+def _fetch_unit(where: StmtRef) -> StmtRef:
+    """For a download or unpack: the statement with the `with` and `if` statements around it
+    (`if not os.path.exists(archive): urlretrieve(url, archive)`), so that only the main process
+    tests and fetches, and the barrier after it is outside any test a process could see otherwise
+    (another process would find the archive the main process is writing, skip a barrier inside the
+    `if`, and the processes' barriers would no longer pair). Not above a loop, nor the
+    `if __name__ == "__main__":` block."""
+    unit = where
+    empty = cst.Module([])
+    while unit.path:
+        outer = unit.path[-1]
+        if type(outer.stmt) is cst.If and (
+                "__name__" in empty.code_for_node(outer.stmt.test) or _RANK_TEST.search(empty.code_for_node(outer.stmt.test))):
+            break  # the `__main__` block, or a rank check (ours, on a second run): stays around it
+        if type(outer.stmt) not in (cst.With, cst.If) or not any(s is outer.stmt for s in outer.block.body):
+            break
+        unit = outer
+    return unit
+
+
+def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef) -> str | None:
+    """Why the statement cannot run on the main process only (None: it can)."""
+    stmt = unit.stmt
+    if type(stmt) not in (cst.SimpleStatementLine, cst.With) and not (write.fetch and type(stmt) is cst.If):
+        return ("the call is part of the header of a compound statement; write the file in a statement of "
+                "its own under `if accelerator.is_main_process:`")
+    hazard = _hazard(roles, scope, stmt, set())
+    if hazard is not None:
+        return (f"the statement also {hazard}, which may wait for the other processes (a collective; a "
+                "distributed model's forward may synchronise buffers), so every process must run it: keep "
+                "that on every process and write from the main process only (compute first, then "
+                "`if accelerator.is_main_process:` around the write, or "
+                "`open(path if accelerator.is_main_process else os.devnull, ...)`)")
+    bound = _bound_and_read_elsewhere(scope, stmt)
+    if bound is not None:
+        return (f"it binds `{bound}`, which other statements read on every process; bind it on every "
+                "process and write the file under `if accelerator.is_main_process:`")
+    if write.path is not None:
+        reader = _reads_back(scope, stmt, write.path)
+        if reader is not None:
+            return (f"`{reader}` reads the file back on every process (a process other than the main one "
+                    "would read a file not yet written): write it under `if accelerator.is_main_process:` "
+                    "and call `accelerator.wait_for_everyone()` before reading it")
+    return None
+
+
+def _hazard(roles: Roles, scope: Scope, node: cst.CSTNode, seen: set[int]) -> str | None:
+    """What in `node` every process must run: a call of a prepared model (a distributed model's
+    forward may synchronise buffers), an `accelerator` method or `torch.distributed` call (a
+    collective), a backward or optimizer step, or such a thing in a function of this file it calls."""
+    calls: list[cst.Call] = []
+
+    class Calls(Visitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            calls.append(node)
+
+    walk(node, Calls())
+    aliases = roles.facts.aliases
+    for call in calls:
+        func = call.func
+        target = reference(func)
+        if target is None and type(func) is cst.Attribute and func.attr.value not in _READS_MODEL_ONLY:
+            owner = func.value
+            if type(owner) is cst.Attribute and owner.attr.value == "module":
+                owner = owner.value  # `model.module.decode(...)`
+            target = reference(owner)  # `model.generate(...)`, `accelerator.gather(...)`
+        if target is not None and (target in roles.models or roles.all_in(scope, target, roles.models)):
+            return f"runs the prepared model `{target}`"
+        if target in ("accelerator", "self.accelerator") and type(func) is cst.Attribute \
+                and func.attr.value not in ("print", "save"):
+            return f"calls `{target}.{func.attr.value}`"
+        qualified = aliases.qualify(func) or ""
+        if qualified.startswith("torch.distributed."):
+            return f"calls `{qualified}`"
+        if type(func) is cst.Attribute and func.attr.value in ("backward", "step"):
+            return f"calls `.{func.attr.value}()`"
+        callee = roles.facts.function_called(call)
+        if callee is not None and id(callee) not in seen:
+            seen.add(id(callee))
+            inner = _hazard(roles, callee, callee.node, seen)
+            if inner is not None:
+                return f"calls `{callee.qualname}`, which {inner}"
+    return None
+
+
+class _Names(Visitor):
+    """Names bound in a statement, and every name read."""
+
+    def __init__(self) -> None:
+        self.bound: list[str] = []
+        self.read: list[cst.Name] = []
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.bound.extend(target_names(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.bound.extend(target_names(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.bound.extend(target_names(node.target))
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self.bound.extend(target_names(node.name))
+
+    def visit_For(self, node: cst.For) -> None:
+        self.bound.extend(target_names(node.target))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.bound.extend(target_names(node.target))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.read.append(node)
+
+
+def _bound_and_read_elsewhere(scope: Scope, stmt: cst.BaseStatement) -> str | None:
+    """A name the statement binds that a statement outside it reads (on the other processes it
+    would never be bound). Reads inside another `with ... as <name>` that binds it anew do not count
+    (`with open(a, "w") as f:` then `with open(b, "w") as f:`)."""
+    inside = _Names()
+    walk(stmt, inside)
+    bound = set(inside.bound)
+    if not bound:
+        return None
+    own = {id(n) for n in inside.read}
+
+    class Reads(Visitor):
+        found: str | None = None
+        shadowed: list[set[str]] = []
+
+        def visit_With(self, node: cst.With) -> bool:
+            if node is stmt:
+                return False
+            names = {n for item in node.items if item.asname is not None for n in target_names(item.asname.name)}
+            self.shadowed.append(names)
+            return True
+
+        def leave_With(self, node: cst.With) -> None:
+            if node is not stmt:
+                self.shadowed.pop()
+
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            return node is not stmt
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if self.found is None and node.value in bound and id(node) not in own \
+                    and not any(node.value in names for names in self.shadowed):
+                self.found = node.value
+
+    reads = Reads()
+    reads.shadowed = []
+    walk(scope.node, reads)
+    return reads.found
+
+
+def _reads_back(scope: Scope, stmt: cst.BaseStatement, path: cst.BaseExpression) -> str | None:
+    """A call outside the statement, in the same scope, that reads a file at the same path
+    expression (`torch.load`, `np.load`, `Image.open`, `open(path)`): the written file read back."""
+    empty = cst.Module([])
+    text = empty.code_for_node(path)
+    found: list[str] = []
+
+    class Reads(Visitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            return node is not stmt
+
+        def visit_With(self, node: cst.With) -> bool:
+            return node is not stmt
+
+        def visit_Call(self, node: cst.Call) -> None:
+            name = dotted_name(node.func) or ""
+            if found or not _READS_BACK.search(name.rsplit(".", 1)[-1]):
+                return
+            if any(empty.code_for_node(arg.value) == text for arg in node.args):
+                found.append(name)
+
+    walk(scope.node, Reads())
+    return found[0] if found else None

@@ -36,6 +36,16 @@ What it does:
     torch.device("cuda") else: device = torch.device("cpu")`) becomes
     `Accelerator(cpu=not use_accel)`, so `--no-accel` still means the CPU (an
     `if torch.cuda.is_available():` test needs no flag: the Accelerator checks that itself).
+    A script that never chooses a device (no device variable, no `.cuda()`, no `.to(...)` but to
+    a dtype, no `device=` but `"cpu"`, no `"cuda"`/`"mps"`/`"xpu"` string, no `torch.device`,
+    `torch.set_default_device`, `torch.cuda`, `torch.accelerator`, `torch.backends.mps`,
+    `torch.mps` or `torch.xpu`) and whose batches no prepared DataLoader moves (none is prepared)
+    gets `Accelerator(cpu=True)`, and the change says so: it trained on the CPU, and its CPU
+    tensors (`torch.from_numpy(...)` inputs, `torch.zeros(...)` without `device=` in `forward`,
+    `.numpy()` on outputs) would meet a model the Accelerator put on the GPU. It still runs as N
+    CPU processes under `accel launch`; to use GPUs, remove `cpu=True` and put those tensors on
+    `accelerator.device`. Chosen over a diagnostic: the migrated script then does what the
+    original did, on every machine, and the message names the one argument to drop for GPUs.
 
 Why:
     One Accelerator per process owns the device, the process group and the precision; the rest of
@@ -80,9 +90,10 @@ import libcst as cst
 from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.rules.base import names_read, statement
+from migrate.names import ImportAliases
+from migrate.rules.base import names_read, prepared_loaders, statement
 from migrate.safety.device_type import used_as_string
-from migrate.walk import statement_blocks, walk
+from migrate.walk import Visitor, statement_blocks, walk
 
 CODE = "AM001"
 NAME = "create-accelerator"
@@ -126,6 +137,14 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     block, index = place
     if cpu is not None and "cpu" not in plan.accelerator_kwargs and _bound_before(cpu[1], scope, block, index):
         plan.accelerator_kwargs["cpu"] = cpu[0]
+    elif binding is None and "cpu" not in plan.accelerator_kwargs and _trains_on_cpu_only(roles, plan):
+        plan.accelerator_kwargs["cpu"] = "True"
+        plan.change(CODE, default, (
+            "the script never chooses a device and no prepared DataLoader moves its batches, so it trains on "
+            "CPU tensors: `Accelerator(cpu=True)` keeps it on the CPU (one process each under `accel launch "
+            "--nproc-per-node N`); to train on GPUs, remove `cpu=True` and create or move its tensors on "
+            "`accelerator.device` (inputs, `torch.zeros(..., device=...)` in `forward`, `.cpu()` before "
+            "`.numpy()`)"))
     for name, reads in plan.kwarg_reads.items():
         if name in plan.accelerator_kwargs and not _bound_before(reads, scope, block, index):
             plan.report(CODE, default, (
@@ -224,6 +243,76 @@ def _cpu_flag(roles: Roles) -> tuple[str, cst.BaseExpression] | None:
         return test, parent.test
     simple = type(parent.test) in (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
     return (f"not {test}" if simple else f"not ({test})"), parent.test
+
+
+# Device APIs: a script using any of them chose where it runs.
+_DEVICE_MODULES = ("torch.cuda", "torch.accelerator", "torch.backends.mps", "torch.mps", "torch.xpu")
+_DEVICE_CALLS = frozenset({"torch.set_default_device", "torch.device"})
+_DEVICE_STRING = re.compile(r"^(cuda|mps|xpu)(:\d+)?$")
+
+
+def _trains_on_cpu_only(roles: Roles, plan: EditPlan) -> bool:
+    """The script never chooses a device and no prepared DataLoader moves its batches: it trained on
+    the CPU, and `Accelerator()` would put the model on the GPU beside CPU inputs.
+
+    Any of these counts as a device choice: a `.cuda()` call, a `.to(...)` with anything but a dtype
+    (`torch.float64`, `x.dtype`), a `device=` argument other than `"cpu"`, a `"cuda"`/`"mps"`/`"xpu"`
+    string, `torch.device(...)`, `torch.set_default_device`, or anything of `torch.cuda`,
+    `torch.accelerator`, `torch.backends.mps`, `torch.mps`, `torch.xpu`."""
+    if roles.later_device_bindings or prepared_loaders(roles, plan) or plan.eval_loaders:
+        return False
+    aliases = roles.facts.aliases
+
+    class Finder(Visitor):
+        found = False
+
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if type(func) is cst.Attribute and func.attr.value == "cuda":
+                self.found = True
+            elif type(func) is cst.Attribute and func.attr.value == "to":
+                self.found = self.found or not all(_is_dtype(arg, aliases) for arg in node.args)
+            elif (aliases.qualify(func) or "") in _DEVICE_CALLS:
+                self.found = True
+
+        def visit_Arg(self, node: cst.Arg) -> None:
+            if node.keyword is not None and node.keyword.value == "device" and not _is_cpu(node.value):
+                self.found = True
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            qualified = aliases.qualify(node) or ""
+            if any(qualified == m or qualified.startswith(m + ".") for m in _DEVICE_MODULES):
+                self.found = True
+                return False
+            return True
+
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            value = node.evaluated_value
+            if isinstance(value, str) and _DEVICE_STRING.match(value):
+                self.found = True
+
+    finder = Finder()
+    walk(roles.facts.module, finder)
+    return not finder.found
+
+
+def _is_dtype(arg: cst.Arg, aliases: ImportAliases) -> bool:
+    """`torch.float64`, `dtype=torch.half`, `x.dtype`: a `.to(...)` argument that is no device."""
+    if arg.keyword is not None:
+        return arg.keyword.value in ("dtype", "non_blocking", "copy", "memory_format")
+    value = arg.value
+    if type(value) is cst.Name and value.value in ("True", "False"):
+        return True
+    if type(value) is cst.Attribute and value.attr.value == "dtype":
+        return True
+    qualified = aliases.qualify(value) or ""
+    return qualified.startswith("torch.") and qualified.removeprefix("torch.") in _DTYPES
+
+
+_DTYPES = frozenset({
+    "float", "float16", "float32", "float64", "double", "half", "bfloat16", "int", "int8", "int16",
+    "int32", "int64", "long", "short", "uint8", "bool", "complex64", "complex128", "cfloat", "cdouble",
+})
 
 
 def _bound_before(test: cst.BaseExpression, scope: Scope, block: Sequence[cst.BaseStatement], index: int) -> bool:
