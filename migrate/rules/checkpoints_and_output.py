@@ -53,16 +53,19 @@ Leaves alone:
     `DataLoaderLite`): under the script's own rank check (`if master_process:`) they are already
     main-process only; any other is reported. A print that formats the process's own rank
     (`print(f"rank {ddp_rank} sample {i}: {text}")`) is each process's on purpose and is kept.
-    File writes already under a rank check stay as they are. Reported (with the line and the fix)
+    File writes already under a rank check stay as they are, and so do writes whose path names the
+    process's rank (`open(f"rank{rank}.json", "w")`, directly or through a name bound to such a
+    path in the same function): each process writes its own file. Reported (with the line and the fix)
     and left on every process, a write whose statement also calls the prepared model (a
     distributed model's forward may synchronise buffers with the other processes), an
     `accelerator` method, `torch.distributed`, `.backward()` or `.step()` (directly or in a
     function of this file it calls): every process must run those; one that binds a name other
     statements read (`n = f.write(...)`); one whose path is read back in the same function (by a
     call named `*load*`, `*read*` or `open` with the same path expression: the others would read
-    a file not yet written); a writer call in the header of an `if`/`for`; and writes in
-    functions that cannot reach the accelerator (an nn.Module's methods, callbacks nothing in this
-    file calls). Other writers (`np.save`, `df.to_csv`, `fig.savefig` on a figure object) are not
+    a file not yet written; `open` for writing is no read); a writer call in the header of an
+    `if`/`for`; and writes in functions of the script that cannot reach the accelerator (an
+    nn.Module's methods, callbacks nothing in this file calls). Writes in another module of a unit
+    (a logger module's files, often one per rank) are left alone, as its checkpoints are. Other writers (`np.save`, `df.to_csv`, `fig.savefig` on a figure object) are not
     recognised.
 
 Fix safety:
@@ -84,6 +87,7 @@ from migrate.analysis import Scope, Site, StmtRef
 from migrate.names import dotted_name, target_names
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.roles.model import nested_in
 from migrate.rules.base import accelerator_call, names_read, reference
 from migrate.walk import Visitor, walk
 
@@ -414,11 +418,19 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     downloads (`.extractall(...)`, `urlretrieve`) on the main process only, or report them."""
     if type(scope.node) is cst.ClassDef:
         return
-    writes = _find_writes(scope)
+    # Left as they are: writes already under a rank check (a second run sees our own `if`), and
+    # `open(f"rank{rank}.json", "w")`: each process writes its own file.
+    writes = [
+        w for w in _find_writes(scope)
+        if not _rank_guarded(_fetch_unit(w.where) if w.fetch else _unit(w.where))
+        and not (w.path is not None and _per_process_path(scope, w.path))
+    ]
     if not writes:
         return
     method = _unreachable_method(roles, scope)
     if not roles.can_reach(scope) or method is not None:
+        if not nested_in(scope, roles.facts.module_scope):
+            return  # another module of a unit (a logger's files): not the script's own writes
         first = writes[0]
         kind = f", a method of {method}," if method is not None else ""
         plan.report(CODE, first.call, (
@@ -432,8 +444,8 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         if unit.stmt in done:
             continue
         done.add(unit.stmt)
-        if _rank_guarded(unit) or unit.stmt in plan.main_process_only:
-            continue  # already the main process's (a second run sees our own `if`)
+        if unit.stmt in plan.main_process_only:
+            continue
         problem = _why_not_guarded(roles, scope, write, unit)
         if problem is not None:
             plan.report(CODE, write.call, f"{write.what} runs on every process (each writes the same file at once) "
@@ -450,6 +462,28 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> None:
                         "(`accelerator.wait_for_everyone()`) before reading what it wrote")
         else:
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only")
+
+
+def _per_process_path(scope: Scope, path: cst.BaseExpression) -> bool:
+    """The path names the process's rank (`f"rank{rank}.json"`, `args.local_rank`,
+    `accelerator.process_index`), directly or through a name bound to such a value in this scope:
+    each process writes a file of its own."""
+    values = [path]
+    if type(path) is cst.Name:
+        values.extend(b.value for b in scope.bindings.get(path.value, []) if b.value is not None)
+    return any(_mentions_rank(value) for value in values)
+
+
+def _mentions_rank(node: cst.CSTNode) -> bool:
+    class Finder(Visitor):
+        found = False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            self.found = self.found or bool(_RANK_NAME.search(node.value))
+
+    finder = Finder()
+    walk(node, finder)
+    return finder.found
 
 
 def _find_writes(scope: Scope) -> list[_Write]:
@@ -690,6 +724,8 @@ def _reads_back(scope: Scope, stmt: cst.BaseStatement, path: cst.BaseExpression)
             name = dotted_name(node.func) or ""
             if found or not _READS_BACK.search(name.rsplit(".", 1)[-1]):
                 return
+            if name == "open" and _writes_mode(node):
+                return  # `open(log_file, "a")` after `open(log_file, "w")`: written again, not read
             if any(empty.code_for_node(arg.value) == text for arg in node.args):
                 found.append(name)
 
