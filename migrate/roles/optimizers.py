@@ -4,9 +4,13 @@ An optimizer is `torch.optim.X(...)` (or transformers' AdamW / Adafactor, or ZeR
 unwraps), a subclass of a torch optimizer defined in the file (`LARS(...)`), or a factory of the
 file that returns one (`model.configure_optimizers()`, `create_optimizer(args, model)`). The first
 one built is home's; its models are the roots of `X.parameters()` in its arguments, the receiver of
-a factory method, or the arguments a factory function passes on as parameters. Optimizers built
-elsewhere, wrapped without a binding (`ScheduledOptim(Adam(...))`), rebuilt after the prepare call,
-or whose model is not found are reported (AM004); the last two refuse the file."""
+a factory method, the arguments a factory function passes on as parameters, and the arguments a
+function of the module (or of the joined cross-module view) builds parameter groups from
+(`AdamW(param_groups(model, wd))`). Optimizers built elsewhere, wrapped without a binding
+(`ScheduledOptim(Adam(...))`), rebuilt after the prepare call, or whose model is not found are
+reported (AM004). A rebuilt optimizer refuses the file, and so does a factory or optimizer subclass
+whose model is not found; a `torch.optim` optimizer whose model is not found is prepared without a
+model (none is guessed) and reported at its line."""
 
 from __future__ import annotations
 
@@ -169,18 +173,28 @@ def find_models(roles: Roles) -> None:
             built = binding.value
             if wrapped is not None and wrapped.binding is binding:
                 built = wrapped.inner
-                owners = _parameter_owners(home, wrapped.inner)
+                owners = _parameter_owners(roles, home, wrapped.inner)
             elif not builds_optimizer(roles, binding.value, classes, factories):
                 continue
             else:
                 assert type(binding.value) is cst.Call
                 owners = (
-                    _parameter_owners(home, binding.value)
+                    _parameter_owners(roles, home, binding.value)
                     if call_name(roles, binding.value, OPTIMIZER) or callee(binding.value) in classes
                     else _factory_owners(roles, binding.value)
                 )
             owners = list(dict.fromkeys(wrapped_model(home, owner, roles.facts.aliases) for owner in owners))
-            if not owners and not call_name(roles, built, OPTIMIZER):
+            if not owners and call_name(roles, built, OPTIMIZER):
+                # Prepared without its model, the optimizer steps a model that each process trains
+                # on its own: say so at the optimizer, and prepare no model by guesswork.
+                assert type(built) is cst.Call
+                roles.cannot_prepare(
+                    binding.where.stmt,
+                    f"optimizer `{name}` optimizes {_unfollowed(home, built)}, and the model whose parameters "
+                    "these are was not found, so no model is prepared with it (on N processes each process would "
+                    "train its own unsynchronised copy): add the model to `accelerator.prepare(...)` yourself",
+                )
+            elif not owners:
                 # Prepared without its model, the optimizer would step a model that is neither on
                 # the device nor synchronised: the file is left as it is.
                 roles.refused = True
@@ -271,19 +285,35 @@ def _aliases_a_module(value: cst.BaseExpression | None) -> bool:
 _HELD_DEPTH = 3  # `self.master_params = self.model_params = list(self.model.parameters())` is two deep
 
 
-def _parameter_owners(home: Scope, call: cst.Call) -> list[str]:
+def _parameter_owners(roles: Roles, home: Scope, call: cst.Call) -> list[str]:
     """Root names of `X.parameters()` inside an optimizer's arguments, and in the values of the
     names or `self.` attributes of home those arguments are (`AdamW(self.master_params)` after
     `self.master_params = self.model_params` and `self.model_params = list(self.model.parameters())`,
-    the list a trainer class keeps), a few assignments deep."""
+    the list a trainer class keeps), a few assignments deep; and the models handed to a function of
+    the module (or of the unit) that takes their parameters (`AdamW(param_groups(model, wd))`, or
+    `groups = param_groups(model, wd)` then `AdamW(groups)`)."""
     owners: list[str] = []
     finder = _ParametersFinder()
+    values = _argument_values(home, call)
+    for value in values:
+        walk(value, finder)
+        finder.owners.extend(_helper_owners(roles, home, value))
+    if not finder.owners:
+        finder.owners.extend(_sorted_parameter_owners(home, values))
+    for owner in finder.owners:
+        if owner not in owners:
+            owners.append(owner)
+    return owners
+
+
+def _argument_values(home: Scope, call: cst.Call) -> list[cst.BaseExpression]:
+    """An optimizer's arguments, and the values of the names or `self.` attributes of home they
+    pass on, a few assignments deep."""
     pending = [(arg.value, 0) for arg in call.args]
     values: list[cst.BaseExpression] = []
     seen: set[str] = set()
     while pending:
         value, depth = pending.pop(0)
-        walk(value, finder)
         values.append(value)
         if depth >= _HELD_DEPTH:
             continue
@@ -292,12 +322,59 @@ def _parameter_owners(home: Scope, call: cst.Call) -> list[str]:
                 continue
             seen.add(held)
             pending.extend((b.value, depth + 1) for b in home.bindings.get(held, []) if b.value is not None)
-    if not finder.owners:
-        finder.owners.extend(_sorted_parameter_owners(home, values))
-    for owner in finder.owners:
-        if owner not in owners:
-            owners.append(owner)
+    return values
+
+
+def _helper_calls(value: cst.BaseExpression) -> list[cst.Call]:
+    """The calls of plain names inside `value` (`param_groups(model, wd)`)."""
+    calls: list[cst.Call] = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if type(node.func) is cst.Name:
+                calls.append(node)
+
+    walk(value, Calls())
+    return calls
+
+
+def _helper_owners(roles: Roles, home: Scope, value: cst.BaseExpression) -> list[str]:
+    """The models `value` hands to a function of the module or of the unit that takes their
+    `.parameters()` / `.named_parameters()` (`param_groups(model, wd)` returning
+    `[{"params": decay, ...}, ...]`): the arguments passed for those parameters, as
+    `_factory_owners` finds them for a factory."""
+    owners: list[str] = []
+    for call in _helper_calls(value):
+        assert type(call.func) is cst.Name
+        helper = roles.facts.resolve(call.func.value, home)
+        if helper is None or helper.is_method:
+            continue
+        for param in _optimized_parameters(roles, helper):
+            arg = call_argument(call, helper.params.index(param), param)
+            owner = None if arg is None else instance_attribute(arg) or root_name(arg)
+            if owner is not None and owner not in owners:
+                owners.append(owner)
     return owners
+
+
+def _unfollowed(home: Scope, call: cst.Call) -> str:
+    """What an optimizer's parameters come from, for the diagnostic: its first argument, and the
+    call a name passed there is bound to (`groups`, from `timm_groups(model, wd)`)."""
+    code = cst.Module([]).code_for_node
+    if not call.args:
+        return f"what `{_short(code(call))}` is given"
+    first = call.args[0].value
+    text = f"`{_short(code(first))}`"
+    if type(first) is not cst.Call:
+        origin = next((v for v in _argument_values(home, call)[1:] if type(v) is cst.Call), None)
+        if origin is not None:
+            text += f" (from `{_short(code(origin))}`)"
+    return text
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 5] + "...)"
 
 
 def _sorted_parameter_owners(home: Scope, values: list[cst.BaseExpression]) -> list[str]:

@@ -19,6 +19,10 @@ What it does:
     optimizer is then prepared where that call binds it, never inside the factory. A receiver or
     argument that names the hand-wrapped model's module (`raw_model = model.module if ddp else
     model`, nanoGPT; `model_without_ddp`, DeiT) stands for the model: `model` is prepared, once.
+    Parameter groups built by a function of this file (or of a module of the unit) that takes a
+    model's `.parameters()` / `.named_parameters()` are followed to the model passed to it:
+    `optimizer = AdamW(param_groups(model, wd))`, or `groups = param_groups(model, wd)` then
+    `AdamW(groups)`, prepares `model`.
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
@@ -52,6 +56,11 @@ Leaves alone:
     process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
     it is, since the local rank repeats on every node). An optimizer factory whose model cannot be told is reported and the file left as it is
     (prepared alone, the optimizer would step a model that is neither placed nor synchronised).
+    A `torch.optim` optimizer whose model cannot be told (its parameter groups come from a library's
+    helper, `AdamW(groups)` after `groups = timm_groups(model, wd)`, or from tensors of no model) is
+    prepared without a model and reported at its line, naming what its parameters come from: no
+    model is guessed, and on N processes each process would train its own copy until the model is
+    added to `accelerator.prepare(...)` by hand.
     An optimizer wrapped in another object (`optimizer = ScheduledOptim(torch.optim.Adam(...),
     d_model, warmup)`, the name's only binding, a statement of its own) is bound as the inner
     optimizer, prepared, and wrapped again right after the prepare call (`optimizer =

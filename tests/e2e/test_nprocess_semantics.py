@@ -18,6 +18,10 @@
   gathered values under new names while the loop keeps this process's (rebound in place, the
   reshape fails on 2 processes: "shape invalid"), and the wrapped model call must run on this
   process's inputs (on the gathered ones, every prediction would be counted twice).
+- `nprocess_scripts/param_groups_helper.py`: an optimizer over parameter groups a helper of the
+  script builds from the model (`AdamW(param_groups(model, wd))`). The model must be prepared with
+  the optimizer: each rank sees half of the batches, so unprepared (not synchronised) the two ranks
+  end with different weights.
 
 The 1-process run of each migrated script must give exactly what the original gives. Every run has
 a timeout, so a hang (ranks stopping at different epochs) fails instead of stalling.
@@ -91,7 +95,7 @@ def test_migration_has_the_n_process_rewrites() -> None:
     assert 'torch.tensor(train_loss, dtype=torch.float64, device=accelerator.device), "mean"' in decided
 
 
-@pytest.mark.parametrize("name", ["eval_metrics", "plateau_early_stop", "eval_outputs_per_process"])
+@pytest.mark.parametrize("name", ["eval_metrics", "plateau_early_stop", "eval_outputs_per_process", "param_groups_helper"])
 def test_one_process_identical_to_original(name: str) -> None:
     assert _run(name, "one") == _run(name, "original")
 
@@ -145,3 +149,11 @@ def test_decisions_with_split_batches_follow_one_process() -> None:
         assert rank["lrs"] == single["lrs"]
         assert rank["stopped"] == single["stopped"]
         assert math.isclose(rank["best"], single["best"], rel_tol=1e-5)
+
+
+def test_model_behind_parameter_groups_is_synchronised() -> None:
+    migrated = _migrated("param_groups_helper").read_text()
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in migrated
+    ranks = _run("param_groups_helper", "two")
+    assert len(ranks) == 2
+    assert ranks[0]["weights"] == ranks[1]["weights"]

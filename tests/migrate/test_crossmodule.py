@@ -246,3 +246,39 @@ def test_a_wrapper_imported_with_other_names_of_its_package_is_refused(tmp_path:
     diagnostic = next(d for d in results["main.py"].diagnostics if d.code == "AM013")
     assert "wraps `build_loader`" in diagnostic.message
     assert "`from data.build import build_loader`" in diagnostic.message
+
+
+def test_parameter_groups_built_by_another_module_name_the_model(tmp_path: Path) -> None:
+    """`AdamW(param_groups(model, wd))` with `param_groups` in another module: followed to `model`
+    when the unit is migrated across modules (the training step is another module's); when only
+    the entry is rewritten, its single-file result reports the optimizer instead of dropping the
+    model from `prepare` silently."""
+    groups = ("import torch\n\n\ndef param_groups(net, wd):\n    decay = [p for p in net.parameters() if p.ndim > 1]\n"
+              "    rest = [p for p in net.parameters() if p.ndim <= 1]\n"
+              "    return [{'params': decay, 'weight_decay': wd}, {'params': rest, 'weight_decay': 0.0}]\n")
+    step = ("import torch\n\n\ndef train_one_epoch(model, loader, optimizer):\n    for x, y in loader:\n"
+            "        loss = torch.nn.functional.mse_loss(model(x), y)\n        optimizer.zero_grad()\n"
+            "        loss.backward()\n        optimizer.step()\n")
+    build = ("    model = torch.nn.Linear(4, 1)\n    optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-3)\n"
+             "    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)))\n")
+    across = tmp_path / "across"
+    across.mkdir()
+    (across / "groups_util.py").write_text(groups)
+    (across / "engine.py").write_text(step)
+    (across / "main.py").write_text(
+        "import torch\nfrom engine import train_one_epoch\nfrom groups_util import param_groups\n\n\ndef main():\n"
+        + build + "    train_one_epoch(model, loader, optimizer)\n\n\nif __name__ == '__main__':\n    main()\n")
+    main = _results(across)["main.py"]
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in (main.new_text or "")
+    assert not main.diagnostics
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "groups_util.py").write_text(groups)
+    loop = step.split("optimizer):\n")[1]  # the step's loop, in main() itself
+    (alone / "main.py").write_text(
+        "import torch\nfrom groups_util import param_groups\n\n\ndef main():\n" + build + loop
+        + "\n\nif __name__ == '__main__':\n    main()\n")
+    main = _results(alone)["main.py"]
+    assert "accelerator.prepare(model," not in (main.new_text or "")
+    assert [(d.code, d.line) for d in main.diagnostics] == [("AM004", 7)]
+    assert "`param_groups(model, 0.01)`" in main.diagnostics[0].message
