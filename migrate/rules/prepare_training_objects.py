@@ -19,8 +19,9 @@ What it does:
     optimizer is then prepared where that call binds it, never inside the factory. A receiver or
     argument that names the hand-wrapped model's module (`raw_model = model.module if ddp else
     model`, nanoGPT; `model_without_ddp`, DeiT) stands for the model: `model` is prepared, once.
-    Parameter groups built by a function of this file (or of a module of the unit) that takes a
-    model's `.parameters()` / `.named_parameters()` are followed to the model passed to it:
+    Parameter groups built by a function of this file (or of another module, when the run migrates
+    the modules together, AM013) that takes a model's `.parameters()` / `.named_parameters()` are
+    followed to the model passed to it:
     `optimizer = AdamW(param_groups(model, wd))`, or `groups = param_groups(model, wd)` then
     `AdamW(groups)`, prepares `model`.
 
