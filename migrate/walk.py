@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import weakref
 from collections.abc import Callable, Sequence
 
 import libcst as cst
@@ -120,13 +121,65 @@ class Visitor(cst.CSTVisitor):
             method(self, original_node)
 
 
+# Per visitor class whose `on_visit` / `on_leave` are libcst's (or `Visitor`'s) name lookup: per node
+# type, its `visit_<Type>` and `leave_<Type>` functions and its child getter. Weak keys: rules define
+# visitor classes inside functions, one per call.
+_Dispatch = dict[type, tuple[Callable[..., object] | None, Callable[..., object] | None,
+                             Callable[[cst.CSTNode], tuple[object, ...]]]]
+_DISPATCH: weakref.WeakKeyDictionary[type, _Dispatch] = weakref.WeakKeyDictionary()
+_NAME_LOOKUPS = frozenset({(cst.CSTVisitor.on_visit, cst.CSTVisitor.on_leave), (Visitor.on_visit, Visitor.on_leave)})
+
+
 def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     """Visit `node` and its descendants: `on_visit` (children skipped when it returns False), then
-    `on_leave`, exactly like `node.visit(visitor)` for a read-only visitor."""
+    `on_leave`, exactly like `node.visit(visitor)` for a read-only visitor.
+
+    A visitor that keeps libcst's own `on_visit` / `on_leave` (it only defines `visit_<Type>` /
+    `leave_<Type>` methods) has those methods called directly, looked up once per node type: the
+    per-node cost is then a table lookup and the calls the visitor asked for."""
+    cls = type(visitor)
+    if (cls.on_visit, cls.on_leave) in _NAME_LOOKUPS:
+        dispatch = _DISPATCH.get(cls)
+        if dispatch is None:
+            dispatch = _DISPATCH[cls] = {}
+        _walk_methods(node, visitor, dispatch)
+    else:
+        _walk_hooks(node, visitor)
+
+
+def _walk_hooks(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     if visitor.on_visit(node):
-        for child in children(node):
-            walk(child, visitor)
+        for value in (_GETTERS.get(type(node)) or _getter(type(node)))(node):
+            kind = type(value)
+            if kind is tuple or kind is list:
+                for child in value:  # type: ignore[attr-defined]
+                    _walk_hooks(child, visitor)
+            elif kind not in _NOT_NODES:
+                _walk_hooks(value, visitor)  # type: ignore[arg-type]
     visitor.on_leave(node)
+
+
+def _walk_methods(node: cst.CSTNode, visitor: cst.CSTVisitor, dispatch: _Dispatch) -> None:
+    node_type = type(node)
+    entry = dispatch.get(node_type)
+    if entry is None:
+        cls, name = type(visitor), node_type.__name__
+        entry = dispatch[node_type] = (
+            getattr(cls, "visit_" + name, None),
+            getattr(cls, "leave_" + name, None),
+            _GETTERS.get(node_type) or _getter(node_type),
+        )
+    visit, leave, getter = entry
+    if visit is None or visit(visitor, node) is not False:
+        for value in getter(node):
+            kind = type(value)
+            if kind is tuple or kind is list:
+                for child in value:  # type: ignore[attr-defined]
+                    _walk_methods(child, visitor, dispatch)
+            elif kind not in _NOT_NODES:
+                _walk_methods(value, visitor, dispatch)  # type: ignore[arg-type]
+    if leave is not None:
+        leave(visitor, node)
 
 
 def with_ancestors(root: cst.CSTNode, targets: set[cst.CSTNode]) -> set[cst.CSTNode]:

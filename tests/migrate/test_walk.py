@@ -103,6 +103,39 @@ def test_walk_visits_what_libcst_visits_in_the_same_order(name: str, text: str) 
     assert all(a is b for a, b in zip(got, expected))
 
 
+def _method_recorder() -> type[cst.CSTVisitor]:
+    """A visitor with only `visit_<Type>` / `leave_<Type>` methods, one pair per node class (so
+    `walk` calls them directly instead of going through `on_visit`); `visit_Lambda` skips the
+    lambda's children."""
+
+    def visit(self, node):  # type: ignore[no-untyped-def]
+        self.seen.append(("visit", node))
+
+    def leave(self, node):  # type: ignore[no-untyped-def]
+        self.seen.append(("leave", node))
+
+    methods: dict[str, object] = {"__init__": lambda self: setattr(self, "seen", [])}
+    for name in dir(cst):
+        node_class = getattr(cst, name)
+        if isinstance(node_class, type) and issubclass(node_class, cst.CSTNode):
+            methods["visit_" + name], methods["leave_" + name] = visit, leave
+    methods["visit_Lambda"] = lambda self, node: visit(self, node) or False
+    return type("MethodRecorder", (cst.CSTVisitor,), methods)
+
+
+@pytest.mark.parametrize(("name", "text"), SOURCES, ids=[name for name, _ in SOURCES])
+def test_walk_calls_visit_and_leave_methods_as_libcst_does(name: str, text: str) -> None:
+    module = cst.parse_module(text)
+    recorder_class = _method_recorder()
+    theirs, ours = recorder_class(), recorder_class()
+    module.visit(theirs)
+    walk(module, ours)
+    expected = [(event, node) for event, node in theirs.seen if not isinstance(node, FORMATTING)]
+    got = [(event, node) for event, node in ours.seen if not isinstance(node, FORMATTING)]
+    assert [(event, type(n).__name__) for event, n in got] == [(event, type(n).__name__) for event, n in expected]
+    assert all(a is b for (_, a), (_, b) in zip(got, expected))
+
+
 def test_walk_honours_on_visit_returning_false() -> None:
     class Outer(_Recorder):
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
