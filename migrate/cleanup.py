@@ -57,6 +57,16 @@ def _on_namespace(name: str) -> bool:
 
 
 def remove_unused(original: cst.Module, new: cst.Module, rebound: dict[cst.BaseStatement, str]) -> cst.Module:
+    dead, unused_imports = removals(original, new, rebound)
+    if not dead and not unused_imports:
+        return new
+    return new.visit(_Remover(dead, unused_imports, _paths_to_removals(new, dead, bool(unused_imports))))
+
+
+def removals(
+    original: cst.Module, new: cst.Module, rebound: dict[cst.BaseStatement, str]
+) -> tuple[set[int], set[str]]:
+    """What `remove_unused` drops from `new`: the ids of the dead statements, the unused import names."""
     uses = name_uses(new)
     # `args.device = accelerator.device` stays: the namespace carries it to code this module may
     # not see (another module, a `getattr`).
@@ -72,9 +82,42 @@ def remove_unused(original: cst.Module, new: cst.Module, rebound: dict[cst.BaseS
         still_used = uses[local] - in_imports - dead_uses[local] > 0
         if was_used and not still_used:
             unused_imports.add(local)
-    if not dead and not unused_imports:
-        return new
-    return new.visit(_Remover({id(stmt) for stmt in dead}, unused_imports))
+    return {id(stmt) for stmt in dead}, unused_imports
+
+
+def _paths_to_removals(module: cst.Module, dead: set[int], imports: bool) -> set[cst.CSTNode]:
+    """The nodes `_Remover` descends into: the module and every node on the way down to a dead
+    statement line or (when aliases go) an import statement. Everything else is kept as it is, not
+    rebuilt. Statements never sit inside expressions, so the search does not enter them."""
+    touched: set[cst.CSTNode] = {module}
+    path: list[cst.CSTNode] = []
+
+    def visit(node: cst.CSTNode) -> None:
+        node_type = type(node)
+        if (node_type is cst.SimpleStatementLine and id(node) in dead) or (
+            imports and node_type in (cst.Import, cst.ImportFrom)
+        ):
+            touched.update(path)  # the node itself needs no descent: its `leave_` runs all the same
+            return
+        path.append(node)
+        for child in children(node):
+            if not _is_expression(type(child)):
+                visit(child)
+        path.pop()
+
+    visit(module)
+    return touched
+
+
+_EXPRESSION_TYPES: dict[type, bool] = {}
+
+
+def _is_expression(node_type: type) -> bool:
+    """Cached per type (isinstance against libcst's abstract classes is slow)."""
+    found = _EXPRESSION_TYPES.get(node_type)
+    if found is None:
+        found = _EXPRESSION_TYPES[node_type] = issubclass(node_type, cst.BaseExpression)
+    return found
 
 
 def _is_import_line(stmt: cst.BaseStatement) -> bool:
@@ -121,16 +164,17 @@ def _is_boilerplate(qualified: str) -> bool:
 
 
 class _Remover(cst.CSTTransformer):
-    """Drops the dead statements and the unused import aliases (and emptied import lines)."""
+    """Drops the dead statements and the unused import aliases (and emptied import lines).
+    Descends only into `touched` (`_paths_to_removals`): the rest of the module is not rebuilt."""
 
-    def __init__(self, dead: set[int], unused_imports: set[str]) -> None:
+    def __init__(self, dead: set[int], unused_imports: set[str], touched: set[cst.CSTNode]) -> None:
         super().__init__()
         self.dead = dead
         self.unused = unused_imports
-        self.first_removed = False
+        self.touched = touched
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        return not isinstance(node, cst.BaseExpression)  # statements never sit inside expressions
+        return node in self.touched
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not (original_node.body and updated_node.body) or original_node.body[0].leading_lines:
