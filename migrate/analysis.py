@@ -12,7 +12,7 @@ import re
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Union
+from typing import Callable, Union
 
 import libcst as cst
 
@@ -227,21 +227,15 @@ class _Frame:
 
 
 _OTHER, _BLOCK, _STATEMENT = 0, 1, 2
-_KINDS: dict[type, int] = {}
 
 
 def _kind(node_type: type) -> int:
-    """Blocks and statements, cached per type (isinstance against libcst's ABCs is slow)."""
-    kind = _KINDS.get(node_type)
-    if kind is None:
-        if issubclass(node_type, (cst.Module, cst.IndentedBlock)):
-            kind = _BLOCK
-        elif issubclass(node_type, cst.BaseStatement):
-            kind = _STATEMENT
-        else:
-            kind = _OTHER
-        _KINDS[node_type] = kind
-    return kind
+    """Blocks, statements, or other nodes."""
+    if issubclass(node_type, (cst.Module, cst.IndentedBlock)):
+        return _BLOCK
+    if issubclass(node_type, cst.BaseStatement):
+        return _STATEMENT
+    return _OTHER
 
 
 class _Collector(Visitor):
@@ -263,15 +257,28 @@ class _Collector(Visitor):
     def frame(self) -> _Frame:
         return self.frames[-1]
 
+    # Per node type: its kind, `visit_<Type>` and `leave_<Type>` (isinstance against libcst's
+    # ABCs and the method lookups are too slow to repeat for every node).
+    _dispatch: dict[type, tuple[int, Callable[..., object] | None, Callable[..., object] | None]] = {}
+
+    def _entry(self, node_type: type) -> tuple[int, Callable[..., object] | None, Callable[..., object] | None]:
+        entry = self._dispatch.get(node_type)
+        if entry is None:
+            name = node_type.__name__
+            entry = self._dispatch[node_type] = (
+                _kind(node_type), getattr(_Collector, "visit_" + name, None), getattr(_Collector, "leave_" + name, None)
+            )
+        return entry
+
     def on_visit(self, node: cst.CSTNode) -> bool:
-        kind = _kind(type(node))
+        kind, visit, _ = self._dispatch.get(type(node)) or self._entry(type(node))
         if kind == _BLOCK:
             self.blocks.append(node)
         elif kind == _STATEMENT and id(node) not in self._elifs:
             if type(node) is cst.If and type(node.orelse) is cst.If:
                 self._mark_elifs(node.orelse)
             self._enter_statement(node)
-        return super().on_visit(node)
+        return visit is None or visit(self, node) is not False
 
     def _mark_elifs(self, node: cst.If) -> None:
         self._elifs.add(id(node))
@@ -279,8 +286,9 @@ class _Collector(Visitor):
             self._mark_elifs(node.orelse)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
-        super().on_leave(original_node)
-        kind = _kind(type(original_node))
+        kind, _, leave = self._dispatch.get(type(original_node)) or self._entry(type(original_node))
+        if leave is not None:
+            leave(self, original_node)
         if kind == _BLOCK:
             self.blocks.pop()
         elif kind == _STATEMENT and id(original_node) not in self._elifs:
