@@ -9,6 +9,7 @@ training object was left unprepared."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -190,9 +191,8 @@ class Roles:
         elif function.is_function and not function.is_method:
             return [
                 (scope, site.call)
-                for scope in self.facts.scopes
-                for site in scope.calls
-                if site.callee == function.name and self.facts.resolve(site.callee, scope) is function
+                for scope, site in self._calls_by_callee.get(function.name, ())
+                if self.facts.resolve(site.callee, scope) is function
             ]
         elif function.is_method:
             siblings = self.methods_of(function) or []
@@ -200,7 +200,17 @@ class Roles:
             return [(s, site.call) for s in siblings for site in s.calls if site.callee == callee]
         else:
             return []
-        return [(scope, site.call) for scope in self.facts.scopes for site in scope.calls if site.callee == callee]
+        return [(scope, site.call) for scope, site in self._calls_by_callee.get(callee, ())]
+
+    @cached_property
+    def _calls_by_callee(self) -> dict[str, list[tuple[Scope, CallSite]]]:
+        """The call sites of each callee name, in the order of `facts.scopes` and of their calls
+        (`call_sites` asks for one name at a time, many times per module)."""
+        index: dict[str, list[tuple[Scope, CallSite]]] = {}
+        for scope in self.facts.scopes:
+            for site in scope.calls:
+                index.setdefault(site.callee, []).append((scope, site))
+        return index
 
     def _is_constructor(self, scope: Scope) -> bool:
         return (

@@ -41,12 +41,13 @@ after the process group exists gets the accelerator's value.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
 
-from migrate.walk import walk
+from migrate.walk import Visitor, walk
 
 # the namespace attributes the accelerator sets again after it is created, and from what
 PROPERTIES = {"rank": "process_index", "world_size": "num_processes"}
@@ -217,6 +218,9 @@ def _remove_dead_bindings(
     left: `host_name = ...` read by the removed `args.dist_url = f"tcp://{host_name}:..."`,
     `args.ngpus_per_node = ...` read by the removed world size and the replaced spawn's process
     count (its `args`, passed on to the worker, stay read)."""
+    # Where the reads are does not change while statements go: found once, counted per question.
+    name_loads = [(id(node), _name_loads(node)) for node in [*statements, *spawn_args]]
+    attribute_reads: dict[str, list[int]] | None = None
     changed = True
     while changed:
         changed = False
@@ -226,9 +230,11 @@ def _remove_dead_bindings(
                 continue
             target = small.targets[0].target
             if isinstance(target, cst.Name):
-                reads = _name_reads([*statements, *spawn_args], target.value, removed)
+                reads = sum(loads[target.value] for node, loads in name_loads if node not in removed)
             elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == receiver:
-                reads = _attribute_reads(module, target.attr.value, removed)
+                if attribute_reads is None:
+                    attribute_reads = _attribute_reads(module)
+                reads = sum(line not in removed for line in attribute_reads.get(target.attr.value, ()))
             else:
                 continue
             if reads == 0:
@@ -236,55 +242,61 @@ def _remove_dead_bindings(
                 changed = True
 
 
-def _name_reads(nodes: Sequence[cst.CSTNode], name: str, removed: set[int]) -> int:
-    """Loads of `name` in the statements of the spawning function that stay (and in `nodes`)."""
-    count = 0
+class _NameLoads(Visitor):
+    """How often each name is loaded (the names an assignment binds are not loads)."""
 
-    class Loads(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> bool:
-            node.value.visit(self)
-            for target in node.targets:
-                if not isinstance(target.target, cst.Name):
-                    target.target.visit(self)
-            return False
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
 
-        def visit_Name(self, node: cst.Name) -> None:
-            nonlocal count
-            count += node.value == name
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        walk(node.value, self)
+        for target in node.targets:
+            if type(target.target) is not cst.Name:
+                walk(target.target, self)
+        return False
 
-    for stmt in nodes:
-        if id(stmt) in removed:
-            continue
-        if isinstance(stmt, cst.If):
-            walk(stmt.test, Loads())  # its blocks' statements are in `statements` themselves
-        else:
-            walk(stmt, Loads())
-    return count
+    def visit_Name(self, node: cst.Name) -> None:
+        self.counts[node.value] += 1
 
 
-def _attribute_reads(module: cst.Module, attribute: str, removed: set[int]) -> int:
-    """Reads of `.attribute` anywhere in the module outside removed statements."""
-    count = 0
+def _name_loads(node: cst.CSTNode) -> Counter[str]:
+    """Loads in one statement of the spawning function (or a spawn argument); of an `if`, in its
+    test only: its blocks' statements are in the spawning function's statements themselves."""
+    loads = _NameLoads()
+    walk(node.test if type(node) is cst.If else node, loads)
+    return loads.counts
 
-    class Reads(cst.CSTVisitor):
-        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-            return id(node) not in removed
 
-        def visit_Assign(self, node: cst.Assign) -> bool:
-            node.value.visit(self)
-            for target in node.targets:
-                if isinstance(target.target, cst.Attribute):
-                    target.target.value.visit(self)
-                else:
-                    target.target.visit(self)
-            return False
+class _AttributeReads(Visitor):
+    """For each attribute name, the statement line of each read of it (0 outside any line): an
+    assignment's target attribute is written, not read."""
 
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            nonlocal count
-            count += node.attr.value == attribute
+    def __init__(self) -> None:
+        self.lines: dict[str, list[int]] = {}
+        self.line = 0
 
-    walk(module, Reads())
-    return count
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self.line = id(node)
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine) -> None:
+        self.line = 0
+
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        walk(node.value, self)
+        for target in node.targets:
+            walk(target.target.value if type(target.target) is cst.Attribute else target.target, self)
+        return False
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.lines.setdefault(node.attr.value, []).append(self.line)
+
+
+def _attribute_reads(module: cst.Module) -> dict[str, list[int]]:
+    """Reads of `.attribute` anywhere in the module, by attribute, with their statement lines (a
+    read in a removed line does not count)."""
+    reads = _AttributeReads()
+    walk(module, reads)
+    return reads.lines
 
 
 def _prune_if(stmt: cst.If, removed: set[int], replace: dict[cst.BaseStatement, list[cst.BaseStatement]]) -> None:
