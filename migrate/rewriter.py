@@ -14,6 +14,7 @@ import libcst as cst
 
 from migrate.edits import EditPlan
 from migrate.imports import is_docstring
+from migrate.walk import walk
 
 ACCELERATOR = "accelerator"
 
@@ -202,18 +203,23 @@ _QUERIES = frozenset({"torch.cuda.is_available", "torch.backends.mps.is_availabl
 
 
 def _calls_something(test: cst.BaseExpression) -> bool:
-    found: list[cst.CSTNode] = []
+    finder = _Effects()
+    walk(test, finder)
+    return bool(finder.found)
 
-    class Finder(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            if cst.Module([]).code_for_node(node.func) not in _QUERIES or node.args:
-                found.append(node)
 
-        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-            found.append(node)
+class _Effects(cst.CSTVisitor):
+    """Calls (other than `_QUERIES`) and walrus assignments."""
 
-    test.visit(Finder())
-    return bool(found)
+    def __init__(self) -> None:
+        self.found: list[cst.CSTNode] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if cst.Module([]).code_for_node(node.func) not in _QUERIES or node.args:
+            self.found.append(node)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.found.append(node)
 
 
 def _only_pass(body: Sequence[cst.BaseStatement]) -> bool:

@@ -114,6 +114,8 @@ def _convert_attribute_no_sync(roles: Roles, plan: EditPlan) -> None:
     """`self.ddp_model.no_sync()` in a trainer class, on the prepared model or the alias prepare
     binds (`roles.model_aliases`): `self.accelerator.no_sync(self.ddp_model)`."""
     prepared = {*roles.model_aliases, *(m for m in roles.models if m.startswith("self."))}
+    if not prepared:
+        return
     for scope in roles.facts.scopes:
         if not scope.is_method or not roles.can_reach(scope):
             continue
@@ -130,14 +132,17 @@ def _convert_attribute_no_sync(roles: Roles, plan: EditPlan) -> None:
 
 
 def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
+    finder = _Calls()
+    walk(node, finder)
+    return finder.found
 
-    class Finder(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
 
-    walk(node, Finder())
-    return found
+class _Calls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found: list[cst.Call] = []
+
+    def visit_Call(self, call: cst.Call) -> None:
+        self.found.append(call)
 
 
 _SYNC_FLAG = "require_backward_grad_sync"

@@ -326,17 +326,17 @@ _RANK_NAME = re.compile(r"(^|_)rank$|^process_index$|^get_rank$", re.IGNORECASE)
 def _says_its_rank(call: cst.Call) -> bool:
     """`print(f"rank {ddp_rank} sample {i}: {text}")`: a line each process prints about itself on
     purpose; from the main process only, the others' lines would be lost."""
-
-    class Finder(Visitor):
-        found = False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            self.found = self.found or bool(_RANK_NAME.search(node.value))
-
-    finder = Finder()
+    finder = _RankNames()
     for arg in call.args:
         walk(arg.value, finder)  # an attribute's name is a Name too: `args.rank`, `dist.get_rank()`
     return finder.found
+
+
+class _RankNames(Visitor):
+    found = False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.found = self.found or bool(_RANK_NAME.search(node.value))
 
 
 def _rank_guarded(where: StmtRef) -> bool:

@@ -464,7 +464,8 @@ def _placement(
     block, index = chain[level]
     # The script's own process-group setup (`init_distributed_mode(args)`) runs first: created
     # before it, the Accelerator would join a group the helper then initialises a second time.
-    inits = [i for i in range(index, len(block)) if _initialises_group(roles, block[i], plan.create_at)]
+    initialisers = _group_initialisers(roles)
+    inits = [i for i in range(index, len(block)) if _initialises_group(roles, block[i], plan.create_at, initialisers)]
     if inits:
         last = inits[-1]
         device = roles.device_binding.where.stmt if roles.device_binding is not None else None
@@ -486,21 +487,31 @@ def _contains(stmt: cst.BaseStatement, target: cst.BaseStatement) -> bool:
 
 def _uses(stmt: cst.BaseStatement, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement) -> bool:
     """True when the rewritten `stmt` reads `accelerator` when it runs (defs and classes: later)."""
-    found = False
+    finder = _AcceleratorUse(roles, plan, users, default)
+    walk(stmt, finder)
+    return finder.found
 
-    class Finder(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            nonlocal found
-            if found or type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
-                return False
-            if node is not default and _edit_uses(node, plan):
-                found = True
-            elif type(node) is cst.Call and type(node.func) is cst.Name and roles.facts.function_called(node) in users:
-                found = True
-            return not found
 
-    walk(stmt, Finder())
-    return found
+class _AcceleratorUse(cst.CSTVisitor):
+    def __init__(self, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement) -> None:
+        self.roles = roles
+        self.plan = plan
+        self.users = users
+        self.default = default
+        self.found = False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.found or type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            return False
+        if node is not self.default and _edit_uses(node, self.plan):
+            self.found = True
+        elif (
+            type(node) is cst.Call
+            and type(node.func) is cst.Name
+            and self.roles.facts.function_called(node) in self.users
+        ):
+            self.found = True
+        return not self.found
 
 
 def _edit_uses(node: cst.CSTNode, plan: EditPlan) -> bool:
@@ -536,34 +547,44 @@ def _global_users(roles: Roles, plan: EditPlan) -> set[Scope]:
     return users
 
 
-def _initialises_group(roles: Roles, stmt: cst.BaseStatement, replaced: cst.BaseStatement | None) -> bool:
+def _initialises_group(
+    roles: Roles, stmt: cst.BaseStatement, replaced: cst.BaseStatement | None, initialisers: set[Scope]
+) -> bool:
     """`init_distributed_mode(args)`, `utils.init_distributed_mode(args)`, `setup()` of this file
-    that calls `init_process_group`, or `init_process_group` itself (not `replaced`: the one AM007
-    turns into the Accelerator): a call that sets up the default process group."""
-    found = False
-    local = _group_initialisers(roles)
+    that calls `init_process_group` (one of `initialisers`), or `init_process_group` itself (not
+    `replaced`: the one AM007 turns into the Accelerator): a call that sets up the default process group."""
+    finder = _GroupSetup(roles, replaced, initialisers)
+    walk(stmt, finder)
+    return finder.found
 
-    class Finder(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            nonlocal found
-            func = node.func
-            name = func.value if type(func) is cst.Name else func.attr.value if type(func) is cst.Attribute else ""
-            called = roles.facts.function_called(node) if type(func) is cst.Name else None
-            if called is not None and called in local:
-                found = True
-            elif roles.facts.aliases.qualify(func) == _INIT:
-                found = True  # `if ddp: init_process_group(...)` below the device choice
-            elif called is None and _INIT_HELPERS.match(name):
-                found = True
 
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+class _GroupSetup(Visitor):
+    def __init__(self, roles: Roles, replaced: cst.BaseStatement | None, initialisers: set[Scope]) -> None:
+        self.roles = roles
+        self.replaced = replaced
+        self.initialisers = initialisers
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        if self.found:
             return False
+        func = node.func
+        name = func.value if type(func) is cst.Name else func.attr.value if type(func) is cst.Attribute else ""
+        called = self.roles.facts.function_called(node) if type(func) is cst.Name else None
+        if called is not None and called in self.initialisers:
+            self.found = True
+        elif self.roles.facts.aliases.qualify(func) == _INIT:
+            self.found = True  # `if ddp: init_process_group(...)` below the device choice
+        elif called is None and _INIT_HELPERS.match(name):
+            self.found = True
+        return not self.found
 
-        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-            return node is not replaced  # the init AM007 turns into the Accelerator itself
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
 
-    walk(stmt, Finder())
-    return found
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        # the init AM007 turns into the Accelerator itself
+        return not self.found and node is not self.replaced
 
 
 def _group_initialisers(roles: Roles) -> set[Scope]:

@@ -591,21 +591,25 @@ def _remove_loader_set_epoch(roles: Roles, plan: EditPlan, loader: str) -> None:
 
 def _own_statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
     """Simple statements of a function or module, not those of functions and classes inside it."""
-    found: list[cst.SimpleStatementLine] = []
+    finder = _OwnStatements(node)
+    walk(node, finder)
+    return finder.found
 
-    class Visitor(cst.CSTVisitor):
-        def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> bool:
-            found.append(stmt)
-            return False
 
-        def visit_FunctionDef(self, inner: cst.FunctionDef) -> bool:
-            return inner is node
+class _OwnStatements(cst.CSTVisitor):
+    def __init__(self, node: cst.CSTNode) -> None:
+        self.node = node
+        self.found: list[cst.SimpleStatementLine] = []
 
-        def visit_ClassDef(self, inner: cst.ClassDef) -> bool:
-            return False
+    def visit_SimpleStatementLine(self, stmt: cst.SimpleStatementLine) -> bool:
+        self.found.append(stmt)
+        return False
 
-    walk(node, Visitor())
-    return found
+    def visit_FunctionDef(self, inner: cst.FunctionDef) -> bool:
+        return inner is self.node
+
+    def visit_ClassDef(self, inner: cst.ClassDef) -> bool:
+        return False
 
 
 def _sampler_shuffle(
