@@ -43,9 +43,10 @@ def name_uses(*roots: cst.CSTNode) -> Counter[str]:
     stack = list(roots)
     while stack:
         node = stack.pop()
-        if type(node) is cst.Name:
+        node_type = type(node)
+        if node_type is cst.Name:
             counts[node.value] += 1
-        elif type(node) is cst.Attribute:
+        elif node_type is cst.Attribute:
             stack.append(node.value)
         else:
             stack.extend(children(node))

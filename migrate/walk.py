@@ -192,8 +192,13 @@ def with_ancestors(root: cst.CSTNode, targets: set[cst.CSTNode]) -> set[cst.CSTN
             found.add(node)
             found.update(path)
         path.append(node)
-        for child in children(node):
-            visit(child)
+        for value in (_GETTERS.get(type(node)) or _getter(type(node)))(node):
+            kind = type(value)
+            if kind is tuple or kind is list:
+                for child in value:  # type: ignore[attr-defined]
+                    visit(child)
+            elif kind not in _NOT_NODES:
+                visit(value)  # type: ignore[arg-type]
         path.pop()
 
     visit(root)
