@@ -5,7 +5,9 @@ its cost.
 children are re-assembled into a new dataclass instance, with validation). That made the analysis
 pass cost more than parsing the file. `walk` reads a node's children straight from its fields,
 calls `visitor.on_visit(node)` / `visitor.on_leave(node)` like libcst does (so `visit_<Type>` and
-`leave_<Type>` methods work unchanged), and visits children in document order.
+`leave_<Type>` methods work unchanged), and visits children in document order. A visitor that keeps
+libcst's own `on_visit` / `on_leave` has its `visit_<Type>` / `leave_<Type>` methods called
+directly, looked up once per visitor class and node type.
 
 What it does not visit: whitespace, comments, parentheses, brackets, commas, colons and operator
 tokens. No rule reads those through a visitor (a rule that needs a comparison's operator reads it
