@@ -54,8 +54,9 @@ Leaves alone:
     main-process only; any other is reported. A print that formats the process's own rank
     (`print(f"rank {ddp_rank} sample {i}: {text}")`) is each process's on purpose and is kept.
     File writes already under a rank check stay as they are, and so do writes whose path names the
-    process's rank (`open(f"rank{rank}.json", "w")`, directly or through a name bound to such a
-    path in the same function): each process writes its own file. Reported (with the line and the fix)
+    process's rank (`open(f"rank{rank}.json", "w")`, a rank read by key as in
+    `f"rank{results['rank']}.json"` or `os.environ["RANK"]`, directly or through a name bound to
+    such a path in the same function): each process writes its own file. Reported (with the line and the fix)
     and left on every process, a write whose statement also calls the prepared model (a
     distributed model's forward may synchronise buffers with the other processes), an
     `accelerator` method, `torch.distributed`, `.backward()` or `.step()` (directly or in a
@@ -475,15 +476,33 @@ def _per_process_path(scope: Scope, path: cst.BaseExpression) -> bool:
 
 
 def _mentions_rank(node: cst.CSTNode) -> bool:
-    class Finder(Visitor):
-        found = False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            self.found = self.found or bool(_RANK_NAME.search(node.value))
-
-    finder = Finder()
+    finder = _RankReads()
     walk(node, finder)
     return finder.found
+
+
+class _RankReads(Visitor):
+    """A rank read by name (`rank`, `args.local_rank`, `get_rank()`), or by key: `results["rank"]`,
+    `os.environ["RANK"]`, `os.environ.get("LOCAL_RANK")`, `os.getenv("RANK")`."""
+
+    found = False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.found = self.found or bool(_RANK_NAME.search(node.value))
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if len(node.slice) == 1 and type(node.slice[0].slice) is cst.Index:
+            self.found = self.found or _rank_key(node.slice[0].slice.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = node.func.attr.value if type(node.func) is cst.Attribute else getattr(node.func, "value", None)
+        if name in ("get", "getenv") and node.args:
+            self.found = self.found or _rank_key(node.args[0].value)
+
+
+def _rank_key(key: cst.BaseExpression) -> bool:
+    value = key.evaluated_value if type(key) is cst.SimpleString else None
+    return isinstance(value, str) and bool(_RANK_NAME.search(value))
 
 
 def _find_writes(scope: Scope) -> list[_Write]:
