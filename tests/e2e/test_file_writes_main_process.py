@@ -15,7 +15,6 @@ exactly the calls the original makes.
 from __future__ import annotations
 
 import io
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -26,26 +25,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from rt_helpers import run_cmd  # noqa: E402
 
+from call_recording import RECORD_CALLS, accel_executable, recorded_calls  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
 
-_RECORD = '''
-import os
-
-
-def _record(name):
-    rank = os.environ.get("RANK", "0")
-    with open(os.path.join(os.environ["LOG_CALLS_DIR"], f"calls_rank{rank}.txt"), "a") as f:
-        f.write(name + "\\n")
-'''
-
-FAKE_TV_UTILS = _RECORD + '''
+FAKE_TV_UTILS = RECORD_CALLS + '''
 
 def save_image(tensor, fp, **kwargs):
     _record(f"save_image {os.path.basename(str(fp))} {tuple(tensor.shape)}")
 '''
 
-FAKE_PYPLOT = _RECORD + '''
+FAKE_PYPLOT = RECORD_CALLS + '''
 
 def plot(*args, **kwargs):
     pass
@@ -55,7 +46,7 @@ def savefig(fname, **kwargs):
     _record(f"savefig {os.path.basename(str(fname))}")
 '''
 
-FAKE_RECORDING = _RECORD + '''
+FAKE_RECORDING = RECORD_CALLS + '''
 
 def record_member(member, path):
     _record(f"unpack {member.name}")
@@ -107,12 +98,6 @@ if __name__ == "__main__":
 '''
 
 
-def _accel() -> str:
-    found = shutil.which("accel", path=str(Path(sys.executable).parent)) or shutil.which("accel")
-    assert found, "the `accel` console script is not installed"
-    return found
-
-
 def _setup(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
     fakes = tmp_path / "fakes"
     (fakes / "torchvision").mkdir(parents=True)
@@ -143,11 +128,11 @@ def _setup(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
 def _run(fakes: Path, source: Path, script: Path, out: Path, nproc: int | None) -> tuple[dict[str, list[str]], str]:
     out.mkdir()
     env = ["env", f"PYTHONPATH={fakes}", f"LOG_CALLS_DIR={out}", f"SOURCE_ARCHIVE={source}"]
-    launch = [_accel(), "launch", "--nproc-per-node", str(nproc)] if nproc else [sys.executable]
+    launch = [accel_executable(), "launch", "--nproc-per-node", str(nproc)] if nproc else [sys.executable]
     cmd = [*env, *launch, str(script), str(out)]
     result = run_cmd(cmd, cwd=out, timeout=TIMEOUT)
     assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    calls = {p.stem: p.read_text().splitlines() for p in sorted(out.glob("calls_rank*.txt"))}
+    calls = recorded_calls(out)
     return calls, result.stdout
 
 

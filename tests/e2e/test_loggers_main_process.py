@@ -13,7 +13,6 @@ the migrated script must make exactly the calls the original makes.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,20 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from rt_helpers import run_cmd  # noqa: E402
 
+from call_recording import RECORD_CALLS, accel_executable, recorded_calls  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
 
-_RECORD = '''
-import os
-
-
-def _record(name):
-    rank = os.environ.get("RANK", "0")
-    with open(os.path.join(os.environ["LOG_CALLS_DIR"], f"calls_rank{rank}.txt"), "a") as f:
-        f.write(name + "\\n")
-'''
-
-FAKE_WANDB = _RECORD + '''
+FAKE_WANDB = RECORD_CALLS + '''
 _run = None
 
 
@@ -68,7 +59,7 @@ def finish():
     _record("wandb.finish")
 '''
 
-FAKE_TENSORBOARDX = _RECORD + '''
+FAKE_TENSORBOARDX = RECORD_CALLS + '''
 
 class SummaryWriter:
     def __init__(self, logdir=None):
@@ -122,12 +113,6 @@ if __name__ == "__main__":
 '''
 
 
-def _accel() -> str:
-    found = shutil.which("accel", path=str(Path(sys.executable).parent)) or shutil.which("accel")
-    assert found, "the `accel` console script is not installed"
-    return found
-
-
 def _setup(tmp_path: Path) -> tuple[Path, Path, Path]:
     fakes = tmp_path / "fakes"
     fakes.mkdir()
@@ -147,11 +132,11 @@ def _setup(tmp_path: Path) -> tuple[Path, Path, Path]:
 def _run(fakes: Path, script: Path, out: Path, nproc: int | None) -> dict[str, list[str]]:
     out.mkdir()
     env = ["env", f"PYTHONPATH={fakes}", f"LOG_CALLS_DIR={out}"]
-    launch = [_accel(), "launch", "--nproc-per-node", str(nproc)] if nproc else [sys.executable]
+    launch = [accel_executable(), "launch", "--nproc-per-node", str(nproc)] if nproc else [sys.executable]
     cmd = [*env, *launch, str(script), str(out)]
     result = run_cmd(cmd, cwd=out, timeout=TIMEOUT)
     assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return {p.stem: p.read_text().splitlines() for p in sorted(out.glob("calls_rank*.txt"))}
+    return recorded_calls(out)
 
 
 def test_logging_runs_on_the_main_process_only(tmp_path: Path) -> None:
