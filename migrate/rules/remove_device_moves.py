@@ -31,7 +31,10 @@ Leaves alone:
     `teacher = copy.deepcopy(model)`), or its state read (`model.state_dict()`). Such a copy was
     made on the device and must stay there (an EMA copy left on the CPU would mix CPU and CUDA
     tensors in `ema.update(model)`). The kept move is harmless: `prepare` moves the model again, to
-    the same `accelerator.device`. Reads that copy nothing do not keep it: `.parameters()`,
+    the same `accelerator.device`. So is a move nested in such a call
+    (`ema = ModelEma(model.to(device))`, `copy.deepcopy(model.cuda() if cuda else model)`): the call
+    receives the moved model (a kept `.cuda()` becomes `.to(accelerator.device)`); nested in a
+    hand-written DDP wrapper, `torch.compile` or `print(...)` it goes. Reads that copy nothing do not keep it: `.parameters()`,
     `.named_parameters()`, the optimizer's own statement (a factory or parameter-group helper
     given the model), `.train()` / `.eval()` / `.apply(init)` / `.load_state_dict(...)`, in-place
     tensor operations (`model.fc.weight.data.normal_(...)`, `nn.init.*_`), `torch.compile`,
@@ -88,7 +91,7 @@ def _moved_object(
         prepared_at = roles.prepare_after.order if roles.prepare_after is not None else 0
         if scope is roles.home and move.where.order > prepared_at:
             return None
-        if _used_before_prepare(roles, scope, move, {ref}):
+        if _handed_on(roles, move) or _used_before_prepare(roles, scope, move, {ref}):
             return None
         return f"model `{ref}`"
     if isinstance(receiver, cst.Call) and scope is roles.home:
@@ -185,6 +188,41 @@ def _assigned_name(roles: Roles, move: Move) -> str | None:
         if value is move.call:
             return reference(small.targets[0].target)
     return None
+
+
+def _handed_on(roles: Roles, move: Move) -> bool:
+    """The moved model is an argument of another call in the same statement (`ema =
+    ModelEma(model.to(device))`, `copy.deepcopy(model.cuda())`): that call copies it (or may), on
+    the device, before the prepare call, as `ModelEma(model)` on the next line would: the move is
+    kept. Not a hand-written DDP wrapper (the prepare call wraps instead), `torch.compile` or
+    `convert_sync_batchnorm` (the same parameters), nor `print(...)`-like calls."""
+    outer = _outer_call(move.where.stmt, move.call)
+    if outer is None:
+        return False
+    func = outer.func
+    if isinstance(func, cst.Name) and func.value in _INERT_FUNCTIONS:
+        return False
+    return roles.facts.aliases.qualify(func) not in (_WRAPPERS | _SAME_PARAMETERS)
+
+
+def _outer_call(stmt: cst.CSTNode, call: cst.Call) -> cst.Call | None:
+    """The call `call` is passed to as an argument (`f(call)`, `f(x, key=call)`, `f(call if c
+    else x)`), else None."""
+    found: list[cst.Call] = []
+
+    def passes(value: cst.BaseExpression) -> bool:
+        if isinstance(value, cst.IfExp):
+            return passes(value.body) or passes(value.orelse)
+        return value is call
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> bool:
+            if not found and any(passes(arg.value) for arg in node.args):
+                found.append(node)
+            return not found
+
+    walk(stmt, Finder())
+    return found[0] if found else None
 
 
 # Methods of the model (or of one of its submodules) that hand its parameters to an optimizer, or
