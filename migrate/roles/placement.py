@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Binding, Facts, Scope, StmtRef
+from migrate.analysis import Binding, DeviceBinding, Facts, Scope, StmtRef
 from migrate.imports import is_docstring
 from migrate.names import instance_attribute
 from migrate.roles.calls import HAND_WRAPPERS
@@ -30,14 +30,77 @@ def place_accelerator(roles: Roles) -> None:
     upstream = [d for d in caller.devices if not d.where.path] if caller is not None else []
     for scope, candidates in ((home, local), (caller, upstream), (module, globals_)):
         if candidates and scope is not None:
-            roles.device_binding = candidates[0]
+            first = _deciding_choice(candidates)
+            roles.device_binding = candidates[first]
             roles.accelerator_scope = scope
             # `DEVICE = "cpu"` ... `if __name__ == "__main__": DEVICE = torch.device("cuda")`: every
             # later choice of the same name must become `accelerator.device` too.
-            roles.later_device_bindings = [d for d in candidates[1:] if d.name == candidates[0].name]
+            roles.later_device_bindings = [d for d in candidates[first + 1:] if d.name == candidates[first].name]
             return
     roles.accelerator_scope = home
     roles.create_before = _first_code_statement(roles.facts, home)
+
+
+def _deciding_choice(candidates: list[DeviceBinding]) -> int:
+    """Which device choice the Accelerator replaces: the first, unless it only asks whether a GPU
+    is there and the same name is chosen again later by a flag of the command line
+    (`DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")` at the top, then
+    `DEVICE = torch.device("cuda" if args.backend == "gpu" else "cpu")` under `__main__` once the
+    arguments are parsed). The flag decides where the script runs, so the Accelerator is created
+    there, with `cpu=` derived from it (AM001); the first choice stays as it is, replaced before
+    training starts."""
+    name = candidates[0].name
+    same = [i for i, d in enumerate(candidates) if d.name == name]
+    if flag_choice(candidates[0], [candidates[i] for i in same[1:]]) is not None:
+        return 0
+    for position, index in enumerate(same[1:], 1):
+        if flag_choice(candidates[index], [candidates[i] for i in same[position + 1:]]) is not None:
+            return index
+    return 0
+
+
+def flag_choice(first: DeviceBinding, later: list[DeviceBinding]) -> tuple[cst.BaseExpression, bool] | None:
+    """The test of a flag that picks between an accelerator and the CPU at the device choice
+    `first` (`later`: the same name chosen after it), and whether a true test means the CPU:
+    `torch.device("cuda" if args.cuda else "cpu")`, or `if use_accel: device = torch.device("cuda")
+    else: device = torch.device("cpu")`. None when the test only asks whether a GPU is there
+    (`torch.cuda.is_available()`: the Accelerator checks that itself) or both sides are alike."""
+    value = first.value
+    if type(value) is cst.Call and len(value.args) == 1:
+        value = value.args[0].value  # torch.device(<choice>)
+    if type(value) is cst.IfExp:
+        body, orelse = is_cpu_device(value.body), is_cpu_device(value.orelse)
+        if body == orelse or is_availability(value.test):
+            return None
+        return value.test, body
+    if not first.where.path:
+        return None
+    parent = first.where.path[-1].stmt
+    if type(parent) is not cst.If or type(parent.orelse) is not cst.Else or is_availability(parent.test):
+        return None
+    branches = {"body": parent.body, "orelse": parent.orelse.body}
+    side: dict[str, bool] = {}  # branch -> chooses the CPU
+    for binding in (first, *later):
+        for branch, block in branches.items():
+            if type(block) is cst.IndentedBlock and any(stmt is binding.where.stmt for stmt in block.body):
+                side[branch] = is_cpu_device(binding.value)
+    if len(side) != 2 or side["body"] == side["orelse"]:
+        return None
+    return parent.test, side["body"]
+
+
+def is_availability(test: cst.BaseExpression) -> bool:
+    return (
+        type(test) is cst.Call
+        and type(test.func) is cst.Attribute
+        and test.func.attr.value == "is_available"
+    )
+
+
+def is_cpu_device(value: cst.BaseExpression | None) -> bool:
+    if type(value) is cst.Call and len(value.args) == 1:
+        value = value.args[0].value  # torch.device("cpu")
+    return type(value) is cst.SimpleString and value.evaluated_value == "cpu"
 
 
 def _sole_caller(roles: Roles, home: Scope) -> Scope | None:

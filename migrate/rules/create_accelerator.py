@@ -35,7 +35,14 @@ What it does:
     A flag choosing between the accelerator and the CPU (`if use_accel: device =
     torch.device("cuda") else: device = torch.device("cpu")`) becomes
     `Accelerator(cpu=not use_accel)`, so `--no-accel` still means the CPU (an
-    `if torch.cuda.is_available():` test needs no flag: the Accelerator checks that itself).
+    `if torch.cuda.is_available():` test needs no flag: the Accelerator checks that itself); so
+    does `torch.device("cuda" if args.backend == "gpu" and torch.cuda.is_available() else "cpu")`
+    (`cpu=not (<its test>)`). A device chosen first by availability only (`DEVICE =
+    torch.device("cuda" if torch.cuda.is_available() else "cpu")` at the top) and chosen again by
+    such a flag once the arguments are parsed (under `if __name__ == "__main__":`) gets the
+    Accelerator at that second choice, with `cpu=` from its flag; the first choice stays as it is
+    (the second replaces it before anything trains). Where `accelerator` is needed before the
+    flag's names are bound, the Accelerator is created without `cpu=`, and that is reported.
     A script that never chooses a device (no device variable, no `.cuda()`, no `.to(...)` but to
     a dtype, no `device=` but `"cpu"`, no `"cuda"`/`"mps"`/`"xpu"` string, no `torch.device`,
     `torch.set_default_device`, `torch.cuda`, `torch.accelerator`, `torch.backends.mps`,
@@ -90,6 +97,7 @@ import libcst as cst
 from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.roles.placement import flag_choice, is_cpu_device
 from migrate.names import ImportAliases
 from migrate.rules.base import names_read, prepared_loaders, statement
 from migrate.safety.device_type import used_as_string
@@ -137,6 +145,12 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     block, index = place
     if cpu is not None and "cpu" not in plan.accelerator_kwargs and _bound_before(cpu[1], scope, block, index):
         plan.accelerator_kwargs["cpu"] = cpu[0]
+    elif cpu is not None and "cpu" not in plan.accelerator_kwargs:
+        plan.report(CODE, default, (
+            f"the device is chosen by `{cst.Module([]).code_for_node(cpu[1])}` (the CPU when `{cpu[0]}`), but "
+            "`accelerator` is needed before the names it reads are bound, so the Accelerator is created "
+            f"without `cpu={cpu[0]}` and runs on the GPU whenever there is one: create the Accelerator "
+            f"where the flag is known with `Accelerator(cpu={cpu[0]})`, or launch with `accel launch --cpu`"))
     elif binding is None and "cpu" not in plan.accelerator_kwargs and _trains_on_cpu_only(roles, plan):
         plan.accelerator_kwargs["cpu"] = "True"
         plan.change(CODE, default, (
@@ -217,32 +231,24 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
 
 def _cpu_flag(roles: Roles) -> tuple[str, cst.BaseExpression] | None:
     """`not (<test>)` (or `<test>`), and the test, when a flag picks between the accelerator and the CPU:
-    `if use_accel: device = torch.device("cuda") else: device = torch.device("cpu")`.
+    `if use_accel: device = torch.device("cuda") else: device = torch.device("cpu")`, or
+    `device = torch.device("cuda" if args.backend == "gpu" else "cpu")`.
 
     Both branches become `accelerator.device`, so without `Accelerator(cpu=...)` the CPU branch
     (`--no-accel`, `--cpu`) would silently run on the GPU. Only when the test is more than an
     availability check (`if torch.cuda.is_available():` needs no flag: the Accelerator checks)."""
     first = roles.device_binding
-    if first is None or not first.where.path:
+    if first is None:
         return None
-    parent = first.where.path[-1].stmt
-    if type(parent) is not cst.If or type(parent.orelse) is not cst.Else:
+    choice = flag_choice(first, roles.later_device_bindings)
+    if choice is None:
         return None
-    if _is_availability(parent.test):
-        return None
-    branches = {"body": parent.body, "orelse": parent.orelse.body}
-    side: dict[str, bool] = {}  # branch -> chooses the CPU
-    for binding in (first, *roles.later_device_bindings):
-        for branch, block in branches.items():
-            if type(block) is cst.IndentedBlock and any(stmt is binding.where.stmt for stmt in block.body):
-                side[branch] = _is_cpu(binding.value)
-    if len(side) != 2 or side["body"] == side["orelse"]:
-        return None
-    test = cst.Module([]).code_for_node(parent.test)
-    if side["body"]:
-        return test, parent.test
-    simple = type(parent.test) in (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
-    return (f"not {test}" if simple else f"not ({test})"), parent.test
+    flag, cpu_when_true = choice
+    test = cst.Module([]).code_for_node(flag)
+    if cpu_when_true:
+        return test, flag
+    simple = type(flag) in (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
+    return (f"not {test}" if simple else f"not ({test})"), flag
 
 
 # Device APIs: a script using any of them chose where it runs.
@@ -276,7 +282,7 @@ def _trains_on_cpu_only(roles: Roles, plan: EditPlan) -> bool:
                 self.found = True
 
         def visit_Arg(self, node: cst.Arg) -> None:
-            if node.keyword is not None and node.keyword.value == "device" and not _is_cpu(node.value):
+            if node.keyword is not None and node.keyword.value == "device" and not is_cpu_device(node.value):
                 self.found = True
 
         def visit_Attribute(self, node: cst.Attribute) -> bool:
@@ -322,6 +328,13 @@ def _bound_before(test: cst.BaseExpression, scope: Scope, block: Sequence[cst.Ba
     earlier: set[str] = set(scope.params)
     for stmt in block[:index]:
         earlier |= _bound_names(stmt)
+    if type(scope.node) is cst.Module and block is not scope.node.body and block:
+        # A block nested at module level (`if __name__ == "__main__":`): the module's statements
+        # above the one holding it have run (its imports among them).
+        for stmt in scope.node.body:
+            if _contains(stmt, block[0]):
+                break
+            earlier |= _bound_names(stmt)
     if type(scope.node) is not cst.Module:
         # A function runs after its module's top level: names bound there (imports included) count.
         module_scope = scope
@@ -350,20 +363,6 @@ def _bound_names(stmt: cst.BaseStatement) -> set[str]:
                 bound = alias.asname.name if alias.asname else alias.name
                 names.add(cst.Module([]).code_for_node(bound).split(".")[0])
     return names
-
-
-def _is_availability(test: cst.BaseExpression) -> bool:
-    return (
-        type(test) is cst.Call
-        and type(test.func) is cst.Attribute
-        and test.func.attr.value == "is_available"
-    )
-
-
-def _is_cpu(value: cst.BaseExpression | None) -> bool:
-    if type(value) is cst.Call and len(value.args) == 1:
-        value = value.args[0].value  # torch.device("cpu")
-    return type(value) is cst.SimpleString and value.evaluated_value == "cpu"
 
 
 def _shared_line_assign(binding: DeviceBinding) -> cst.BaseSmallStatement | None:
