@@ -70,6 +70,9 @@ class EditPlan:
     # Statements run by the main process only: wrapped in `if accelerator.is_main_process:` (with
     # their own edits applied; neighbours of one block share one `if`).
     main_process_only: set[cst.BaseStatement] = edits(set)
+    # Statements run by the main process first, then by the others: wrapped in
+    # `with accelerator.main_process_first():` (their own edits applied; neighbours share one `with`).
+    main_process_first: set[cst.BaseStatement] = edits(set)
     removes_boilerplate: bool = False  # imports may have been left unused (cleanup runs)
     annotations: dict[cst.BaseStatement, list[str]] = edits(dict)  # --annotate comments
     self_accelerator: set[cst.FunctionDef] = edits(set)  # methods using `self.accelerator`

@@ -113,6 +113,7 @@ class Rewriter(cst.CSTTransformer):
         out: list[cst.BaseStatement] = []
         carried: list[cst.EmptyLine] = []
         opened: cst.BaseStatement | None = None  # the last `if accelerator.is_main_process:` added
+        first: cst.BaseStatement | None = None  # the last `with accelerator.main_process_first():` added
         for original, new in zip(originals, updated):
             out.extend(plan.insert_before.get(original, []))
             if original in plan.replace_stmt:
@@ -139,6 +140,12 @@ class Rewriter(cst.CSTTransformer):
                 if guard is not None:
                     out.pop()
                 opened = replacement[0]
+            elif original in plan.main_process_first and replacement == [new]:
+                block = out[-1] if out and out[-1] is first else None
+                replacement = _main_process_first(new, block)
+                if block is not None:
+                    out.pop()
+                first = replacement[0]
             if replacement:
                 if carried:
                     replacement[0] = _prepend_lines(replacement[0], carried)
@@ -161,6 +168,19 @@ def _main_process_only(stmt: cst.BaseStatement, guard: cst.BaseStatement | None)
     test = cst.Attribute(cst.Name(ACCELERATOR), cst.Name("is_main_process"))
     inner = stmt.with_changes(leading_lines=[])
     return [cst.If(test=test, body=cst.IndentedBlock([inner]), leading_lines=stmt.leading_lines)]
+
+
+def _main_process_first(stmt: cst.BaseStatement, block: cst.BaseStatement | None) -> list[cst.BaseStatement]:
+    """`stmt` inside `with accelerator.main_process_first():`, appended to `block` (the one just before)."""
+    if type(block) is cst.With and type(block.body) is cst.IndentedBlock:
+        body = block.body
+        # its blank lines stay blank (not indented to the block)
+        lines = [line.with_changes(indent=False) if line.comment is None else line for line in stmt.leading_lines]
+        stmt = stmt.with_changes(leading_lines=lines)
+        return [block.with_changes(body=body.with_changes(body=[*body.body, stmt]))]
+    item = cst.Call(cst.Attribute(cst.Name(ACCELERATOR), cst.Name("main_process_first")))
+    inner = stmt.with_changes(leading_lines=[])
+    return [cst.With(items=[cst.WithItem(item)], body=cst.IndentedBlock([inner]), leading_lines=stmt.leading_lines)]
 
 
 def _comments_of(stmt: cst.BaseStatement) -> list[cst.EmptyLine]:

@@ -24,8 +24,15 @@ What it does:
     fetches), followed by `accelerator.wait_for_everyone()`: every process reads the data after it.
     Not `with accelerator.main_process_first():` (which the runtime has): the others would then run
     the block after the main process, downloading and unpacking again over the files the main
-    process is already reading; that idiom suits loaders that skip what is present (a torchvision
-    dataset's `download=True`).
+    process is already reading; that idiom suits loaders that skip what is present, and is what a
+    dataset built with `download=` gets (`datasets.MNIST(root, train=True, download=True)`,
+    CIFAR10/100, the script's own class taking `download=True`): the statement building it (also
+    `DataLoader(datasets.MNIST(..., download=True), ...)`) runs under
+    `with accelerator.main_process_first():` (neighbouring statements share one `with`): the main
+    process downloads and unpacks, the others then find the files and only load them. Built in a
+    function that does not hold the accelerator (a helper of another module, `build_dataset(args)`
+    of a repository's datasets.py; a Dataset class's constructor), the statements calling it are
+    wrapped instead; a `download=download` passed on from a parameter is left to those callers.
 
 Why:
     Every process runs the script: without this, each of N processes writes the same checkpoint
@@ -67,14 +74,22 @@ Leaves alone:
     `if`/`for`; and writes in functions of the script that cannot reach the accelerator (an
     nn.Module's methods, callbacks nothing in this file calls). Writes in another module of a unit
     (a logger module's files, often one per rank) are left alone, as its checkpoints are. Other writers (`np.save`, `df.to_csv`, `fig.savefig` on a figure object) are not
-    recognised.
+    recognised. Reported the same way, a dataset with `download=` built at module level before the
+    Accelerator exists, in the header of an `if`/`for` (`for x, y in
+    DataLoader(datasets.MNIST(..., download=True))`), in a statement that also calls the prepared
+    model, an `accelerator` method or `torch.distributed` (the others wait at the barrier while the
+    main process would wait for them), or in a function with no caller that can reach the
+    accelerator.
 
 Fix safety:
     Safe: on one process the main process is the only process. On N processes a guarded write
     holds no collective and no model call, and binds nothing the rest of the script reads, so the
     other processes skip only the write; after a guarded download they wait at a barrier placed
     where every process arrives (outside the tests the fetch was under, in the same block), as long
-    as the function holding it runs on every process.
+    as the function holding it runs on every process. `main_process_first()` is two barriers
+    every process reaches (the others before the block, the main process after it); the wrapped
+    statement holds no collective, and one already under a rank check or a `with` that lets one
+    process go first (`torch_distributed_zero_first(rank)`, a second run) is left alone.
 """
 
 from __future__ import annotations
@@ -105,6 +120,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         return
     for scope in roles.facts.scopes:
         _file_writes(roles, plan, scope)
+        _downloading_datasets(roles, plan, scope)
         if not roles.can_reach(scope):
             continue
         reached = scope in plan.uses_accelerator or not roles.needs_parameter(scope)
@@ -463,6 +479,112 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> None:
                         "(`accelerator.wait_for_everyone()`) before reading what it wrote")
         else:
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only")
+
+
+def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """A dataset built with `download=` (`datasets.MNIST(root, download=True)`, the script's own
+    class taking it, also inside `DataLoader(...)`): the statement runs under
+    `with accelerator.main_process_first():` (neighbours share one `with`); in a function that does
+    not hold the accelerator, the statements calling it do (`build_dataset(args)` of another module,
+    a Dataset class's constructor); otherwise it is reported."""
+    if type(scope.node) is cst.ClassDef:
+        return
+    seen: set[cst.Call] = set()
+    found: list[tuple[cst.Call, StmtRef]] = []
+    for site in (*scope.library_calls, *scope.calls, *scope.method_calls):
+        if site.call not in seen and _downloads(scope, site.call):
+            seen.add(site.call)
+            found.append((site.call, site.where))
+    for call, where in sorted(found, key=lambda f: f[1].order):
+        if _rank_guarded(where) or _goes_first(where):
+            continue  # the script lets one process go first itself (or a second run)
+        if not _first_where_called(roles, plan, scope, call, where, frozenset()):
+            place = f"in `{scope.qualname}`, where the accelerator cannot reach"
+            if scope is roles.facts.module_scope and roles.accelerator_scope is not None:
+                place = f"at module level, before the Accelerator (created in `{roles.accelerator_scope.qualname}`) exists"
+            plan.report(CODE, call, (
+                f"this dataset is built with `download=` {place}, so every process downloads and unpacks it into the same folder at once: build it "
+                "under `with accelerator.main_process_first():` (or download it once before launching)"))
+
+
+def _first_where_called(
+    roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call, where: StmtRef, seen: frozenset[int]
+) -> bool:
+    """Put the statement holding `call` under `with accelerator.main_process_first():` where the
+    accelerator is at hand, or else the statements that call `scope` (recursively); False when some
+    path cannot be wrapped (no caller in the files migrated, a caller that cannot reach it)."""
+    if roles.can_reach(scope) and not roles.needs_parameter(scope) and _unreachable_method(roles, scope) is None:
+        what = "this dataset is built with `download=`" if not seen else \
+            f"`{cst.Module([]).code_for_node(call.func)}(...)` builds a dataset with `download=`"
+        _first_on_main_process(roles, plan, scope, call, where.stmt, what)
+        return True
+    if not scope.is_function or id(scope) in seen or len(seen) > 4:
+        return False
+    callers = roles.call_sites(scope)
+    if not callers:
+        return False
+    ok = True
+    for caller, outer in callers:
+        site = next((s for s in (*caller.calls, *caller.library_calls, *caller.method_calls) if s.call is outer), None)
+        if site is None:
+            ok = False
+        elif not (_rank_guarded(site.where) or _goes_first(site.where)):
+            ok = _first_where_called(roles, plan, caller, outer, site.where, seen | {id(scope)}) and ok
+    return ok
+
+
+def _first_on_main_process(
+    roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call, stmt: cst.BaseStatement, what: str
+) -> None:
+    """Run `stmt` under `with accelerator.main_process_first():`, or report why it cannot."""
+    if stmt in plan.main_process_first or stmt in plan.main_process_only:
+        return
+    problem: str | None = None
+    if type(stmt) is not cst.SimpleStatementLine:
+        problem = ("the call is part of the header of a compound statement; build it in a statement of its "
+                   "own under `with accelerator.main_process_first():`")
+    elif stmt in plan.replace_stmt:
+        problem = "another rule rewrites this statement; put it under `with accelerator.main_process_first():`"
+    else:
+        hazard = _hazard(roles, scope, stmt, set())
+        if hazard is not None:
+            problem = (f"the statement also {hazard}, which may wait for the other processes while they "
+                       "wait for the main process; build the dataset in a statement of its own under "
+                       "`with accelerator.main_process_first():`")
+    if problem is not None:
+        plan.report(CODE, call, (
+            f"{what}: every process downloads and unpacks it into the same folder at once, and it cannot "
+            f"be built by the main process first: {problem}"))
+        return
+    plan.main_process_first.add(stmt)
+    plan.use_accelerator(scope)
+    plan.change(CODE, stmt, (
+        f"{what}: built under `with accelerator.main_process_first():` (the main process downloads, "
+        "the others then find the files)"))
+
+
+def _downloads(scope: Scope, call: cst.Call) -> bool:
+    """`download=True` (or any value but a literal False/None) among the call's keywords. Not a
+    parameter of the function passed on (`download=download`): its callers decide."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "download":
+            value = arg.value
+            return not (type(value) is cst.Name and (value.value in ("False", "None") or value.value in scope.params))
+    return False
+
+
+def _goes_first(where: StmtRef) -> bool:
+    """Inside a `with` that already lets one process go first (`accelerator.main_process_first()`,
+    a script's own `torch_distributed_zero_first(rank)`)."""
+    empty = cst.Module([])
+    return any(
+        type(outer.stmt) is cst.With
+        and any(_FIRST_CONTEXT.search(empty.code_for_node(item.item)) for item in outer.stmt.items)
+        for outer in where.path
+    )
+
+
+_FIRST_CONTEXT = re.compile(r"_first\b|main_process|rank|master|primary", re.IGNORECASE)
 
 
 def _per_process_path(scope: Scope, path: cst.BaseExpression) -> bool:

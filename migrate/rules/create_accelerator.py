@@ -514,7 +514,8 @@ class _AcceleratorUse(cst.CSTVisitor):
 
 
 def _edit_uses(node: cst.CSTNode, plan: EditPlan) -> bool:
-    if node in plan.new_args or node in plan.main_process_only:  # the latter: `if accelerator.is_main_process:`
+    if node in plan.new_args or node in plan.main_process_only or node in plan.main_process_first:
+        # the latter two: `if accelerator.is_main_process:`, `with accelerator.main_process_first():`
         return True
     produced: list[cst.CSTNode] = []
     try:
