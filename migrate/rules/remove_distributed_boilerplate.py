@@ -23,7 +23,8 @@ What it does:
       call of the model that is provably built on the CPU (`model(torch.randn(20, 10))`, or a
       name bound to a tensor factory without `device=`) gets `.to(accelerator.device)`; an input
       the file neither builds on the CPU nor shows on the device (a batch of a prepared loader, a
-      tensor moved with `.to(...)` / `.cuda()`) is reported at the call.
+      tensor moved with `.to(...)` / `.cuda()`) is reported at the call. A wrapper under an `if`
+      is not followed: the script also ran the model unwrapped, so it moves its inputs itself.
     - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader, `sampler.set_epoch(...)`
       and `loader.sampler.set_epoch(...)` go (prepared loaders reshuffle each epoch themselves),
       and the loader is prepared. A `print` of the removed sampler goes with it; a sampler read
@@ -462,7 +463,9 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, 
             else:
                 plan.calls[value] = lambda updated: updated.args[0].value
             plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
-            if _moves_inputs(roles, value):
+            # Under an `if` (`if torch.cuda.device_count() > 1:`), the script also ran its model
+            # unwrapped, so it moves the inputs itself.
+            if _moves_inputs(roles, value) and not any(type(ref.stmt) is cst.If for ref in binding.where.path):
                 moving.append((name, value, binding.where))
     _unwrap_aliases(roles, plan)
     return moving
