@@ -553,8 +553,8 @@ def _placement(
         if not before:
             return "unknown"
         kinds = {"unknown" if b.is_loop_target else _built_on(roles, b.value) for b in before}
-        latest = max(before, key=lambda b: b.where.order)
-        if not latest.is_loop_target and _built_on(roles, latest.value) == "placed":
+        if "placed" in kinds:
+            # moved once (`x = x.cuda()`), then transformed (`x, y = mixup(x, y)`): still there
             return "placed"
         return "cpu" if kinds == {"cpu"} else "unknown"
     return _built_on(roles, value)
