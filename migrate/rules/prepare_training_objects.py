@@ -55,7 +55,19 @@ Leaves alone:
     train_loader.next_batch()`, the report names it as the one that must draw this process's
     share; an object built with torchrun's global rank, nanoGPT's `DataLoaderLite(...,
     process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
-    it is, since the local rank repeats on every node). An optimizer factory whose model cannot be told is reported and the file left as it is
+    it is, since the local rank repeats on every node). Also reported, at the draw: a prepared model
+    whose whole input is drawn in the training loop from torch's global RNG (a GAN's noise,
+    `fake = netG(torch.randn(b, nz, 1, 1, device=device))`, inline or through a name) while no seed
+    of the file reads the rank: every process starts that RNG alike (the script's
+    `torch.manual_seed(seed)`, or torch's fixed default seed), so the N processes draw the same
+    noise at every step and train on N copies of one batch of it (without a DataLoader, the report
+    of a training step no DataLoader feeds says it instead). The seed is not rewritten: a
+    per-rank seed changes whatever the global RNG draws after it, and a `random_split` must stay
+    alike on every process; the report says to seed with `seed + accelerator.process_index` once
+    that is done (prepared loaders shuffle from rank 0's seed whatever each process's RNG holds;
+    `tests/e2e/test_gan_noise_per_rank.py` checks both on 2 processes). Noise added to the batch
+    (`model(x + noise)`) pairs the same noise with each process's own samples, as dropout does,
+    and is not reported. An optimizer factory whose model cannot be told is reported and the file left as it is
     (prepared alone, the optimizer would step a model that is neither placed nor synchronised).
     A `torch.optim` optimizer whose model cannot be told (its parameter groups come from a library's
     helper, `AdamW(groups)` after `groups = timm_groups(model, wd)`, or from tensors of no model) is
@@ -87,6 +99,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from migrate.analysis import Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import WrappedOptimizer
@@ -147,6 +160,91 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             _rewrap(plan, name, wrapped, anchor, after=where is not None)
     plan.use_accelerator(home)
     plan.change(CODE, anchor, f"prepare {', '.join(names)}")
+    _report_same_draws(roles, plan)
+
+
+# Draws from torch's global RNG of fresh values (not a permutation of the data: that is the
+# loader's business, reported as a training step no DataLoader feeds).
+_DRAWS = frozenset(
+    f"torch.{name}" for name in ("randn", "rand", "randint", "normal", "randn_like", "rand_like", "randint_like")
+)
+_SEEDS = frozenset({
+    "torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all",
+    "lightning.seed_everything", "pytorch_lightning.seed_everything", "lightning.pytorch.seed_everything",
+    "transformers.set_seed", "accelerate.utils.set_seed",
+})
+
+
+def _report_same_draws(roles: Roles, plan: EditPlan) -> None:
+    """A training loop whose prepared model takes, as its whole input, a tensor drawn there from
+    torch's global RNG (a GAN's noise, `fake = netG(torch.randn(b, nz, 1, 1, device=device))`):
+    the global RNG starts alike on every process (the script's own `torch.manual_seed(seed)`, or
+    torch's fixed default seed), so every process draws the same values at every step, and the N
+    processes train on N copies of one batch of noise where one process with an N-times batch
+    would draw N different ones. Reported at the draw, unless a seed already reads the rank; not
+    rewritten: a per-rank seed placed too early changes what must stay alike (a `random_split` of
+    the global RNG would pick other data on each process)."""
+    if not roles.loaders:
+        return  # no DataLoader feeds the training: its own report says every process trains alike
+    seeds = [(scope, call) for scope in roles.facts.scopes for call in scope.library_calls if call.qualified in _SEEDS]
+    if any(_reads_rank(call.call) for _, call in seeds):
+        return
+    seeded = cst.Module([]).code_for_node(seeds[0][1].call) if seeds else None
+    for scope in roles.facts.scopes:
+        if not roles.can_reach(scope):
+            continue
+        for draw, model in _drawn_inputs(roles, scope):
+            shown = cst.Module([]).code_for_node(draw)
+            origin = (f"`{seeded}` seeds every process alike when each gets the same value" if seeded is not None
+                      else "the file seeds nothing, and torch's default seed is the same on every process")
+            fix = ("`accelerate.utils.set_seed(seed, device_specific=True)`" if plan.target == "accelerate"
+                   else "`torch.manual_seed(seed + accelerator.process_index)`")
+            plan.report(CODE, draw, (
+                f"`{shown}` is the whole input of `{model}(...)` in the training loop, drawn from torch's global RNG, "
+                f"which starts alike on every process ({origin}): the processes draw the same values at every step, "
+                "so N processes train on N copies of one batch of it, where one process with an N-times batch draws N different ones. Seed "
+                "each process differently once what must stay alike is done (a `random_split` or other draw that "
+                f"picks the data; prepared loaders shuffle alike whatever the seed): {fix}"
+            ))
+
+
+def _reads_rank(call: cst.Call) -> bool:
+    """`torch.manual_seed(seed + rank)`, `manual_seed(s + int(os.environ["RANK"]))`,
+    `set_seed(args.seed + accelerator.process_index)`, `set_seed(seed, device_specific=True)`."""
+    code = "".join(cst.Module([]).code_for_node(a) for a in call.args)
+    return any(word in code.lower() for word in ("rank", "process_index", "device_specific"))
+
+
+def _drawn_inputs(roles: Roles, scope: Scope) -> list[tuple[cst.Call, str]]:
+    """(the draw, the model) for each call of a model in a training loop of `scope` whose only
+    argument is drawn in that loop from torch's global RNG: inline, or a name the loop binds to
+    the draw (its latest binding before the call)."""
+    draws: dict[cst.Call, tuple[object, ...]] = {}
+    for call in scope.library_calls:
+        if call.qualified in _DRAWS and any(roles.is_training_loop(loop) for loop in call.loops) and not any(
+            a.keyword is not None and a.keyword.value == "generator" for a in call.call.args
+        ):
+            draws[call.call] = call.loops
+    if not draws:
+        return []
+    found: list[tuple[cst.Call, str]] = []
+    for site in scope.calls:
+        if not site.loops or not roles.all_in(scope, site.callee, roles.models):
+            continue
+        args = [a for a in site.call.args if a.keyword is None]
+        if len(args) != 1 or args[0].star or len(site.call.args) != 1:
+            continue
+        value = args[0].value
+        if type(value) is cst.Name:
+            before = [b for b in scope.bindings.get(value.value, []) if b.where.order < site.where.order]
+            if not before:
+                continue
+            latest = max(before, key=lambda b: b.where.order)
+            value = latest.value
+        if type(value) is cst.Call and value in draws and site.loops[-1] in draws[value]:
+            if all(value is not seen for seen, _ in found):
+                found.append((value, site.callee))
+    return found
 
 
 def _rewrap(plan: EditPlan, name: str, wrapped: WrappedOptimizer, anchor: cst.BaseStatement, after: bool) -> None:

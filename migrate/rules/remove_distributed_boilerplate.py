@@ -17,6 +17,14 @@ What it does:
       (`self.ddp_model = DDP(self.model)`, and `self.ddp_model = self.model` without CUDA): prepare
       binds that name, and `self.model` stays the bare module the class saves;
       `model.module` becomes `accelerator.unwrap_model(model)`.
+      `DDP(model, device_ids=[rank])` and `DataParallel(model)` also moved the model's inputs to
+      its GPU inside forward; the prepared model does not on one process (it is then the bare
+      module on `accelerator.device`, and only N processes wrap it in DDP). An input of a later
+      call of the model that is provably built on the CPU (`model(torch.randn(20, 10))`, or a
+      name bound to a tensor factory without `device=`) gets `.to(accelerator.device)`; an input
+      the file neither builds on the CPU nor shows on the device (a batch of a prepared loader, a
+      tensor moved with `.to(...)` / `.cuda()`) is reported at the call. A wrapper under an `if`
+      is not followed: the script also ran the model unwrapped, so it moves its inputs itself.
     - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader, `sampler.set_epoch(...)`
       and `loader.sampler.set_epoch(...)` go (prepared loaders reshuffle each epoch themselves),
       and the loader is prepared. A `print` of the removed sampler goes with it; a sampler read
@@ -113,14 +121,14 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from migrate.analysis import Scope, StmtRef
+from migrate.analysis import Loop, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate import local_rank_flag
 from migrate.hand_sharding import HandSharding
 from migrate.names import root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
 from migrate.roles.placement import alias_removal
-from migrate.rules.base import accelerator_call, reference, remove_statement
+from migrate.rules.base import accelerator_call, prepared_loaders, reference, remove_statement
 from migrate.walk import walk
 
 CODE = "AM007"
@@ -171,8 +179,10 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             _rank_checks(roles, plan, scope, rank_names)
             _module_accesses(roles, plan, scope)
     _local_rank_flag(roles, plan)
-    _remove_wrappers(roles, plan)
+    removed = _remove_wrappers(roles, plan)
     _remove_samplers(roles, plan)
+    for name, wrapper, where in removed:  # once the loaders that get prepared are known
+        _move_inputs(roles, plan, name, wrapper, where)
     if roles.sharding is not None:
         _convert_hand_sharding(roles, roles.sharding, plan)
 
@@ -429,10 +439,12 @@ def _module_accesses(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         plan.change(CODE, attribute, f"`{model}.module` -> `accelerator.unwrap_model({model})`")
 
 
-def _remove_wrappers(roles: Roles, plan: EditPlan) -> None:
-    """`model = DDP(model, ...)`: the statement goes (and an `if` that only held it)."""
+def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, StmtRef]]:
+    """`model = DDP(model, ...)`: the statement goes (and an `if` that only held it). Returns the
+    removed wrappers that moved the model's inputs to its GPU (`_move_inputs`)."""
     home = roles.home
     assert home is not None
+    moving: list[tuple[str, cst.Call, StmtRef]] = []
     for name in roles.models:
         for binding in home.bindings.get(name, []):
             value = binding.value
@@ -451,7 +463,122 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> None:
             else:
                 plan.calls[value] = lambda updated: updated.args[0].value
             plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
+            # Under an `if` (`if torch.cuda.device_count() > 1:`), the script also ran its model
+            # unwrapped, so it moves the inputs itself.
+            if _moves_inputs(roles, value) and not any(type(ref.stmt) is cst.If for ref in binding.where.path):
+                moving.append((name, value, binding.where))
     _unwrap_aliases(roles, plan)
+    return moving
+
+
+# Tensor factories that build on the CPU unless given `device=`.
+_CPU_FACTORIES = frozenset(
+    f"torch.{name}"
+    for name in ("randn", "rand", "randint", "randperm", "zeros", "ones", "empty", "full", "tensor", "arange",
+                 "linspace", "eye", "from_numpy", "Tensor", "FloatTensor", "LongTensor")
+)
+
+
+def _moves_inputs(roles: Roles, wrapper: cst.Call) -> bool:
+    """The wrapper moved the model's inputs to its GPU inside forward: `DDP(model, device_ids=[i])`
+    (DDP's scatter to `device_ids[0]`; without device_ids DDP moves nothing) and
+    `DataParallel(model)` (scatters to its GPUs whenever CUDA is available)."""
+    qualified = roles.facts.aliases.qualify(wrapper.func) or ""
+    if qualified.endswith(".DataParallel"):
+        return True
+    ids = next((a.value for a in wrapper.args if a.keyword is not None and a.keyword.value == "device_ids"), None)
+    if ids is None:
+        positional = [a for a in wrapper.args if a.keyword is None and not a.star]
+        ids = positional[1].value if len(positional) > 1 else None
+    return ids is not None and not (type(ids) is cst.Name and ids.value == "None")
+
+
+def _move_inputs(roles: Roles, plan: EditPlan, name: str, wrapper: cst.Call, wrapped_at: StmtRef) -> None:
+    """The removed wrapper moved `name`'s inputs to the model's GPU; the prepared model does not on
+    one process (no DDP there: a CPU input meets a CUDA model). A call of the model after the
+    wrapper whose input is provably built on the CPU (`model(torch.randn(20, 10))`, or a name
+    bound to such a tensor) gets `.to(accelerator.device)`; an input the file neither builds on the
+    CPU nor shows on the device (moved, or a batch of a prepared loader) is reported at the call."""
+    loaders = [*prepared_loaders(roles, plan), *plan.eval_loaders]
+    shown = cst.Module([]).code_for_node(wrapper)
+    if len(shown) > 60 or "\n" in shown:
+        shown = cst.Module([]).code_for_node(wrapper.func) + "(...)"
+    for scope in roles.facts.scopes:
+        sites = [(s.call, s.where, s.loops) for s in scope.calls if roles.all_in(scope, s.callee, [name])]
+        sites += [
+            (s.call, s.where, s.loops) for s in scope.method_calls
+            if type(s.call.func) is cst.Attribute and s.call.func.attr.value == "forward"
+            and type(s.receiver) is cst.Name and roles.all_in(scope, s.receiver.value, [name])
+        ]
+        for call, where, loops in sites:
+            if scope is roles.home and where.order <= wrapped_at.order:
+                continue
+            kinds = [_placement(roles, scope, arg, where, loops, loaders) for arg in call.args]
+            cpu = [i for i, kind in enumerate(kinds) if kind == "cpu"]
+            unknown = [call.args[i].value for i, kind in enumerate(kinds) if kind == "unknown"]
+            callee = cst.Module([]).code_for_node(call.func)
+            if cpu and (call in plan.calls or not roles.can_reach(scope)):
+                unknown = [call.args[i].value for i in cpu] + unknown
+            elif cpu:
+                plan.calls[call] = lambda updated, cpu=cpu: _inputs_to_device(updated, cpu)
+                plan.use_accelerator(scope)
+                moved = ", ".join(f"`{cst.Module([]).code_for_node(call.args[i].value)}`" for i in cpu)
+                plan.change(CODE, call, f"{moved} built on the CPU and given to `{callee}(...)`: moved with "
+                            f"`.to(accelerator.device)`, as `{shown}` moved it inside forward (the prepared model "
+                            "does not move its inputs)")
+            if unknown:
+                inputs = ", ".join(f"`{cst.Module([]).code_for_node(u)}`" for u in unknown)
+                plan.report(CODE, call, (
+                    f"`{shown}` moved the inputs of `{callee}(...)` to the model's GPU inside forward; the prepared "
+                    "model does not on one process (it is then the bare module on `accelerator.device`), and this "
+                    f"file does not show {inputs} on the device (a batch of a prepared DataLoader, or a tensor moved "
+                    "with `.to(...)`): on one GPU a CPU tensor would meet the CUDA model. Move it with "
+                    "`.to(accelerator.device)` before the call"
+                ))
+
+
+def _placement(
+    roles: Roles, scope: Scope, arg: cst.Arg, where: StmtRef, loops: tuple[Loop, ...], loaders: list[str]
+) -> str:
+    """'cpu' (a tensor built on the CPU), 'placed' (moved, built on a device, or a batch of a
+    prepared loader) or 'unknown', for an argument of a model call."""
+    if arg.star:
+        return "unknown"
+    value = arg.value
+    if type(value) is cst.Name:
+        for loop in loops:
+            if value.value in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, loaders):
+                return "placed"
+        before = [b for b in scope.bindings.get(value.value, []) if b.where.order < where.order]
+        if not before:
+            return "unknown"
+        kinds = {"unknown" if b.is_loop_target else _built_on(roles, b.value) for b in before}
+        if "placed" in kinds:
+            # moved once (`x = x.cuda()`), then transformed (`x, y = mixup(x, y)`): still there
+            return "placed"
+        return "cpu" if kinds == {"cpu"} else "unknown"
+    return _built_on(roles, value)
+
+
+def _built_on(roles: Roles, value: cst.BaseExpression | None) -> str:
+    if type(value) is not cst.Call:
+        return "unknown"
+    func = value.func
+    if type(func) is cst.Attribute and func.attr.value in ("to", "cuda"):
+        return "placed"
+    if roles.facts.aliases.qualify(func) in _CPU_FACTORIES:
+        return "placed" if any(a.keyword is not None and a.keyword.value == "device" for a in value.args) else "cpu"
+    return "unknown"
+
+
+def _inputs_to_device(call: cst.Call, indices: list[int]) -> cst.Call:
+    device = cst.Attribute(cst.Name("accelerator"), cst.Name("device"))
+    args = list(call.args)
+    for index in indices:
+        value = args[index].value
+        moved = cst.Call(func=cst.Attribute(value, cst.Name("to")), args=[cst.Arg(device)])
+        args[index] = args[index].with_changes(value=moved)
+    return call.with_changes(args=args)
 
 
 def _unwrap_aliases(roles: Roles, plan: EditPlan) -> None:

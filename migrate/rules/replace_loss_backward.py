@@ -20,9 +20,17 @@ Leaves alone:
     `torch.autograd.backward(...)`, calls on the accelerator itself, and any backward in a
     function that cannot receive the accelerator (not called from this file, or called from a
     place that has none): those are reported instead, with the line to fix by hand. Also
-    reported: a `.backward()` in a file that builds no optimizer (a library module: there is no
-    place to create the Accelerator), and an optimizer built in a file with no `.backward()` at
-    all (the step is hidden in another module, e.g. a trainer or a loss-scaler object).
+    reported: a `.backward()` in a file that builds no optimizer (there is no place to create the
+    Accelerator), saying where the file's optimizer comes from when it shows it: a method of an
+    object whose class is in another module (`self.optimizer = model.configure_optimizers(config)`,
+    minGPT's trainer: migrated with that module and the script that runs the trainer in one run, the
+    method is followed to the model, as in one file, AM013; not from the script itself, which
+    AM013 rewrites only with an edit in another module), a function of another module
+    (`create_optimizer_v2(model, ...)`, timm: not followed; the report says where to prepare by
+    hand), or a parameter the caller fills (`self.optimizer = optimizer` in a constructor);
+    otherwise the file reads as a library module. Also reported: an optimizer built in a file with
+    no `.backward()` at all (the step is hidden in another module, e.g. a trainer or a loss-scaler
+    object).
 
 Fix safety:
     Safe: `accelerator.backward(loss)` calls `loss.backward()` when no scaling applies.
@@ -32,8 +40,10 @@ from __future__ import annotations
 
 import libcst as cst
 
+from migrate.analysis import Binding, Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.roles.entry import _has_main_guard
 
 CODE = "AM003"
 NAME = "replace-loss-backward"
@@ -42,18 +52,15 @@ _POSITIONAL = ("gradient", "retain_graph", "create_graph")
 
 
 def apply(roles: Roles, plan: EditPlan) -> None:
+    unseen: str | None = None
     for scope in roles.facts.scopes:
         for site in scope.backwards:
             if site.call in plan.calls:
                 continue  # already converted (mixed precision: `scaler.scale(loss).backward()`)
             if roles.home is None:
-                plan.report(
-                    CODE,
-                    site.call,
-                    "`.backward()` found but no optimizer is built in this file (a library module?), so "
-                    "there is no place to create the Accelerator; create one where the optimizer is "
-                    "built, prepare the training objects and call `accelerator.backward(loss)` here",
-                )
+                if unseen is None:
+                    unseen = _optimizer_not_built_here(roles)
+                plan.report(CODE, site.call, unseen)
             elif not roles.can_reach(scope):
                 plan.report(
                     CODE,
@@ -88,3 +95,88 @@ def _to_accelerator_backward(call: cst.Call) -> cst.BaseExpression:
 def _redundant_parens(expr: cst.BaseExpression) -> bool:
     # `(a + b).backward()` -> `accelerator.backward(a + b)`: the parentheses were only for `.`.
     return bool(getattr(expr, "lpar", None)) and not isinstance(expr, (cst.Tuple, cst.GeneratorExp, cst.Yield))
+
+
+_NOT_BUILT = "`.backward()` found but no optimizer is built in this file, so there is no place to create the Accelerator"
+
+
+def _optimizer_not_built_here(roles: Roles) -> str:
+    """What the file shows of where its optimizer comes from, and what to do about it: a method
+    of an object whose class is in another module (`model.configure_optimizers(config)`), a
+    function of another module (`create_optimizer_v2(model, ...)`), a parameter filled by the
+    caller (`Trainer(model, optimizer, ...)`); otherwise a library module's wording."""
+    for scope, binding in _optimizer_bindings(roles):
+        value = binding.value
+        assert value is not None
+        shown = " ".join(cst.Module([]).code_for_node(value).split())
+        if len(shown) > 60 and type(value) is cst.Call:
+            shown = cst.Module([]).code_for_node(value.func) + "(...)"
+        code = f"{binding.name} = {shown}"
+        if type(value) is cst.Call and type(value.func) is cst.Attribute:
+            method = value.func.attr.value
+            receiver = cst.Module([]).code_for_node(value.func.value)
+            qualified = roles.facts.aliases.qualify(value.func)
+            if qualified is None:
+                by_hand = ("create the Accelerator, pass the model, the optimizer and the training DataLoader to "
+                           "`accelerator.prepare(...)` right after that call, and call `accelerator.backward(loss)` here")
+                seen = (f"{_NOT_BUILT} here: the optimizer comes from `{code}`, a method `{method}()` of `{receiver}` "
+                        "that no class of this file defines (the model's class, in another module?)")
+                if _has_main_guard(roles.facts.module) or scope is roles.facts.module_scope:
+                    # the script itself: AM013 rewrites a unit only with an edit in another module, and
+                    # the model's module would have none
+                    return (f"{seen}. The migration cannot follow it from this script, even with that module in "
+                            f"the same run: {by_hand}")
+                return (
+                    f"{seen}. Migrate this file together with the module that defines that class and the script "
+                    "that runs this code (give them in one run, e.g. the project's folder): a "
+                    f"`{method}()` that returns a `torch.optim` optimizer over the model's parameters is then "
+                    "followed to the model, which is prepared with it right after that call, as in one file. "
+                    f"Otherwise {by_hand}"
+                )
+        if type(value) is cst.Call:
+            qualified = roles.facts.aliases.qualify(value.func)
+            shown = f" (`{qualified}`)" if qualified is not None else ""
+            return (
+                f"{_NOT_BUILT} here: the optimizer comes from `{code}`, a function of another module{shown}, "
+                "which the migration does not follow into: create the Accelerator before that call, pass the "
+                "model, the optimizer and the training DataLoader to `accelerator.prepare(...)` right after it, "
+                "and call `accelerator.backward(loss)` here (or build the optimizer in this file, "
+                "`torch.optim.X(model.parameters(), ...)`, and run the migration again)"
+            )
+        if type(value) is cst.Name and value.value in scope.params:
+            return (
+                f"{_NOT_BUILT} here: the optimizer comes from `{code}`, the parameter `{value.value}` of "
+                f"`{scope.qualname}`, built by the code that calls it. Migrate this file together with the "
+                "script that builds the optimizer and calls it (give them in one run, e.g. the project's "
+                "folder), or prepare the model, the optimizer and the training DataLoader there and call "
+                "`accelerator.backward(loss)` here"
+            )
+    return (
+        "`.backward()` found but no optimizer is built in this file (a library module?), so there is no place "
+        "to create the Accelerator; create one where the optimizer is built, prepare the training objects and "
+        "call `accelerator.backward(loss)` here"
+    )
+
+
+def _optimizer_bindings(roles: Roles) -> list[tuple[Scope, Binding]]:
+    """Bindings of a name that says it holds an optimizer (`optimizer`, `self.optim`, `opt_g`),
+    first the ones whose object the file steps (`optimizer.step()`)."""
+    stepped: set[str] = set()
+    for scope in roles.facts.scopes:
+        for site in scope.method_calls:
+            func = site.call.func
+            if type(func) is cst.Attribute and func.attr.value == "step" and type(site.receiver) is cst.Name:
+                stepped.add(site.receiver.value)
+        for stmt_call in scope.calls:
+            if stmt_call.callee.startswith("self.") and stmt_call.callee.endswith(".step"):
+                stepped.add(stmt_call.callee.removesuffix(".step"))
+    found = [
+        (scope, binding)
+        for scope in roles.facts.scopes
+        for name, bindings in scope.bindings.items()
+        if "optim" in name.lower().rpartition(".")[2] or name.rpartition(".")[2] in ("opt", "optim")
+        for binding in bindings
+        if binding.value is not None and not (type(binding.value) is cst.Name and binding.value.value == "None")
+    ]
+    return sorted(found, key=lambda pair: (pair[1].name.rpartition(".")[2] not in stepped
+                                           and pair[1].name not in stepped, pair[1].where.order))

@@ -1,0 +1,130 @@
+"""AM003's report on a `.backward()` in a file that builds no optimizer says where the optimizer
+comes from, and what it says to do works: a trainer module whose optimizer comes from
+`model.configure_optimizers(config)` (minGPT's trainer) is migrated once the run also holds the
+model's module and the script that runs the trainer; from a script, the method is not followed
+(AM013 rewrites a unit only with an edit in another module), and the report says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from migrate.engine import Options
+from migrate.runner import run
+
+MODEL = """\
+import torch
+from torch import nn
+
+
+class Regressor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.head(x)
+
+    def configure_optimizers(self, settings):
+        return torch.optim.SGD(self.parameters(), lr=settings["lr"])
+"""
+
+TRAINER = """\
+import torch
+from torch.utils.data import DataLoader
+
+
+class Loop:
+    def __init__(self, settings, model, dataset):
+        self.settings = settings
+        self.model = model
+        self.dataset = dataset
+
+    def run(self):
+        model, settings = self.model, self.settings
+        self.optimizer = model.configure_optimizers(settings)
+        loader = DataLoader(self.dataset, batch_size=4, shuffle=True)
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            model.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+"""
+
+ENTRY = """\
+import torch
+from torch.utils.data import TensorDataset
+
+from lib.model import Regressor
+from lib.trainer import Loop
+
+
+def main():
+    data = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+    Loop({"lr": 0.1}, Regressor(), data).run()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+SCRIPT = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lib.model import Regressor
+
+
+def main():
+    model = Regressor()
+    loader = DataLoader(TensorDataset(torch.randn(16, 3), torch.randn(16, 1)), batch_size=4)
+    optimizer = model.configure_optimizers({"lr": 0.1})
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _results(*paths: Path) -> dict[str, object]:
+    report = run(list(paths), Options(), write=False)
+    return {Path(r.path).name: r for r in report.results}
+
+
+def test_a_trainer_module_alone_is_told_to_come_with_the_models_module(tmp_path: Path) -> None:
+    _write(tmp_path, {"lib/__init__.py": "", "lib/model.py": MODEL, "lib/trainer.py": TRAINER, "train.py": ENTRY})
+    trainer = _results(tmp_path / "lib" / "trainer.py")["trainer.py"]
+    assert not trainer.changed
+    (message,) = [d.message for d in trainer.diagnostics if d.code == "AM003"]
+    assert "`self.optimizer = model.configure_optimizers(settings)`, a method `configure_optimizers()` of `model`" in message
+    assert "Migrate this file together with the module that defines that class and the script" in message
+
+
+def test_with_the_models_module_and_the_script_the_method_is_followed(tmp_path: Path) -> None:
+    _write(tmp_path, {"lib/__init__.py": "", "lib/model.py": MODEL, "lib/trainer.py": TRAINER, "train.py": ENTRY})
+    trainer = _results(tmp_path)["trainer.py"]
+    assert trainer.changed, trainer.diagnostics
+    text = trainer.new_text or ""
+    assert "model, self.optimizer, loader = self.accelerator.prepare(" in text
+    assert "self.accelerator.backward(loss)" in text
+    assert not [d for d in trainer.diagnostics if d.code == "AM003"]
+
+
+def test_from_the_script_itself_the_report_does_not_promise_a_follow(tmp_path: Path) -> None:
+    _write(tmp_path, {"lib/__init__.py": "", "lib/model.py": MODEL, "train.py": SCRIPT})
+    script = _results(tmp_path)["train.py"]
+    assert not script.changed
+    (message,) = [d.message for d in script.diagnostics if d.code == "AM003"]
+    assert "The migration cannot follow it from this script, even with that module in the same run" in message
+    assert "`accelerator.prepare(...)` right after that call" in message
