@@ -9,7 +9,10 @@ safety checks, and a second run over the rewritten unit changes nothing. Only th
 files take the cross-module results; otherwise they keep their single-file results and the entry
 gets an AM013 diagnostic saying why (see `migrate/crossmodule/__init__.py`).
 
-An entry that trains through the unit (it calls a function of another module that trains, or that
+When the view edits only the entry (its own loop, the optimizer from another module's factory), the
+entry takes the view's result if the unit trains through it (the entry alone would see no
+optimizer), unless another module holds a `.backward()` the view left as it is (a step it did not
+understand). An entry that trains through the unit (it calls a function of another module that trains, or that
 module holds the backward or builds the optimizer) and gets neither a change nor a diagnostic is
 never left silent: it gets AM013 naming what it calls where and why that was not migrated. A
 module the single-file engine called "a library module" or "backward without an optimizer" is
@@ -105,6 +108,9 @@ class _Outcome:
     trees: dict[Path, cst.Module] = field(default_factory=dict)  # their rewritten trees (what the checks read)
     reason: str | None = None  # why nothing was migrated across modules (None: it was)
     line: int = 1  # entry line the reason is about
+    # Only the entry is edited (the view found the optimizer in another module's factory or method):
+    # taken only when the entry trains through the unit, where its own file result is a refusal.
+    entry_only: bool = False
 
 
 def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[FileResult]:  # type: ignore[no-untyped-def]
@@ -118,6 +124,8 @@ def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[Fil
         members = _reached(index, entry, by_path)
         outcome = _migrate_entry(entry, members, by_path, index, parsed, options)
         clash = [p for p in outcome.results if p in claimed and p != entry]
+        if outcome.entry_only and not _trains_through(entry, members, by_path):
+            continue  # nothing else of the unit trains: the entry's own file result is as informed
         if outcome.reason is None and clash:
             outcome = _Outcome(reason=(
                 f"{by_path[clash[0]].display} is also migrated with {by_path[claimed[clash[0]]].display}, "
@@ -235,10 +243,12 @@ def _migrate_entry(
             drop_skipped(plan, lambda n, t=table: t.get(n, -1), m.skipped)
     edited = {id(owner(node)) for node in plan.targets()} | ({id(head)} if plan.create_at is not None else set())
     changed_modules = [m for m in modules if id(m) in edited]
-    if not plan.changes or not any(m is not head for m in changed_modules):
+    entry_only = not any(m is not head for m in changed_modules)
+    if not plan.changes or entry_only and any(s.backwards for m in rest if m.facts for s in m.facts.scopes):
+        # a backward in another module that the view left as it is: its training step was not understood
         return _why_not(roles, plan, head, rest, owner, lines)
 
-    outcome = _Outcome()
+    outcome = _Outcome(entry_only=entry_only)
     reported = {id(owner(f.node)) for f in plan.findings}
     for m in modules:
         if m is not head and id(m) not in edited and id(m) not in reported:

@@ -1,6 +1,7 @@
 """Whole repositories: fixtures/repos/<name>/in is migrated as one unit by the CLI, compared with
 fixtures/repos/<name>/out, and the migrated repository trains like the original.
 
+- factory (tests/e2e/test_repos_factory.py): the loop in main.py, only the optimizer from a factory.
 - train_step: main.py builds model and loader and calls `train_one_epoch` from engine.py
   (through a `MetricLogger.log_every(loader)` of utils.py) and `save_on_master` from utils.py: the
   accelerator reaches engine.py and utils.py as a parameter, the loader is prepared in main.py;

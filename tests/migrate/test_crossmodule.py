@@ -169,6 +169,38 @@ def test_a_script_given_alone_is_migrated_when_its_imports_need_no_edit(tmp_path
     assert (tmp_path / "models.py").read_bytes() == models
 
 
+def test_an_optimizer_factory_of_another_module_migrates_the_script_alone(tmp_path: Path) -> None:
+    """fixtures/repos/factory: the loop is in the script and only the optimizer comes from
+    `create_optimizer(args, model)` of optim_factory.py, which needs no edit. Given with the script or
+    read beside it, the factory lets the view prepare the optimizer in the script (the script on its
+    own sees no optimizer, and a unit with nothing to edit outside its entry used to be refused)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPOS / "factory" / "in", repo)
+    expected = (REPOS / "factory" / "out" / "main.py").read_text()
+    factory = (repo / "optim_factory.py").read_bytes()
+    alone = run([repo / "main.py"], Options(), write=False)
+    (result,) = alone.results
+    assert result.new_text == expected and not result.diagnostics
+    report = run([repo], Options(), write=True)
+    assert [Path(r.path).name for r in report.results if r.changed] == ["main.py"]
+    assert (repo / "main.py").read_text() == expected
+    assert (repo / "optim_factory.py").read_bytes() == factory
+
+
+def test_a_backward_in_another_module_that_the_view_leaves_keeps_the_unit_refused(tmp_path: Path) -> None:
+    """The view edits only the entry, but another module of the unit holds a `.backward()` it did not
+    rewrite (a step it did not understand): migrating the entry alone would leave that step as it
+    was, so the unit stays refused, with AM013 at the entry."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPOS / "factory" / "in", repo)
+    with (repo / "optim_factory.py").open("a") as f:
+        f.write("\n\ndef warmup(model, batch):\n    model(batch).sum().backward()\n")
+    results = _results(repo)
+    main = results["main.py"]
+    assert not main.changed
+    assert any(d.code == "AM013" for d in main.diagnostics)
+
+
 def test_a_package_wrapper_of_the_loader_builder_is_refused_with_the_import_to_write(tmp_path: Path) -> None:
     """data/__init__.py defines `build_loader` itself, calling the `build_loader` of data/build.py
     imported under another name, on a branch the call does not decide (a config value): what it
