@@ -79,3 +79,22 @@ def test_device_type_without_the_binding_shortcut(case: tuple[str, str, str], mo
     monkeypatch.setattr(device_type._Module, "binds_devices", lambda self: True)
     assert _verdict(device_type.check, before, after) == fast
 
+
+# -- names-defined (AM104): the import patterns searched from their literal word ----------------
+
+_IMPORT_TEXTS = [
+    "from a import *\n", "from a import*\n", "ximport *\n", "x.import *\n", "_import *\n", "import *", "import\t*",
+    "import os\n", "  import os.path, torch.distributed as dist  # c\n", "\timport a.b; import c.d\n",
+    "# import x.y\n", "importx.y\n", "a = 1; import b.c\n", "s = 'import a.b'\nimport c.d\n", "import a.b\\\n  , c.d\n",
+    "x = 1\n\n    import q.r\nimport", "import import a.b\n", "é import *\n", "éimport *\n",
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_import_patterns_from_their_word(case: tuple[str, str, str]) -> None:
+    from migrate.safety.names_defined import _IMPORT_LINE, _STAR, _import_lines, _star_import
+
+    for text in (*case[1:], *_IMPORT_TEXTS):
+        assert _star_import(text) == (_STAR.search(text) is not None), text
+        assert [m.span(1) for m in _import_lines(text)] == [m.span(1) for m in _IMPORT_LINE.finditer(text)], text
+
