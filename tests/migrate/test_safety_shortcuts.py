@@ -98,3 +98,71 @@ def test_import_patterns_from_their_word(case: tuple[str, str, str]) -> None:
         assert _star_import(text) == (_STAR.search(text) is not None), text
         assert [m.span(1) for m in _import_lines(text)] == [m.span(1) for m in _IMPORT_LINE.finditer(text)], text
 
+
+# -- accelerator-bound (AM101): one walk per node and target ------------------------------------
+
+
+def _unbind_accelerator(text: str) -> str:
+    """The output with every line that binds `accelerator` or `self.accelerator` dropped (a
+    rewrite that forgot to create it): every read then fails."""
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not line.strip().startswith(("accelerator =", "self.accelerator =", "accelerator: ")))
+
+
+def _binding_cases() -> list[tuple[str, str, str]]:
+    cases = [c for c in CASES if "accelerator" in c[2]]
+    for name, before, after in list(cases):
+        broken = _unbind_accelerator(after)
+        if broken != after:
+            cases.append((f"{name} (accelerator not bound)", before, broken))
+    return cases
+
+
+BINDING_CASES = _binding_cases()
+WALRUS = [
+    "if (accelerator := make()):\n    pass\nprint(accelerator)\n",
+    "f = lambda: (accelerator := 1)\nprint(accelerator)\n",
+    "x: (accelerator := int) = 3\nprint(accelerator)\n",
+    "ys = [accelerator := y for y in range(3)]\nprint(accelerator)\n",
+    "while (accelerator := next(it, None)) is not None:\n    accelerator.print(1)\n",
+    "def f(a=(accelerator := 1)):\n    pass\nprint(accelerator)\n",
+    "with (accelerator := open(p)) as f:\n    pass\nprint(accelerator)\n",
+    "total = sum(g(lambda: (accelerator := 2)) for g in gs if (accelerator := g))\n",
+]
+
+
+def test_the_unbound_outputs_are_caught() -> None:
+    from migrate.safety import accelerator_bound
+
+    found = [name for name, before, after in BINDING_CASES if _verdict(accelerator_bound.check, before, after)]
+    assert len(found) >= 20, found
+
+
+@pytest.mark.parametrize("case", BINDING_CASES, ids=[c[0] for c in BINDING_CASES])
+def test_accelerator_bound_events_walked_once(case: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events of a node are collected once and shared by every reader: the same verdict as
+    collecting them afresh for each, and `walrus` is what `_walrus_binds` finds."""
+    from migrate.safety import accelerator_bound as ab
+
+    _, before, after = case
+    fast = _verdict(ab.check, before, after)
+    monkeypatch.setattr(ab._EventCache, "__call__", lambda self, node, target: ab._Events(target).collect(node))
+    assert _verdict(ab.check, before, after) == fast
+
+
+@pytest.mark.parametrize("text", [c[2] for c in BINDING_CASES[:40]] + WALRUS)
+def test_events_find_the_walrus_that_walrus_binds_finds(text: str) -> None:
+    from migrate.safety import accelerator_bound as ab
+    from migrate.walk import children
+
+    targets = [ab._Target(), ab._Target("self")]
+    stack: list[cst.CSTNode] = [cst.parse_module(text)]
+    found = 0
+    while stack:
+        node = stack.pop()
+        stack.extend(children(node))
+        for target in targets:
+            walrus = ab._walrus_binds(node, target)
+            assert ab._Events(target).collect(node).walrus == walrus, cst.Module([]).code_for_node(node)
+            found += walrus
+    assert found or text not in WALRUS
