@@ -148,7 +148,7 @@ class _Events:
         return self
 
     def _nothing(self, node: cst.CSTNode) -> None:
-        """Imports, `global`/`nonlocal` (names only), and defs and classes (their own scopes)."""
+        """Imports, `global`/`nonlocal` (names only), defs and classes (their own scopes), literals."""
 
     def _arg(self, node: cst.Arg) -> None:
         self.collect(node.value)
@@ -195,9 +195,13 @@ class _Events:
             self.collect(child)
         self._lambdas -= 1
 
+    def _expr(self, node: cst.Expr) -> None:
+        self.collect(node.value)
+
     def _call(self, node: cst.Call) -> None:
-        for child in children(node):
-            self.collect(child)
+        self.collect(node.func)
+        for arg in node.args:
+            self.collect(arg)
         callee = _callee(node)
         if callee is not None:
             self.calls.append((node, callee))  # the callee runs after its arguments
@@ -228,7 +232,10 @@ _SPECIAL: dict[type, Callable[[_Events, Any], None]] = {
     cst.Arg: _Events._arg, cst.Param: _Events._param, cst.Assign: _Events._assign,
     cst.AnnAssign: _Events._ann_assign, cst.AugAssign: _Events._aug_assign, cst.Del: _Events._del,
     cst.CompFor: _Events._comp_for, cst.NamedExpr: _Events._named_expr, cst.Lambda: _Events._lambda,
-    cst.Call: _Events._call,
+    cst.Call: _Events._call, cst.Expr: _Events._expr,
+    # leaves: nothing to walk
+    cst.SimpleString: _Events._nothing, cst.Integer: _Events._nothing, cst.Float: _Events._nothing,
+    cst.Imaginary: _Events._nothing, cst.FormattedStringText: _Events._nothing, cst.Ellipsis: _Events._nothing,
 }
 
 
