@@ -166,3 +166,44 @@ def test_events_find_the_walrus_that_walrus_binds_finds(text: str) -> None:
             assert ab._Events(target).collect(node).walrus == walrus, cst.Module([]).code_for_node(node)
             found += walrus
     assert found or text not in WALRUS
+
+
+# -- output_tree: no node object in two places ---------------------------------------------------
+
+
+def _each_node_once_by_children(root: cst.CSTNode) -> bool:
+    from migrate.walk import children
+
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            return False
+        seen.add(id(node))
+        stack.extend(children(node))
+    return True
+
+
+def test_each_node_once_finds_a_node_in_two_places() -> None:
+    from migrate.walk import each_node_once
+
+    module = cst.parse_module("x = f(1, [2])\ny = 3\n")
+    assert each_node_once(module)
+    call = module.body[0].body[0].value  # type: ignore[attr-defined]
+    one = call.args[0].value
+    twice_leaf = module.with_deep_changes(call, args=[call.args[0], cst.Arg(cst.List([cst.Element(one)]))])
+    twice_statement = module.with_changes(body=[*module.body, module.body[0]])
+    for tree in (twice_leaf, twice_statement):
+        assert not each_node_once(tree) and not _each_node_once_by_children(tree)
+
+
+@pytest.mark.parametrize("case", CASES[::3], ids=[c[0] for c in CASES[::3]])
+def test_each_node_once_as_by_children(case: tuple[str, str, str]) -> None:
+    from migrate.walk import each_node_once
+
+    for text in case[1:]:
+        module = cst.parse_module(text)
+        statements = list(module.body)
+        for tree in (module, module.with_changes(body=[*statements, *statements[:1]])):
+            assert each_node_once(tree) == _each_node_once_by_children(tree)
