@@ -90,7 +90,11 @@ class _Names:
             table, prefix = stack.pop()
             path_ = f"{prefix}/{table.get_name()}" if prefix else table.get_name()
             module = table.get_type() == "module"
-            for symbol in table.get_symbols():
+            # in a function only its globals can be read from or bound at module level (a name
+            # declared `global` is one of them); its locals are not looked up one by one
+            symbols = ([table.lookup(name) for name in table.get_globals()] if isinstance(table, symtable.Function)
+                       else table.get_symbols())
+            for symbol in symbols:
                 name = symbol.get_name()
                 if module:
                     if symbol.is_assigned() or symbol.is_imported():

@@ -5,6 +5,7 @@ purpose so that the checks do find something (a string device rebound to `accele
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import libcst as cst
@@ -207,3 +208,43 @@ def test_each_node_once_as_by_children(case: tuple[str, str, str]) -> None:
         statements = list(module.body)
         for tree in (module, module.with_changes(body=[*statements, *statements[:1]])):
             assert each_node_once(tree) == _each_node_once_by_children(tree)
+
+
+def _names_by_every_symbol(text: str) -> tuple[set[str], set[str], Counter[tuple[str, str]]]:
+    """What `_Names` finds, looking up every symbol of every table (the reference)."""
+    import symtable
+
+    from migrate.safety.names_defined import _BUILTINS
+
+    bound: set[str] = set()
+    imported: set[str] = set()
+    reads = []
+    stack = [(symtable.symtable(text, "x.py", "exec"), "")]
+    while stack:
+        table, prefix = stack.pop()
+        path = f"{prefix}/{table.get_name()}" if prefix else table.get_name()
+        module = table.get_type() == "module"
+        for symbol in table.get_symbols():
+            name = symbol.get_name()
+            if module and (symbol.is_assigned() or symbol.is_imported()):
+                bound.add(name)
+            if module and symbol.is_imported():
+                imported.add(name)
+            if not module and symbol.is_declared_global() and (symbol.is_assigned() or symbol.is_imported()):
+                bound.add(name)
+            if symbol.is_referenced() and symbol.is_global() and name not in _BUILTINS:
+                reads.append((path, name))
+        stack.extend((child, path) for child in table.get_children())
+    return bound, imported, Counter(key for key in reads if key[1] not in bound)
+
+
+@pytest.mark.parametrize("case", CASES[::2], ids=[c[0] for c in CASES[::2]])
+def test_names_read_from_a_functions_globals_only(case: tuple[str, str, str]) -> None:
+    """A function's table is read through its globals: the same bindings and undefined reads as
+    looking up every symbol of every table."""
+    from migrate.safety.names_defined import _Names
+
+    texts = [*case[1:], "def f():\n    global g\n    g = 1\n    return h + [x for x in k]\n\nclass A:\n    y = z\n"]
+    for text in texts:
+        names = _Names(text, "x.py")
+        assert (names.bound, names.imported, names.undefined) == _names_by_every_symbol(text)
