@@ -226,3 +226,27 @@ def statement_blocks(stmt: cst.BaseStatement) -> list[Sequence[cst.BaseStatement
         if isinstance(case.body, cst.IndentedBlock):
             out.append(case.body.body)
     return out
+
+
+def each_node_once(root: cst.CSTNode) -> bool:
+    """True when no node object sits in two places of the tree under `root` (what a parse
+    gives); False at the first one met again. One pass with the child getters inlined: it runs
+    on every checked output."""
+    seen: set[int] = set()
+    add = seen.add
+    stack: list[object] = [root]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    while stack:
+        node = pop()
+        key = id(node)
+        if key in seen:
+            return False
+        add(key)
+        kind = type(node)
+        for value in (_GETTERS.get(kind) or _getter(kind))(node):  # type: ignore[arg-type]
+            value_kind = type(value)
+            if value_kind is tuple or value_kind is list:
+                extend(value)  # type: ignore[arg-type]
+            elif value_kind not in _NOT_NODES:
+                push(value)
+    return True

@@ -32,8 +32,9 @@ What it cannot see:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import libcst as cst
 
@@ -116,65 +117,98 @@ def _callee(call: cst.Call) -> str | None:
 
 
 class _Events:
-    """Reads of the target and calls, in evaluation order, in one expression or small statement."""
+    """Reads of the target and calls, in evaluation order, in one expression or small statement,
+    and whether it binds the target with `:=` (`walrus`: outside a lambda, as `_walrus_binds`
+    finds it, in the same walk)."""
 
     def __init__(self, target: _Target) -> None:
         self.target = target
         self.reads: list[cst.CSTNode] = []
         self.calls: list[tuple[cst.Call, str]] = []
+        self.walrus = False
+        self._lambdas = 0  # lambdas around the node being walked: a `:=` there binds the lambda's name
 
     def collect(self, node: cst.CSTNode) -> "_Events":
-        t = self.target
-        if t.is_read(node):
-            self.reads.append(node)
+        kind = type(node)
+        if kind is cst.Name:
+            if node.value == _NAME and self.target.self_name is None:
+                self.reads.append(node)
             return self
-        if type(node) in (cst.Name, cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal, cst.FunctionDef, cst.ClassDef):
-            return self
-        if type(node) is cst.Attribute:
+        if kind is cst.Attribute:
+            if self.target.self_name is not None and self.target.is_read(node):
+                self.reads.append(node)
+                return self
             return self.collect(node.value)
-        if type(node) is cst.Arg:
-            return self.collect(node.value)
-        if type(node) is cst.Param:
-            for part in (node.annotation, node.default):
-                if part is not None:
-                    self.collect(part)
-            return self
-        if type(node) is cst.Assign:
-            self.collect(node.value)
-            for target in node.targets:
-                self._target(target.target)
-            return self
-        if type(node) is cst.AnnAssign:
-            if node.value is not None:
-                self.collect(node.value)
-            self._target(node.target)
-            return self
-        if type(node) is cst.AugAssign:
-            self.collect(node.target)  # `x += 1` reads x first
-            self.collect(node.value)
-            return self
-        if type(node) is cst.Del:
-            self._target(node.target)
-            return self
-        if type(node) is cst.CompFor:
-            self.collect(node.iter)
-            for condition in node.ifs:
-                self.collect(condition)
-            if node.inner_for_in is not None:
-                self.collect(node.inner_for_in)
-            return self
-        if type(node) is cst.NamedExpr:
-            return self.collect(node.value)
-        if type(node) is cst.Call:
-            for child in children(node):
-                self.collect(child)
-            callee = _callee(node)
-            if callee is not None:
-                self.calls.append((node, callee))  # the callee runs after its arguments
+        special = _SPECIAL.get(kind)
+        if special is not None:
+            special(self, node)
             return self
         for child in children(node):
             self.collect(child)
         return self
+
+    def _nothing(self, node: cst.CSTNode) -> None:
+        """Imports, `global`/`nonlocal` (names only), defs and classes (their own scopes), literals."""
+
+    def _arg(self, node: cst.Arg) -> None:
+        self.collect(node.value)
+
+    def _param(self, node: cst.Param) -> None:
+        for part in (node.annotation, node.default):
+            if part is not None:
+                self.collect(part)
+
+    def _assign(self, node: cst.Assign) -> None:
+        self.collect(node.value)
+        for target in node.targets:
+            self._target(target.target)
+
+    def _ann_assign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self.collect(node.value)
+        self._target(node.target)
+        self._walrus_in(node.annotation)  # not read here, but a `:=` in it binds
+
+    def _aug_assign(self, node: cst.AugAssign) -> None:
+        self.collect(node.target)  # `x += 1` reads x first
+        self.collect(node.value)
+
+    def _del(self, node: cst.Del) -> None:
+        self._target(node.target)
+
+    def _comp_for(self, node: cst.CompFor) -> None:
+        self._walrus_in(node.target)
+        self.collect(node.iter)
+        for condition in node.ifs:
+            self.collect(condition)
+        if node.inner_for_in is not None:
+            self.collect(node.inner_for_in)
+
+    def _named_expr(self, node: cst.NamedExpr) -> None:
+        if not self._lambdas and self.target.is_bound_by(node.target):
+            self.walrus = True
+        self.collect(node.value)
+
+    def _lambda(self, node: cst.Lambda) -> None:
+        self._lambdas += 1
+        for child in children(node):
+            self.collect(child)
+        self._lambdas -= 1
+
+    def _expr(self, node: cst.Expr) -> None:
+        self.collect(node.value)
+
+    def _call(self, node: cst.Call) -> None:
+        self.collect(node.func)
+        for arg in node.args:
+            self.collect(arg)
+        callee = _callee(node)
+        if callee is not None:
+            self.calls.append((node, callee))  # the callee runs after its arguments
+
+    def _walrus_in(self, node: cst.CSTNode) -> None:
+        if not self._lambdas and not self.walrus and _walrus_binds(node, self.target):
+            self.walrus = True
 
     def _target(self, target: cst.BaseExpression) -> None:
         """An assignment target: a plain name (or `self.accelerator`) is written, not read."""
@@ -189,6 +223,36 @@ class _Events:
             self.collect(target.value)
         else:
             self.collect(target)
+
+
+# What `_Events.collect` does with a node of these types instead of walking all its children.
+_SPECIAL: dict[type, Callable[[_Events, Any], None]] = {
+    cst.Import: _Events._nothing, cst.ImportFrom: _Events._nothing, cst.Global: _Events._nothing,
+    cst.Nonlocal: _Events._nothing, cst.FunctionDef: _Events._nothing, cst.ClassDef: _Events._nothing,
+    cst.Arg: _Events._arg, cst.Param: _Events._param, cst.Assign: _Events._assign,
+    cst.AnnAssign: _Events._ann_assign, cst.AugAssign: _Events._aug_assign, cst.Del: _Events._del,
+    cst.CompFor: _Events._comp_for, cst.NamedExpr: _Events._named_expr, cst.Lambda: _Events._lambda,
+    cst.Call: _Events._call, cst.Expr: _Events._expr,
+    # leaves: nothing to walk
+    cst.SimpleString: _Events._nothing, cst.Integer: _Events._nothing, cst.Float: _Events._nothing,
+    cst.Imaginary: _Events._nothing, cst.FormattedStringText: _Events._nothing, cst.Ellipsis: _Events._nothing,
+}
+
+
+class _EventCache:
+    """The events of each node for each target, collected once per analysis: a function's
+    statements are read by `_describe`, then by its flow, and a method's again by its class."""
+
+    def __init__(self) -> None:
+        # the node is kept with its events: its id stays its own (`_own_statements` makes lines)
+        self._done: dict[tuple[int, str | None], tuple[cst.CSTNode, _Events]] = {}
+
+    def __call__(self, node: cst.CSTNode, target: _Target) -> _Events:
+        key = (id(node), target.self_name)
+        done = self._done.get(key)
+        if done is None:
+            done = self._done[key] = (node, _Events(target).collect(node))
+        return done[1]
 
 
 def _binds(small: cst.BaseSmallStatement, t: _Target) -> bool:
@@ -232,8 +296,10 @@ class _Flow:
     """Walks one scope's statements, reporting reads (and calls that need the target) while the
     target may be unbound."""
 
-    def __init__(self, target: _Target, where: str, needy: dict[str, str], binders: set[str], found: Found) -> None:
+    def __init__(self, target: _Target, where: str, needy: dict[str, str], binders: set[str], found: Found,
+                 events: _EventCache) -> None:
         self.t = target
+        self.cache = events
         self.where = where
         self.needy = needy  # callee key -> who it is (what uses the target)
         self.binders = binders  # callee keys after whose call the target is bound
@@ -256,7 +322,7 @@ class _Flow:
         """Report what `node` evaluates while unbound; return the state after it."""
         if node is None:
             return bound
-        events = _Events(self.t).collect(node)
+        events = self.cache(node, self.t)
         if not bound:
             for read in events.reads:
                 self.found.append((read, self._read_message()))
@@ -266,7 +332,7 @@ class _Flow:
                 self.found.append((call, self._call_message(callee)))
             if callee in self.binders:
                 after = True
-        if not after and _walrus_binds(node, self.t):
+        if not after and events.walrus:
             after = True
         return after
 
@@ -470,7 +536,7 @@ def _body(suite: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
     return suite.body if type(suite) is cst.IndentedBlock else ()
 
 
-def _describe(fn: _Fn, body: cst.BaseSuite) -> None:
+def _describe(fn: _Fn, body: cst.BaseSuite, events_of: _EventCache) -> None:
     t = _Target()
     params = fn.node.params
     names = [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
@@ -483,14 +549,14 @@ def _describe(fn: _Fn, body: cst.BaseSuite) -> None:
                 if type(small) in (cst.Global, cst.Nonlocal) and any(n.name.value == _NAME for n in small.names):
                     declared = "global" if type(small) is cst.Global else "nonlocal"
                 assigns = assigns or _binds(small, t)
-                events = _Events(t).collect(small)
+                events = events_of(small, t)
                 fn.reads = fn.reads or bool(events.reads)
                 fn.calls.update(c for _, c in events.calls)
             continue
         header = _Header(stmt)
         assigns = assigns or any(t.is_bound_by(target) for target in header.targets)
         for part in header.expressions:
-            events = _Events(t).collect(part)
+            events = events_of(part, t)
             fn.reads = fn.reads or bool(events.reads)
             fn.calls.update(c for _, c in events.calls)
         if type(stmt) is cst.FunctionDef and stmt.name.value == _NAME:
@@ -544,11 +610,12 @@ def analyse(module: cst.Module) -> Found:
     """Every read of `accelerator` / `self.accelerator` that may happen before its binding."""
     collected = _Collector(module)
     found: Found = []
+    events_of = _EventCache()
     for fn in collected.fns:
-        _describe(fn, fn.node.body)
-    _check_names(module, collected, found)
+        _describe(fn, fn.node.body, events_of)
+    _check_names(module, collected, found, events_of)
     for klass in collected.classes:
-        _check_class(klass, collected, found)
+        _check_class(klass, collected, found, events_of)
     return found
 
 
@@ -611,7 +678,7 @@ def _needy(collected: _Collector, owner: _Fn | None) -> dict[str, str]:
     return out
 
 
-def _check_names(module: cst.Module, collected: _Collector, found: Found) -> None:
+def _check_names(module: cst.Module, collected: _Collector, found: Found, events_of: _EventCache) -> None:
     t = _Target()
     binders = {fn.name for fn in collected.module_fns.values() if fn.status == "global"}
     module_binds = bool(binders) or any(
@@ -619,16 +686,16 @@ def _check_names(module: cst.Module, collected: _Collector, found: Found) -> Non
         or (type(stmt) is not cst.SimpleStatementLine and any(t.is_bound_by(x) for x in _Header(stmt).targets))
         for stmt in _module_statements(module)
     )
-    _Flow(t, "the module", _needy(collected, None), binders, found).block(module.body, False)
+    _Flow(t, "the module", _needy(collected, None), binders, found, events_of).block(module.body, False)
     for fn in collected.fns:
         if fn.status in ("param", "local", "global"):
             entry = fn.status == "param" or (fn.status == "global" and module_binds)
-            _Flow(t, f"`{fn.qualname}`", _needy(collected, fn), set(), found).suite(fn.node.body, entry)
+            _Flow(t, f"`{fn.qualname}`", _needy(collected, fn), set(), found, events_of).suite(fn.node.body, entry)
         elif fn.reads and _resolve(fn) is None and not module_binds:
             for stmt in _own_statements(fn.node.body):
                 parts = [stmt] if type(stmt) is cst.SimpleStatementLine else _Header(stmt).expressions
                 for part in parts:
-                    for read in _Events(t).collect(part).reads:
+                    for read in events_of(part, t).reads:
                         found.append((read, (
                             f"`accelerator` is read in `{fn.qualname}`, which neither takes it as a parameter nor "
                             "creates it, and the module never binds it: calling it would raise NameError"
@@ -639,7 +706,7 @@ def _module_statements(module: cst.Module) -> Iterable[cst.CSTNode]:
     yield from _own_statements(cst.IndentedBlock(body=module.body))
 
 
-def _check_class(klass: _Class, collected: _Collector, found: Found) -> None:
+def _check_class(klass: _Class, collected: _Collector, found: Found, events_of: _EventCache) -> None:
     readers: dict[str, list[cst.CSTNode]] = {}
     setters: set[str] = set()
     for name, method in klass.methods.items():
@@ -650,7 +717,7 @@ def _check_class(klass: _Class, collected: _Collector, found: Found) -> None:
         for stmt in _own_statements(method.node.body):
             parts = [stmt] if type(stmt) is cst.SimpleStatementLine else _Header(stmt).expressions
             for part in parts:
-                readers.setdefault(name, []).extend(_Events(t).collect(part).reads)
+                readers.setdefault(name, []).extend(events_of(part, t).reads)
             if type(stmt) is cst.SimpleStatementLine and any(_binds(s, t) for s in stmt.body):
                 setters.add(name)
     readers = {name: nodes for name, nodes in readers.items() if nodes}
@@ -687,12 +754,13 @@ def _check_class(klass: _Class, collected: _Collector, found: Found) -> None:
     if inherited:
         binders |= {"super.__init__", *(f"{base}.__init__" for base in _base_names(klass))}
     where = f"`{klass.name}.__init__`"
-    _Flow(_Target(self_name), where, needy, binders, found).suite(init.node.body, False)
+    _Flow(_Target(self_name), where, needy, binders, found, events_of).suite(init.node.body, False)
     for name in setters - {"__init__"}:
         if name in readers:
             entry = "__init__" in setters or inherited
             method = klass.methods[name]
-            _Flow(_Target(method.self_name), f"`{klass.name}.{name}`", {}, set(), found).suite(method.node.body, entry)
+            _Flow(_Target(method.self_name), f"`{klass.name}.{name}`", {}, set(), found, events_of).suite(
+                method.node.body, entry)
 
 
 def _self_calls(method: _Fn) -> set[str]:

@@ -11,6 +11,11 @@ What it checks:
     `"run-" + device`), dictionary keys and subscripts (`{device: ...}`, `table[device]`) and
     `isinstance(device, str)`. A parameter counts as the name its callers pass: `train(device)`
     with a string `device` in every caller of the input, and a device object in one of the output.
+    Cheap on purpose: a report needs a name bound only to strings in the input and one bound to a
+    device object in the output (in the scope or in a caller passing it), both read from the
+    statements alone; when the input binds no name only to strings or the output binds none to a
+    device object, the expressions are not walked for uses and calls (tests/migrate/
+    test_safety_shortcuts.py compares the verdicts with and without this on every fixture).
 
 Why:
     A `torch.device` is not a string: `"cuda" in torch.device("cuda")` raises TypeError,
@@ -45,14 +50,25 @@ _STRING_METHODS = frozenset({
 
 
 def check(context: CheckContext) -> list[Violation]:
+    # A violation needs a name bound only to strings in the input (`_string_origin`: values all
+    # strings, here or in the callers passing it) and bound to a device object in the output
+    # (`_device_origin`: a value here or in a caller). Both are bindings, read from the statements
+    # without walking any expression: when either module has none, nothing can be reported, and
+    # the walks for uses and calls (most of this check's cost) are skipped.
+    before = _Module(context.before)
+    if not before.binds_strings():
+        return []
     after = _Module(context.after)
-    # names used as strings that the output binds to a device object; the input is scanned only
-    # when there is one (most outputs have none, and the scan of the input costs as much again)
+    if not after.binds_devices():
+        return []
+    after.walk()
+    # names used as strings that the output binds to a device object; the input is walked only
+    # when there is one (most outputs have none, and the walk of the input costs as much again)
     suspects = [(qualname, scope, name, now) for qualname, scope in after.scopes.items()
                 for name in sorted(set(scope.uses)) if (now := _device_origin(after, scope, name)) is not None]
     if not suspects:
         return []
-    before = _Module(context.before)
+    before.walk()
     positions = line_of(context)
     violations: list[Violation] = []
     for qualname, scope, name, now in suspects:
@@ -77,14 +93,41 @@ class _Scope:
     values: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)  # name -> assigned values
     uses: dict[str, list[tuple[cst.CSTNode, str]]] = field(default_factory=dict)  # string-only uses
     calls: list[tuple[str, cst.Call]] = field(default_factory=list)  # plain-name calls
+    statements: list[object] = field(default_factory=list)  # its own statements and headers, walked for uses
 
 
 class _Module:
+    """A module's scopes. Made with the bindings of each scope (`values`, `params`: read from the
+    statements alone); `walk` adds the uses and calls (a walk of every expression)."""
+
     def __init__(self, module: cst.Module) -> None:
         self.scopes: dict[str, _Scope] = {}
         self.functions: dict[str, str] = {}  # module-level function name -> qualname
         self._scan(module.body, _Scope(module), "", top=True)
         self.code = module.code_for_node
+        self._walked = False
+
+    def walk(self) -> None:
+        """Record every scope's string-only uses and plain-name calls (once)."""
+        if self._walked:
+            return
+        self._walked = True
+        for scope in self.scopes.values():
+            uses = _Uses(scope)
+            for stmt in scope.statements:
+                uses.collect(stmt)
+
+    def binds_strings(self) -> bool:
+        """Some name of some scope is bound, and only to strings (what `_string_origin` needs,
+        in the scope itself or in a caller passing it)."""
+        return any(name not in scope.params and all(_stringy(v) for v in values)
+                   for scope in self.scopes.values() for name, values in scope.values.items())
+
+    def binds_devices(self) -> bool:
+        """Some name of some scope is bound to a device object (what `_device_origin` needs, in
+        the scope itself or in a caller passing it)."""
+        return any(_device_object(v) for scope in self.scopes.values() for values in scope.values.values()
+                   for v in values)
 
     def _scan(self, stmts: Sequence[cst.BaseStatement], scope: _Scope, qualname: str, top: bool) -> None:
         self.scopes.setdefault(qualname or "<module>", scope)
@@ -101,7 +144,13 @@ class _Module:
                 body = stmt.body.body if type(stmt.body) is cst.IndentedBlock else ()
                 self._scan_class(body, f"{qualname}.{stmt.name.value}" if qualname else stmt.name.value)
             else:
-                _Uses(scope).collect(stmt)
+                scope.statements.append(stmt)
+                if type(stmt) is cst.SimpleStatementLine:
+                    for small in stmt.body:
+                        if type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name:
+                            scope.values.setdefault(small.targets[0].target.value, []).append(small.value)
+                        elif type(small) is cst.AnnAssign and type(small.target) is cst.Name and small.value is not None:
+                            scope.values.setdefault(small.target.value, []).append(small.value)
 
     def _scan_class(self, stmts: Sequence[cst.BaseStatement], qualname: str) -> None:
         for stmt in _statements(stmts):
@@ -150,7 +199,7 @@ def _header_parts(stmt: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 class _Uses:
-    """Records a scope's assignments and the string-only uses of plain names."""
+    """Records a scope's string-only uses of plain names and its plain-name calls."""
 
     def __init__(self, scope: _Scope) -> None:
         self.scope = scope
@@ -162,10 +211,6 @@ class _Uses:
             return
         assert type(stmt) is cst.SimpleStatementLine
         for small in stmt.body:
-            if type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name:
-                self.scope.values.setdefault(small.targets[0].target.value, []).append(small.value)
-            elif type(small) is cst.AnnAssign and type(small.target) is cst.Name and small.value is not None:
-                self.scope.values.setdefault(small.target.value, []).append(small.value)
             self._walk(small)
 
     def _use(self, node: cst.CSTNode, name: str, what: str) -> None:
@@ -321,6 +366,7 @@ def used_as_string(module: cst.Module, scope_node: cst.Module | cst.FunctionDef,
     or in a same-module function it is passed to by name (what create-accelerator asks before
     binding a string device to `accelerator.device`)."""
     scanned = _Module(module)
+    scanned.walk()
     scope = next((s for s in scanned.scopes.values() if s.node is scope_node), None)
     if scope is None:
         return False

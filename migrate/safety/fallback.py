@@ -43,7 +43,7 @@ from migrate.results import Change, Diagnostic
 from migrate.safety import Check, CheckContext, Violation
 from migrate.safety import idempotent
 from migrate.safety.registry import CHECKS
-from migrate.walk import children
+from migrate.walk import each_node_once
 
 MAX_DROPS = 4  # rules dropped from one file before it is left as it is
 
@@ -110,16 +110,8 @@ def output_tree(rewritten: cst.Module | None) -> cst.Module | None:
     property tests), so the output is not parsed a second time (a parse is most of what a file
     costs). Not when a rule put one node object in two places: analyses keyed by node would take
     them for one, so such an output (and one without a tree) is parsed (None)."""
-    if rewritten is None:
+    if rewritten is None or not each_node_once(rewritten):
         return None
-    seen: set[int] = set()
-    stack: list[cst.CSTNode] = [rewritten]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            return None
-        seen.add(id(node))
-        stack.extend(children(node))
     return rewritten
 
 

@@ -47,6 +47,11 @@ _MODULE_NAMES = frozenset({
 _BUILTINS = frozenset(dir(builtins)) | _MODULE_NAMES
 _STAR = re.compile(r"\bimport\s*\*")
 _IMPORT_LINE = re.compile(r"^[ \t]*import[ \t]+([^\n#;]+)", re.MULTILINE)
+# The two patterns above, searched from their literal word: a pattern that starts with `\b` or `^`
+# is tried at every position of the text (a whole-text scan in Python's `re`, most of what the
+# import checks cost), one that starts with a literal is found by a fast literal search.
+_STAR_WORD = re.compile(r"import\s*\*")
+_IMPORT_WORD = re.compile("import")
 
 Key = tuple[str, str]  # (scope path, name)
 
@@ -75,7 +80,7 @@ class _Names:
 
     def __init__(self, text: str, path: str) -> None:
         top = symtable.symtable(text, path, "exec")
-        self.star = _STAR.search(text) is not None
+        self.star = _star_import(text)
         self.bound: set[str] = set()
         self.imported: set[str] = set()
         self.undefined: Counter[Key] = Counter()
@@ -85,7 +90,11 @@ class _Names:
             table, prefix = stack.pop()
             path_ = f"{prefix}/{table.get_name()}" if prefix else table.get_name()
             module = table.get_type() == "module"
-            for symbol in table.get_symbols():
+            # in a function only its globals can be read from or bound at module level (a name
+            # declared `global` is one of them); its locals are not looked up one by one
+            symbols = ([table.lookup(name) for name in table.get_globals()] if isinstance(table, symtable.Function)
+                       else table.get_symbols())
+            for symbol in symbols:
                 name = symbol.get_name()
                 if module:
                     if symbol.is_assigned() or symbol.is_imported():
@@ -100,6 +109,26 @@ class _Names:
         for key in reads:
             if key[1] not in self.bound:
                 self.undefined[key] += 1
+
+
+def _star_import(text: str) -> bool:
+    """`_STAR.search(text) is not None`: each `import *` is checked for the word boundary before it."""
+    return any(_STAR.match(text, found.start()) for found in _STAR_WORD.finditer(text))
+
+
+def _import_lines(text: str) -> list[re.Match[str]]:
+    """`list(_IMPORT_LINE.finditer(text))`: a match lies within one line and starts at its start,
+    so it is looked for only at the start of each line holding the word `import`."""
+    matches = []
+    last = -1
+    for word in _IMPORT_WORD.finditer(text):
+        start = text.rfind("\n", 0, word.start()) + 1
+        if start != last:
+            last = start
+            match = _IMPORT_LINE.match(text, start)
+            if match is not None:
+                matches.append(match)
+    return matches
 
 
 def _name_violations(context: CheckContext, new: Counter[Key], before: _Names) -> list[Violation]:
@@ -144,7 +173,7 @@ def _loaded_modules(text: str, aliased: bool) -> set[str]:
     `from a.b import c` is not counted: what it binds is a name, and whether `a.b` stays reachable
     through `a` without it depends on `a` itself (`import torch` loads `torch.nn`)."""
     loaded: set[str] = set()
-    for match in _IMPORT_LINE.finditer(text):
+    for match in _import_lines(text):
         parts = match.group(1).replace("(", " ").replace(")", " ").replace("\\", " ").split(",")
         for part in parts:
             words = part.split()
@@ -165,7 +194,7 @@ def _import_violations(context: CheckContext) -> list[Violation]:
     for dotted in sorted(removed):
         if any(other.startswith(dotted + ".") for other in loaded):
             continue
-        if not re.search(rf"(?<![\w.]){re.escape(dotted)}\b", after_text):
+        if dotted not in after_text or not re.search(rf"(?<![\w.]){re.escape(dotted)}\b", after_text):
             continue
         line = _attribute_line(after_text, dotted)
         if line:
