@@ -122,10 +122,11 @@ def _optimizer_not_built_here(roles: Roles) -> str:
                 seen = (f"{_NOT_BUILT} here: the optimizer comes from `{code}`, a method `{method}()` of `{receiver}` "
                         "that no class of this file defines (the model's class, in another module?)")
                 if _has_main_guard(roles.facts.module) or scope is roles.facts.module_scope:
-                    # the script itself: AM013 rewrites a unit only with an edit in another module, and
-                    # the model's module would have none
-                    return (f"{seen}. The migration cannot follow it from this script, even with that module in "
-                            f"the same run: {by_hand}")
+                    # the script itself: a unit with the model's module would have followed the method
+                    # (migrate/crossmodule/unit.py), so that module is not one the run holds or reads
+                    return (f"{seen}. A `{method}()` of a class defined in a module of the project is followed "
+                            "when that module is in the run or imported from this script's folder; this one was "
+                            f"not found there (an installed package?): {by_hand}")
                 return (
                     f"{seen}. Migrate this file together with the module that defines that class and the script "
                     "that runs this code (give them in one run, e.g. the project's folder): a "

@@ -1,8 +1,8 @@
 """AM003's report on a `.backward()` in a file that builds no optimizer says where the optimizer
 comes from, and what it says to do works: a trainer module whose optimizer comes from
 `model.configure_optimizers(config)` (minGPT's trainer) is migrated once the run also holds the
-model's module and the script that runs the trainer; from a script, the method is not followed
-(AM013 rewrites a unit only with an edit in another module), and the report says so."""
+model's module and the script that runs the trainer; from a script, the method is followed when the
+model's module is in the run or read beside it, and reported when it is not."""
 
 from __future__ import annotations
 
@@ -121,10 +121,27 @@ def test_with_the_models_module_and_the_script_the_method_is_followed(tmp_path: 
     assert not [d for d in trainer.diagnostics if d.code == "AM003"]
 
 
-def test_from_the_script_itself_the_report_does_not_promise_a_follow(tmp_path: Path) -> None:
+def test_from_the_script_itself_the_method_is_followed_with_the_models_module(tmp_path: Path) -> None:
+    """The script's own loop, the optimizer from `model.configure_optimizers(...)` of a class in
+    lib/model.py: the unit's view follows the method, and only the script is written (given the
+    folder, or given alone with lib/model.py read beside it)."""
     _write(tmp_path, {"lib/__init__.py": "", "lib/model.py": MODEL, "train.py": SCRIPT})
+    for given in (tmp_path, tmp_path / "train.py"):
+        results = _results(given)
+        script = results["train.py"]
+        assert script.changed, script.diagnostics
+        assert "optimizer = model.configure_optimizers({\"lr\": 0.1})\n    model, optimizer, loader = accelerator.prepare(" in (
+            script.new_text or "")
+        assert not script.diagnostics
+        assert not any(r.changed for name, r in results.items() if name != "train.py")
+
+
+def test_from_the_script_a_class_not_in_the_project_is_reported(tmp_path: Path) -> None:
+    """The model's class comes from a package that is neither in the run nor beside the script: the
+    report says the method is followed only for the project's own modules, and what to write."""
+    _write(tmp_path, {"train.py": SCRIPT.replace("from lib.model import Regressor", "from somepackage.model import Regressor")})
     script = _results(tmp_path)["train.py"]
     assert not script.changed
     (message,) = [d.message for d in script.diagnostics if d.code == "AM003"]
-    assert "The migration cannot follow it from this script, even with that module in the same run" in message
+    assert "is followed when that module is in the run or imported from this script's folder" in message
     assert "`accelerator.prepare(...)` right after that call" in message
