@@ -3,19 +3,31 @@
 What it does:
     `torch.save(model.state_dict(), path)` (also inside a checkpoint dict, through a name such as
     `weights = model.state_dict()`, and for `model.module`)
-    becomes `accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`;
+    becomes `accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`; the whole
+    module, `torch.save(model, path)`, becomes `accelerator.save(accelerator.unwrap_model(model),
+    path)` (the file still holds the user's module, as before: not the wrapper); a path naming the
+    process's rank keeps `torch.save` (with the unwrapped model): each process saves its own file.
     `print(...)` becomes `accelerator.print(...)`; `tqdm(...)` gets
     `disable=not accelerator.is_local_main_process`; `model.state_dict()` and
     `model.load_state_dict(...)` on a prepared model, after the prepare call, go through
     `accelerator.unwrap_model(model)` (the wrapped model's keys carry a `module.` prefix, and it
     would refuse the single-device script's checkpoint). Only in code that can reach the
-    accelerator: the function that creates it, nested functions, and functions that already
-    receive it.
+    accelerator: the function that creates it, nested functions, and functions that receive it
+    (a function of the script that only prints, `test(model, loader)`, is handed it as well; a
+    helper of another module of a unit only when it uses it for something else).
+    File removals (`os.remove`, `os.unlink`, `shutil.rmtree`) in the block that saves such a
+    checkpoint or guards a file write (the snapshot block: `torch.save(model, path)` then
+    `for f in glob.glob(prefix + "*"): if f != path: os.remove(f)`) run on the main process only,
+    with the `for`/`if`/`with` statements around them that hold nothing else; the save just before
+    them joins the same `if accelerator.is_main_process:`. Elsewhere in such a function, a removal
+    is reported; in a function that writes nothing from the main process, it is left alone.
     A checkpoint saved and then loaded again in the same function (train, save, reload for
     testing) gets `accelerator.wait_for_everyone()` before the first `torch.load` after the save.
     The script's other file writes, from a short explicit list, run under
     `if accelerator.is_main_process:` (neighbouring statements share one `if`):
-    `torchvision.utils.save_image(...)`, `matplotlib.pyplot.savefig(...)` and
+    a `torch.save(...)` of something else than the model in the script's own module (a cache of
+    computed vectors, an optimizer's state), `torchvision.utils.save_image(...)`,
+    `matplotlib.pyplot.savefig(...)` and
     `open(path, <literal mode with w, a or x>)` (the statement holding the call; for `with open(...)
     as f:` the whole block, and `with` blocks around it that hold nothing else). Downloads and
     unpacking (`urllib.request.urlretrieve`, `shutil.unpack_archive`, `.extractall(...)` of a
@@ -33,11 +45,19 @@ What it does:
     function that does not hold the accelerator (a helper of another module, `build_dataset(args)`
     of a repository's datasets.py; a Dataset class's constructor), the statements calling it are
     wrapped instead; a `download=download` passed on from a parameter is left to those callers.
+    torchtext's legacy data sets download their files when missing without any `download=`
+    (`datasets.SNLI.splits(text, label)`, `.iters(...)`): the statement gets the same `with` (in a
+    function that cannot reach the accelerator, it is reported). A cache the script makes when it
+    is missing (`if os.path.isfile(cache): v = torch.load(cache) else: v = compute(); torch.save(v,
+    cache)`, outside loops) runs as a whole under `with accelerator.main_process_first():`, its
+    write on the main process: the main process computes (or downloads, `vocab.load_vectors(...)`)
+    and writes it, the others then find the file and load it instead of reading it half written.
 
 Why:
     Every process runs the script: without this, each of N processes writes the same checkpoint
     file (image, plot, text file, unpacked archive) at once, prints every line N times and draws N
-    progress bars. After `prepare` the model
+    progress bars, and N processes removing the same old snapshots race: all but one fail with
+    FileNotFoundError. After `prepare` the model
     may be wrapped (DistributedDataParallel): its state dict would carry a `module.` prefix that
     the single-device script cannot load. Only the main process writes the checkpoint: without the
     barrier, the others would read a file it has not finished (or not started) writing.
@@ -50,8 +70,7 @@ Example:
                                        plt.savefig("loss.pdf")
 
 Leaves alone:
-    `torch.save(model, path)` of a whole prepared module (reported: it would pickle the wrapper;
-    save `accelerator.unwrap_model(model)` or its state dict), prints when the script patches
+    Prints when the script patches
     `builtins.print` for rank 0 itself (reported), tqdm calls that already pass `disable=`, a model
     built anew after `prepare` (`model = Net()` to reload for inference: it is not wrapped),
     loads after a save inside a rank check or in another branch (a barrier there would hang), and
@@ -72,7 +91,11 @@ Leaves alone:
     call named `*load*`, `*read*` or `open` with the same path expression: the others would read
     a file not yet written; `open` for writing is no read); a writer call in the header of an
     `if`/`for`; and writes in functions of the script that cannot reach the accelerator (an
-    nn.Module's methods, callbacks nothing in this file calls). Writes in another module of a unit
+    nn.Module's methods, callbacks nothing in this file calls). A read in the other branch of an
+    `if` around the write, outside loops, is no read back (`if os.path.isfile(cache): v =
+    torch.load(cache) else: ...; torch.save(v, cache)`: the main process writes the cache, and no
+    process reads it in this run). A removal is reported on the same grounds (also calling the
+    prepared model or a collective, binding a name read later). Writes in another module of a unit
     (a logger module's files, often one per rank) are left alone, as its checkpoints are. Other writers (`np.save`, `df.to_csv`, `fig.savefig` on a figure object) are not
     recognised. Reported the same way, a dataset with `download=` built at module level before the
     Accelerator exists, in the header of an `if`/`for` (`for x, y in
@@ -82,7 +105,10 @@ Leaves alone:
     accelerator.
 
 Fix safety:
-    Safe: on one process the main process is the only process. On N processes a guarded write
+    Safe: on one process the main process is the only process. The whole module saved through
+    `accelerator.unwrap_model` is the module the single-device script saved (`torch.load(path)`
+    gives it back). A guarded removal holds no collective and no model call either; the others
+    skip removing files that only the main process wrote. On N processes a guarded write
     holds no collective and no model call, and binds nothing the rest of the script reads, so the
     other processes skip only the write; after a guarded download they wait at a barrier placed
     where every process arrives (outside the tests the fetch was under, in the same block), as long
@@ -119,22 +145,30 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models:
         return
     for scope in roles.facts.scopes:
-        _file_writes(roles, plan, scope)
-        _downloading_datasets(roles, plan, scope)
-        if not roles.can_reach(scope):
-            continue
+        reachable = roles.can_reach(scope)
         reached = scope in plan.uses_accelerator or not roles.needs_parameter(scope)
         saves: list[StmtRef] = []
-        for call in scope.library_calls:
-            if call.qualified == "torch.save":
-                if _checkpoint(roles, plan, scope, call.call):
-                    saves.append(call.where)
-            elif call.qualified in _TQDM and reached:
-                _quiet_progress_bar(plan, scope, call.call)
-        if reached:
+        if reachable:
+            for call in scope.library_calls:
+                if call.qualified == "torch.save":
+                    if _checkpoint(roles, plan, scope, call.call):
+                        saves.append(call.where)
+                elif call.qualified in _TQDM and reached:
+                    _quiet_progress_bar(plan, scope, call.call)
+        # after the checkpoints: a `torch.save` they did not convert (a cache, an optimizer's
+        # state) is a file write like the others
+        guarded = _file_writes(roles, plan, scope)
+        _downloading_datasets(roles, plan, scope)
+        _implicit_downloads(roles, plan, scope)
+        if not reachable:
+            continue
+        if reached or nested_in(scope, roles.facts.module_scope):
+            # a function of the script that only prints is handed the accelerator too (not one of
+            # another module of a unit: its helpers keep their signatures)
             _prints(roles, plan, scope)
         _unwrapped_state_dicts(roles, plan, scope)
         _wait_before_reload(plan, scope, saves)
+        _removals(roles, plan, scope, saves, guarded)
 
 
 def _wait_before_reload(plan: EditPlan, scope: Scope, saves: list[StmtRef]) -> None:
@@ -169,14 +203,27 @@ def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> b
     if not call.args:
         return False
     saved = call.args[0].value
+    path = _path_of(call, "torch.save")
+    per_process = path is not None and _per_process_path(scope, path)
     if type(saved) is cst.Name and roles.all_in(scope, saved.value, roles.models):
-        plan.report(
-            CODE,
-            call,
-            f"`torch.save({saved.value}, ...)` saves the whole module; after `prepare` that would pickle "
-            f"the distributed wrapper: save `accelerator.unwrap_model({saved.value}).state_dict()` instead",
-        )
-        return False
+        # The whole module, as the script saved it (its format kept), from inside the wrapper.
+        model = saved.value
+
+        def unwrapped(updated: cst.Call, model: str = model, per_process: bool = per_process) -> cst.Call:
+            args = [updated.args[0].with_changes(value=accelerator_call("unwrap_model", [cst.Arg(cst.Name(model))])),
+                    *updated.args[1:]]
+            if per_process:
+                return updated.with_changes(args=args)
+            return updated.with_changes(func=cst.Attribute(cst.Name("accelerator"), cst.Name("save")), args=args)
+
+        plan.calls[call] = unwrapped
+        plan.use_accelerator(scope)
+        if per_process:
+            plan.change(CODE, call, "the whole module saved from inside the wrapper; its path names the "
+                        "process's rank, so each process still saves its own file")
+            return False
+        plan.change(CODE, call, "the whole module saved once, from the unwrapped model, by `accelerator.save`")
+        return True
     state_dicts = [c for c in _state_dict_calls(saved) if _model_root(roles, scope, c) is not None]
     if not state_dicts and type(saved) is cst.Name:
         # `weights = model.state_dict(); torch.save(weights, path)`: save once, from the main process.
@@ -184,18 +231,23 @@ def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> b
         if any(_model_root(roles, scope, c) for v in bound for c in _state_dict_calls(v)):
             for value in bound:
                 _unwrap_state_dicts(roles, plan, scope, value)
-            plan.calls[call] = lambda updated: updated.with_changes(
-                func=cst.Attribute(cst.Name("accelerator"), cst.Name("save"))
-            )
-            plan.use_accelerator(scope)
-            plan.change(CODE, call, "checkpoint saved once, from the unwrapped model, by `accelerator.save`")
-            return True
+            return _saved_once(plan, scope, call, per_process)
         return False
     if not state_dicts:
         return False
     _unwrap_state_dicts(roles, plan, scope, saved)
-    plan.calls[call] = lambda updated: updated.with_changes(func=cst.Attribute(cst.Name("accelerator"), cst.Name("save")))
+    return _saved_once(plan, scope, call, per_process)
+
+
+def _saved_once(plan: EditPlan, scope: Scope, call: cst.Call, per_process: bool) -> bool:
+    """`torch.save` -> `accelerator.save` (the main process saves); a path naming the process's
+    rank keeps `torch.save`: each process saves its own file."""
     plan.use_accelerator(scope)
+    if per_process:
+        plan.change(CODE, call, "checkpoint saved from the unwrapped model; its path names the process's "
+                    "rank, so each process still saves its own file")
+        return False
+    plan.calls[call] = lambda updated: updated.with_changes(func=cst.Attribute(cst.Name("accelerator"), cst.Name("save")))
     plan.change(CODE, call, "checkpoint saved once, from the unwrapped model, by `accelerator.save`")
     return True
 
@@ -411,6 +463,7 @@ _PATH_ARG = {
     "torchvision.utils.save_image": (1, "fp"),
     "matplotlib.pyplot.savefig": (0, "fname"),
     "open": (0, "file"),
+    "torch.save": (1, "f"),
 }
 # Methods of a model that only read it (no forward): `model.parameters()` in a guarded write is fine.
 _READS_MODEL_ONLY = frozenset({
@@ -428,33 +481,36 @@ class _Write:
     where: StmtRef
     fetch: bool  # a download or unpack every process then reads
     path: cst.BaseExpression | None
+    removal: bool = False  # `os.remove(...)`: its unit may be a `for` or an `if`
 
 
-def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> None:
-    """Run the script's own file writes (`save_image`, `plt.savefig`, `with open(path, "w")`) and
-    downloads (`.extractall(...)`, `urlretrieve`) on the main process only, or report them."""
+def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> list[StmtRef]:
+    """Run the script's own file writes (`save_image`, `plt.savefig`, `with open(path, "w")`, a
+    `torch.save` of something else than the model) and downloads (`.extractall(...)`,
+    `urlretrieve`) on the main process only, or report them. Returns the statements guarded."""
     if type(scope.node) is cst.ClassDef:
-        return
+        return []
     # Left as they are: writes already under a rank check (a second run sees our own `if`), and
     # `open(f"rank{rank}.json", "w")`: each process writes its own file.
     writes = [
-        w for w in _find_writes(scope)
+        w for w in _find_writes(plan, scope, roles.facts.module_scope)
         if not _rank_guarded(_fetch_unit(w.where) if w.fetch else _unit(w.where))
         and not (w.path is not None and _per_process_path(scope, w.path))
     ]
+    guarded: list[StmtRef] = []
     if not writes:
-        return
+        return guarded
     method = _unreachable_method(roles, scope)
     if not roles.can_reach(scope) or method is not None:
         if not nested_in(scope, roles.facts.module_scope):
-            return  # another module of a unit (a logger's files): not the script's own writes
+            return guarded  # another module of a unit (a logger's files): not the script's own writes
         first = writes[0]
         kind = f", a method of {method}," if method is not None else ""
         plan.report(CODE, first.call, (
             f"{first.what} in `{scope.qualname}`{kind} which cannot reach the accelerator, runs on every process "
             "(each writes the same file at once): run it on the main process only "
             "(`if accelerator.is_main_process:`, passing `accelerator` in)"))
-        return
+        return guarded
     done: set[cst.BaseStatement] = set()
     for write in writes:
         unit = _fetch_unit(write.where) if write.fetch else _unit(write.where)
@@ -472,6 +528,9 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> None:
             continue
         plan.main_process_only.add(unit.stmt)
         plan.use_accelerator(scope)
+        guarded.append(unit)
+        if not write.fetch and write.path is not None:
+            _cache_first(roles, plan, scope, unit, write.path)
         if write.fetch:
             barrier = cst.parse_statement("accelerator.wait_for_everyone()\n")
             plan.insert_after[unit.stmt] = [*plan.insert_after.get(unit.stmt, []), barrier]
@@ -479,6 +538,134 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> None:
                         "(`accelerator.wait_for_everyone()`) before reading what it wrote")
         else:
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only")
+    return guarded
+
+
+# Calls that remove files (`os.remove(path)`, `shutil.rmtree(folder)`): the path is the first argument.
+_REMOVERS = frozenset({"os.remove", "os.unlink", "shutil.rmtree"})
+
+
+def _removals(roles: Roles, plan: EditPlan, scope: Scope, saves: list[StmtRef], guarded: list[StmtRef]) -> None:
+    """File removals in the block of a checkpoint or a file the main process alone now writes (the
+    snapshot block: save, then remove the older snapshots) run on the main process only, with the
+    `for`/`if`/`with` statements around them that hold nothing else; the save just before them joins
+    the same `if`. A removal elsewhere in a function that writes from the main process is reported."""
+    removals = [c for c in scope.library_calls if c.qualified in _REMOVERS and c.call.args]
+    if not removals or not (saves or guarded):
+        return
+    anchors = [*saves, *guarded]
+    for removal in removals:
+        unit = _removal_unit(removal.where)
+        path = removal.call.args[0].value
+        if _rank_guarded(unit) or _per_process_path(scope, path) or unit.stmt in plan.main_process_only:
+            continue
+        what = f"`{removal.qualified}(...)`"
+        if not any(anchor.block is unit.block for anchor in anchors):
+            plan.report(CODE, removal.call, (
+                f"{what} runs on every process, in a function whose checkpoints or files the main process "
+                "alone now writes: N processes removing the same files race (FileNotFoundError); run it "
+                "under `if accelerator.is_main_process:` if it removes those files"))
+            continue
+        problem = _why_not_guarded(roles, scope, _Write(what, removal.call, removal.where, False, None, True), unit)
+        if problem is not None:
+            plan.report(CODE, removal.call, (
+                f"{what} runs on every process (N processes removing the same files race: FileNotFoundError) "
+                f"and cannot run on the main process only: {problem}"))
+            continue
+        if unit.stmt in plan.replace_stmt:
+            continue
+        plan.main_process_only.add(unit.stmt)
+        plan.use_accelerator(scope)
+        plan.change(CODE, unit.stmt, f"{what} on the main process only, which alone writes the files it removes")
+        # The save right before it (`accelerator.save(...)`, main process only already) joins its `if`.
+        body = list(unit.block.body)
+        index = next(i for i, stmt in enumerate(body) if stmt is unit.stmt)
+        for save in saves:
+            if index and save.block is unit.block and save.stmt is body[index - 1] \
+                    and type(save.stmt) is cst.SimpleStatementLine and save.stmt not in plan.replace_stmt \
+                    and _why_not_guarded(roles, scope, _Write("", removal.call, save, False, None), save) is None:
+                plan.main_process_only.add(save.stmt)
+
+
+def _removal_unit(where: StmtRef) -> StmtRef:
+    """The statement to guard for a removal: the one holding the call, with the `for`, `if` (without
+    `else`) and `with` statements around it that hold nothing else (`for f in glob.glob(prefix +
+    "*"): if f != path: os.remove(f)`). Not the `__main__` block nor a rank check."""
+    unit = where
+    empty = cst.Module([])
+    while unit.path:
+        outer = unit.path[-1]
+        stmt = outer.stmt
+        if type(stmt) not in (cst.For, cst.If, cst.With) or type(stmt.body) is not cst.IndentedBlock:
+            break
+        if len(stmt.body.body) != 1 or stmt.body.body[0] is not unit.stmt:
+            break
+        if type(stmt) in (cst.For, cst.If) and stmt.orelse is not None:
+            break
+        if type(stmt) is cst.If and ("__name__" in empty.code_for_node(stmt.test)
+                                     or _RANK_TEST.search(empty.code_for_node(stmt.test))):
+            break
+        unit = outer
+    return unit
+
+
+_EXISTS = frozenset({"os.path.isfile", "os.path.exists"})
+
+
+def _cache_first(roles: Roles, plan: EditPlan, scope: Scope, unit: StmtRef, path: cst.BaseExpression) -> None:
+    """A cache (`if os.path.isfile(cache): v = torch.load(cache) else: v = compute(); torch.save(v,
+    cache)`): the whole `if` runs under `with accelerator.main_process_first():`, so the main process
+    computes (or downloads) and writes it, and the others then find the file and load it instead
+    of computing it again (or reading it half written). Outside loops and rank checks, without a
+    collective or a model call in the `if`."""
+    empty = cst.Module([])
+    text = empty.code_for_node(path)
+    chain = [*unit.path, unit]
+    for outer, inner in zip(reversed(chain[:-1]), reversed(chain[1:])):
+        node = outer.stmt
+        if type(node) is not cst.If:
+            continue
+        if outer.in_loop or _rank_guarded(outer) or _goes_first(outer) or type(node.orelse) is not cst.Else:
+            return
+        test = node.test
+        negated = type(test) is cst.UnaryOperation and type(test.operator) is cst.Not
+        if negated:
+            assert type(test) is cst.UnaryOperation
+            test = test.expression
+        if not (type(test) is cst.Call and roles.facts.aliases.qualify(test.func) in _EXISTS and test.args
+                and empty.code_for_node(test.args[0].value) == text):
+            continue
+        written_in = node.body if negated else node.orelse.body
+        if inner.block is not written_in:
+            return
+        if node in plan.main_process_first or node in plan.replace_stmt or _hazard(roles, scope, node, set()):
+            return
+        plan.main_process_first.add(node)
+        plan.change(CODE, node, (
+            "the cache is made under `with accelerator.main_process_first():`: the main process computes and "
+            "writes it, the others then load it"))
+        return
+
+
+# Implicit downloads: torchtext's legacy data sets fetch and unpack their files when missing.
+_IMPLICIT_DOWNLOAD = re.compile(r"^torchtext\.(legacy\.)?datasets\.\w+\.(splits|iters)$")
+
+
+def _implicit_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """`datasets.SNLI.splits(text, label)` (torchtext's legacy API downloads the data set when it
+    is missing): under `with accelerator.main_process_first():` where the accelerator is at hand,
+    else reported."""
+    for site in scope.library_calls:
+        if not _IMPLICIT_DOWNLOAD.match(site.qualified) or _rank_guarded(site.where) or _goes_first(site.where):
+            continue
+        what = f"`{cst.Module([]).code_for_node(site.call.func)}(...)` downloads the data set when it is missing"
+        if roles.can_reach(scope) and not roles.needs_parameter(scope) and _unreachable_method(roles, scope) is None:
+            _first_on_main_process(roles, plan, scope, site.call, site.where.stmt, what)
+        else:
+            plan.report(CODE, site.call, (
+                f"{what}, in `{scope.qualname}`, where the accelerator cannot reach: every process would download "
+                "it into the same folder at once; build it under `with accelerator.main_process_first():` (or "
+                "download it once before launching)"))
 
 
 def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
@@ -627,10 +814,15 @@ def _rank_key(key: cst.BaseExpression) -> bool:
     return isinstance(value, str) and bool(_RANK_NAME.search(value))
 
 
-def _find_writes(scope: Scope) -> list[_Write]:
+def _find_writes(plan: EditPlan, scope: Scope, module_scope: Scope) -> list[_Write]:
     found: list[_Write] = []
     for call in scope.library_calls:
-        if call.qualified in _FILE_WRITERS:
+        if call.qualified == "torch.save" and call.call.args and call.call not in plan.calls \
+                and nested_in(scope, module_scope):
+            # not a checkpoint of the model (those are `accelerator.save` now): a cache, an
+            # optimizer's state
+            found.append(_Write("`torch.save(...)`", call.call, call.where, False, _path_of(call.call, call.qualified)))
+        elif call.qualified in _FILE_WRITERS:
             short = call.qualified.rsplit(".", 1)[-1]
             found.append(_Write(f"`{short}(...)`", call.call, call.where, False, _path_of(call.call, call.qualified)))
         elif call.qualified in _FETCHERS:
@@ -716,10 +908,16 @@ def _fetch_unit(where: StmtRef) -> StmtRef:
 def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef) -> str | None:
     """Why the statement cannot run on the main process only (None: it can)."""
     stmt = unit.stmt
-    if type(stmt) not in (cst.SimpleStatementLine, cst.With) and not (write.fetch and type(stmt) is cst.If):
+    if type(stmt) not in (cst.SimpleStatementLine, cst.With) and not ((write.fetch or write.removal) and type(stmt) is cst.If) \
+            and not (write.removal and type(stmt) is cst.For):
         return ("the call is part of the header of a compound statement; write the file in a statement of "
                 "its own under `if accelerator.is_main_process:`")
     hazard = _hazard(roles, scope, stmt, set())
+    if hazard is not None and write.removal:
+        return (f"the statement also {hazard}, which may wait for the other processes (a collective; a "
+                "distributed model's forward may synchronise buffers), so every process must run it: keep "
+                "that on every process and remove the files in a statement of its own under "
+                "`if accelerator.is_main_process:`")
     if hazard is not None:
         return (f"the statement also {hazard}, which may wait for the other processes (a collective; a "
                 "distributed model's forward may synchronise buffers), so every process must run it: keep "
@@ -731,7 +929,7 @@ def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef) -
         return (f"it binds `{bound}`, which other statements read on every process; bind it on every "
                 "process and write the file under `if accelerator.is_main_process:`")
     if write.path is not None:
-        reader = _reads_back(scope, stmt, write.path)
+        reader = _reads_back(scope, unit, write.path)
         if reader is not None:
             return (f"`{reader}` reads the file back on every process (a process other than the main one "
                     "would read a file not yet written): write it under `if accelerator.is_main_process:` "
@@ -833,6 +1031,14 @@ def _bound_and_read_elsewhere(scope: Scope, stmt: cst.BaseStatement) -> str | No
             if node is not stmt:
                 self.shadowed.pop()
 
+        def visit_For(self, node: cst.For) -> bool:
+            # `for f in ...:` binds `f` anew: reads in its body are of that binding
+            self.shadowed.append(set(target_names(node.target)) if node is not stmt else set())
+            return True
+
+        def leave_For(self, node: cst.For) -> None:
+            self.shadowed.pop()
+
         def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
             return node is not stmt
 
@@ -847,12 +1053,27 @@ def _bound_and_read_elsewhere(scope: Scope, stmt: cst.BaseStatement) -> str | No
     return reads.found
 
 
-def _reads_back(scope: Scope, stmt: cst.BaseStatement, path: cst.BaseExpression) -> str | None:
+def _reads_back(scope: Scope, unit: StmtRef, path: cst.BaseExpression) -> str | None:
     """A call outside the statement, in the same scope, that reads a file at the same path
-    expression (`torch.load`, `np.load`, `Image.open`, `open(path)`): the written file read back."""
+    expression (`torch.load`, `np.load`, `Image.open`, `open(path)`): the written file read back.
+    Not a read in the other branch of an `if` around the write outside any loop (`if
+    os.path.isfile(cache): v = torch.load(cache) else: ...; torch.save(v, cache)`): a process
+    that writes never reads it in this run."""
+    stmt = unit.stmt
     empty = cst.Module([])
     text = empty.code_for_node(path)
     found: list[str] = []
+    # `if` statements around the write (outside loops) -> the branch holding it
+    branches: dict[int, cst.CSTNode] = {}
+    chain = [*unit.path, unit]
+    for outer, inner in zip(chain, chain[1:]):
+        node = outer.stmt
+        if type(node) is not cst.If or outer.in_loop:
+            continue
+        if inner.block is node.body:
+            branches[id(node)] = node.body
+        elif type(node.orelse) is cst.Else and inner.block is node.orelse.body:
+            branches[id(node)] = node.orelse
 
     class Reads(Visitor):
         def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
@@ -860,6 +1081,14 @@ def _reads_back(scope: Scope, stmt: cst.BaseStatement, path: cst.BaseExpression)
 
         def visit_With(self, node: cst.With) -> bool:
             return node is not stmt
+
+        def visit_If(self, node: cst.If) -> bool:
+            branch = branches.get(id(node))
+            if branch is None:
+                return True
+            walk(node.test, self)
+            walk(branch, self)
+            return False
 
         def visit_Call(self, node: cst.Call) -> None:
             name = dotted_name(node.func) or ""

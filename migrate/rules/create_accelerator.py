@@ -54,6 +54,14 @@ What it does:
     `accelerator.device`. Chosen over a diagnostic: the migrated script then does what the
     original did, on every machine, and the message names the one argument to drop for GPUs.
 
+    A device chosen by a GPU index (`torch.cuda.set_device(args.gpu)`, `torch.device(f"cuda:{args.gpu}")`,
+    `"cuda:{}".format(gpu)`, `torch.device("cuda", gpu)`, `"cuda:1"`) becomes `accelerator.device` like
+    any other choice, and the index is reported: it is no longer honoured (on one process the
+    Accelerator takes GPU 0, under `accel launch` each process its own), so `--gpu 1` would train on
+    GPU 0; pick the GPU with `CUDA_VISIBLE_DEVICES`. Not for index 0 (what `accelerator.device` is
+    on one process) nor for an index read from the process's rank (`f"cuda:{local_rank}"`, a
+    spawned worker's own parameter): the Accelerator gives each process its GPU the same way.
+
 Why:
     One Accelerator per process owns the device, the process group and the precision; the rest of
     the migration calls it. Created in one branch only, after a use, or before the script's own
@@ -227,6 +235,84 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
         plan.change(CODE, stmt, f"`{later.name}` chosen again: now `{device_value}` as well")
     plan.imports.add((TARGET_MODULES[target], "Accelerator"))
     plan.change(CODE, default, message)
+    for chosen in [b for b in (binding, *roles.later_device_bindings) if b is not None]:
+        if _report_ignored_index(roles, plan, scope, chosen):
+            break  # once: the first place the index is used
+
+
+_RANK = re.compile(r"rank", re.IGNORECASE)
+
+
+def _report_ignored_index(roles: Roles, plan: EditPlan, scope: Scope, chosen: DeviceBinding) -> bool:
+    """A device choice that named a GPU by index (`torch.cuda.set_device(args.gpu)`,
+    `torch.device(f"cuda:{args.gpu}")`, `"cuda:1"`) is now `accelerator.device`: the index is no
+    longer honoured. Reported, unless the index is the process's rank (a DDP script: the
+    Accelerator gives each process its GPU the same way) or 0 (what `accelerator.device` is on one
+    process)."""
+    aliases = roles.facts.aliases
+    empty = cst.Module([])
+    found: list[tuple[cst.CSTNode, str]] = []
+
+    class Indices(Visitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            qualified = aliases.qualify(node.func) or ""
+            if qualified in ("torch.cuda.set_device", "torch.accelerator.set_device_index") and node.args:
+                found.append((node, empty.code_for_node(node.args[0].value)))
+            elif qualified == "torch.device" and node.args:
+                index = next((a.value for i, a in enumerate(node.args) if (i == 1 and a.keyword is None)
+                              or (a.keyword is not None and a.keyword.value == "index")), None)
+                text = empty.code_for_node(index) if index is not None else _index_in_device_string(node.args[0].value)
+                if text is not None:
+                    found.append((node, text))
+
+    walk(chosen.where.stmt, Indices())
+    params = set(scope.params)
+    for node, index in found:
+        if index in ("0", "'0'", '"0"') or _RANK.search(index) or index in params:
+            continue
+        bound = scope.bindings.get(index, [])
+        if any(b.value is not None and _RANK.search(empty.code_for_node(b.value)) for b in bound):
+            continue  # `device_id = rank % torch.cuda.device_count()`
+        flag = f" (`--{index.split('.', 1)[1]} 1`, say, would still train on GPU 0)" if re.fullmatch(r"args\.\w+", index) else ""
+        plan.report(CODE, node, (
+            f"the device was chosen by index `{index}`; it is now `accelerator.device` (GPU 0 on one process, "
+            f"each process its own GPU under `accel launch`), so that index is no longer honoured{flag}: pick the "
+            "GPU with `CUDA_VISIBLE_DEVICES=N` (`CUDA_VISIBLE_DEVICES=1 python script.py`), or let `accel launch "
+            "--nproc-per-node N` give each process its GPU"))
+        return True
+    return False
+
+
+def _index_in_device_string(expr: cst.BaseExpression) -> str | None:
+    """The index of `"cuda:1"`, `f"cuda:{gpu}"`, `"cuda:{}".format(gpu)`, `"cuda:%d" % gpu` or
+    `"cuda:" + str(gpu)` (as written), else None."""
+    empty = cst.Module([])
+    if type(expr) is cst.SimpleString:
+        text = expr.evaluated_value
+        if isinstance(text, str) and re.fullmatch(r"(cuda|xpu):\d+", text):
+            return text.split(":", 1)[1]
+        return None
+    if type(expr) is cst.FormattedString:
+        parts = expr.parts
+        if (len(parts) == 2 and type(parts[0]) is cst.FormattedStringText and parts[0].value in ("cuda:", "xpu:")
+                and type(parts[1]) is cst.FormattedStringExpression):
+            return empty.code_for_node(parts[1].expression)
+        return None
+    if type(expr) is cst.Call and type(expr.func) is cst.Attribute and expr.func.attr.value == "format" \
+            and type(expr.func.value) is cst.SimpleString and expr.args:
+        if str(expr.func.value.evaluated_value).startswith(("cuda:", "xpu:")):
+            return empty.code_for_node(expr.args[0].value)
+        return None
+    if type(expr) is cst.BinaryOperation and type(expr.left) is cst.SimpleString \
+            and str(expr.left.evaluated_value) in ("cuda:", "xpu:"):
+        right = expr.right
+        if type(right) is cst.Call and type(right.func) is cst.Name and right.func.value == "str" and right.args:
+            right = right.args[0].value
+        return empty.code_for_node(right)
+    if type(expr) is cst.BinaryOperation and type(expr.operator) is cst.Modulo and type(expr.left) is cst.SimpleString \
+            and str(expr.left.evaluated_value).startswith(("cuda:", "xpu:")):
+        return empty.code_for_node(expr.right)
+    return None
 
 
 def _cpu_flag(roles: Roles) -> tuple[str, cst.BaseExpression] | None:
