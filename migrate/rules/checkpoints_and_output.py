@@ -118,12 +118,14 @@ _TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.tr
 def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models:
         return
+    reachable = []
     for scope in roles.facts.scopes:
         _file_writes(roles, plan, scope)
         _downloading_datasets(roles, plan, scope)
         if not roles.can_reach(scope):
             continue
-        reached = scope in plan.uses_accelerator or not roles.needs_parameter(scope)
+        reachable.append(scope)
+        reached = _reached(roles, plan, scope)
         saves: list[StmtRef] = []
         for call in scope.library_calls:
             if call.qualified == "torch.save":
@@ -131,10 +133,22 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                     saves.append(call.where)
             elif call.qualified in _TQDM and reached:
                 _quiet_progress_bar(plan, scope, call.call)
-        if reached:
-            _prints(roles, plan, scope)
         _unwrapped_state_dicts(roles, plan, scope)
         _wait_before_reload(plan, scope, saves)
+    # Prints last: a method whose class now holds `self.accelerator` for its checkpoint or its
+    # backward (another method's) prints through it at no cost.
+    for scope in reachable:
+        if _reached(roles, plan, scope):
+            _prints(roles, plan, scope)
+
+
+def _reached(roles: Roles, plan: EditPlan, scope: Scope) -> bool:
+    """`scope` sees `accelerator` without a new parameter only for output: it already uses it, needs
+    none, or is a method of a class that is given `self.accelerator` for another method anyway (a
+    trainer class handed the accelerator in its constructor, whose `_run_batch` calls backward)."""
+    if scope in plan.uses_accelerator or not roles.needs_parameter(scope):
+        return True
+    return scope.is_method and any(m in plan.uses_accelerator for m in roles.methods_of(scope) or [])
 
 
 def _wait_before_reload(plan: EditPlan, scope: Scope, saves: list[StmtRef]) -> None:
