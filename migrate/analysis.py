@@ -210,6 +210,11 @@ class Facts:
         found = self._call_sites.get(id(call))
         return self.resolve(found[0].callee, found[1]) if found is not None else None
 
+    def call_site(self, call: cst.Call) -> CallSite | None:
+        """The recorded call site of `call` (a call of a plain name), with its statement."""
+        found = self._call_sites.get(id(call))
+        return found[0] if found is not None else None
+
     @cached_property
     def _call_sites(self) -> dict[int, tuple[CallSite, Scope]]:
         return {id(site.call): (site, scope) for scope in self.scopes for site in scope.calls}

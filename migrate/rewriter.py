@@ -315,15 +315,37 @@ def _append_parameter(params: cst.Parameters, keyword_only: bool) -> cst.Paramet
         star = params.star_arg
         if star is cst.MaybeSentinel.DEFAULT:
             star = cst.ParamStar()
-        return params.with_changes(star_arg=star, kwonly_params=[*_with_commas(params.kwonly_params), new])
-    return params.with_changes(params=[*_with_commas(params.params), new])
+            if not params.kwonly_params:
+                # `a: int,\n)` one parameter a line: `a: int,\n*, accelerator,\n)`
+                positional, closing = _split_closing(list(params.params))
+                return params.with_changes(
+                    params=positional, star_arg=star, kwonly_params=[new.with_changes(comma=closing)]
+                )
+        before = star.comma if isinstance(star, cst.ParamStar) else cst.MaybeSentinel.DEFAULT
+        kwonly, closing = _split_closing(list(params.kwonly_params), before)
+        return params.with_changes(star_arg=star, kwonly_params=[*kwonly, new.with_changes(comma=closing)])
+    positional, closing = _split_closing(list(params.params))
+    return params.with_changes(params=[*positional, new.with_changes(comma=closing)])
 
 
-def _with_commas(params: Sequence[cst.Param]) -> list[cst.Param]:
-    out = list(params)
-    if out and out[-1].comma is cst.MaybeSentinel.DEFAULT:
-        out[-1] = out[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return out
+def _split_closing(
+    params: list[cst.Param], before: cst.Comma | cst.MaybeSentinel = cst.MaybeSentinel.DEFAULT
+) -> tuple[list[cst.Param], cst.Comma | cst.MaybeSentinel]:
+    """The parameters with a comma after the last one, and the comma the appended parameter takes:
+    in a list written one parameter a line with a trailing comma (`a: int,\n    b: int,\n)`), the
+    last comma (its newline leads to the closing parenthesis) moves to the appended parameter and
+    the last one takes its neighbour's, so the new parameter gets a line of its own."""
+    if not params:
+        return params, cst.MaybeSentinel.DEFAULT
+    last = params[-1]
+    if isinstance(last.comma, cst.Comma) and isinstance(last.comma.whitespace_after, cst.ParenthesizedWhitespace):
+        neighbour = params[-2].comma if len(params) > 1 else before  # `*,` before a lone keyword-only one
+        if isinstance(neighbour, cst.Comma) and isinstance(neighbour.whitespace_after, cst.ParenthesizedWhitespace):
+            return [*params[:-1], last.with_changes(comma=neighbour)], last.comma
+        return params, cst.MaybeSentinel.DEFAULT
+    if last.comma is cst.MaybeSentinel.DEFAULT:
+        params = [*params[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))]
+    return params, cst.MaybeSentinel.DEFAULT
 
 
 TODO = "# TODO(accel-migrate): "

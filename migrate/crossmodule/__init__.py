@@ -14,8 +14,11 @@ that view and each file of the unit that holds an edited node is rewritten (`uni
 How the accelerator reaches the other module: as a parameter, as in one file. The Accelerator is
 created in the entry (where the device is chosen, or at the top of the function that builds the
 optimizer), and every function of another module that needs it (a training step that calls
-`accelerator.backward`, an evaluation that gathers) receives it as a new trailing parameter, with
-every call site in the unit updated. No global state and no accessor: the function's signature
+`accelerator.backward`, an evaluation that gathers) receives it as a new keyword-only parameter
+(`*, accelerator`), with every call site in the unit passing `accelerator=accelerator` (a caller
+outside the unit, such as a package's wrapper, fails on the missing keyword rather than binding
+its own argument to it). A function there that reads only the rank (`dist.get_rank()`) is left as
+it is when the script keeps its own process group, or when the reads go with a removed sampler. No global state and no accessor: the function's signature
 says what it needs, and a reader of `engine.py` sees where `accelerator` comes from. A trainer
 class of another module that the script builds (`TrainLoop(model=model, data=data).run_loop()`,
 its constructor building the optimizer) creates it itself, as `self.accelerator` at the top of

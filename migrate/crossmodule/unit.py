@@ -438,8 +438,8 @@ def _why_not(roles, plan, head: _Parsed, rest: list[_Parsed], owner, lines) -> _
 def _reroute_forwarded_imports(head: _Parsed, plan, forwarded: dict[str, tuple[Path, Path]],  # type: ignore[no-untyped-def]
                                index: ModuleIndex, by_path: dict[Path, Source]) -> _Outcome | None:
     """A function the entry reaches through a package's dispatching wrapper (`migrate/forwarding.py`)
-    whose calls the migration changes (`build_loader(config, accelerator)`): the wrapper would not
-    hand the new argument on (it would bind it to its own flag), so the entry imports the function
+    whose calls the migration changes (`build_loader(config, accelerator=accelerator)`): the wrapper
+    would not hand the new argument on (it takes no `accelerator`), so the entry imports the function
     itself from its module instead (`from data.build import build_loader`), which is what the
     wrapper ran for these calls. Only a plain `from pkg import name` line is rewritten; any other
     import of it refuses the unit (None: nothing to do, or done in `plan`)."""

@@ -89,7 +89,7 @@ def _find_roles(roles: Roles) -> None:
         return
     find_models(roles)
     find_loaders(roles)
-    if is_library_module(roles):
+    if roles.refused or is_library_module(roles):
         return
     prefer_attributes(roles)
     report_unsharded_training(roles)

@@ -33,6 +33,19 @@ def find_loaders(roles: Roles) -> None:
                         "prepare the loader where it is built",
                 )
             for origin_scope, name in found or ():
+                if origin_scope is not home and _hands_back_objects(roles, home):
+                    # `model, optimizer = build()` indexed or passed on whole: preparing in `build`
+                    # would leave this loader out, and the class using them would never see the
+                    # accelerator; one precise refusal instead of a half migration
+                    roles.refused = True
+                    roles.findings = [Finding(PREPARE, loop.node, (
+                        f"training loop iterates `{loop.source}`, built in `{origin_scope.qualname}`, while the model "
+                        f"and the optimizer are built in `{home.qualname}`, which returns them: no one function holds "
+                        "all three to prepare them together, so the file was left as it is: unpack what "
+                        f"`{home.name}()` returns into plain names where the loader is built (`model, optimizer = "
+                        f"{home.name}()`) and run again, or create the Accelerator there and pass the model, the "
+                        "optimizer and the loader to `accelerator.prepare(...)` by hand"))]
+                    return
                 if origin_scope is not home:
                     roles.cannot_prepare(
                         loop.node,
@@ -59,6 +72,18 @@ def find_loaders(roles: Roles) -> None:
                             "it is not prepared, so every process would see all the data: "
                             "build it with torch.utils.data.DataLoader or prepare it yourself",
                     )
+
+
+def _hands_back_objects(roles: Roles, home: Scope) -> bool:
+    """Home is a plain function that returns its optimizer (alone, or in a tuple or list): its caller
+    trains with what it builds (`return model, optimizer`)."""
+    if not home.is_function or home.is_method:
+        return False
+    for value in home.returns:
+        elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+        if any(isinstance(e, cst.Name) and e.value in roles.optimizers for e in elements):
+            return True
+    return False
 
 
 def _shards_by_rank(roles: Roles, home: Scope, loader: str) -> bool:
@@ -100,7 +125,7 @@ def _returned_element(roles: Roles, binding: Binding) -> list[tuple[Scope, cst.C
     function (of this module, or of another module of the unit) is a tuple whose element at the
     name's position is a `DataLoader(...)` or a name bound to one: those calls, with the helper's
     scope; None for anything else."""
-    unpacked = _unpacked_call(binding)
+    unpacked = unpacked_call(binding)
     if unpacked is None:
         return None
     call, index = unpacked
@@ -123,7 +148,7 @@ def _returned_element(roles: Roles, binding: Binding) -> list[tuple[Scope, cst.C
     return found
 
 
-def _unpacked_call(binding: Binding) -> tuple[cst.Call, int] | None:
+def unpacked_call(binding: Binding) -> tuple[cst.Call, int] | None:
     """(call, position) for a name bound by unpacking a call: `a, loader = f(...)` -> (f(...), 1)."""
     stmt = binding.where.stmt
     if binding.value is not None or binding.is_loop_target or not isinstance(stmt, cst.SimpleStatementLine):

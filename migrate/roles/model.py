@@ -54,6 +54,17 @@ class WrappedOptimizer:
 
 
 @dataclass(eq=False)
+class ObjectBuilder:
+    """A function that builds the model and its optimizer and returns them in a tuple, unpacked by
+    every caller (`dataset, model, optimizer = load_train_objs()`): the positions of the optimizer
+    and of the models it optimizes (`migrate.roles.optimizers.training_object_builders`)."""
+
+    scope: Scope
+    optimizer: int
+    models: tuple[int, ...]
+
+
+@dataclass(eq=False)
 class Finding:
     """Something a rule must report rather than rewrite."""
 
@@ -86,6 +97,9 @@ class Roles:
     # optimizer -> its wrapped form (`optimizer = ScheduledOptim(Adam(...), ...)`): prepared as the
     # inner optimizer, then wrapped again after the prepare call (AM004)
     wrapped_optimizers: dict[str, "WrappedOptimizer"] = field(default_factory=dict)
+    # functions building the model and optimizer into a returned tuple, by id of their scope: the
+    # caller that unpacks it is home
+    object_builders: dict[int, ObjectBuilder] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     unprepared: bool = False  # a training object was found that cannot be prepared (reported by `cannot_prepare`)

@@ -19,7 +19,8 @@ import libcst as cst
 from migrate.analysis import Binding, Scope
 from migrate.names import call_argument, instance_attribute, root_name
 from migrate.roles.calls import OPTIMIZER, call_name, callee
-from migrate.roles.model import Roles, WrappedOptimizer
+from migrate.roles.loaders import unpacked_call
+from migrate.roles.model import ObjectBuilder, Roles, WrappedOptimizer
 from migrate.roles.unwrapped_alias import wrapped_model
 from migrate.walk import walk
 
@@ -29,12 +30,14 @@ def find_home_and_optimizers(roles: Roles) -> None:
     wrapped_in: list[tuple[Scope, WrappedOptimizer]] = []
     classes = optimizer_classes(roles)
     factories = optimizer_factories(roles, classes)
+    builders = training_object_builders(roles, classes)
+    roles.object_builders = builders
     for scope in roles.facts.scopes:
-        if scope.name in factories:
+        if scope.name in factories or id(scope) in builders:
             continue  # the optimizer it builds is the one its caller binds
         for bindings in scope.bindings.values():
             for binding in bindings:
-                if builds_optimizer(roles, binding.value, classes, factories):
+                if builds_optimizer(roles, binding.value, classes, factories) or built_objects(roles, binding) == "optimizer":
                     found.append((scope, binding))
                 else:
                     wrapped = _wrapped_optimizer(roles, scope, binding, classes)
@@ -58,6 +61,98 @@ def find_home_and_optimizers(roles: Roles) -> None:
                 f"optimizer `{binding.name}` is built in `{scope.qualname}`, not in `{roles.home.qualname}` "
                     "where the other training objects are prepared; pass it to `accelerator.prepare(...)` yourself",
             )
+
+
+def training_object_builders(roles: Roles, classes: set[str]) -> dict[int, ObjectBuilder]:
+    """Functions of the module that build the model and its optimizer and hand both back in a tuple
+    (`def load_train_objs(): ...; model = Net(); optimizer = SGD(model.parameters()); return
+    dataset, model, optimizer`), called only where the tuple is unpacked into names (`dataset,
+    model, optimizer = load_train_objs()`), by id of the function's scope. The optimizer and the
+    model are then the caller's names: `prepare` goes in the caller, after the loaders it builds
+    from the rest (the DDP tutorial's `load_train_objs` / `prepare_dataloader` / `Trainer(...)`).
+    Each `return` must be a tuple of the same length with the optimizer (a `torch.optim` optimizer
+    or an optimizer class of the module, bound once) and every model whose parameters it takes at
+    the same positions; anything else stays the optimizer's home, as before."""
+    found: dict[int, ObjectBuilder] = {}
+    for scope in roles.facts.plain_functions():
+        if not scope.returns or not all(isinstance(r, cst.Tuple) for r in scope.returns):
+            continue
+        first = scope.returns[0]
+        assert isinstance(first, cst.Tuple)
+        names = _element_names(first)
+        if names is None or any(_element_names(r) != names for r in scope.returns):  # type: ignore[arg-type]
+            continue
+        optimizer_positions = [
+            i for i, name in enumerate(names)
+            if name is not None
+            and len(scope.bindings.get(name, [])) == 1
+            and name not in scope.params
+            and _builds_torch_optimizer(roles, scope.bindings[name][0].value, classes)
+        ]
+        if len(optimizer_positions) != 1:
+            continue
+        position = optimizer_positions[0]
+        optimizer = scope.bindings[names[position]][0]
+        if optimizer.where.path:
+            continue  # built under an `if` or a loop: not the one shape followed
+        owners = _parameter_owners(roles, scope, optimizer.value)  # type: ignore[arg-type]
+        models = [names.index(o) if o in names else None for o in owners]
+        if not owners or None in models or any(o in scope.params for o in owners):
+            continue
+        sites = roles.call_sites(scope)
+        if not sites or not all(_unpacks(roles, call, len(names), [position, *models]) for _, call in sites):  # type: ignore[list-item]
+            continue
+        found[id(scope)] = ObjectBuilder(scope, position, tuple(models))  # type: ignore[arg-type]
+    return found
+
+
+def _builds_torch_optimizer(roles: Roles, value: cst.BaseExpression | None, classes: set[str]) -> bool:
+    return isinstance(value, cst.Call) and (call_name(roles, value, OPTIMIZER) or callee(value) in classes)
+
+
+def _element_names(value: cst.Tuple) -> list[str | None] | None:
+    """The names of a returned tuple's elements (None for another expression); None with a `*x`."""
+    names: list[str | None] = []
+    for element in value.elements:
+        if isinstance(element, cst.StarredElement):
+            return None
+        names.append(element.value.value if isinstance(element.value, cst.Name) else None)
+    return names
+
+
+def _unpacks(roles: Roles, call: cst.Call, length: int, positions: list[int]) -> bool:
+    """The call is the whole value of `a, b, c = f(...)`, a statement of its own, with `length`
+    targets and plain names at `positions`."""
+    site = roles.facts.call_site(call)
+    stmt = site.where.stmt if site is not None else None
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return False
+    assign = stmt.body[0]
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.value is call):
+        return False
+    target = assign.targets[0].target
+    if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) != length:
+        return False
+    return all(
+        not isinstance(target.elements[i], cst.StarredElement) and isinstance(target.elements[i].value, cst.Name)
+        for i in positions
+    )
+
+
+def built_objects(roles: Roles, binding: Binding) -> str | None:
+    """"optimizer" / "model" when `binding` unpacks that element of a training-object builder's
+    tuple (`dataset, model, optimizer = load_train_objs()`); None otherwise."""
+    unpacked = unpacked_call(binding)
+    if unpacked is None:
+        return None
+    call, index = unpacked
+    helper = roles.facts.function_called(call)
+    builder = roles.object_builders.get(id(helper)) if helper is not None else None
+    if builder is None or builder.scope is not helper:
+        return None
+    if index == builder.optimizer:
+        return "optimizer"
+    return "model" if index in builder.models else None
 
 
 def _wrapped_optimizer(roles: Roles, scope: Scope, binding: Binding, classes: set[str]) -> WrappedOptimizer | None:
@@ -174,6 +269,8 @@ def find_models(roles: Roles) -> None:
             if wrapped is not None and wrapped.binding is binding:
                 built = wrapped.inner
                 owners = _parameter_owners(roles, home, wrapped.inner)
+            elif built_objects(roles, binding) == "optimizer":
+                owners = _built_models(roles, binding)
             elif not builds_optimizer(roles, binding.value, classes, factories):
                 continue
             else:
@@ -223,6 +320,22 @@ def find_models(roles: Roles) -> None:
                     )
                 elif model not in roles.models:
                     roles.models.append(model)
+
+
+def _built_models(roles: Roles, binding: Binding) -> list[str]:
+    """The caller's names for the models a training-object builder returns beside the optimizer
+    `binding` unpacks (`model` of `dataset, model, optimizer = load_train_objs()`)."""
+    unpacked = unpacked_call(binding)
+    assert unpacked is not None
+    call = unpacked[0]
+    helper = roles.facts.function_called(call)
+    builder = roles.object_builders[id(helper)]
+    stmt = binding.where.stmt
+    assert isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)
+    target = stmt.body[0].targets[0].target
+    assert isinstance(target, (cst.Tuple, cst.List))
+    names = [target.elements[i].value for i in builder.models]
+    return [n.value for n in names if isinstance(n, cst.Name)]
 
 
 def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:

@@ -144,31 +144,44 @@ _TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.tr
 def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models:
         return
+    reachable = []
     for scope in roles.facts.scopes:
-        reachable = roles.can_reach(scope)
-        reached = scope in plan.uses_accelerator or not roles.needs_parameter(scope)
+        can_reach = roles.can_reach(scope)
         saves: list[StmtRef] = []
-        if reachable:
+        if can_reach:
             for call in scope.library_calls:
                 if call.qualified == "torch.save":
                     if _checkpoint(roles, plan, scope, call.call):
                         saves.append(call.where)
-                elif call.qualified in _TQDM and reached:
+                elif call.qualified in _TQDM and _reached(roles, plan, scope):
                     _quiet_progress_bar(plan, scope, call.call)
         # after the checkpoints: a `torch.save` they did not convert (a cache, an optimizer's
         # state) is a file write like the others
         guarded = _file_writes(roles, plan, scope)
         _downloading_datasets(roles, plan, scope)
         _implicit_downloads(roles, plan, scope)
-        if not reachable:
+        if not can_reach:
             continue
-        if reached or nested_in(scope, roles.facts.module_scope):
-            # a function of the script that only prints is handed the accelerator too (not one of
-            # another module of a unit: its helpers keep their signatures)
-            _prints(roles, plan, scope)
+        reachable.append(scope)
         _unwrapped_state_dicts(roles, plan, scope)
         _wait_before_reload(plan, scope, saves)
         _removals(roles, plan, scope, saves, guarded)
+    # Prints last: a method whose class now holds `self.accelerator` for its checkpoint or its
+    # backward (another method's) prints through it at no cost; a function of the script that only
+    # prints is handed the accelerator too (not one of another module of a unit: its helpers keep
+    # their signatures).
+    for scope in reachable:
+        if _reached(roles, plan, scope) or nested_in(scope, roles.facts.module_scope):
+            _prints(roles, plan, scope)
+
+
+def _reached(roles: Roles, plan: EditPlan, scope: Scope) -> bool:
+    """`scope` sees `accelerator` without a new parameter only for output: it already uses it, needs
+    none, or is a method of a class that is given `self.accelerator` for another method anyway (a
+    trainer class handed the accelerator in its constructor, whose `_run_batch` calls backward)."""
+    if scope in plan.uses_accelerator or not roles.needs_parameter(scope):
+        return True
+    return scope.is_method and any(m in plan.uses_accelerator for m in roles.methods_of(scope) or [])
 
 
 def _wait_before_reload(plan: EditPlan, scope: Scope, saves: list[StmtRef]) -> None:

@@ -15,7 +15,12 @@ What it does:
     Accelerator is created at the top of the function that builds the optimizer (or after the
     imports for a module-level loop). Helpers of this file that now use `accelerator` receive it
     as a new trailing parameter (keyword-only when the signature has defaults, `*args` or
-    keyword-only parameters), and their call sites in this file pass it.
+    keyword-only parameters), and their call sites in this file pass it; functions of another
+    module of a unit (AM013) always take it keyword-only (`*, accelerator`). A class whose
+    methods need it and that does not create it takes it in its constructor and keeps it as
+    `self.accelerator` (a trainer class handed the objects the script builds and prepares:
+    `Trainer(model, train_data, optimizer, gpu_id, save_every, accelerator)`); its other
+    methods then print and save through it too.
     The creation is then moved where every path through the scope sees it before its first use:
     - a device chosen in the branches of an `if` (`if args.cuda: device = ... else: device = ...`)
       gets the Accelerator before that `if`, and each branch `device = accelerator.device`;
@@ -105,6 +110,7 @@ import libcst as cst
 from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.roles.model import nested_in
 from migrate.roles.placement import flag_choice, is_cpu_device
 from migrate.names import ImportAliases
 from migrate.rules.base import names_read, prepared_loaders, statement
@@ -752,7 +758,10 @@ def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
                 "create it at module level, or move this code into the function that creates it"
             ))
             continue
-        keyword_only = not scope.simple_signature
+        # A function of another module of the unit takes it by keyword (`*, accelerator`): a caller
+        # the unit does not see (a package wrapper, another script) fails on a missing keyword
+        # instead of binding its own next argument to it, and no flag of a wrapper swallows it.
+        keyword_only = not scope.simple_signature or not nested_in(scope, roles.facts.module_scope)
         plan.new_params[scope.node] = keyword_only
         plan.change(CODE, scope.node, f"`{scope.name}` takes `accelerator` as a new parameter")
         for caller, call in roles.call_sites(scope):

@@ -24,6 +24,15 @@ What it does:
     followed to the model passed to it:
     `optimizer = AdamW(param_groups(model, wd))`, or `groups = param_groups(model, wd)` then
     `AdamW(groups)`, prepares `model`.
+    A function of this file that builds the model and its optimizer and returns both in a tuple
+    (the DDP tutorial's `def load_train_objs(): ... return train_set, model, optimizer`), called
+    only where the tuple is unpacked into names (`dataset, model, optimizer = load_train_objs()`),
+    is followed into its caller: `model` and `optimizer` are prepared there, after the loaders the
+    caller builds (`train_data = prepare_dataloader(dataset, batch_size)`), and the objects it then
+    hands to a trainer class of the file (`Trainer(model, train_data, optimizer, gpu_id, ...)`) are
+    the prepared ones; the class takes `accelerator` in its constructor (AM001). The builder itself
+    is not changed. A builder returning the optimizer without its model, or called without
+    unpacking, stays the place of `prepare` as before.
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader

@@ -8,7 +8,11 @@ What it does:
       `accelerator.end_training()`.
     - `RANK` / `LOCAL_RANK` / `WORLD_SIZE` read from the environment, `dist.get_rank()` and
       `dist.get_world_size()` become `accelerator.process_index` / `local_process_index` /
-      `num_processes`; rank-0 checks (`rank == 0`, `dist.get_rank() == 0`, `local_rank == 0`)
+      `num_processes` (in a function of another module of a unit, AM013, which would take
+      `accelerator` as a new parameter for them, they stay as they are when the script keeps its
+      own process group, which then exists there as before, and go unrewritten when they only fed
+      a removed DistributedSampler: Swin's `data/build.py`); rank-0 checks (`rank == 0`,
+      `dist.get_rank() == 0`, `local_rank == 0`)
       become `accelerator.is_main_process` / `accelerator.is_local_main_process`; so do the
       checks of a legacy `--local_rank` flag (default -1), which stays -1 under `accel launch`:
       `args.local_rank in [-1, 0]`, `== 0`, `== -1 or dist.get_rank() == 0` (`migrate.local_rank_flag`).
@@ -96,9 +100,11 @@ Leaves alone:
     A `DDP(...)` / `DataParallel(...)` outside the function that prepares the model, around that
     model (a trainer class given it through its constructor: `dataset, model, optimizer =
     load_train_objs()`, then `Trainer(model, ...)` and `self.model = DDP(self.model, ...)` in its
-    `__init__`): removed there, the class's `.module` reads and checkpoint loads would need the
-    accelerator it cannot see; kept, it would wrap the prepared model in a second DDP (gradients
-    all-reduced twice, `module.module.` checkpoint keys). The whole file is refused with the line.
+    `__init__`; `prepare` then goes in `main`, after `train_data = prepare_dataloader(...)`):
+    AM007 removes wrappers only where the model is prepared, and removed there the class's
+    `.module` reads and the snapshot it loads into the bare model before wrapping would need
+    rewriting too; kept, it would wrap the prepared model in a second DDP (gradients all-reduced
+    twice, `module.module.` checkpoint keys). The whole file is refused with the line.
     Also a process group initialised in another function than the one that
     builds the optimizer, samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
@@ -127,6 +133,7 @@ from migrate import local_rank_flag
 from migrate.hand_sharding import HandSharding
 from migrate.names import root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
+from migrate.roles.model import nested_in
 from migrate.roles.placement import alias_removal
 from migrate.rules.base import accelerator_call, prepared_loaders, reference, remove_statement
 from migrate.walk import walk
@@ -169,11 +176,12 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _convert_spawn(roles.spawn, plan)
     creation_order = _place_creation(roles, plan)
     rank_names: dict[tuple[int, str], str] = {}  # (scope id, name) -> accelerator property
+    deferred: list[tuple[Scope, str, cst.Call, StmtRef]] = []  # rank reads of other modules
     for scope in roles.facts.scopes:
         reach = roles.can_reach(scope)
         _env_rank_bindings(roles, plan, scope, reach, creation_order, rank_names)
         for call in scope.library_calls:
-            _library_call(roles, plan, scope, call.qualified, call.call, call.where, reach)
+            _library_call(roles, plan, scope, call.qualified, call.call, call.where, reach, deferred)
     for scope in roles.facts.scopes:
         if roles.can_reach(scope):
             _rank_checks(roles, plan, scope, rank_names)
@@ -181,6 +189,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     _local_rank_flag(roles, plan)
     removed = _remove_wrappers(roles, plan)
     _remove_samplers(roles, plan)
+    _other_modules_rank_reads(roles, plan, deferred)
     for name, wrapper, where in removed:  # once the loaders that get prepared are known
         _move_inputs(roles, plan, name, wrapper, where)
     if roles.sharding is not None:
@@ -221,7 +230,14 @@ def _forget_init_arguments(scope: Scope, call: cst.Call, plan: EditPlan) -> None
 
 
 def _library_call(
-    roles: Roles, plan: EditPlan, scope: Scope, qualified: str, call: cst.Call, where: StmtRef, reach: bool
+    roles: Roles,
+    plan: EditPlan,
+    scope: Scope,
+    qualified: str,
+    call: cst.Call,
+    where: StmtRef,
+    reach: bool,
+    deferred: list[tuple[Scope, str, cst.Call, StmtRef]],
 ) -> None:
     if qualified in _SPAWN:
         return  # converted by `_convert_spawn` (the roles refuse the shapes it cannot convert)
@@ -256,10 +272,55 @@ def _library_call(
         plan.use_accelerator(scope)
         plan.change(CODE, call, "`dist.barrier()` -> `accelerator.wait_for_everyone()`")
     elif qualified in _RANK_PROPERTY and call not in plan.calls:
-        prop = _RANK_PROPERTY[qualified]
-        plan.calls[call] = lambda updated, prop=prop: cst.Attribute(cst.Name("accelerator"), cst.Name(prop))
-        plan.use_accelerator(scope)
-        plan.change(CODE, call, f"`{qualified.rsplit('.', 1)[1]}()` -> `accelerator.{prop}`")
+        if roles.needs_parameter(scope) and not nested_in(scope, roles.facts.module_scope):
+            deferred.append((scope, qualified, call, where))  # see `_other_modules_rank_reads`
+        else:
+            _rank_read(plan, scope, qualified, call)
+
+
+def _rank_read(plan: EditPlan, scope: Scope, qualified: str, call: cst.Call) -> None:
+    prop = _RANK_PROPERTY[qualified]
+    plan.calls[call] = lambda updated, prop=prop: cst.Attribute(cst.Name("accelerator"), cst.Name(prop))
+    plan.use_accelerator(scope)
+    plan.change(CODE, call, f"`{qualified.rsplit('.', 1)[1]}()` -> `accelerator.{prop}`")
+
+
+def _other_modules_rank_reads(
+    roles: Roles, plan: EditPlan, deferred: list[tuple[Scope, str, cst.Call, StmtRef]]
+) -> None:
+    """`dist.get_rank()` / `dist.get_world_size()` in a function of another module of the unit
+    that would need `accelerator` as a new parameter for them (Swin's `data/build.py`
+    `build_loader(config)`): left as they are when the script keeps its own process group (the
+    group then exists there exactly when it did in the original, and the runtime reuses it), or
+    when the statement goes with a removed DistributedSampler (`num_tasks = dist.get_world_size()`
+    read only by the sampler: the rebound name is then removed as unused). Otherwise rewritten as
+    in the entry: one process started without torchrun has no group."""
+    if not deferred:
+        return
+    kept_group = any(
+        call.qualified == _INIT and call.where.stmt is not plan.create_at and call.where.stmt not in plan.replace_stmt
+        for scope in roles.facts.scopes
+        for call in scope.library_calls
+    )
+    for scope, qualified, call, where in deferred:
+        if kept_group or _goes_with_removed_statements(plan, scope, where):
+            continue
+        _rank_read(plan, scope, qualified, call)
+
+
+def _goes_with_removed_statements(plan: EditPlan, scope: Scope, where: StmtRef) -> bool:
+    """The read's statement is removed, or binds a name (`global_rank = dist.get_rank()`, which
+    cleanup removes once unread) that only removed statements read (the sampler's binding)."""
+    stmt = where.stmt
+    if plan.replace_stmt.get(stmt) == []:
+        return True
+    name = plan.rebound.get(stmt)
+    if name is None:
+        return False
+    finder = _NameReads(name, cst.Name(name))
+    walk(scope.node, finder)
+    reads = [s for s in finder.statements if s is not stmt]
+    return all(plan.replace_stmt.get(s) == [] for s in reads)
 
 
 def _guarded(where: StmtRef) -> bool:

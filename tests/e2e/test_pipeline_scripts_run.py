@@ -48,6 +48,11 @@ EXCLUDED: dict[str, tuple[str, str]] = {
         "RANK",
     ),
     "trap_clip_without_unscale": ("it calls .cuda(): needs a CUDA device", "CUDA"),
+    "trap_gpu_index_trainer": (
+        "it moves the model to the literal GPU index 0: needs a CUDA device (the migrated script drops the moves; "
+        "its shape trains on 1 and 2 processes in test_trainer_objects_from_builder.py)",
+        "accelerator device",
+    ),
     "trap_compile_and_loss_scaler_object": ("it imports timm, which is not installed here", "timm"),
     "trap_rank_sharded_loader": (
         "main(dataset) needs a dataset from its caller, and its DistributedSampler needs a process group",

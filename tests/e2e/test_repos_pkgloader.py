@@ -4,8 +4,9 @@ default branch hands the call on, see migrate/forwarding.py; data/build.py build
 whose parameter groups come from a helper (`set_weight_decay(model, ...)`), and sets up the
 process group in `if __name__ == "__main__":`. Migrated as one unit: the loader is prepared in
 main.py and its sampler removed inside data/build.py (sharded once), the optimizer and the model
-are prepared at the factory's binding, `reduce_tensor` of utils.py takes the accelerator
-(its world size) and runs its all_reduce only where a process group exists."""
+are prepared at the factory's binding, `reduce_tensor` of utils.py takes the accelerator as a
+keyword (its world size) and runs its all_reduce only where a process group exists; main.py keeps
+`from data import build_loader` (the builder needs no accelerator once its sampler is gone)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,14 @@ def test_pkgloader_repository_migrates_as_one_unit_and_trains_the_same(tmp_path:
     main = (migrated / "main.py").read_text()
     assert "accelerator.prepare(\n        model, optimizer, data_loader_train\n    )" in main
     assert "init_process_group" not in main and "DistributedDataParallel" not in main
-    # the call now passes `accelerator`, which the package's wrapper would bind to its flag
-    assert "from data.build import build_loader\n" in main and "build_loader(config, accelerator)" in main
-    assert "DistributedSampler" not in (migrated / "data" / "build.py").read_text()  # sharded once, by prepare
+    # the builder's rank reads went with its sampler: it takes no accelerator, so main.py keeps the
+    # package's import (its wrapper dispatches `build_loader(config)` as before)
+    assert "from data import build_loader\n" in main and "= build_loader(config)\n" in main
+    build = (migrated / "data" / "build.py").read_text()
+    assert "DistributedSampler" not in build and "def build_loader(config):" in build  # sharded once, by prepare
     utils = (migrated / "utils.py").read_text()
-    assert "def reduce_tensor(tensor, accelerator):" in utils and "rt /= accelerator.num_processes" in utils
+    assert "def reduce_tensor(tensor, *, accelerator):" in utils and "rt /= accelerator.num_processes" in utils
+    assert "reduce_tensor(total_loss / len(data_loader), accelerator=accelerator)" in main
 
     # the original needs a launcher (its process group is set up unconditionally)
     original = torchrun(case / "in" / "main.py", "--output", str(tmp_path / "o0"), cwd=case / "in", nproc=1,

@@ -124,8 +124,10 @@ def test_an_accelerator_created_at_the_entrys_module_level_is_passed_to_another_
         "utils.py": "import torch\nimport torch.distributed as dist\n\n\ndef mean_over_ranks(t):\n    return t / dist.get_world_size()\n",
     })
     results = _results(tmp_path)
-    assert "def mean_over_ranks(t, accelerator):\n    return t / accelerator.num_processes" in (results["utils.py"].new_text or "")
-    assert "mean_over_ranks(loss, accelerator)" in (results["main.py"].new_text or "")
+    # keyword-only in another module: a caller the unit does not see fails on the missing keyword
+    assert "def mean_over_ranks(t, *, accelerator):\n    return t / accelerator.num_processes" in (
+        results["utils.py"].new_text or "")
+    assert "mean_over_ranks(loss, accelerator=accelerator)" in (results["main.py"].new_text or "")
     assert "if __name__ == '__main__':\n    accelerator = Accelerator()\n    main()\n" in (
         results["main.py"].new_text or "")
 
@@ -224,22 +226,34 @@ def test_a_package_wrapper_of_the_loader_builder_is_refused_with_the_import_to_w
     assert _results(repo)["main.py"].changed
 
 
+def _builder_reads_the_rank(repo: Path) -> None:
+    """pkgloader's data/build.py printing the rank: the builder then needs the accelerator (the
+    print stays after its sampler goes, and the script's process group becomes the Accelerator)."""
+    build = repo / "data" / "build.py"
+    build.write_text(build.read_text().replace(
+        "    config.freeze()\n", "    config.freeze()\n    print(f\"rank {dist.get_rank()} built the training set\")\n"))
+
+
 def test_a_dispatching_package_wrapper_migrates_as_a_reexport_does(tmp_path: Path) -> None:
     """fixtures/repos/pkgloader's data/__init__.py wraps the loader builder (swin's shape), and
     main.py's call leaves the branch flag at its default: the unit is written as with a plain
     re-export (`from .build import build_loader`), the wrapper itself untouched, except that main.py
-    now imports the builder from data.build: its migrated call passes `accelerator`, which the
-    wrapper would have bound to its `simmim` flag (and taken the other branch)."""
+    now imports the builder from data.build when the builder needs the accelerator (here a rank
+    it prints, which stays after the sampler goes): its migrated call passes
+    `accelerator=accelerator`, which the wrapper does not take."""
     wrapped, reexported = tmp_path / "wrapped", tmp_path / "reexported"
     shutil.copytree(REPOS / "pkgloader" / "in", wrapped)
     shutil.copytree(REPOS / "pkgloader" / "in", reexported)
     (reexported / "data" / "__init__.py").write_text("from .build import build_loader\n")
+    for repo in (wrapped, reexported):
+        _builder_reads_the_rank(repo)
 
     def by_path(repo: Path) -> dict[str, object]:
         return {Path(r.path).relative_to(repo).as_posix(): r for r in run([repo], Options(), write=False).results}
 
     first, second = by_path(wrapped), by_path(reexported)
-    assert "build_loader(config, accelerator)" in first["main.py"].new_text and first["data/build.py"].changed
+    assert "build_loader(config, accelerator=accelerator)" in first["main.py"].new_text
+    assert "def build_loader(config, *, accelerator):" in first["data/build.py"].new_text
     assert first["main.py"].new_text == second["main.py"].new_text.replace(
         "from data import build_loader", "from data.build import build_loader")
     assert any(c.code == "AM013" and "imported from data.build" in c.message for c in first["main.py"].changes)
@@ -248,11 +262,43 @@ def test_a_dispatching_package_wrapper_migrates_as_a_reexport_does(tmp_path: Pat
     assert not first["data/__init__.py"].changed
 
 
+def test_a_loader_builder_that_needs_no_accelerator_keeps_the_package_import(tmp_path: Path) -> None:
+    """The review of Swin: data/build.py's `build_loader(config)` read the rank only for its
+    DistributedSampler. In fixtures/repos/pkgloader the sampler goes (the loader is prepared) and
+    its `dist.get_rank()` lines with it; with the script keeping its own process group (Swin:
+    `init_process_group` stays) the sampler stays and so do its reads. Either way the builder gets
+    no `accelerator` parameter, so main.py keeps `from data import build_loader` (the wrapper's
+    dispatch stays in use) and the wrapper's own call `_build_loader(config)` still works."""
+    prepared = tmp_path / "prepared"
+    shutil.copytree(REPOS / "pkgloader" / "in", prepared)
+    results = {Path(r.path).relative_to(prepared).as_posix(): r for r in run([prepared], Options(), write=False).results}
+    assert "from data import build_loader\n" in results["main.py"].new_text
+    assert "build_loader(config)\n" in results["main.py"].new_text
+    assert "def build_loader(config):" in results["data/build.py"].new_text
+    assert "dist.get_rank()" not in results["data/build.py"].new_text  # went with the sampler
+
+    kept = tmp_path / "kept"
+    shutil.copytree(REPOS / "pkgloader" / "in", kept)
+    main = kept / "main.py"
+    main.write_text(main.read_text().replace(
+        '    config.DEVICE = torch.device("cuda", config.LOCAL_RANK) if torch.cuda.is_available() else torch.device("cpu")\n',
+        "").replace(".to(config.DEVICE)", ".cuda()"))
+    build = kept / "data" / "build.py"
+    build.write_text(build.read_text().replace("shuffle=False\n", "shuffle=False, drop_last=True\n"))
+    results = {Path(r.path).relative_to(kept).as_posix(): r for r in run([kept], Options(), write=False).results}
+    text = results["main.py"].new_text or ""
+    assert "torch.distributed.init_process_group(" in text  # the script keeps its process group
+    assert "from data import build_loader\n" in text and "= build_loader(config)\n" in text
+    assert not results["data/build.py"].changed and not results["data/__init__.py"].changed
+    assert any(d.code == "AM007" and "drop_last" in d.message for d in results["data/build.py"].diagnostics)
+
+
 def test_a_forwarded_name_imported_under_another_name_is_refused(tmp_path: Path) -> None:
     """The import line to reroute binds the wrapper under an alias: the unit is refused with the
     import to write, rather than rewritten with a call the wrapper would misread."""
     repo = tmp_path / "repo"
     shutil.copytree(REPOS / "pkgloader" / "in", repo)
+    _builder_reads_the_rank(repo)
     main = repo / "main.py"
     text = main.read_text().replace("from data import build_loader", "from data import build_loader as make_loaders")
     main.write_text(text.replace("build_loader(", "make_loaders("))

@@ -223,7 +223,8 @@ def test_every_fixture_output_passes_every_check(out: Path) -> None:
 
 
 # Fixtures whose point is the fallback: a shape the rules would get wrong, left as it is by a check.
-NEEDS_FALLBACK = {"trap_gpu_index_trainer"}
+# (trap_gpu_index_trainer was one until its builder's objects were followed into `main`.)
+NEEDS_FALLBACK = {"trap_module_level_trainer"}
 
 
 def test_no_fixture_run_needs_the_fallback() -> None:
