@@ -14,7 +14,7 @@ import libcst as cst
 
 from migrate.edits import EditPlan
 from migrate.imports import is_docstring
-from migrate.walk import walk
+from migrate.walk import children, walk
 
 ACCELERATOR = "accelerator"
 
@@ -76,7 +76,8 @@ class Rewriter(cst.CSTTransformer):
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if original_node in self.plan.self_accelerator and updated_node.params.params:
             instance = updated_node.params.params[0].name.value
-            updated_node = updated_node.with_changes(body=updated_node.body.visit(_ToSelfAccelerator(instance)))
+            body = updated_node.body
+            updated_node = updated_node.with_changes(body=body.visit(_ToSelfAccelerator(instance, body)))
             if original_node in self.plan.stores_accelerator:
                 updated_node = _store_accelerator(updated_node, instance)
         if original_node in self.plan.new_params:
@@ -345,12 +346,17 @@ class _ToSelfAccelerator(cst.CSTTransformer):
     """In a method, `accelerator` is the instance's: `accelerator.x` -> `self.accelerator.x`.
 
     Only names in code positions change; an attribute called `accelerator`, a keyword argument or
-    a parameter of that name keep their spelling.
+    a parameter of that name keep their spelling. Descends only towards the `accelerator` names of
+    `body` (the method body it transforms): the rest of the body is kept as it is, not rebuilt.
     """
 
-    def __init__(self, instance: str) -> None:
+    def __init__(self, instance: str, body: cst.CSTNode) -> None:
         super().__init__()
         self.instance = instance
+        self.touched = _paths_to_accelerator(body)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return node in self.touched
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         if updated_node.value != ACCELERATOR:
@@ -358,13 +364,39 @@ class _ToSelfAccelerator(cst.CSTTransformer):
         return cst.Attribute(cst.Name(self.instance), cst.Name(ACCELERATOR))
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        if updated_node.attr is original_node.attr:
+            return updated_node
         return updated_node.with_changes(attr=original_node.attr)
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        if updated_node.keyword is original_node.keyword:
+            return updated_node
         return updated_node.with_changes(keyword=original_node.keyword)
 
     def leave_Param(self, original_node: cst.Param, updated_node: cst.Param) -> cst.Param:
+        if updated_node.name is original_node.name:
+            return updated_node
         return updated_node.with_changes(name=original_node.name)
+
+
+def _paths_to_accelerator(root: cst.CSTNode) -> set[cst.CSTNode]:
+    """The `accelerator` names under `root` and every node on the way down to one of them."""
+    found: set[cst.CSTNode] = set()
+    path: list[cst.CSTNode] = []
+
+    def visit(node: cst.CSTNode) -> None:
+        if type(node) is cst.Name:
+            if node.value == ACCELERATOR:
+                found.add(node)
+                found.update(path)
+            return
+        path.append(node)
+        for child in children(node):
+            visit(child)
+        path.pop()
+
+    visit(root)
+    return found
 
 
 def _store_accelerator(function: cst.FunctionDef, instance: str) -> cst.FunctionDef:
