@@ -258,15 +258,18 @@ def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
 
 def _attribute_count(root: cst.CSTNode, attribute: str) -> int:
     """How many `<anything>.<attribute>` nodes `root` holds."""
-    count = 0
+    counter = _AttributeCounter(attribute)
+    walk(root, counter)
+    return counter.count
 
-    class Counter(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            nonlocal count
-            count += node.attr.value == attribute
 
-    walk(root, Counter())
-    return count
+class _AttributeCounter(cst.CSTVisitor):
+    def __init__(self, attribute: str) -> None:
+        self.attribute = attribute
+        self.count = 0
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.count += node.attr.value == self.attribute
 
 
 class _AttributeUses(cst.CSTVisitor):
