@@ -1,6 +1,11 @@
-"""The rewriter's pruned transforms give the output of transforms that rebuild every node, on
-every fixture: `_ToSelfAccelerator` (`accelerator` -> `self.accelerator` in a method) descends only
-towards the `accelerator` names of the method body."""
+"""Searches and transforms that descend only towards what they look for give, on every fixture,
+the output of the same search or transform descending everywhere:
+
+- the rewriter's `_ToSelfAccelerator` (`accelerator` -> `self.accelerator` in a method) descends
+  only towards the `accelerator` names of the method body;
+- AM002's search for reads of a moved model (`remove_device_moves._ReadsAfterMove`) enters,
+  before the move, only the nodes on the way to the move and to the prepare call.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import libcst as cst
 import pytest
 
 from migrate import rewriter
+from migrate.rules import remove_device_moves
 from migrate.engine import Options, migrate_source
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -21,25 +27,37 @@ class _Everything:
         return True
 
 
-def _outputs(monkeypatch: pytest.MonkeyPatch, pruned: bool) -> tuple[dict[Path, str | None], int]:
-    methods = 0
-    real_paths = rewriter._paths_to_accelerator
+def _outputs(
+    monkeypatch: pytest.MonkeyPatch, module: object, name: str, pruned: bool
+) -> tuple[dict[Path, tuple[str | None, list[str]]], int]:
+    """Every fixture's output and diagnostics, with `module.name` (the pruning) real or reaching everything."""
+    searches = 0
+    real_paths = getattr(module, name)
 
-    def counting(root: cst.CSTNode) -> object:
-        nonlocal methods
-        methods += 1
-        return real_paths(root) if pruned else _Everything()
+    def counting(*args: object) -> object:
+        nonlocal searches
+        searches += 1
+        return real_paths(*args) if pruned else _Everything()
 
+    outputs = {}
     with monkeypatch.context() as patch:
-        patch.setattr(rewriter, "_paths_to_accelerator", counting)
-        outputs = {case: migrate_source(case.read_text(), str(case), Options()).new_text for case in CASES}
-    return outputs, methods
+        patch.setattr(module, name, counting)
+        for case in CASES:
+            result = migrate_source(case.read_text(), str(case), Options())
+            outputs[case] = (result.new_text, [f"{d.line} {d.code} {d.message}" for d in result.diagnostics])
+    return outputs, searches
 
 
-def test_pruned_self_accelerator_matches_the_full_transform_on_every_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
-    pruned, methods = _outputs(monkeypatch, pruned=True)
-    full, _ = _outputs(monkeypatch, pruned=False)
-    assert methods >= 20  # the comparison covers many methods, not a few
+@pytest.mark.parametrize(("module", "name", "least"), [
+    (rewriter, "_paths_to_accelerator", 20),  # methods given `self.accelerator`
+    (remove_device_moves, "_paths_to", 20),  # model moves searched for reads before prepare
+])
+def test_pruned_search_matches_the_full_one_on_every_fixture(
+    monkeypatch: pytest.MonkeyPatch, module: object, name: str, least: int
+) -> None:
+    pruned, searches = _outputs(monkeypatch, module, name, pruned=True)
+    full, _ = _outputs(monkeypatch, module, name, pruned=False)
+    assert searches >= least  # the comparison covers many searches, not a few
     assert [case for case in CASES if pruned[case] != full[case]] == []
 
 
