@@ -75,13 +75,15 @@ def removals(
     dead_uses = name_uses(*dead)
     imports = [stmt for stmt in new.body if _is_import_line(stmt)]
     import_uses = name_uses(*imports)
-    original_uses = name_uses(original)
+    original_uses: Counter[str] | None = None  # counted only for an import the output no longer uses
     unused_imports = set()
     for local in _boilerplate_locals(imports):
         in_imports = import_uses[local]
-        was_used = original_uses[local] > in_imports
-        still_used = uses[local] - in_imports - dead_uses[local] > 0
-        if was_used and not still_used:
+        if uses[local] - in_imports - dead_uses[local] > 0:
+            continue  # still used
+        if original_uses is None:
+            original_uses = name_uses(original)
+        if original_uses[local] > in_imports:  # used before the rewrite
             unused_imports.add(local)
     return {id(stmt) for stmt in dead}, unused_imports
 
