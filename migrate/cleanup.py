@@ -13,6 +13,7 @@ from collections import Counter
 import libcst as cst
 
 from migrate.names import dotted_name
+from migrate.transform import Transformer
 from migrate.walk import children
 
 # Imports whose uses the rules remove (distributed and AMP boilerplate).
@@ -166,7 +167,7 @@ def _is_boilerplate(qualified: str) -> bool:
     return any(qualified == p or qualified.startswith(p + ".") for p in _BOILERPLATE_PREFIXES)
 
 
-class _Remover(cst.CSTTransformer):
+class _Remover(Transformer):
     """Drops the dead statements and the unused import aliases (and emptied import lines).
     Descends only into `touched` (`_paths_to_removals`): the rest of the module is not rebuilt."""
 

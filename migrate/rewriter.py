@@ -14,12 +14,13 @@ import libcst as cst
 
 from migrate.edits import EditPlan
 from migrate.imports import is_docstring
+from migrate.transform import Transformer
 from migrate.walk import children, walk
 
 ACCELERATOR = "accelerator"
 
 
-class Rewriter(cst.CSTTransformer):
+class Rewriter(Transformer):
     """Descends only into the nodes on a path to an edited node (`touched`): subtrees without an
     edit are kept as they are, not rebuilt."""
 
@@ -342,7 +343,7 @@ def annotate(module: cst.Module, plan: EditPlan, line_of: Callable[[cst.CSTNode]
     module.visit(Finder())
 
 
-class _ToSelfAccelerator(cst.CSTTransformer):
+class _ToSelfAccelerator(Transformer):
     """In a method, `accelerator` is the instance's: `accelerator.x` -> `self.accelerator.x`.
 
     Only names in code positions change; an attribute called `accelerator`, a keyword argument or
