@@ -27,12 +27,18 @@ class Rewriter(Transformer):
     def __init__(self, plan: EditPlan, touched: set[cst.CSTNode]) -> None:
         super().__init__()
         self.plan = plan
-        self.touched = touched
+        self.touched = {id(node) for node in touched}  # ids: a node's own hash is a Python call
+        # Statements (and small statements) with an edit of their own: any other statement the
+        # descent left as it was is kept without looking it up in each of the plan's fields.
+        self.statement_edits = {id(stmt) for edits in (
+            plan.insert_before, plan.replace_stmt, plan.drop_if_trivial, plan.rebound, plan.annotations,
+            plan.main_process_only, plan.insert_after, plan.remove_small, plan.replace_small,
+        ) for stmt in edits}
         # Statements of the output that may be removed if their name ends up unused (cleanup.py).
         self.rebound: dict[cst.BaseStatement, str] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        return node in self.touched
+        return id(node) in self.touched
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.plan.new_args:
@@ -115,7 +121,15 @@ class Rewriter(Transformer):
         out: list[cst.BaseStatement] = []
         carried: list[cst.EmptyLine] = []
         opened: cst.BaseStatement | None = None  # the last `if accelerator.is_main_process:` added
+        statement_edits = self.statement_edits
         for original, new in zip(originals, updated):
+            if new is original and id(original) not in statement_edits and (
+                type(original) is not cst.SimpleStatementLine
+                or not any(id(small) in statement_edits for small in original.body)
+            ):
+                out.append(_prepend_lines(new, carried) if carried else new)
+                carried = []
+                continue
             out.extend(plan.insert_before.get(original, []))
             if original in plan.replace_stmt:
                 replacement = list(plan.replace_stmt[original])
@@ -192,12 +206,12 @@ def _emptied_guard(original: cst.BaseStatement, new: cst.BaseStatement) -> bool:
     place): the test has no effect left, so neither has the `if`."""
     if not (type(original) is cst.If and type(new) is cst.If) or new.orelse is not None:
         return False
-    if _calls_something(original.test) or type(new.body) is not cst.IndentedBlock:
+    if type(new.body) is not cst.IndentedBlock or not _only_pass(new.body.body):
         return False
     before = original.body.body if type(original.body) is cst.IndentedBlock else ()
     if not before or _only_pass(before):
         return False
-    return _only_pass(new.body.body)
+    return not _calls_something(original.test)  # last: it generates the code of the test's calls
 
 
 # Calls that only ask (`if torch.cuda.is_available(): model.cuda()`): a test of them has no effect.

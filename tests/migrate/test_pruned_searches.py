@@ -4,7 +4,8 @@ the output of the same search or transform descending everywhere:
 - the rewriter's `_ToSelfAccelerator` (`accelerator` -> `self.accelerator` in a method) descends
   only towards the `accelerator` names of the method body;
 - AM002's search for reads of a moved model (`remove_device_moves._ReadsAfterMove`) enters,
-  before the move, only the nodes on the way to the move and to the prepare call.
+  before the move, only the nodes on the way to the move and to the prepare call;
+- the rewriter's block rebuild keeps a statement without an edit of its own as it is.
 """
 
 from __future__ import annotations
@@ -72,3 +73,20 @@ def test_self_accelerator_keeps_keywords_attributes_and_parameters_and_untouched
         "\n    x = 1\n    self.accelerator.backward(loss, accelerator=obj.accelerator)\n"
     )
     assert new.body[0] is body.body[0]  # not rebuilt
+
+
+def test_rewriter_keeps_unedited_statements_as_the_full_rebuild_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Rewriter._rebuild` keeps a statement without an edit of its own without consulting every
+    field of the plan: the outputs are those of consulting them for every statement."""
+    fast = {case: migrate_source(case.read_text(), str(case), Options()).new_text for case in CASES}
+    real_init = rewriter.Rewriter.__init__
+
+    def every_statement_looked_up(self: rewriter.Rewriter, *args: object) -> None:
+        real_init(self, *args)  # type: ignore[arg-type]
+        self.statement_edits = _Everything()  # type: ignore[assignment]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(rewriter.Rewriter, "__init__", every_statement_looked_up)
+        slow = {case: migrate_source(case.read_text(), str(case), Options()).new_text for case in CASES}
+    assert sum(text is not None for text in fast.values()) >= 100
+    assert [case for case in CASES if fast[case] != slow[case]] == []
