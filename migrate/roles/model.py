@@ -8,6 +8,7 @@ training object was left unprepared."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -389,3 +390,27 @@ def nested_in(scope: Scope, target: Scope) -> bool:
             return True
         current = current.parent
     return False
+
+
+def transitive_callers(
+    units: list[Scope], seeds: set[Scope], runs: Callable[[str, Scope], Scope | None]
+) -> set[Scope]:
+    """`seeds` and every scope of `units` that calls one of them, directly or through others of
+    `units`; a call site of a unit runs `runs(site.callee, unit)`. Each call site is resolved once
+    (a fixed point over all units would resolve every site again on each round)."""
+    callers: dict[int, list[Scope]] = {}
+    for unit in units:
+        if unit in seeds:
+            continue
+        for site in unit.calls:
+            callee = runs(site.callee, unit)
+            if callee is not None:
+                callers.setdefault(id(callee), []).append(unit)
+    found = set(seeds)
+    pending = list(seeds)
+    while pending:
+        for caller in callers.get(id(pending.pop()), ()):
+            if caller not in found:
+                found.add(caller)
+                pending.append(caller)
+    return found

@@ -90,6 +90,7 @@ import libcst as cst
 from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.roles.model import transitive_callers
 from migrate.names import ImportAliases
 from migrate.rules.base import names_read, prepared_loaders, statement
 from migrate.safety.device_type import used_as_string
@@ -536,15 +537,7 @@ def _edit_uses(node: cst.CSTNode, plan: EditPlan) -> bool:
 def _global_users(roles: Roles, plan: EditPlan) -> set[Scope]:
     """Functions that read the module-level `accelerator`, directly or through others they call."""
     functions = roles.facts.plain_functions()
-    users = {fn for fn in functions if fn in plan.uses_accelerator}
-    changed = True
-    while changed:
-        changed = False
-        for fn in functions:
-            if fn not in users and any(roles.facts.resolve(site.callee, fn) in users for site in fn.calls):
-                users.add(fn)
-                changed = True
-    return users
+    return transitive_callers(functions, {fn for fn in functions if fn in plan.uses_accelerator}, roles.facts.resolve)
 
 
 def _initialises_group(
@@ -589,15 +582,9 @@ class _GroupSetup(Visitor):
 
 def _group_initialisers(roles: Roles) -> set[Scope]:
     functions = roles.facts.plain_functions()
-    found = {fn for fn in functions if any(c.qualified == _INIT for c in fn.library_calls)}
-    changed = True
-    while changed:
-        changed = False
-        for fn in functions:
-            if fn not in found and any(roles.facts.resolve(site.callee, fn) in found for site in fn.calls):
-                found.add(fn)
-                changed = True
-    return found
+    return transitive_callers(
+        functions, {fn for fn in functions if any(c.qualified == _INIT for c in fn.library_calls)}, roles.facts.resolve
+    )
 
 
 def _string_device(roles: Roles, scope: Scope, binding: DeviceBinding) -> bool:
