@@ -162,8 +162,17 @@ class Roles:
         """The methods of the class `scope` is a method of (None when it is not a method)."""
         if not scope.is_method or scope.parent is None:
             return None
-        owner = scope.parent
-        return [s for s in self.facts.scopes if s.parent is owner and s.is_function]
+        return list(self._functions_by_parent.get(id(scope.parent), ()))
+
+    @cached_property
+    def _functions_by_parent(self) -> dict[int, list[Scope]]:
+        """The functions defined directly in each scope (by the scope's id), in the order of
+        `facts.scopes` (`methods_of` asks for a class's methods many times per module)."""
+        index: dict[int, list[Scope]] = {}
+        for scope in self.facts.scopes:
+            if scope.parent is not None and scope.is_function:
+                index.setdefault(id(scope.parent), []).append(scope)
+        return index
 
     def _param_origins(self, scope: Scope, name: str, seen: frozenset[tuple[int, str]]) -> set[Origin] | None:
         if not self._is_callable_unit(scope):

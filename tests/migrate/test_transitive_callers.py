@@ -1,6 +1,6 @@
 """`roles.model.transitive_callers` (each call site resolved once) finds what a fixed point over
 every unit finds, for the functions that train and for those that initialise the process group,
-on every fixture."""
+on every fixture; and `Roles.methods_of` (an index by parent) lists what a scan of the scopes lists."""
 
 from __future__ import annotations
 
@@ -51,3 +51,17 @@ def test_transitive_callers_follows_chains_not_callees() -> None:
     text = "def a():\n    b()\ndef b():\n    c()\ndef c():\n    loss.backward()\ndef d():\n    pass\nc()\n"
     roles = find_roles(analyze(cst.parse_module(text), text))
     assert {s.name for s in training_functions(roles)} == {"a", "b", "c"}
+
+
+def test_methods_of_equals_a_scan_of_the_scopes_on_every_fixture() -> None:
+    methods = 0
+    for case in CASES:
+        text = case.read_text()
+        roles = find_roles(analyze(cst.parse_module(text), text))
+        for scope in roles.facts.scopes:
+            expected = None
+            if scope.is_method and scope.parent is not None:
+                expected = [s for s in roles.facts.scopes if s.parent is scope.parent and s.is_function]
+                methods += 1
+            assert roles.methods_of(scope) == expected
+    assert methods >= 50
