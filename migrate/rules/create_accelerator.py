@@ -91,7 +91,7 @@ from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import transitive_callers
-from migrate.names import ImportAliases
+from migrate.names import ImportAliases, dotted_name
 from migrate.rules.base import names_read, prepared_loaders, statement
 from migrate.safety.device_type import used_as_string
 from migrate.walk import Visitor, statement_blocks, walk
@@ -262,39 +262,53 @@ def _trains_on_cpu_only(roles: Roles, plan: EditPlan) -> bool:
     `torch.accelerator`, `torch.backends.mps`, `torch.mps`, `torch.xpu`."""
     if roles.later_device_bindings or prepared_loaders(roles, plan) or plan.eval_loaders:
         return False
-    aliases = roles.facts.aliases
-
-    class Finder(Visitor):
-        found = False
-
-        def visit_Call(self, node: cst.Call) -> None:
-            func = node.func
-            if type(func) is cst.Attribute and func.attr.value == "cuda":
-                self.found = True
-            elif type(func) is cst.Attribute and func.attr.value == "to":
-                self.found = self.found or not all(_is_dtype(arg, aliases) for arg in node.args)
-            elif (aliases.qualify(func) or "") in _DEVICE_CALLS:
-                self.found = True
-
-        def visit_Arg(self, node: cst.Arg) -> None:
-            if node.keyword is not None and node.keyword.value == "device" and not _is_cpu(node.value):
-                self.found = True
-
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            qualified = aliases.qualify(node) or ""
-            if any(qualified == m or qualified.startswith(m + ".") for m in _DEVICE_MODULES):
-                self.found = True
-                return False
-            return True
-
-        def visit_SimpleString(self, node: cst.SimpleString) -> None:
-            value = node.evaluated_value
-            if isinstance(value, str) and _DEVICE_STRING.match(value):
-                self.found = True
-
-    finder = Finder()
+    finder = _DeviceChoice(roles.facts.aliases)
     walk(roles.facts.module, finder)
     return not finder.found
+
+
+class _DeviceChoice(Visitor):
+    """`_trains_on_cpu_only`'s search for a device choice; it stops descending once one is found."""
+
+    def __init__(self, aliases: ImportAliases) -> None:
+        self.aliases = aliases
+        self.found = False
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        return not self.found
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> bool:
+        return not self.found
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if type(func) is cst.Attribute and func.attr.value == "cuda":
+            self.found = True
+        elif type(func) is cst.Attribute and func.attr.value == "to":
+            self.found = self.found or not all(_is_dtype(arg, self.aliases) for arg in node.args)
+        elif (self.aliases.qualify(func) or "") in _DEVICE_CALLS:
+            self.found = True
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None and node.keyword.value == "device" and not _is_cpu(node.value):
+            self.found = True
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        qualified = self.aliases.qualify(node) or ""
+        if any(qualified == m or qualified.startswith(m + ".") for m in _DEVICE_MODULES):
+            self.found = True
+            return False
+        # `a.b.c` holds only `a.b` and names, whose qualified names are prefixes of this one's: no
+        # device module either
+        return dotted_name(node) is None
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        raw = node.value
+        if "\\" not in raw and "cuda" not in raw and "mps" not in raw and "xpu" not in raw:
+            return  # evaluating the literal is the cost here; without an escape it spells what it holds
+        value = node.evaluated_value
+        if isinstance(value, str) and _DEVICE_STRING.match(value):
+            self.found = True
 
 
 def _is_dtype(arg: cst.Arg, aliases: ImportAliases) -> bool:
@@ -456,9 +470,10 @@ def _placement(
     # A use before that point (a helper called first, a print above the device choice, a notebook
     # cell above the one choosing the device) moves it up: the outermost such use wins.
     users = _global_users(roles, plan) if scope is roles.facts.module_scope else set()
+    edited = _edited(plan)
     for depth in range(level + 1):
         block, stop = chain[depth]
-        first = next((i for i in range(stop) if _uses(block[i], roles, plan, users, default)), None)
+        first = next((i for i in range(stop) if _uses(block[i], roles, plan, users, default, edited)), None)
         if first is not None:
             level, chain = depth, [*chain[:depth], (block, first)]
             break
@@ -470,7 +485,7 @@ def _placement(
     if inits:
         last = inits[-1]
         device = roles.device_binding.where.stmt if roles.device_binding is not None else None
-        if any(_uses(block[i], roles, plan, users, default) or (device is not None and _contains(block[i], device))
+        if any(_uses(block[i], roles, plan, users, default, edited) or (device is not None and _contains(block[i], device))
                for i in range(index, last + 1)):
             plan.report(CODE, block[last], (
                 "the process group is initialised here (`init_process_group`, or the script's own setup "
@@ -486,17 +501,23 @@ def _contains(stmt: cst.BaseStatement, target: cst.BaseStatement) -> bool:
     return stmt is target or any(_chain(block, target) is not None for block in statement_blocks(stmt))
 
 
-def _uses(stmt: cst.BaseStatement, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement) -> bool:
-    """True when the rewritten `stmt` reads `accelerator` when it runs (defs and classes: later)."""
-    finder = _AcceleratorUse(roles, plan, users, default)
+def _uses(
+    stmt: cst.BaseStatement, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement, edited: set[int]
+) -> bool:
+    """True when the rewritten `stmt` reads `accelerator` when it runs (defs and classes: later).
+    `edited`: `_edited(plan)`."""
+    finder = _AcceleratorUse(roles, plan, users, default, edited)
     walk(stmt, finder)
     return finder.found
 
 
 class _AcceleratorUse(cst.CSTVisitor):
-    def __init__(self, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement) -> None:
+    def __init__(
+        self, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement, edited: set[int]
+    ) -> None:
         self.roles = roles
         self.plan = plan
+        self.edited = edited
         self.users = users
         self.default = default
         self.found = False
@@ -504,7 +525,7 @@ class _AcceleratorUse(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.found or type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
             return False
-        if node is not self.default and _edit_uses(node, self.plan):
+        if node is not self.default and id(node) in self.edited and _edit_uses(node, self.plan):
             self.found = True
         elif (
             type(node) is cst.Call
@@ -513,6 +534,17 @@ class _AcceleratorUse(cst.CSTVisitor):
         ):
             self.found = True
         return not self.found
+
+
+# The plan's fields `_edit_uses` reads: the edits that may add a use of `accelerator`.
+_USING_EDITS = ("new_args", "main_process_only", "calls", "attributes", "subscripts", "comparisons", "if_tests",
+                "wrap_loop_body", "replace_stmt", "insert_before", "insert_after")
+
+
+def _edited(plan: EditPlan) -> set[int]:
+    """The ids of the nodes `_edit_uses` may find a use of `accelerator` at (a node's own hash is a
+    Python call: one id test per node instead of a lookup in each field)."""
+    return {id(node) for name in _USING_EDITS for node in getattr(plan, name)}
 
 
 def _edit_uses(node: cst.CSTNode, plan: EditPlan) -> bool:
