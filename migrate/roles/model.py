@@ -94,6 +94,8 @@ class Roles:
     sharding: "HandSharding | None" = None  # hand-written FSDP / fully_shard / ZeRO that AM007 converts
     _training_functions: set[Scope] = field(default_factory=set)
     _called_objects: dict[tuple[int, str], "Scope | None"] = field(default_factory=dict)
+    # `can_reach` per (scope, accelerator scope), by ids: every rule asks it of every scope.
+    _reaches: dict[tuple[int, int], bool] = field(default_factory=dict)
 
     def cannot_prepare(self, node: cst.CSTNode, message: str) -> None:
         """A training object that `accelerator.prepare(...)` will not take: reported as the
@@ -274,6 +276,15 @@ class Roles:
         target = self.accelerator_scope
         if target is None:
             return False
+        if _pending:
+            return self._reach(scope, target, _pending)
+        key = (id(scope), id(target))
+        found = self._reaches.get(key)
+        if found is None:
+            found = self._reaches[key] = self._reach(scope, target, _pending)
+        return found
+
+    def _reach(self, scope: Scope, target: Scope, _pending: frozenset[int]) -> bool:
         if nested_in(scope, target):
             return True
         if target is self.facts.module_scope and not self._of_another_module(scope):

@@ -1,6 +1,11 @@
-"""`roles.model.transitive_callers` (each call site resolved once) finds what a fixed point over
-every unit finds, for the functions that train and for those that initialise the process group,
-on every fixture; and `Roles.methods_of` (an index by parent) lists what a scan of the scopes lists."""
+"""The roles' shortcuts give what they stand for, on every fixture:
+
+- `roles.model.transitive_callers` (each call site resolved once) finds what a fixed point over
+  every unit finds, for the functions that train and for those that initialise the process group;
+- `Roles.methods_of` (an index by parent) lists what a scan of the scopes lists;
+- `Roles.can_reach` remembered per scope and accelerator scope: the same outputs and diagnostics
+  as deciding it again on each call.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,11 @@ import libcst as cst
 import pytest
 
 from migrate.analysis import Scope, analyze
+from migrate.engine import Options, migrate_source
 from migrate.prefilter import worth_parsing
 from migrate.roles import find_roles
 from migrate.roles.entry import training_functions
-from migrate.roles.model import transitive_callers
+from migrate.roles.model import Roles, transitive_callers
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 CASES = [p for p in sorted(FIXTURES.rglob("*.in.py")) if worth_parsing(p.read_text())]
@@ -65,3 +71,18 @@ def test_methods_of_equals_a_scan_of_the_scopes_on_every_fixture() -> None:
                 methods += 1
             assert roles.methods_of(scope) == expected
     assert methods >= 50
+
+
+def test_remembered_reach_gives_the_outputs_of_deciding_it_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    cases = sorted(FIXTURES.rglob("*.py"))
+
+    def outputs() -> list[tuple[str | None, list[str]]]:
+        results = [migrate_source(case.read_text(), str(case), Options()) for case in cases]
+        return [(r.new_text, [f"{d.line} {d.code} {d.message}" for d in r.diagnostics]) for r in results]
+
+    remembered = outputs()
+    with monkeypatch.context() as patch:
+        patch.setattr(Roles, "can_reach", lambda self, scope, _pending=frozenset(): (
+            self.accelerator_scope is not None and self._reach(scope, self.accelerator_scope, _pending)))
+        decided = outputs()
+    assert [case for case, a, b in zip(cases, remembered, decided) if a != b] == []
