@@ -420,6 +420,7 @@ def _rebind(name: str, value: str, original: cst.BaseStatement, keep_leading: bo
 Chain = list[tuple[Sequence[cst.BaseStatement], int]]  # (block, index) from the scope's body down
 _INIT_HELPERS = re.compile(r"^(init_distributed(_mode)?|init_dist(ributed)?_?\w*|setup_dist(ributed)?|ddp_setup|setup_ddp|dist_init)$")
 _INIT = "torch.distributed.init_process_group"
+_INIT_NAME = _INIT.rsplit(".", 1)[-1]
 
 
 def _scope_body(roles: Roles, scope: Scope) -> Sequence[cst.BaseStatement]:
@@ -598,7 +599,8 @@ class _GroupSetup(Visitor):
         called = self.roles.facts.function_called(node) if type(func) is cst.Name else None
         if called is not None and called in self.initialisers:
             self.found = True
-        elif self.roles.facts.aliases.qualify(func) == _INIT:
+        elif (type(func) is not cst.Attribute or name == _INIT_NAME) and self.roles.facts.aliases.qualify(func) == _INIT:
+            # (a dotted name qualifies to a name ending in its own last part)
             self.found = True  # `if ddp: init_process_group(...)` below the device choice
         elif called is None and _INIT_HELPERS.match(name):
             self.found = True
