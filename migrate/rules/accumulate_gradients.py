@@ -224,7 +224,7 @@ def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop)
 
 def _step_gate(stmt: cst.If) -> cst.BaseExpression | None:
     """N for `if (i + 1) % N == 0:` / `if i % N == 0:` (optionally `... or last`) guarding a step."""
-    if stmt.orelse is not None or "step(" not in _code(stmt.body):
+    if stmt.orelse is not None:
         return None
     test = stmt.test
     if type(test) is cst.BooleanOperation and type(test.operator) is cst.Or:
@@ -238,7 +238,7 @@ def _step_gate(stmt: cst.If) -> cst.BaseExpression | None:
         return None
     left = test.left
     if type(left) is cst.BinaryOperation and type(left.operator) is cst.Modulo:
-        if type(left.right) in (cst.Name, cst.Integer):
+        if type(left.right) in (cst.Name, cst.Integer) and "step(" in _code(stmt.body):  # the body's code last: the cost
             return left.right
     return None
 
