@@ -13,6 +13,7 @@ from collections import Counter
 import libcst as cst
 
 from migrate.names import dotted_name
+from migrate.transform import Transformer
 from migrate.walk import children
 
 # Imports whose uses the rules remove (distributed and AMP boilerplate).
@@ -75,13 +76,15 @@ def removals(
     dead_uses = name_uses(*dead)
     imports = [stmt for stmt in new.body if _is_import_line(stmt)]
     import_uses = name_uses(*imports)
-    original_uses = name_uses(original)
+    original_uses: Counter[str] | None = None  # counted only for an import the output no longer uses
     unused_imports = set()
     for local in _boilerplate_locals(imports):
         in_imports = import_uses[local]
-        was_used = original_uses[local] > in_imports
-        still_used = uses[local] - in_imports - dead_uses[local] > 0
-        if was_used and not still_used:
+        if uses[local] - in_imports - dead_uses[local] > 0:
+            continue  # still used
+        if original_uses is None:
+            original_uses = name_uses(original)
+        if original_uses[local] > in_imports:  # used before the rewrite
             unused_imports.add(local)
     return {id(stmt) for stmt in dead}, unused_imports
 
@@ -164,7 +167,7 @@ def _is_boilerplate(qualified: str) -> bool:
     return any(qualified == p or qualified.startswith(p + ".") for p in _BOILERPLATE_PREFIXES)
 
 
-class _Remover(cst.CSTTransformer):
+class _Remover(Transformer):
     """Drops the dead statements and the unused import aliases (and emptied import lines).
     Descends only into `touched` (`_paths_to_removals`): the rest of the module is not rebuilt."""
 

@@ -107,3 +107,11 @@ class EditPlan:
 
 # Derived from the fields, so a new kind of edit cannot be forgotten by `targets()` or `empty`.
 EDIT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(EditPlan) if f.metadata.get("edit"))
+# The edit fields keyed by statements (or small statements): the rewriter keeps any other statement
+# the descent left as it was without looking it up in each of them. Derived from the annotations,
+# so a new statement-keyed field cannot be forgotten either.
+STATEMENT_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(EditPlan)
+    if str(f.type).startswith(("dict[cst.BaseStatement", "set[cst.BaseStatement", "dict[cst.BaseSmallStatement",
+                               "set[cst.BaseSmallStatement"))
+)

@@ -17,23 +17,31 @@ def add_imports(module: cst.Module, wanted: set[tuple[str, str]]) -> cst.Module:
     if not missing:
         return module
     index = _end_of_leading_imports(body)
-    new = [cst.parse_statement(f"from {source} import {name}\n") for source, name in missing]
+    new = [_import_from(source, name) for source, name in missing]
     if index < len(body) and not _is_import(body[index]) and not body[index].leading_lines:
         body[index] = body[index].with_changes(leading_lines=[cst.EmptyLine()])
     return module.with_changes(body=[*body[:index], *new, *body[index:]])
 
 
+def _import_from(source: str, name: str) -> cst.SimpleStatementLine:
+    """`from <source> import <name>`: the statement a parse of that line gives, built directly."""
+    module: cst.Attribute | cst.Name = cst.Name(source.split(".")[0])
+    for part in source.split(".")[1:]:
+        module = cst.Attribute(module, cst.Name(part))
+    return cst.SimpleStatementLine([cst.ImportFrom(module=module, names=[cst.ImportAlias(cst.Name(name))])])
+
+
 def _imported(body: list[cst.BaseStatement], source: str, name: str) -> bool:
     for stmt in body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
+        if type(stmt) is not cst.SimpleStatementLine:
             continue
         for small in stmt.body:
             if (
-                isinstance(small, cst.ImportFrom)
+                type(small) is cst.ImportFrom
                 and small.module is not None
                 and dotted_name(small.module) == source
-                and not isinstance(small.names, cst.ImportStar)
-                and any(isinstance(a.name, cst.Name) and a.name.value == name and a.asname is None for a in small.names)
+                and type(small.names) is not cst.ImportStar
+                and any(type(a.name) is cst.Name and a.name.value == name and a.asname is None for a in small.names)
             ):
                 return True
     return False

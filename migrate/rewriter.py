@@ -12,26 +12,30 @@ from collections.abc import Callable, Sequence
 
 import libcst as cst
 
-from migrate.edits import EditPlan
+from migrate.edits import STATEMENT_FIELDS, EditPlan
 from migrate.imports import is_docstring
-from migrate.walk import walk
+from migrate.transform import Transformer
+from migrate.walk import children, walk
 
 ACCELERATOR = "accelerator"
 
 
-class Rewriter(cst.CSTTransformer):
+class Rewriter(Transformer):
     """Descends only into the nodes on a path to an edited node (`touched`): subtrees without an
     edit are kept as they are, not rebuilt."""
 
     def __init__(self, plan: EditPlan, touched: set[cst.CSTNode]) -> None:
         super().__init__()
         self.plan = plan
-        self.touched = touched
+        self.touched = {id(node) for node in touched}  # ids: a node's own hash is a Python call
+        # Statements (and small statements) with an edit of their own: any other statement the
+        # descent left as it was is kept without looking it up in each of the plan's fields.
+        self.statement_edits = {id(stmt) for name in STATEMENT_FIELDS for stmt in getattr(plan, name)}
         # Statements of the output that may be removed if their name ends up unused (cleanup.py).
         self.rebound: dict[cst.BaseStatement, str] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        return node in self.touched
+        return id(node) in self.touched
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.plan.new_args:
@@ -76,7 +80,8 @@ class Rewriter(cst.CSTTransformer):
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         if original_node in self.plan.self_accelerator and updated_node.params.params:
             instance = updated_node.params.params[0].name.value
-            updated_node = updated_node.with_changes(body=updated_node.body.visit(_ToSelfAccelerator(instance)))
+            body = updated_node.body
+            updated_node = updated_node.with_changes(body=body.visit(_ToSelfAccelerator(instance, body)))
             if original_node in self.plan.stores_accelerator:
                 updated_node = _store_accelerator(updated_node, instance)
         if original_node in self.plan.new_params:
@@ -114,7 +119,15 @@ class Rewriter(cst.CSTTransformer):
         carried: list[cst.EmptyLine] = []
         opened: cst.BaseStatement | None = None  # the last `if accelerator.is_main_process:` added
         first: cst.BaseStatement | None = None  # the last `with accelerator.main_process_first():` added
+        statement_edits = self.statement_edits
         for original, new in zip(originals, updated):
+            if new is original and id(original) not in statement_edits and (
+                type(original) is not cst.SimpleStatementLine
+                or not any(id(small) in statement_edits for small in original.body)
+            ):
+                out.append(_prepend_lines(new, carried) if carried else new)
+                carried = []
+                continue
             out.extend(plan.insert_before.get(original, []))
             if original in plan.replace_stmt:
                 replacement = list(plan.replace_stmt[original])
@@ -210,12 +223,12 @@ def _emptied_guard(original: cst.BaseStatement, new: cst.BaseStatement) -> bool:
     place): the test has no effect left, so neither has the `if`."""
     if not (type(original) is cst.If and type(new) is cst.If) or new.orelse is not None:
         return False
-    if _calls_something(original.test) or type(new.body) is not cst.IndentedBlock:
+    if type(new.body) is not cst.IndentedBlock or not _only_pass(new.body.body):
         return False
     before = original.body.body if type(original.body) is cst.IndentedBlock else ()
     if not before or _only_pass(before):
         return False
-    return _only_pass(new.body.body)
+    return not _calls_something(original.test)  # last: it generates the code of the test's calls
 
 
 # Calls that only ask (`if torch.cuda.is_available(): model.cuda()`): a test of them has no effect.
@@ -383,16 +396,21 @@ def annotate(module: cst.Module, plan: EditPlan, line_of: Callable[[cst.CSTNode]
     module.visit(Finder())
 
 
-class _ToSelfAccelerator(cst.CSTTransformer):
+class _ToSelfAccelerator(Transformer):
     """In a method, `accelerator` is the instance's: `accelerator.x` -> `self.accelerator.x`.
 
     Only names in code positions change; an attribute called `accelerator`, a keyword argument or
-    a parameter of that name keep their spelling.
+    a parameter of that name keep their spelling. Descends only towards the `accelerator` names of
+    `body` (the method body it transforms): the rest of the body is kept as it is, not rebuilt.
     """
 
-    def __init__(self, instance: str) -> None:
+    def __init__(self, instance: str, body: cst.CSTNode) -> None:
         super().__init__()
         self.instance = instance
+        self.touched = _paths_to_accelerator(body)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return node in self.touched
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         if updated_node.value != ACCELERATOR:
@@ -400,13 +418,39 @@ class _ToSelfAccelerator(cst.CSTTransformer):
         return cst.Attribute(cst.Name(self.instance), cst.Name(ACCELERATOR))
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        if updated_node.attr is original_node.attr:
+            return updated_node
         return updated_node.with_changes(attr=original_node.attr)
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        if updated_node.keyword is original_node.keyword:
+            return updated_node
         return updated_node.with_changes(keyword=original_node.keyword)
 
     def leave_Param(self, original_node: cst.Param, updated_node: cst.Param) -> cst.Param:
+        if updated_node.name is original_node.name:
+            return updated_node
         return updated_node.with_changes(name=original_node.name)
+
+
+def _paths_to_accelerator(root: cst.CSTNode) -> set[cst.CSTNode]:
+    """The `accelerator` names under `root` and every node on the way down to one of them."""
+    found: set[cst.CSTNode] = set()
+    path: list[cst.CSTNode] = []
+
+    def visit(node: cst.CSTNode) -> None:
+        if type(node) is cst.Name:
+            if node.value == ACCELERATOR:
+                found.add(node)
+                found.update(path)
+            return
+        path.append(node)
+        for child in children(node):
+            visit(child)
+        path.pop()
+
+    visit(root)
+    return found
 
 
 def _store_accelerator(function: cst.FunctionDef, instance: str) -> cst.FunctionDef:

@@ -12,22 +12,14 @@ import libcst as cst
 from migrate.analysis import Facts, Scope
 from migrate.names import dotted_name
 from migrate.roles.calls import DATALOADER
-from migrate.roles.model import ACCELERATOR, PREPARE, Finding, Roles
+from migrate.roles.model import ACCELERATOR, PREPARE, Finding, Roles, transitive_callers
 
 
 def training_functions(roles: Roles) -> set[Scope]:
     """The functions (and methods) that call backward, directly or through others they call
     (a callable object's `__call__` included, see `Roles.runs`)."""
     units = [s for s in roles.facts.scopes if s.is_function]
-    training = {scope for scope in units if scope.backwards}
-    changed = True
-    while changed:
-        changed = False
-        for scope in units:
-            if scope not in training and any(roles.runs(site.callee, scope) in training for site in scope.calls):
-                training.add(scope)
-                changed = True
-    return training
+    return transitive_callers(units, {scope for scope in units if scope.backwards}, roles.runs)
 
 
 def is_library_module(roles: Roles) -> bool:

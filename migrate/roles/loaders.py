@@ -319,14 +319,17 @@ def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:
 
 
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:
-    found: list[cst.Name] = []
+    finder = _Names()
+    walk(node, finder)
+    return finder.found
 
-    class Finder(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.append(name)
 
-    walk(node, Finder())
-    return found
+class _Names(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found: list[cst.Name] = []
+
+    def visit_Name(self, name: cst.Name) -> None:
+        self.found.append(name)
 
 
 def _bound_in_loop(binding: Binding, loop: Loop) -> bool:

@@ -8,6 +8,7 @@ training object was left unprepared."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -107,6 +108,8 @@ class Roles:
     sharding: "HandSharding | None" = None  # hand-written FSDP / fully_shard / ZeRO that AM007 converts
     _training_functions: set[Scope] = field(default_factory=set)
     _called_objects: dict[tuple[int, str], "Scope | None"] = field(default_factory=dict)
+    # `can_reach` per (scope, accelerator scope), by ids: every rule asks it of every scope.
+    _reaches: dict[tuple[int, int], bool] = field(default_factory=dict)
 
     def cannot_prepare(self, node: cst.CSTNode, message: str) -> None:
         """A training object that `accelerator.prepare(...)` will not take: reported as the
@@ -175,8 +178,17 @@ class Roles:
         """The methods of the class `scope` is a method of (None when it is not a method)."""
         if not scope.is_method or scope.parent is None:
             return None
-        owner = scope.parent
-        return [s for s in self.facts.scopes if s.parent is owner and s.is_function]
+        return list(self._functions_by_parent.get(id(scope.parent), ()))
+
+    @cached_property
+    def _functions_by_parent(self) -> dict[int, list[Scope]]:
+        """The functions defined directly in each scope (by the scope's id), in the order of
+        `facts.scopes` (`methods_of` asks for a class's methods many times per module)."""
+        index: dict[int, list[Scope]] = {}
+        for scope in self.facts.scopes:
+            if scope.parent is not None and scope.is_function:
+                index.setdefault(id(scope.parent), []).append(scope)
+        return index
 
     def _param_origins(self, scope: Scope, name: str, seen: frozenset[tuple[int, str]]) -> set[Origin] | None:
         if not self._is_callable_unit(scope):
@@ -278,6 +290,15 @@ class Roles:
         target = self.accelerator_scope
         if target is None:
             return False
+        if _pending:
+            return self._reach(scope, target, _pending)
+        key = (id(scope), id(target))
+        found = self._reaches.get(key)
+        if found is None:
+            found = self._reaches[key] = self._reach(scope, target, _pending)
+        return found
+
+    def _reach(self, scope: Scope, target: Scope, _pending: frozenset[int]) -> bool:
         if nested_in(scope, target):
             return True
         if target is self.facts.module_scope and not self._of_another_module(scope):
@@ -403,3 +424,27 @@ def nested_in(scope: Scope, target: Scope) -> bool:
             return True
         current = current.parent
     return False
+
+
+def transitive_callers(
+    units: list[Scope], seeds: set[Scope], runs: Callable[[str, Scope], Scope | None]
+) -> set[Scope]:
+    """`seeds` and every scope of `units` that calls one of them, directly or through others of
+    `units`; a call site of a unit runs `runs(site.callee, unit)`. Each call site is resolved once
+    (a fixed point over all units would resolve every site again on each round)."""
+    callers: dict[int, list[Scope]] = {}
+    for unit in units:
+        if unit in seeds:
+            continue
+        for site in unit.calls:
+            callee = runs(site.callee, unit)
+            if callee is not None:
+                callers.setdefault(id(callee), []).append(unit)
+    found = set(seeds)
+    pending = list(seeds)
+    while pending:
+        for caller in callers.get(id(pending.pop()), ()):
+            if caller not in found:
+                found.add(caller)
+                pending.append(caller)
+    return found

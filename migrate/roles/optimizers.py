@@ -438,17 +438,20 @@ def _argument_values(home: Scope, call: cst.Call) -> list[cst.BaseExpression]:
     return values
 
 
+class _NameCalls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.calls: list[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if type(node.func) is cst.Name:
+            self.calls.append(node)
+
+
 def _helper_calls(value: cst.BaseExpression) -> list[cst.Call]:
     """The calls of plain names inside `value` (`param_groups(model, wd)`)."""
-    calls: list[cst.Call] = []
-
-    class Calls(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            if type(node.func) is cst.Name:
-                calls.append(node)
-
-    walk(value, Calls())
-    return calls
+    finder = _NameCalls()
+    walk(value, finder)
+    return finder.calls
 
 
 def _helper_owners(roles: Roles, home: Scope, value: cst.BaseExpression) -> list[str]:

@@ -155,18 +155,9 @@ def _sync_toggles(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop, gate: 
     the same condition as the step, `accelerator.accumulate` already skips those all-reduces: the
     toggle goes. Any other toggle is kept (it still works while the prepared model is a DDP, and
     is a plain attribute of the bare module on one process) and reported."""
-    toggles: list[tuple[cst.SimpleStatementLine, cst.Assign]] = []
-
-    class Finder(cst.CSTVisitor):
-        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-            for small in node.body:
-                if type(small) is cst.Assign and any(
-                    type(t.target) is cst.Attribute and t.target.attr.value == _SYNC_FLAG for t in small.targets
-                ):
-                    toggles.append((node, small))
-
-    walk(loop.node.body, Finder())
-    for stmt, assign in toggles:
+    finder = _SyncToggles()
+    walk(loop.node.body, finder)
+    for stmt, assign in finder.toggles:
         if gate is not None and len(stmt.body) == 1 and _code(assign.value) == _code(gate.test):
             plan.replace_stmt[stmt] = []
             plan.change(CODE, stmt, f"`{_SYNC_FLAG}` toggle removed: `accelerator.accumulate` skips the same all-reduces")
@@ -176,6 +167,20 @@ def _sync_toggles(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop, gate: 
             "(it works while the prepared model is a DDP): prefer `with accelerator.no_sync(model):` around the "
             "backward passes that must not synchronise, or `Accelerator(gradient_accumulation_steps=N)`"
         ))
+
+
+class _SyncToggles(cst.CSTVisitor):
+    """`<anything>.require_backward_grad_sync = ...` lines, with their assignment."""
+
+    def __init__(self) -> None:
+        self.toggles: list[tuple[cst.SimpleStatementLine, cst.Assign]] = []
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        for small in node.body:
+            if type(small) is cst.Assign and any(
+                type(t.target) is cst.Attribute and t.target.attr.value == _SYNC_FLAG for t in small.targets
+            ):
+                self.toggles.append((node, small))
 
 
 def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop) -> cst.If | None:
@@ -219,7 +224,7 @@ def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop)
 
 def _step_gate(stmt: cst.If) -> cst.BaseExpression | None:
     """N for `if (i + 1) % N == 0:` / `if i % N == 0:` (optionally `... or last`) guarding a step."""
-    if stmt.orelse is not None or "step(" not in _code(stmt.body):
+    if stmt.orelse is not None:
         return None
     test = stmt.test
     if type(test) is cst.BooleanOperation and type(test.operator) is cst.Or:
@@ -233,7 +238,7 @@ def _step_gate(stmt: cst.If) -> cst.BaseExpression | None:
         return None
     left = test.left
     if type(left) is cst.BinaryOperation and type(left.operator) is cst.Modulo:
-        if type(left.right) in (cst.Name, cst.Integer):
+        if type(left.right) in (cst.Name, cst.Integer) and "step(" in _code(stmt.body):  # the body's code last: the cost
             return left.right
     return None
 

@@ -954,15 +954,10 @@ def _hazard(roles: Roles, scope: Scope, node: cst.CSTNode, seen: set[int]) -> st
     """What in `node` every process must run: a call of a prepared model (a distributed model's
     forward may synchronise buffers), an `accelerator` method or `torch.distributed` call (a
     collective), a backward or optimizer step, or such a thing in a function of this file it calls."""
-    calls: list[cst.Call] = []
-
-    class Calls(Visitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            calls.append(node)
-
-    walk(node, Calls())
+    finder = _Calls()
+    walk(node, finder)
     aliases = roles.facts.aliases
-    for call in calls:
+    for call in finder.calls:
         func = call.func
         target = reference(func)
         if target is None and type(func) is cst.Attribute and func.attr.value not in _READS_MODEL_ONLY:
@@ -987,6 +982,14 @@ def _hazard(roles: Roles, scope: Scope, node: cst.CSTNode, seen: set[int]) -> st
             if inner is not None:
                 return f"calls `{callee.qualname}`, which {inner}"
     return None
+
+
+class _Calls(Visitor):
+    def __init__(self) -> None:
+        self.calls: list[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
 
 
 class _Names(Visitor):

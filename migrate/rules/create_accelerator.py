@@ -110,9 +110,9 @@ import libcst as cst
 from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.roles.model import nested_in
+from migrate.roles.model import nested_in, transitive_callers
 from migrate.roles.placement import flag_choice, is_cpu_device
-from migrate.names import ImportAliases
+from migrate.names import ImportAliases, dotted_name
 from migrate.rules.base import names_read, prepared_loaders, statement
 from migrate.safety.device_type import used_as_string
 from migrate.walk import Visitor, statement_blocks, walk
@@ -359,39 +359,53 @@ def _trains_on_cpu_only(roles: Roles, plan: EditPlan) -> bool:
     `torch.accelerator`, `torch.backends.mps`, `torch.mps`, `torch.xpu`."""
     if roles.later_device_bindings or prepared_loaders(roles, plan) or plan.eval_loaders:
         return False
-    aliases = roles.facts.aliases
-
-    class Finder(Visitor):
-        found = False
-
-        def visit_Call(self, node: cst.Call) -> None:
-            func = node.func
-            if type(func) is cst.Attribute and func.attr.value == "cuda":
-                self.found = True
-            elif type(func) is cst.Attribute and func.attr.value == "to":
-                self.found = self.found or not all(_is_dtype(arg, aliases) for arg in node.args)
-            elif (aliases.qualify(func) or "") in _DEVICE_CALLS:
-                self.found = True
-
-        def visit_Arg(self, node: cst.Arg) -> None:
-            if node.keyword is not None and node.keyword.value == "device" and not is_cpu_device(node.value):
-                self.found = True
-
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            qualified = aliases.qualify(node) or ""
-            if any(qualified == m or qualified.startswith(m + ".") for m in _DEVICE_MODULES):
-                self.found = True
-                return False
-            return True
-
-        def visit_SimpleString(self, node: cst.SimpleString) -> None:
-            value = node.evaluated_value
-            if isinstance(value, str) and _DEVICE_STRING.match(value):
-                self.found = True
-
-    finder = Finder()
+    finder = _DeviceChoice(roles.facts.aliases)
     walk(roles.facts.module, finder)
     return not finder.found
+
+
+class _DeviceChoice(Visitor):
+    """`_trains_on_cpu_only`'s search for a device choice; it stops descending once one is found."""
+
+    def __init__(self, aliases: ImportAliases) -> None:
+        self.aliases = aliases
+        self.found = False
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        return not self.found
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> bool:
+        return not self.found
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if type(func) is cst.Attribute and func.attr.value == "cuda":
+            self.found = True
+        elif type(func) is cst.Attribute and func.attr.value == "to":
+            self.found = self.found or not all(_is_dtype(arg, self.aliases) for arg in node.args)
+        elif (self.aliases.qualify(func) or "") in _DEVICE_CALLS:
+            self.found = True
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None and node.keyword.value == "device" and not is_cpu_device(node.value):
+            self.found = True
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        qualified = self.aliases.qualify(node) or ""
+        if any(qualified == m or qualified.startswith(m + ".") for m in _DEVICE_MODULES):
+            self.found = True
+            return False
+        # `a.b.c` holds only `a.b` and names, whose qualified names are prefixes of this one's: no
+        # device module either
+        return dotted_name(node) is None
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        raw = node.value
+        if "\\" not in raw and "cuda" not in raw and "mps" not in raw and "xpu" not in raw:
+            return  # evaluating the literal is the cost here; without an escape it spells what it holds
+        value = node.evaluated_value
+        if isinstance(value, str) and _DEVICE_STRING.match(value):
+            self.found = True
 
 
 def _is_dtype(arg: cst.Arg, aliases: ImportAliases) -> bool:
@@ -496,6 +510,7 @@ def _rebind(name: str, value: str, original: cst.BaseStatement, keep_leading: bo
 Chain = list[tuple[Sequence[cst.BaseStatement], int]]  # (block, index) from the scope's body down
 _INIT_HELPERS = re.compile(r"^(init_distributed(_mode)?|init_dist(ributed)?_?\w*|setup_dist(ributed)?|ddp_setup|setup_ddp|dist_init)$")
 _INIT = "torch.distributed.init_process_group"
+_INIT_NAME = _INIT.rsplit(".", 1)[-1]
 
 
 def _scope_body(roles: Roles, scope: Scope) -> Sequence[cst.BaseStatement]:
@@ -546,9 +561,10 @@ def _placement(
     # A use before that point (a helper called first, a print above the device choice, a notebook
     # cell above the one choosing the device) moves it up: the outermost such use wins.
     users = _global_users(roles, plan) if scope is roles.facts.module_scope else set()
+    edited = _edited(plan)
     for depth in range(level + 1):
         block, stop = chain[depth]
-        first = next((i for i in range(stop) if _uses(block[i], roles, plan, users, default)), None)
+        first = next((i for i in range(stop) if _uses(block[i], roles, plan, users, default, edited)), None)
         if first is not None:
             level, chain = depth, [*chain[:depth], (block, first)]
             break
@@ -560,7 +576,7 @@ def _placement(
     if inits:
         last = inits[-1]
         device = roles.device_binding.where.stmt if roles.device_binding is not None else None
-        if any(_uses(block[i], roles, plan, users, default) or (device is not None and _contains(block[i], device))
+        if any(_uses(block[i], roles, plan, users, default, edited) or (device is not None and _contains(block[i], device))
                for i in range(index, last + 1)):
             plan.report(CODE, block[last], (
                 "the process group is initialised here (`init_process_group`, or the script's own setup "
@@ -576,17 +592,23 @@ def _contains(stmt: cst.BaseStatement, target: cst.BaseStatement) -> bool:
     return stmt is target or any(_chain(block, target) is not None for block in statement_blocks(stmt))
 
 
-def _uses(stmt: cst.BaseStatement, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement) -> bool:
-    """True when the rewritten `stmt` reads `accelerator` when it runs (defs and classes: later)."""
-    finder = _AcceleratorUse(roles, plan, users, default)
+def _uses(
+    stmt: cst.BaseStatement, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement, edited: set[int]
+) -> bool:
+    """True when the rewritten `stmt` reads `accelerator` when it runs (defs and classes: later).
+    `edited`: `_edited(plan)`."""
+    finder = _AcceleratorUse(roles, plan, users, default, edited)
     walk(stmt, finder)
     return finder.found
 
 
 class _AcceleratorUse(cst.CSTVisitor):
-    def __init__(self, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement) -> None:
+    def __init__(
+        self, roles: Roles, plan: EditPlan, users: set[Scope], default: cst.BaseStatement, edited: set[int]
+    ) -> None:
         self.roles = roles
         self.plan = plan
+        self.edited = edited
         self.users = users
         self.default = default
         self.found = False
@@ -594,7 +616,7 @@ class _AcceleratorUse(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.found or type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
             return False
-        if node is not self.default and _edit_uses(node, self.plan):
+        if node is not self.default and id(node) in self.edited and _edit_uses(node, self.plan):
             self.found = True
         elif (
             type(node) is cst.Call
@@ -603,6 +625,18 @@ class _AcceleratorUse(cst.CSTVisitor):
         ):
             self.found = True
         return not self.found
+
+
+# The plan's fields `_edit_uses` reads: the edits that may add a use of `accelerator`.
+# tests/migrate/test_roles_shortcuts.py checks that it names exactly the fields `_edit_uses` reads.
+_USING_EDITS = ("new_args", "main_process_only", "main_process_first", "calls", "attributes", "subscripts",
+                "comparisons", "if_tests", "wrap_loop_body", "replace_stmt", "insert_before", "insert_after")
+
+
+def _edited(plan: EditPlan) -> set[int]:
+    """The ids of the nodes `_edit_uses` may find a use of `accelerator` at (a node's own hash is a
+    Python call: one id test per node instead of a lookup in each field)."""
+    return {id(node) for name in _USING_EDITS for node in getattr(plan, name)}
 
 
 def _edit_uses(node: cst.CSTNode, plan: EditPlan) -> bool:
@@ -628,15 +662,7 @@ def _edit_uses(node: cst.CSTNode, plan: EditPlan) -> bool:
 def _global_users(roles: Roles, plan: EditPlan) -> set[Scope]:
     """Functions that read the module-level `accelerator`, directly or through others they call."""
     functions = roles.facts.plain_functions()
-    users = {fn for fn in functions if fn in plan.uses_accelerator}
-    changed = True
-    while changed:
-        changed = False
-        for fn in functions:
-            if fn not in users and any(roles.facts.resolve(site.callee, fn) in users for site in fn.calls):
-                users.add(fn)
-                changed = True
-    return users
+    return transitive_callers(functions, {fn for fn in functions if fn in plan.uses_accelerator}, roles.facts.resolve)
 
 
 def _initialises_group(
@@ -665,7 +691,8 @@ class _GroupSetup(Visitor):
         called = self.roles.facts.function_called(node) if type(func) is cst.Name else None
         if called is not None and called in self.initialisers:
             self.found = True
-        elif self.roles.facts.aliases.qualify(func) == _INIT:
+        elif (type(func) is not cst.Attribute or name == _INIT_NAME) and self.roles.facts.aliases.qualify(func) == _INIT:
+            # (a dotted name qualifies to a name ending in its own last part)
             self.found = True  # `if ddp: init_process_group(...)` below the device choice
         elif called is None and _INIT_HELPERS.match(name):
             self.found = True
@@ -681,15 +708,9 @@ class _GroupSetup(Visitor):
 
 def _group_initialisers(roles: Roles) -> set[Scope]:
     functions = roles.facts.plain_functions()
-    found = {fn for fn in functions if any(c.qualified == _INIT for c in fn.library_calls)}
-    changed = True
-    while changed:
-        changed = False
-        for fn in functions:
-            if fn not in found and any(roles.facts.resolve(site.callee, fn) in found for site in fn.calls):
-                found.add(fn)
-                changed = True
-    return found
+    return transitive_callers(
+        functions, {fn for fn in functions if any(c.qualified == _INIT for c in fn.library_calls)}, roles.facts.resolve
+    )
 
 
 def _string_device(roles: Roles, scope: Scope, binding: DeviceBinding) -> bool:

@@ -955,12 +955,13 @@ def _rank_test(test: cst.BaseExpression) -> bool:
         return _rank_test(test.expression)
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         target = test.comparisons[0]
-        ranked = re.search(r"(^|[._])rank\b", _code(test.left)) is not None
-        if isinstance(target.operator, (cst.Equal, cst.NotEqual)):
-            return ranked and isinstance(target.comparator, cst.Integer) and target.comparator.value == "0"
-        if isinstance(target.operator, (cst.In, cst.NotIn)):
-            return ranked and isinstance(target.comparator, (cst.List, cst.Tuple, cst.Set))
-        return False
+        operator, comparator = type(target.operator), type(target.comparator)
+        if operator in (cst.Equal, cst.NotEqual):
+            shaped = comparator is cst.Integer and target.comparator.value == "0"
+        else:
+            shaped = operator in (cst.In, cst.NotIn) and comparator in (cst.List, cst.Tuple, cst.Set)
+        # the left side's code only for a test of the right shape (code generation is the cost here)
+        return shaped and re.search(r"(^|[._])rank\b", _code(test.left)) is not None
     if isinstance(test, cst.Attribute):
         return test.attr.value in _MAIN_FLAGS
     return isinstance(test, cst.Name) and test.value in _MAIN_FLAGS
@@ -989,6 +990,10 @@ class _RankBranchCalls(cst.CSTVisitor):
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:
         return False
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        # Outside a rank test nothing is recorded, and such a line holds no `if` or `with`.
+        return bool(self.tests)
 
     def visit_If(self, node: cst.If) -> bool:
         ranked = _rank_test(node.test)

@@ -243,8 +243,8 @@ def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
                 uses.extend((method_item, stmt) for stmt in finder.statements)
             if bad is None:
                 # `trainer.writer` outside the class, or a subclass's `self.writer`: not followed.
-                inside = sum(_attribute_count(m.node, attribute) for m in methods)
-                if _attribute_count(roles.facts.module, attribute) > inside:
+                counts = {id(m.node): _attribute_count(m.node, attribute, {}) for m in methods}
+                if _attribute_count(roles.facts.module, attribute, counts) > sum(counts.values()):
                     bad = creation.call
             if bad is not None:
                 item.problems.append((family, bad, _unguardable_writer(f"self.{attribute}", creation.qualified)))
@@ -256,17 +256,29 @@ def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
                 method_item.guarded.append((family, stmt))
 
 
-def _attribute_count(root: cst.CSTNode, attribute: str) -> int:
-    """How many `<anything>.<attribute>` nodes `root` holds."""
-    count = 0
+def _attribute_count(root: cst.CSTNode, attribute: str, known: dict[int, int]) -> int:
+    """How many `<anything>.<attribute>` nodes `root` holds; `known`: the counts of some functions
+    (by their node's id), already taken: they are not walked again."""
+    counter = _AttributeCounter(attribute, known)
+    walk(root, counter)
+    return counter.count
 
-    class Counter(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            nonlocal count
-            count += node.attr.value == attribute
 
-    walk(root, Counter())
-    return count
+class _AttributeCounter(cst.CSTVisitor):
+    def __init__(self, attribute: str, known: dict[int, int]) -> None:
+        self.attribute = attribute
+        self.known = known
+        self.count = 0
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.count += node.attr.value == self.attribute
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        known = self.known.get(id(node))
+        if known is None:
+            return True
+        self.count += known
+        return False
 
 
 class _AttributeUses(cst.CSTVisitor):

@@ -315,19 +315,22 @@ def _body(node: cst.CSTNode) -> list[cst.BaseStatement] | None:
 def _summed_in(loop: cst.For) -> list[str]:
     """Names the loop adds to. A counter only ever incremented by a number (`iteration += 1`) is
     the same on every process: a prepared loader gives each one the same number of batches."""
-    names: list[str] = []
-    counted: set[str] = set()  # incremented by something other than a number literal
+    sums = _Sums()
+    walk(loop.body, sums)
+    return [n for n in sums.names if n in sums.counted]
 
-    class Visitor(cst.CSTVisitor):
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.operator, cst.AddAssign):
-                found = target_names(node.target)
-                names.extend(n for n in found if n not in names)
-                if not isinstance(node.value, (cst.Integer, cst.Float)):
-                    counted.update(found)
 
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
+class _Sums(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.counted: set[str] = set()  # incremented by something other than a number literal
 
-    walk(loop.body, Visitor())
-    return [n for n in names if n in counted]
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if isinstance(node.operator, cst.AddAssign):
+            found = target_names(node.target)
+            self.names.extend(n for n in found if n not in self.names)
+            if not isinstance(node.value, (cst.Integer, cst.Float)):
+                self.counted.update(found)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False

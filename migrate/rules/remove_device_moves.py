@@ -53,7 +53,7 @@ from migrate.edits import EditPlan
 from migrate.names import root_name
 from migrate.roles import Roles, kept_as_attribute
 from migrate.rules.base import prepared_loaders, reference, references_in
-from migrate.walk import walk
+from migrate.walk import Visitor, children, walk
 
 CODE = "AM002"
 NAME = "remove-device-moves"
@@ -255,107 +255,174 @@ def _used_before_prepare(roles: Roles, scope: Scope, move: Move, names: set[str]
             optimizer_statements.add(binding.where.stmt)
             if binding.value is not None:
                 feeding.update(n for n in references_in(binding.value) if n not in names)
-    aliases = roles.facts.aliases
-    state = {"after": False, "done": False}
-    found: list[cst.CSTNode] = []
-    current: list[cst.CSTNode] = []
+    reads = _ReadsAfterMove(roles, scope, statement, stop, names, optimizer_statements, feeding)
+    walk(scope.node, reads)
+    return reads.found[0] if reads.found else None
 
-    class Visitor(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if state["done"] or found:
-                return False
-            if node is not scope.node and type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
-                return False
-            if state["after"] and node in optimizer_statements:
-                return False
-            if isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
-                current.append(node)
-            return super().on_visit(node)
 
-        def on_leave(self, original_node: cst.CSTNode) -> None:
-            super().on_leave(original_node)
-            if current and current[-1] is original_node:
-                current.pop()
-            if original_node is statement:
-                state["after"] = True
-            if original_node is stop:
-                state["done"] = True
+_NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_STATEMENT_TYPES: dict[type, bool] = {}
+_EXPRESSION_TYPES: dict[type, bool] = {}
 
-        def _read(self, node: cst.BaseExpression) -> bool:
-            ref = reference(node)
-            if ref is not None and ref in names and state["after"]:
-                found.append(current[-1] if current else node)
-            return ref is None
 
-        def visit_Name(self, node: cst.Name) -> None:
-            self._read(node)
+def _is_statement(node_type: type) -> bool:
+    """A small or compound statement (cached per type: isinstance against libcst's abstract classes is slow)."""
+    found = _STATEMENT_TYPES.get(node_type)
+    if found is None:
+        found = _STATEMENT_TYPES[node_type] = issubclass(node_type, (cst.BaseSmallStatement, cst.BaseCompoundStatement))
+    return found
 
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            if not self._read(node):
-                return False
-            walk(node.value, self)
+
+def _is_expression(node_type: type) -> bool:
+    found = _EXPRESSION_TYPES.get(node_type)
+    if found is None:
+        found = _EXPRESSION_TYPES[node_type] = issubclass(node_type, cst.BaseExpression)
+    return found
+
+
+def _paths_to(root: cst.CSTNode, targets: list[cst.CSTNode]) -> set[int]:
+    """The ids of `targets` (statements under `root`) and of every node on the way down to one of
+    them. Statements never sit inside expressions, so the search does not enter them."""
+    found: set[int] = set()
+    path: list[int] = []
+
+    def visit(node: cst.CSTNode) -> None:
+        if any(node is target for target in targets):
+            found.add(id(node))
+            found.update(path)
+        if type(node) is cst.SimpleStatementLine:
+            return  # its small statements hold no statement
+        path.append(id(node))
+        for child in children(node):
+            if not _is_expression(type(child)):
+                visit(child)
+        path.pop()
+
+    visit(root)
+    return found
+
+
+class _ReadsAfterMove(Visitor):
+    """`_used_before_prepare`'s search: the reads of `names` after `statement` (the move), up to
+    `stop` (the prepare call's statement), outside nested functions and the optimizer's own
+    statements. Before the move nothing is read or bound, so only the nodes on the way to the move
+    and to `stop` are entered there."""
+
+    def __init__(
+        self, roles: Roles, scope: Scope, statement: cst.BaseStatement, stop: cst.BaseStatement | None,
+        names: set[str], optimizer_statements: set[cst.CSTNode], feeding: set[str],
+    ) -> None:
+        self.root = scope.node
+        self.statement = statement
+        self.stop = stop
+        self.names = names
+        self.optimizer_statements = {id(stmt) for stmt in optimizer_statements}
+        self.feeding = feeding
+        self.aliases = roles.facts.aliases
+        self.before = _paths_to(scope.node, [statement] if stop is None else [statement, stop])
+        self.after = False
+        self.done = False
+        self.found: list[cst.CSTNode] = []
+        self.current: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.done or self.found:
             return False
-
-        def visit_Arg(self, node: cst.Arg) -> bool:
-            walk(node.value, self)
+        node_type = type(node)
+        if node is not self.root and node_type in _NESTED:
             return False
-
-        def visit_Assign(self, node: cst.Assign) -> bool:
-            if not state["after"]:
-                return True
-            targets = [reference(t.target) for t in node.targets]
-            if all(targets) and all(t in feeding for t in targets):
-                return False  # a parameter-group helper the optimizer is built from
-            value = node.value
-            if isinstance(value, cst.Attribute) and value.attr.value == "module" and reference(value) is None:
-                value = value.value  # `model_without_ddp = model.module`: the same module
-            if reference(value) in names and all(targets):
-                names.update(t for t in targets if t is not None)  # `model_without_ddp = model`
+        if self.after:
+            if id(node) in self.optimizer_statements:
                 return False
-            walk(node.value, self)
-            for target in node.targets:
-                if reference(target.target) is None:
-                    walk(target, self)
-            return False
+        elif id(node) not in self.before:
+            return False  # before the move: nothing in it is read or bound
+        if _is_statement(node_type):
+            self.current.append(node)
+        return Visitor.on_visit(self, node)
 
-        def visit_Return(self, node: cst.Return) -> bool:
-            value = node.value
-            returned = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
-            for element in returned:
-                if element is not None and reference(element) not in names:
-                    walk(element, self)  # the model itself goes to the caller, who prepares it
-            return False
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        Visitor.on_leave(self, original_node)
+        if self.current and self.current[-1] is original_node:
+            self.current.pop()
+        if original_node is self.statement:
+            self.after = True
+        if original_node is self.stop:
+            self.done = True
 
-        def visit_Call(self, node: cst.Call) -> bool:
-            func = node.func
-            if reference(func) in names:  # a forward pass: no copy of the model
+    def _read(self, node: cst.BaseExpression) -> bool:
+        ref = reference(node)
+        if ref is not None and ref in self.names and self.after:
+            self.found.append(self.current[-1] if self.current else node)
+        return ref is None
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._read(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if not self._read(node):
+            return False
+        walk(node.value, self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        walk(node.value, self)
+        return False
+
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        if not self.after:
+            return True
+        names = self.names
+        targets = [reference(t.target) for t in node.targets]
+        if all(targets) and all(t in self.feeding for t in targets):
+            return False  # a parameter-group helper the optimizer is built from
+        value = node.value
+        if isinstance(value, cst.Attribute) and value.attr.value == "module" and reference(value) is None:
+            value = value.value  # `model_without_ddp = model.module`: the same module
+        if reference(value) in names and all(targets):
+            names.update(t for t in targets if t is not None)  # `model_without_ddp = model`
+            return False
+        walk(node.value, self)
+        for target in node.targets:
+            if reference(target.target) is None:
+                walk(target, self)
+        return False
+
+    def visit_Return(self, node: cst.Return) -> bool:
+        value = node.value
+        returned = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        for element in returned:
+            if element is not None and reference(element) not in self.names:
+                walk(element, self)  # the model itself goes to the caller, who prepares it
+        return False
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        names = self.names
+        func = node.func
+        if reference(func) in names:  # a forward pass: no copy of the model
+            for arg in node.args:
+                walk(arg.value, self)
+            return False
+        # `model.fc.weight.data.normal_(0, 0.01)`: PyTorch's in-place operations end in `_`
+        if isinstance(func, cst.Attribute) and (func.attr.value in _IN_PLACE_METHODS or func.attr.value.endswith("_")):
+            inner = func.value
+            while isinstance(inner, (cst.Attribute, cst.Subscript)) and reference(inner) is None:
+                inner = inner.value  # `model[2].weight.data`: a tensor of the model
+            if reference(inner) in names:
                 for arg in node.args:
                     walk(arg.value, self)
                 return False
-            # `model.fc.weight.data.normal_(0, 0.01)`: PyTorch's in-place operations end in `_`
-            if isinstance(func, cst.Attribute) and (func.attr.value in _IN_PLACE_METHODS or func.attr.value.endswith("_")):
-                inner = func.value
-                while isinstance(inner, (cst.Attribute, cst.Subscript)) and reference(inner) is None:
-                    inner = inner.value  # `model[2].weight.data`: a tensor of the model
-                if reference(inner) in names:
-                    for arg in node.args:
-                        walk(arg.value, self)
-                    return False
-            if isinstance(func, cst.Name) and func.value in _INERT_FUNCTIONS:
-                return False
-            qualified = aliases.qualify(func)
-            if qualified in _WRAPPERS:
-                return False  # `model = DDP(model, ...)`: the prepare call wraps it instead
-            if qualified is not None and qualified.startswith("torch.nn.init."):
-                return False  # `nn.init.zeros_(model.fc.bias)`: in place
-            if qualified in _SAME_PARAMETERS and node.args and reference(node.args[0].value) in names:
-                for arg in node.args[1:]:
-                    walk(arg.value, self)
-                return False
-            return True
-
-    walk(scope.node, Visitor())
-    return found[0] if found else None
+        if isinstance(func, cst.Name) and func.value in _INERT_FUNCTIONS:
+            return False
+        qualified = self.aliases.qualify(func)
+        if qualified in _WRAPPERS:
+            return False  # `model = DDP(model, ...)`: the prepare call wraps it instead
+        if qualified is not None and qualified.startswith("torch.nn.init."):
+            return False  # `nn.init.zeros_(model.fc.bias)`: in place
+        if qualified in _SAME_PARAMETERS and node.args and reference(node.args[0].value) in names:
+            for arg in node.args[1:]:
+                walk(arg.value, self)
+            return False
+        return True
 
 
 def _strip(call: cst.Call, kept: list[int]) -> cst.BaseExpression:
