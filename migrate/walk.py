@@ -82,6 +82,12 @@ def _getter(node_type: type) -> Callable[[cst.CSTNode], tuple[object, ...]]:
     return getter
 
 
+def child_getter(node_type: type) -> Callable[[cst.CSTNode], tuple[object, ...]]:
+    """The getter of a node type's code-carrying field values, in document order (`children`
+    without the flattening: a value may be a node, a sequence of nodes, or a str, bool or None)."""
+    return _GETTERS.get(node_type) or _getter(node_type)
+
+
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The node's direct children that carry code (not formatting), in document order."""
     getter = _GETTERS.get(type(node)) or _getter(type(node))
