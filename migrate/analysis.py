@@ -17,7 +17,7 @@ from typing import Callable, Union
 import libcst as cst
 
 from migrate.names import ImportAliases, dotted_name, instance_attribute, root_name, target_names
-from migrate.walk import Visitor, child_getter, walk
+from migrate.walk import Visitor, child_getter, own_method, walk
 
 ACCELERATOR_CLASSES = frozenset({"runtime.Accelerator", "accelerate.Accelerator"})
 # Wrappers a training loop puts around its loader: `for i, batch in enumerate(tqdm(loader))`.
@@ -240,8 +240,7 @@ def _kind(node_type: type) -> int:
 
 def _own(node_type: type, prefix: str) -> Callable[..., object] | None:
     """The collector's `visit_<Type>` or `leave_<Type>`; None for libcst's no-op default."""
-    method = getattr(_Collector, prefix + node_type.__name__, None)
-    return None if method is getattr(cst.CSTVisitor, prefix + node_type.__name__, None) else method
+    return own_method(_Collector, prefix + node_type.__name__)
 
 
 # Field values that are not nodes.
