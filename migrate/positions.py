@@ -28,6 +28,10 @@ line. Calls without `wanted` (a whole-module table), and wanted nodes the walk d
 formatting node), get the whole-file pass, which stops as soon as the last wanted node is done: a node's start line is final once its own code is
 generated, and what comes later in the file cannot change it.
 
+The same line counts cut a parsed module's source into the code of its top-level statements
+(`statement_texts`): the code of a statement a rewrite kept is then a slice of the input, not a
+code-generation pass (`migrate.crossmodule.unit.StatementCode`).
+
 tests/migrate/test_positions_wanted.py checks, on every fixture and on layout edge cases, that the
 placed lines equal the whole-file pass's (and PositionProvider's) for every statement, every code
 node and random sets of nodes, and that `_line_count` equals the newlines of each node's code.
