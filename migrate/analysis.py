@@ -17,7 +17,7 @@ from typing import Callable, Union
 import libcst as cst
 
 from migrate.names import ImportAliases, dotted_name, instance_attribute, root_name, target_names
-from migrate.walk import Visitor, walk
+from migrate.walk import Visitor, child_getter, own_method, walk
 
 ACCELERATOR_CLASSES = frozenset({"runtime.Accelerator", "accelerate.Accelerator"})
 # Wrappers a training loop puts around its loader: `for i, batch in enumerate(tqdm(loader))`.
@@ -243,6 +243,17 @@ def _kind(node_type: type) -> int:
     return _OTHER
 
 
+def _own(node_type: type, prefix: str) -> Callable[..., object] | None:
+    """The collector's `visit_<Type>` or `leave_<Type>`; None for libcst's no-op default."""
+    return own_method(_Collector, prefix + node_type.__name__)
+
+
+# Field values that are not nodes.
+_NOT_NODES = frozenset({str, bool, type(None), cst.MaybeSentinel})
+# Node types without node children, that the collector never looks at: `collect` skips them.
+_LEAVES = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString})
+
+
 class _Collector(Visitor):
     def __init__(self, module: cst.Module) -> None:
         self.aliases = ImportAliases()
@@ -262,28 +273,57 @@ class _Collector(Visitor):
     def frame(self) -> _Frame:
         return self.frames[-1]
 
-    # Per node type: its kind, `visit_<Type>` and `leave_<Type>` (isinstance against libcst's
-    # ABCs and the method lookups are too slow to repeat for every node).
-    _dispatch: dict[type, tuple[int, Callable[..., object] | None, Callable[..., object] | None]] = {}
+    # Per node type: its kind, `visit_<Type>` and `leave_<Type>` (None where the collector keeps
+    # libcst's no-op) and its child getter (isinstance against libcst's ABCs and the method
+    # lookups are too slow to repeat for every node).
+    _dispatch: dict[type, tuple[int, Callable[..., object] | None, Callable[..., object] | None,
+                                Callable[[cst.CSTNode], tuple[object, ...]]]] = {}
 
-    def _entry(self, node_type: type) -> tuple[int, Callable[..., object] | None, Callable[..., object] | None]:
+    def _entry(self, node_type: type) -> tuple[int, Callable[..., object] | None, Callable[..., object] | None,
+                                               Callable[[cst.CSTNode], tuple[object, ...]]]:
         entry = self._dispatch.get(node_type)
         if entry is None:
-            name = node_type.__name__
             entry = self._dispatch[node_type] = (
-                _kind(node_type), getattr(_Collector, "visit_" + name, None), getattr(_Collector, "leave_" + name, None)
+                _kind(node_type), _own(node_type, "visit_"), _own(node_type, "leave_"), child_getter(node_type)
             )
         return entry
 
+    def collect(self, node: cst.CSTNode) -> None:
+        """`walk(node, self)`, in one call per node: the commonest nodes (no kind, no method of
+        the collector) cost a table lookup, and their leaf children (names, numbers, strings)
+        not even a call."""
+        dispatch = self._dispatch
+        kind, visit, leave, getter = dispatch.get(type(node)) or self._entry(type(node))
+        if kind != _OTHER:
+            self._enter(node, kind)
+        if visit is None or visit(self, node) is not False:
+            collect = self.collect
+            for value in getter(node):
+                value_type = type(value)
+                if value_type is tuple or value_type is list:
+                    for child in value:  # type: ignore[attr-defined]
+                        if type(child) not in _LEAVES:
+                            collect(child)
+                elif value_type not in _NOT_NODES and value_type not in _LEAVES:
+                    collect(value)  # type: ignore[arg-type]
+        if leave is not None:
+            leave(self, node)
+        if kind != _OTHER:
+            self._leave(node, kind)
+
     def on_visit(self, node: cst.CSTNode) -> bool:
-        kind, visit, _ = self._dispatch.get(type(node)) or self._entry(type(node))
-        if kind == _BLOCK:
-            self.blocks.append(node)
-        elif kind == _STATEMENT and id(node) not in self._elifs:
-            if type(node) is cst.If and type(node.orelse) is cst.If:
-                self._mark_elifs(node.orelse)
-            self._enter_statement(node)
+        kind, visit, _, _ = self._dispatch.get(type(node)) or self._entry(type(node))
+        if kind != _OTHER:
+            self._enter(node, kind)
         return visit is None or visit(self, node) is not False
+
+    def _enter(self, node: cst.CSTNode, kind: int) -> None:
+        if kind == _BLOCK:
+            self.blocks.append(node)  # type: ignore[arg-type]
+        elif id(node) not in self._elifs:
+            if type(node) is cst.If and type(node.orelse) is cst.If:  # type: ignore[attr-defined]
+                self._mark_elifs(node.orelse)  # type: ignore[attr-defined]
+            self._enter_statement(node)  # type: ignore[arg-type]
 
     def _mark_elifs(self, node: cst.If) -> None:
         self._elifs.add(id(node))
@@ -291,19 +331,23 @@ class _Collector(Visitor):
             self._mark_elifs(node.orelse)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
-        kind, _, leave = self._dispatch.get(type(original_node)) or self._entry(type(original_node))
+        kind, _, leave, _ = self._dispatch.get(type(original_node)) or self._entry(type(original_node))
         if leave is not None:
             leave(self, original_node)
+        if kind != _OTHER:
+            self._leave(original_node, kind)
+
+    def _leave(self, node: cst.CSTNode, kind: int) -> None:
         if kind == _BLOCK:
             self.blocks.pop()
-        elif kind == _STATEMENT and id(original_node) not in self._elifs:
+        elif id(node) not in self._elifs:
             frame = self.frame
-            if type(original_node) in (cst.FunctionDef, cst.ClassDef) and len(self.frames) > 1:
-                if frame.scope.node is original_node:
+            if type(node) in (cst.FunctionDef, cst.ClassDef) and len(self.frames) > 1:
+                if frame.scope.node is node:
                     self.frames.pop()
                     frame = self.frame
             frame.stmts.pop()
-            if type(original_node) is cst.For and frame.loops and frame.loops[-1].node is original_node:
+            if type(node) is cst.For and frame.loops and frame.loops[-1].node is node:
                 frame.loops.pop()
 
     def _enter_statement(self, node: cst.BaseStatement) -> None:
@@ -721,7 +765,7 @@ def _follow_wrapped_sources(collector: _Collector) -> None:
 
 def analyze(module: cst.Module, text: str | None = None) -> Facts:
     collector = _Collector(module)
-    walk(module, collector)
+    collector.collect(module)
     _follow_wrapped_sources(collector)
     functions: dict[str, Scope] = {}
     for s in collector.scopes:

@@ -28,6 +28,10 @@ line. Calls without `wanted` (a whole-module table), and wanted nodes the walk d
 formatting node), get the whole-file pass, which stops as soon as the last wanted node is done: a node's start line is final once its own code is
 generated, and what comes later in the file cannot change it.
 
+The same line counts cut a parsed module's source into the code of its top-level statements
+(`statement_texts`): the code of a statement a rewrite kept is then a slice of the input, not a
+code-generation pass (`migrate.crossmodule.unit.StatementCode`).
+
 tests/migrate/test_positions_wanted.py checks, on every fixture and on layout edge cases, that the
 placed lines equal the whole-file pass's (and PositionProvider's) for every statement, every code
 node and random sets of nodes, and that `_line_count` equals the newlines of each node's code.
@@ -260,6 +264,31 @@ def _first_node(blocks: tuple[object, ...]) -> cst.CSTNode | None:
         elif block is not None:
             return block  # type: ignore[return-value]
     return None
+
+
+def statement_texts(module: cst.Module, text: str) -> dict[int, str] | None:
+    """The code of each top-level item of `module` (its header lines, statements and footer
+    lines), by `id`, cut from `text`, the source `module` was parsed from. At the top level
+    nothing is indented and every item ends with its newline, so an item's code is the run of
+    whole lines of `text` that `_line_count` counts in it, starting where the previous item's
+    ends (libcst prints a parsed module back as its source, byte for byte). A slice costs a
+    third of generating the item's code. None when `text` cannot be cut so: no trailing newline
+    (libcst then drops one), a byte-order mark, or counts that do not add up to its lines."""
+    if not module.has_trailing_newline or text.startswith("\ufeff"):
+        return None
+    ends = [match.end() for match in _NEWLINES.finditer(text)]
+    if not ends or ends[-1] != len(text):
+        return None
+    out: dict[int, str] = {}
+    line, start = 0, 0
+    for item in (*module.header, *module.body, *module.footer):
+        line += _line_count(item)
+        if line > len(ends):
+            return None
+        end = ends[line - 1] if line else 0
+        out[id(item)] = text[start:end]
+        start = end
+    return out if line == len(ends) else None
 
 
 # Per node type: a getter of every field (formatting included) but the module's settings.

@@ -296,34 +296,39 @@ def local_imports(sources: dict[Path, str]) -> dict[Path, str]:
     MAX_UNIT_FILES files: a script of a large framework keeps to what it was given."""
     found: dict[Path, str] = {}
     pending = [(path, text) for path, text in sources.items() if "__main__" in text and "import" in text]
-    seen = set(sources)
+    seen = {str(path) for path in sources}  # candidates are absolute path strings: a Path each costs more
     while pending and len(found) < MAX_UNIT_FILES:
         importer, text = pending.pop()
         for candidate in _import_candidates(importer, text):
             if candidate in seen:
                 continue
             seen.add(candidate)
+            if not os.path.isfile(candidate):
+                continue
             try:
                 with open(candidate, encoding="utf-8") as handle:
                     content = handle.read()
             except (OSError, UnicodeDecodeError):
                 continue
-            if "torch" in content or candidate.name == "__init__.py":
-                found[candidate] = content
+            package = os.path.basename(candidate) == "__init__.py"
+            if "torch" in content or package:
+                found[Path(candidate)] = content
                 if "torch" in content:
-                    pending.append((candidate, content))
+                    pending.append((Path(candidate), content))
     return found
 
 
-def _import_candidates(importer: Path, text: str) -> Iterator[Path]:
-    """Files that may hold what `importer` imports: `a.b` as a/b.py or a/b/__init__.py (with each
-    package folder's __init__.py) under the importer's folder and its package root."""
+def _import_candidates(importer: Path, text: str) -> Iterator[str]:
+    """Files (absolute paths) that may hold what `importer` imports: `a.b` as a/b.py or
+    a/b/__init__.py (with each package folder's __init__.py) under the importer's folder and its
+    package root."""
     roots = [importer.parent]
     folder = importer.parent
     while os.path.isfile(folder / "__init__.py"):
         folder = folder.parent
     if folder != importer.parent:
         roots.append(folder)
+    join, absolute = os.path.join, os.path.abspath
     for _, node in _import_statements(text):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -341,9 +346,10 @@ def _import_candidates(importer: Path, text: str) -> Iterator[Path]:
         else:
             continue
         for base in bases:
+            folder = str(base)
             for name in names:
                 parts = name.split(".")
                 for depth in range(1, len(parts)):
-                    yield Path(os.path.abspath(base.joinpath(*parts[:depth], "__init__.py")))
-                yield Path(os.path.abspath(base.joinpath(*parts[:-1], parts[-1] + ".py")))
-                yield Path(os.path.abspath(base.joinpath(*parts, "__init__.py")))
+                    yield absolute(join(folder, *parts[:depth], "__init__.py"))
+                yield absolute(join(folder, *parts[:-1], parts[-1] + ".py"))
+                yield absolute(join(folder, *parts, "__init__.py"))

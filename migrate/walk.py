@@ -7,7 +7,8 @@ pass cost more than parsing the file. `walk` reads a node's children straight fr
 calls `visitor.on_visit(node)` / `visitor.on_leave(node)` like libcst does (so `visit_<Type>` and
 `leave_<Type>` methods work unchanged), and visits children in document order. A visitor that keeps
 libcst's own `on_visit` / `on_leave` has its `visit_<Type>` / `leave_<Type>` methods called
-directly, looked up once per visitor class and node type.
+directly, looked up once per visitor class and node type (libcst's own no-op defaults, which
+every visitor class inherits for every node type, are not called at all).
 
 What it does not visit: whitespace, comments, parentheses, brackets, commas, colons and operator
 tokens. No rule reads those through a visitor (a rule that needs a comparison's operator reads it
@@ -80,6 +81,12 @@ def _getter(node_type: type) -> Callable[[cst.CSTNode], tuple[object, ...]]:
         getter = operator.attrgetter(*fields)
     _GETTERS[node_type] = getter
     return getter
+
+
+def child_getter(node_type: type) -> Callable[[cst.CSTNode], tuple[object, ...]]:
+    """The getter of a node type's code-carrying field values, in document order (`children`
+    without the flattening: a value may be a node, a sequence of nodes, or a str, bool or None)."""
+    return _GETTERS.get(node_type) or _getter(node_type)
 
 
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -167,8 +174,8 @@ def _walk_methods(node: cst.CSTNode, visitor: cst.CSTVisitor, dispatch: _Dispatc
     if entry is None:
         cls, name = type(visitor), node_type.__name__
         entry = dispatch[node_type] = (
-            getattr(cls, "visit_" + name, None),
-            getattr(cls, "leave_" + name, None),
+            own_method(cls, "visit_" + name),
+            own_method(cls, "leave_" + name),
             _GETTERS.get(node_type) or _getter(node_type),
         )
     visit, leave, getter = entry
@@ -182,6 +189,13 @@ def _walk_methods(node: cst.CSTNode, visitor: cst.CSTVisitor, dispatch: _Dispatc
                 _walk_methods(value, visitor, dispatch)  # type: ignore[arg-type]
     if leave is not None:
         leave(visitor, node)
+
+
+def own_method(cls: type, name: str) -> Callable[..., object] | None:
+    """The visitor's `visit_<Type>` / `leave_<Type>`; None where it keeps libcst's default, a no-op
+    that returns None (so the children are visited, as without a method)."""
+    method = getattr(cls, name, None)
+    return None if method is getattr(cst.CSTVisitor, name, None) else method
 
 
 def with_ancestors(root: cst.CSTNode, targets: set[cst.CSTNode]) -> set[cst.CSTNode]:

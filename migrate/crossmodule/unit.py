@@ -34,13 +34,13 @@ from migrate.cleanup import remove_unused
 from migrate.crossmodule import CODE
 from migrate.crossmodule.merge import Conflict, merged_facts
 from migrate.imports import add_imports
-from migrate.positions import start_lines
+from migrate.positions import start_lines, statement_texts
 from migrate.project import ImportedName, ModuleIndex
 from migrate.results import Change, Diagnostic, FileResult
 from migrate.rewriter import Rewriter
 from migrate.roles import find_roles
 from migrate.suppression import drop_skipped, skip_lines
-from migrate.walk import children, with_ancestors
+from migrate.walk import child_getter
 
 # What the single-file engine says of a module whose training objects come from elsewhere.
 _LIBRARY = ("a library module", "no optimizer is built in this file")
@@ -232,15 +232,12 @@ def _migrate_entry(
     if rerouted is not None:
         return rerouted
 
-    nodes = _NodesByPath({m.source.path: m.module for m in modules})
-
-    def owner(node: cst.CSTNode) -> _Parsed | None:
-        return next((m for m in modules if node in nodes[m.source.path]), None)
-
     for m in modules:
         if m.skipped:
             table = lines.table(m.source.path)
             drop_skipped(plan, lambda n, t=table: t.get(n, -1), m.skipped)
+    located = _Located(modules, plan)
+    owner = located.owner
     edited = {id(owner(node)) for node in plan.targets()} | ({id(head)} if plan.create_at is not None else set())
     changed_modules = [m for m in modules if id(m) in edited]
     entry_only = not any(m is not head for m in changed_modules)
@@ -253,13 +250,12 @@ def _migrate_entry(
     for m in modules:
         if m is not head and id(m) not in edited and id(m) not in reported:
             continue  # neither rewritten nor told anything (a module with findings keeps them)
-        rewritten = _rewrite(m, plan)
+        rewritten = _rewrite(m, plan, located.touched(m))
         if rewritten is None:
             return _Outcome(reason=f"the rewrite of {m.source.display} would not compile (please report this)")
         new_module, new_text = rewritten
         outcome.trees[m.source.path] = new_module
-        own = nodes[m.source.path]
-        mine = [r for r in plan.changes if r.node in own], [f for f in plan.findings if f.node in own]
+        mine = [r for r in plan.changes if owner(r.node) is m], [f for f in plan.findings if owner(f.node) is m]
         line = lines.of(m.source.path, {x.node for group in mine for x in group})
         changes = sorted({Change(r.code, line[r.node], r.message) for r in mine[0]},
                          key=lambda c: (c.line, c.code, c.message))
@@ -274,14 +270,15 @@ def _migrate_entry(
     return outcome
 
 
-def _rewrite(m: _Parsed, plan) -> tuple[cst.Module, str] | None:  # type: ignore[no-untyped-def]
-    rewriter = Rewriter(plan, with_ancestors(m.module, plan.targets()))
+def _rewrite(m: _Parsed, plan, touched: set[cst.CSTNode]) -> tuple[cst.Module, str] | None:  # type: ignore[no-untyped-def]
+    """`touched`: the module's planned edits and the nodes on the way to them (`_Located.touched`)."""
+    rewriter = Rewriter(plan, touched)
     new_module = m.module.visit(rewriter)
     if plan.removes_boilerplate or rewriter.rebound:
         new_module = remove_unused(m.module, new_module, rewriter.rebound)
     # the entry may create nothing (a trainer class of another module creates the Accelerator):
     # each file takes only the imports its rewritten code reads
-    code = StatementCode()
+    code = StatementCode(m.module, m.source.text)
     new_text = code(new_module)
     wanted = {
         item for item in plan.imports
@@ -302,13 +299,24 @@ class StatementCode:
     it is given: a module with imports added (`add_imports`) shares all but a few statements with
     the module it was made from, so its code costs those few statements. The code of a module is
     the code of its header, statements and footer one after the other (at the top level nothing is
-    indented); a module without a trailing newline is left to libcst (it drops the last one)."""
+    indented); a module without a trailing newline is left to libcst (it drops the last one).
 
-    def __init__(self) -> None:
+    Given the module the rewrite started from and its source text, the statements the rewrite kept
+    (the same node objects) are not generated at all: their code is cut from the source
+    (`migrate.positions.statement_texts`)."""
+
+    def __init__(self, original: cst.Module | None = None, text: str | None = None) -> None:
         self._done: dict[int, tuple[cst.CSTNode, str]] = {}  # the node is kept: its id stays its own
+        self._settings: tuple[str, str] | None = None  # the modules whose code the source gives
+        texts = statement_texts(original, text) if original is not None and text is not None else None
+        if texts is not None and original is not None:
+            self._settings = (original.default_indent, original.default_newline)
+            for item in (*original.header, *original.body, *original.footer):
+                self._done[id(item)] = (item, texts[id(item)])
 
     def __call__(self, module: cst.Module) -> str:
-        if not module.has_trailing_newline:
+        if not module.has_trailing_newline or (
+                self._settings is not None and self._settings != (module.default_indent, module.default_newline)):
             return module.code
         text = "".join(self._code(module, node) for node in (*module.header, *module.body, *module.footer))
         return text or module.code  # an empty module is one newline
@@ -376,23 +384,58 @@ def _module_imports(index: ModuleIndex, entry: Path, by_path: dict[Path, Source]
     return [(t, n) for t, names in index.modules[entry].imports.items() if t in by_path for n in names if n.name is None]
 
 
-class _NodesByPath(dict[str, set[cst.CSTNode]]):
-    """Each module's nodes (those that carry code), by path, collected on first use: which module a
-    planned edit or finding belongs to. A read-only walk costs a fraction of a start-line pass."""
+class _Located:
+    """Which module of the unit each planned edit, change and finding belongs to (`owner`; None:
+    in no module of the unit), and each module's planned edits with the nodes on the way to them
+    (`touched`: where the rewriter descends, as `migrate.walk.with_ancestors` finds them). One
+    read-only walk per module, in the unit's order, until every node asked about is found; nodes
+    are told apart by `id` (a libcst node's hash is Python code)."""
 
-    def __init__(self, modules: dict[str, cst.Module]) -> None:
-        super().__init__()
-        self._modules = modules
+    def __init__(self, modules: list[_Parsed], plan) -> None:  # type: ignore[no-untyped-def]
+        targets = plan.targets()
+        target_ids = {id(node) for node in targets}
+        left = target_ids | {id(r.node) for r in plan.changes} | {id(f.node) for f in plan.findings}
+        self._owners: dict[int, _Parsed] = {}
+        self._touched: dict[int, set[cst.CSTNode]] = {}
+        for m in modules:
+            if not left:
+                break
+            found = self._walk(m, target_ids, left)
+            if found:
+                self._touched[id(m)] = found
 
-    def __missing__(self, path: str) -> set[cst.CSTNode]:
-        found: set[cst.CSTNode] = set()
-        stack: list[cst.CSTNode] = [self._modules[path]]
-        while stack:
-            node = stack.pop()
-            found.add(node)
-            stack.extend(children(node))
-        self[path] = found
+    def _walk(self, m: _Parsed, target_ids: set[int], left: set[int]) -> set[cst.CSTNode]:
+        owners, found, path = self._owners, set(), []  # type: ignore[var-annotated]
+
+        def visit(node: cst.CSTNode) -> None:
+            key = id(node)
+            if key in target_ids:
+                found.add(node)
+                found.update(path)
+            if key in left:
+                left.discard(key)
+                owners[key] = m
+            path.append(node)
+            for value in child_getter(type(node))(node):
+                kind = type(value)
+                if kind is tuple or kind is list:
+                    for child in value:  # type: ignore[attr-defined]
+                        visit(child)
+                elif kind not in _NOT_NODES:
+                    visit(value)  # type: ignore[arg-type]
+            path.pop()
+
+        visit(m.module)
         return found
+
+    def owner(self, node: cst.CSTNode) -> _Parsed | None:
+        return self._owners.get(id(node))
+
+    def touched(self, m: _Parsed) -> set[cst.CSTNode]:
+        return self._touched.get(id(m), set())
+
+
+_NOT_NODES = frozenset({str, bool, type(None), cst.MaybeSentinel})  # field values that are not nodes
 
 
 class _StartLines:

@@ -129,10 +129,80 @@ def test_statement_code_is_module_code_on_every_fixture(suffix: str) -> None:
     sources = [*sorted(FIXTURES.rglob(f"*{suffix}")), *(sorted(REPOS.rglob("*.py")) if suffix == ".in.py" else [])]
     extra = ["", "\n", "# only a comment", "x = 1", "x = 1\n\n\n# trailing comment\n", "def f():\n    pass\n\n\n",
              "import os\r\nx = 1\r\n", "if x:\n\ty = 1\n"]
-    modules = [cst.parse_module(p.read_text()) for p in sources] + [cst.parse_module(t) for t in extra]
+    texts = [p.read_text() for p in sources] + extra + _LAYOUTS
+    modules = [cst.parse_module(t) for t in texts]
     assert len(modules) > 100
-    for module in modules:
-        code = unit.StatementCode()
-        assert code(module) == module.code
+    for text, module in zip(texts, modules):
         with_imports = add_imports(module, {("accelerate", "Accelerator"), ("os", "path")})
-        assert code(with_imports) == with_imports.code
+        for code in (unit.StatementCode(), unit.StatementCode(module, text)):
+            assert code(module) == module.code
+            assert code(with_imports) == with_imports.code
+
+
+# Layouts where a top-level statement's lines are not its physical lines alone: continuations,
+# strings spanning lines, other newlines, comments before and after, no trailing newline.
+_LAYOUTS = [
+    "x = (1,\n     2)\ny = 3 \\\n    + 4\n",
+    's = """a\nb\r\nc"""\nt = 1\n',
+    "a = 1\rb = 2\r",
+    "a = 1\rb = 2\r\n",
+    's = """a\rb"""\nt = (1,\r2)\n',
+    "x = 1\n\r\n\ry = 2\n",
+    "a = 1\r\n\r\nif a:\r\n    b = 2\r\n",
+    "\x0c\nx = 1\n\x0c\n",
+    "# head\n\n@dec\n# between\ndef f():\n    return 1\n    # inner tail\n# tail\n\n",
+    "class A:\n    x = 1\n\n    def f(self): pass\nclass B: pass\n",
+    "x = 1; y = 2\nif x: z = 3\nelse:\n  z = 4\n",
+    "x = 1",
+    "\ufeffx = 1\n",
+]
+
+
+def _fixture_texts() -> list[str]:
+    return [p.read_text() for p in sorted(FIXTURES.rglob("*.py")) if "/out/" not in p.as_posix()] + _LAYOUTS
+
+
+def test_statement_texts_are_the_code_of_each_top_level_item() -> None:
+    """`statement_texts` cuts each top-level item's code from the source: equal to libcst's code
+    for that item, on every fixture and layout it accepts."""
+    import libcst as cst
+
+    from migrate.positions import statement_texts
+
+    cut = 0
+    for text in _fixture_texts():
+        module = cst.parse_module(text)
+        texts = statement_texts(module, text)
+        if texts is None:
+            assert not module.has_trailing_newline or text.startswith("\ufeff") or not text.strip(), text
+            continue
+        cut += 1
+        items = (*module.header, *module.body, *module.footer)
+        assert [texts[id(item)] for item in items] == [module.code_for_node(item) for item in items]
+        assert "".join(texts.values()) == text
+    assert cut > 400
+
+
+def test_statement_code_of_a_rewrite_is_module_code_on_every_fixture() -> None:
+    """The rules' rewrite of each fixture keeps most statements (the same node objects): their
+    code is cut from the source, and the whole is the rewritten module's code."""
+    import libcst as cst
+
+    from migrate.engine import Options, mentions_torch, run_rules
+    from migrate.suppression import skip_lines
+
+    rewritten = 0
+    for text in _fixture_texts():
+        if not mentions_torch(text):
+            continue
+        try:
+            module = cst.parse_module(text)
+        except cst.ParserSyntaxError:
+            continue
+        skip_file, skipped = skip_lines(text)
+        attempt = None if skip_file else run_rules(module, text, "x.py", Options(), skipped)
+        if attempt is None or attempt.new_module is None:
+            continue
+        rewritten += 1
+        assert unit.StatementCode(module, text)(attempt.new_module) == attempt.new_module.code
+    assert rewritten > 100
