@@ -3,15 +3,18 @@ removed.
 
 Runs on the rewritten module only when a rule scheduled something. Only names the rewrite made
 unused go: an import the original script never used stays (it is not ours to remove). Uses are
-counted as code tokens (names in strings and comments do not count).
+counted as code tokens (names in strings and comments do not count). A removed line's comments
+and blank lines go to the next statement kept (`carry.py`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 import libcst as cst
 
+from migrate import carry
 from migrate.names import dotted_name
 from migrate.transform import Transformer
 from migrate.walk import children
@@ -176,22 +179,52 @@ class _Remover(Transformer):
         self.dead = dead
         self.unused = unused_imports
         self.touched = touched
+        self.gone: dict[int, list[cst.EmptyLine]] = {}  # removed statement line -> its lines (carry.py)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         return node in self.touched
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        if not (original_node.body and updated_node.body) or original_node.body[0].leading_lines:
+        body, footer = self._carry(original_node.body, updated_node.body)
+        if body is None:
             return updated_node
-        # A removed first statement must not leave the file starting with blank lines.
-        first = updated_node.body[0]
-        lines = list(first.leading_lines)
-        while lines and lines[0].comment is None:
-            lines.pop(0)
-        return updated_node.with_changes(body=[first.with_changes(leading_lines=lines), *updated_node.body[1:]])
+        return updated_node.with_changes(body=body, footer=[*footer, *updated_node.footer])
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        body, footer = self._carry(original_node.body, updated_node.body)
+        if body is None:
+            return updated_node
+        if not body:  # not reached: a block keeps a statement that is not a dead binding or an import
+            body = [cst.SimpleStatementLine([cst.Pass()], leading_lines=carry.inside(footer))]
+            footer = []
+        return updated_node.with_changes(body=body, footer=[*footer, *updated_node.footer])
+
+    def _carry(
+        self, originals: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
+    ) -> tuple[list[cst.BaseStatement] | None, list[cst.EmptyLine]]:
+        """The lines of the statements removed from this block (`self.gone`) go above the next
+        statement kept, or to the footer (`carry.py`). None: nothing was removed here."""
+        if not any(id(stmt) in self.gone for stmt in originals):
+            return None, []
+        kept = iter(updated)
+        out: list[cst.BaseStatement] = []
+        carried: list[cst.EmptyLine] | None = None
+        for original in originals:
+            lines = self.gone.pop(id(original), None)
+            if lines is not None:
+                carried = lines if carried is None else carry.join(carried, lines, at_start=not out)
+                continue
+            stmt = next(kept)
+            if carried is not None:
+                stmt = carry.attach(stmt, carried, at_start=not out)
+                carried = None
+            out.append(stmt)
+        return out, carry.footer(carried) if carried is not None else []
 
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine):  # type: ignore[no-untyped-def]
-        if id(original_node) in self.dead:
+        if id(original_node) in self.dead or not updated_node.body:
+            # a dead binding, or an import line none of whose names is left
+            self.gone[id(original_node)] = carry.lines_of(original_node)
             return cst.RemoveFromParent()
         return updated_node
 

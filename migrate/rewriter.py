@@ -3,15 +3,19 @@
 Statement-level edits (remove, replace, insert) are applied where the statement's block is rebuilt,
 pairing original and updated statements, so edits keyed by original nodes find their statement
 even after its children were rewritten. Comments of a removed statement move to the next statement
-of its block (or the block's footer): the rewrite never deletes a comment.
+of its block (or the block's footer), with their blank lines (`carry.py`); the comments of a
+replaced statement that its replacement does not keep go above the replacement: the rewrite never
+deletes a comment (but a trailing pragma, `# noqa`, of a removed line).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import libcst as cst
 
+from migrate import carry
 from migrate.edits import STATEMENT_FIELDS, EditPlan
 from migrate.imports import is_docstring
 from migrate.transform import Transformer
@@ -104,7 +108,9 @@ class Rewriter(Transformer):
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
         body, footer = self._rebuild(original_node.body, updated_node.body)
         if not body:
-            body = [cst.SimpleStatementLine([cst.Pass()])]
+            # the comments of what was removed stay above the `pass` that fills the block
+            body = [cst.SimpleStatementLine([cst.Pass()], leading_lines=carry.inside(footer))]
+            footer = []
         return updated_node.with_changes(body=body, footer=[*footer, *updated_node.footer])
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
@@ -114,23 +120,35 @@ class Rewriter(Transformer):
     def _rebuild(
         self, originals: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
     ) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+        """The block's new statements, and the lines for its footer. A removed statement's lines
+        (`carry.lines_of`) go above the next statement put in the block, an inserted one included."""
         plan = self.plan
         out: list[cst.BaseStatement] = []
-        carried: list[cst.EmptyLine] = []
+        carried: list[cst.EmptyLine] | None = None  # None: nothing removed since the last statement put
         opened: cst.BaseStatement | None = None  # the last `if accelerator.is_main_process:` added
         first: cst.BaseStatement | None = None  # the last `with accelerator.main_process_first():` added
         statement_edits = self.statement_edits
+
+        def put(stmts: Sequence[cst.BaseStatement]) -> None:
+            nonlocal carried
+            stmts = list(stmts)
+            if stmts and carried is not None:
+                stmts[0] = self._moved(stmts[0], carry.attach(stmts[0], carried, at_start=not out))
+                carried = None
+            out.extend(stmts)
+
         for original, new in zip(originals, updated):
             if new is original and id(original) not in statement_edits and (
                 type(original) is not cst.SimpleStatementLine
                 or not any(id(small) in statement_edits for small in original.body)
             ):
-                out.append(_prepend_lines(new, carried) if carried else new)
-                carried = []
+                put([new])  # no edit of its own: kept as it is
                 continue
-            out.extend(plan.insert_before.get(original, []))
+            put(plan.insert_before.get(original, []))
+            lost: list[cst.EmptyLine] = []
             if original in plan.replace_stmt:
                 replacement = list(plan.replace_stmt[original])
+                lost = _lost_comments(new, replacement) if replacement else []
             elif original in plan.drop_if_trivial:
                 replacement = _drop_trivial(new)
             elif type(original) is cst.SimpleStatementLine and plan.remove_small.intersection(original.body):
@@ -141,6 +159,13 @@ class Rewriter(Transformer):
                 replacement = [_replaced_small(original, stmt, plan.replace_small) if stmt is new else stmt for stmt in replacement]
             if replacement == [new] and _emptied_guard(original, new):
                 replacement = []  # `if use_cuda: model = model.cuda()` once the move went
+            if replacement and carried is not None and replacement == [new] and (
+                original in plan.main_process_only or original in plan.main_process_first
+            ):
+                # the lines go on the statement itself, which may join the block put just before
+                replacement = [carry.attach(new, carried, at_start=not out)]
+                carried = None
+                new = replacement[0]
             for stmt in replacement:
                 name = plan.rebound.get(stmt) or (plan.rebound.get(original) if stmt is new else None)
                 if name is not None:
@@ -160,17 +185,35 @@ class Rewriter(Transformer):
                     out.pop()
                 first = replacement[0]
             if replacement:
-                if carried:
-                    replacement[0] = _prepend_lines(replacement[0], carried)
-                    carried = []
-                out.extend(replacement)
+                put(replacement)
+                if lost:
+                    carried = lost  # after the replacement, where they were
             else:
-                carried.extend(_comments_of(new))
-            out.extend(plan.insert_after.get(original, []))
-        if carried and out:
-            # A removed last statement: its comments stay at the end of the block.
-            return out, carried
-        return out, carried
+                carried = carry.join(carried, carry.lines_of(new), at_start=not out) if carried is not None else carry.lines_of(new)
+            put(plan.insert_after.get(original, []))
+        return out, carry.footer(carried) if carried is not None else []
+
+    def _moved(self, old: cst.BaseStatement, new: cst.BaseStatement) -> cst.BaseStatement:
+        """`new` replaces `old` in the output: a binding cleanup may remove stays known as one."""
+        name = self.rebound.pop(old, None)
+        if name is not None:
+            self.rebound[new] = name
+        return new
+
+
+def _lost_comments(original: cst.BaseStatement, replacement: list[cst.BaseStatement]) -> list[cst.EmptyLine]:
+    """The comments of `original` that no statement of `replacement` keeps (those of the statements
+    a rule took out of a replaced `if`, say), each on a line of its own."""
+    kept = Counter(c for stmt in replacement for c in carry.comments_in(stmt))
+    lost = []
+    for line in carry.lines_of(original):
+        if line.comment is None:
+            continue
+        if kept[line.comment.value] > 0:
+            kept[line.comment.value] -= 1
+        else:
+            lost.append(line)
+    return lost
 
 
 def _main_process_only(stmt: cst.BaseStatement, guard: cst.BaseStatement | None) -> list[cst.BaseStatement]:
@@ -194,17 +237,6 @@ def _main_process_first(stmt: cst.BaseStatement, block: cst.BaseStatement | None
     item = cst.Call(cst.Attribute(cst.Name(ACCELERATOR), cst.Name("main_process_first")))
     inner = stmt.with_changes(leading_lines=[])
     return [cst.With(items=[cst.WithItem(item)], body=cst.IndentedBlock([inner]), leading_lines=stmt.leading_lines)]
-
-
-def _comments_of(stmt: cst.BaseStatement) -> list[cst.EmptyLine]:
-    lines = [line for line in stmt.leading_lines if line.comment is not None]
-    if type(stmt) is cst.SimpleStatementLine and stmt.trailing_whitespace.comment is not None:
-        lines.append(cst.EmptyLine(comment=stmt.trailing_whitespace.comment))
-    return lines
-
-
-def _prepend_lines(stmt: cst.BaseStatement, lines: list[cst.EmptyLine]) -> cst.BaseStatement:
-    return stmt.with_changes(leading_lines=[*lines, *stmt.leading_lines])
 
 
 def _drop_trivial(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:

@@ -58,7 +58,13 @@ Leaves alone (each reported unless no metric is recognised):
       per-batch means (`test_loss += criterion(out, y).item()` with the default
       `reduction="mean"`), one value per batch (`losses.append(loss.item())`), a value from a
       function it cannot see into, or a loss the model returns itself; gathered, each batch holds
-      the samples of N batches, so the sum would have N times fewer terms;
+      the samples of N batches, so the sum would have N times fewer terms. Divided by the number of
+      batches (`test_loss /= len(loader)`, a mean of per-batch values), the divisor shrinks by N as
+      well once the loader is prepared, but the mean is over other batches: it equals the one-process
+      value only when every batch is full and the per-batch value is a plain mean (not with a
+      smaller last batch, nor for a PSNR of each batch), so it is not gathered either; prepared
+      without a gather, each process would print the mean over its own batches. The report says
+      which of the two it is;
     - a loop whose function divides by `len(loader)` (after prepare: the batches of one process);
     - a value the metric computes from the gathered ones (`loss = criterion(out, y)` before
       `test_loss += loss.item()`) that the loop also reads for something else (a progress print):
@@ -437,12 +443,7 @@ class _Loop:
             return None
         value = values[0]
         if self._scalar(value, line.index) and not self._additive(value, line.index, self.scope, 0):
-            return _Refusal(
-                line.stmt,
-                f"`{text}` sums a per-batch value that is not a sum over samples (a mean, or a function it "
-                f"cannot see into); {_NOT_EXACT}: use `reduction=\"sum\"` (and divide by `len(loader.dataset)`), "
-                "or multiply a batch mean by the batch size",
-            )
+            return _Refusal(line.stmt, self._batch_values(line))
         self._trace(value, line.index)
         return None
 
@@ -633,6 +634,73 @@ class _Loop:
             if not values or not all(isinstance(v, cst.Call) and _reduction_is(v, "sum") for v in values):
                 return False
         return True
+
+    def _batch_values(self, line: _Line) -> str:
+        """Why a sum of one value per batch (a batch mean, a PSNR) is not gathered: what it would
+        be on N processes, gathered or not, and what to write for an exact sharded evaluation."""
+        text = _code(line.small)
+        source = self.loop.source
+        target = line.small.target if isinstance(line.small, cst.AugAssign) else None
+        accumulator = _code(target) if target is not None else "the sum"
+        exact = (
+            "For an exact sharded evaluation, sum over samples (`reduction=\"sum\"`, or the batch mean times the "
+            f"batch size) and divide by `len({source}.dataset)`"
+        )
+        head = f"`{text}` adds one value per batch that is not a sum over its samples (a batch mean, or a function it cannot see into)"
+        divisor = self._batch_count_divisor(accumulator)
+        if divisor is not None:
+            return (
+                f"{head}, and `{_code(divisor)}` divides `{accumulator}` by the number of batches: a mean of "
+                f"per-batch values. Prepared and gathered, each batch would hold the samples of N batches and "
+                f"`len({source})` would be N times smaller too, so it would still be a mean over batches, but "
+                "over other batches: the one-process value only if every batch is full and the per-batch value is "
+                "a plain mean (a smaller last batch, or a function such as a PSNR of the batch, changes it). "
+                "Prepared and not gathered, each process would compute the mean over its own batches only, "
+                f"a different value on each. {exact}"
+            )
+        return (
+            f"{head}. Prepared and gathered, each batch would hold the samples of N batches, so `{accumulator}` "
+            "would add N times fewer terms, each over N times as many samples; prepared and not gathered, each "
+            f"process would add up its own batches only. {exact}"
+        )
+
+    def _batch_count_divisor(self, accumulator: str) -> cst.CSTNode | None:
+        """`acc / len(loader)` or `acc /= n` with `n = len(loader)` in the loop's function: the
+        division of the accumulated per-batch values by the number of batches."""
+        source = self.loop.source
+        scope = self.scope
+
+        def is_count(expr: cst.BaseExpression) -> bool:
+            if (
+                isinstance(expr, cst.Call)
+                and isinstance(expr.func, cst.Name)
+                and expr.func.value == "len"
+                and len(expr.args) == 1
+                and reference(expr.args[0].value) == source
+            ):
+                return True
+            if isinstance(expr, cst.Name):
+                values = [b.value for b in scope.bindings.get(expr.value, [])]
+                return bool(values) and all(v is not None and is_count(v) for v in values)
+            return False
+
+        found: list[cst.CSTNode] = []
+        scope_node = scope.node
+
+        class Visitor(cst.CSTVisitor):
+            def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+                if isinstance(node.operator, cst.Divide) and _code(node.left) == accumulator and is_count(node.right):
+                    found.append(node)
+
+            def visit_AugAssign(self, node: cst.AugAssign) -> None:
+                if isinstance(node.operator, cst.DivideAssign) and _code(node.target) == accumulator and is_count(node.value):
+                    found.append(node)
+
+            def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+                return node is scope_node
+
+        walk(scope_node, Visitor())
+        return found[0] if found else None
 
     def _loader_length(self) -> cst.CSTNode | None:
         """A `len(loader)` of this loop's loader anywhere in its function."""

@@ -9,12 +9,18 @@ What it does:
     stopping, `break`), it inserts, right after the value is bound,
     `value = accelerator.reduce(torch.tensor(value, dtype=torch.float64, device=accelerator.device),
     "mean").item()` (`"sum"` for the running sum itself).
+    A running sum that is read after its loop only divided by the size of the whole dataset
+    (`train_loss / len(train_loader.dataset)` in a print, or `train_loss /= len(train_loader.dataset)`
+    and then any use) is reduced with `"sum"` right after the loop, whatever it then feeds: the
+    division already counts every process's samples.
 
 Why:
     Each process sees 1/N of the data, so each one's loss sum differs. A plateau scheduler fed
     with it lowers the LR on some processes only, and an early stop fed with it ends the loop on
     some processes while the others wait in the next all-reduce until the timeout: replicas drift
     apart or hang. Reduced, every process takes the same decision, from the value over all data.
+    A sum over one process's share divided by `len(loader.dataset)` is about 1/N of the
+    one-process average: a printed or logged epoch loss that looks N times better than it is.
 
 Example:
     train_loss = train_epoch(model, train_loader, optimizer)
@@ -29,14 +35,21 @@ Leaves alone:
     same on every process already), counters incremented by a number (`iteration += 1`: every
     process runs the same number of batches), values only printed or logged, and decisions on a per-rank
     value it cannot reduce where it is bound (bound inside a nested block, a tuple element, a
-    function that cannot reach the accelerator): reported with the line to add.
+    function that cannot reach the accelerator): reported with the line to add. A sum divided by the
+    dataset size that is also read otherwise after its loop (`return total`: the caller would get
+    the sum over all processes), bound again, not started from a number, fed by something that may
+    be a tensor, or whose loop may `return` before the reduction (which every process must reach)
+    is reported with the line to add.
 
 Fix safety:
     Changes no value on one process (a reduction over one process returns its input; float64
     holds a Python float exactly, so `.item()` gives back the same float). float64 is not
     available on Apple's MPS devices. On N processes the reduced value is the mean of the processes' values, which equals the
     one-process value up to float summation order when every process runs the same number of
-    batches (the prepared loader evens them out).
+    batches (the prepared loader evens them out). A sum reduced before its division by the dataset
+    size is the one-process sum over the epoch's samples (the model's path aside) when the dataset
+    divides into whole rounds of N batches; otherwise it also counts the samples the prepared loader
+    repeats to even out the last round (fewer than N batches' worth).
 """
 
 from __future__ import annotations
@@ -75,7 +88,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     returning: set[str] = set()  # functions that return a per-rank value
     per_scope: dict[int, dict[str, _Value]] = {}
     for scope in roles.facts.scopes:
-        values = _accumulators(roles, scope, loaders)
+        values = _accumulators(roles, scope, loaders, plan, torch_names)
         if values:
             per_scope[id(scope)] = values
             if scope.is_function and not scope.is_method and _returns_any(scope, values):
@@ -120,9 +133,12 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             plan.change(CODE, value.after, f"`{name}` reduced across processes before it decides")
 
 
-def _accumulators(roles: Roles, scope: Scope, loaders: list[str]) -> dict[str, _Value]:
+def _accumulators(
+    roles: Roles, scope: Scope, loaders: list[str], plan: EditPlan, torch_names: list[str]
+) -> dict[str, _Value]:
     """Running sums of the training loops of `scope` over prepared loaders, and what is computed
-    from them after the loop in the same block."""
+    from them after the loop in the same block. A running sum only ever divided by the size of the
+    whole dataset after its loop is reduced there (`_over_the_dataset`) and is per-rank no more."""
     body = _body(scope.node)
     if body is None:
         return {}
@@ -132,11 +148,277 @@ def _accumulators(roles: Roles, scope: Scope, loaders: list[str]) -> dict[str, _
             continue
         for name in _summed_in(loop.node):
             if scope.binds(name) and not name.startswith("self."):
+                if not _already_reduced(scope, name) and _over_the_dataset(
+                    roles, scope, body, loop.node, loop.source, name, plan, torch_names
+                ):
+                    continue
                 found[name] = _Value(name, loop.node, "sum")
     if not found:
         return found
     _derived(body, found)
     return found
+
+
+def _over_the_dataset(
+    roles: Roles,
+    scope: Scope,
+    body: list[cst.BaseStatement],
+    loop: cst.For,
+    loader: str,
+    name: str,
+    plan: EditPlan,
+    torch_names: list[str],
+) -> bool:
+    """`train_loss += loss.item()` in the loop, then `train_loss / len(loader.dataset)` (or
+    `train_loss /= len(loader.dataset)`) after it: a sum over this process's share divided by the
+    size of the whole dataset, about 1/N of the one-process value. When every read after the loop
+    is that division, the sum is reduced right after the loop (True: handled). Reported when it is
+    divided so but cannot be reduced there. False: not such a sum."""
+    block = _block_of(body, loop)
+    assert block is not None
+    after = block[_index(block, loop) + 1:]
+    divisions, other_reads = _reads_after(after, name, loader)
+    if not divisions:
+        return False
+    torch_name = torch_names[0] if torch_names else "torch"
+    line = (
+        f"{name} = accelerator.reduce(\n    {torch_name}.tensor({name}, dtype={torch_name}.float64, "
+        f'device=accelerator.device), "sum"\n).item()'
+    )
+    why = _not_reducible(roles, scope, body, block, loop, name, other_reads, torch_names)
+    if why is not None:
+        plan.report(
+            CODE,
+            divisions[0],
+            f"`{name}` adds up this process's share of the training data only, and `{_code(divisions[0])}` "
+            f"divides it by the size of the whole dataset: on N processes the value is about 1/N of the "
+            f"one-process one. It was not reduced ({why}): add `{name} = accelerator.reduce({torch_name}.tensor({name}, "
+            f'dtype={torch_name}.float64, device=accelerator.device), "sum").item()` right after the loop',
+        )
+        return False
+    plan.insert_after.setdefault(loop, []).append(cst.parse_statement(line + "\n"))
+    plan.use_accelerator(scope)
+    plan.change(CODE, loop, f"`{name}` summed across processes before it is divided by the dataset size")
+    return True
+
+
+def _not_reducible(
+    roles: Roles,
+    scope: Scope,
+    body: list[cst.BaseStatement],
+    block: list[cst.BaseStatement],
+    loop: cst.For,
+    name: str,
+    other_reads: list[cst.CSTNode],
+    torch_names: list[str],
+) -> str | None:
+    """Why the running sum cannot be reduced right after its loop; None: it can."""
+    if other_reads:
+        return f"`{_first_line(other_reads[0])}` also reads it after the loop, and would read the sum over all processes"
+    if not torch_names:
+        return "`torch` is not imported as a module here"
+    if not roles.can_reach(scope):
+        return "this function cannot reach the accelerator"
+    if _returns_in(loop.body):
+        return "the loop may `return` before the reduction, which every process must reach"
+    index = _index(block, loop)
+    inits = [
+        stmt for stmt in block[:index]
+        if isinstance(stmt, cst.SimpleStatementLine) and name in _assigned_names(stmt)
+    ]
+    if not inits or not _numeric_init(inits[-1], name):
+        return f"`{name}` does not start from a number in the loop's block"
+    for stmt in _simple_statements(body):
+        if name in _assigned_names(stmt) and stmt is not inits[-1] and not _inside(loop, stmt):
+            if not any(isinstance(s, cst.AugAssign) and isinstance(s.operator, cst.DivideAssign) for s in stmt.body):
+                return f"`{_code(stmt)}` binds it again"
+    for augassign in _augassigns(loop.body, name):
+        if not isinstance(augassign.operator, cst.AddAssign) or not _is_number(augassign.value):
+            return f"`{_code(augassign)}` may add a tensor, not a number"
+    return None
+
+
+def _reads_after(after: list[cst.BaseStatement], name: str, loader: str) -> tuple[list[cst.CSTNode], list[cst.CSTNode]]:
+    """Statements after the loop: (the divisions of `name` by `len(loader.dataset)`, the other
+    reads and bindings of `name`). After `name /= len(loader.dataset)` the name holds the mean,
+    and reads of it are divisions too."""
+    divisions: list[cst.CSTNode] = []
+    others: list[cst.CSTNode] = []
+    divided = False
+    for stmt in after:
+        if (
+            not divided
+            and isinstance(stmt, cst.SimpleStatementLine)
+            and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.AugAssign)
+            and isinstance(stmt.body[0].operator, cst.DivideAssign)
+            and _code(stmt.body[0].target) == name
+            and _is_dataset_size(stmt.body[0].value, loader)
+        ):
+            divided = True
+            divisions.append(stmt.body[0])
+            continue
+        finder = _NameUses(name, loader)
+        walk(stmt, finder)
+        if divided:
+            others.extend([stmt] if finder.bindings else [])
+        else:
+            divisions.extend(finder.divisions)
+            others.extend([stmt] if finder.reads or finder.bindings else [])
+    return divisions, others
+
+
+class _NameUses(cst.CSTVisitor):
+    """Reads of `name` inside `name / len(loader.dataset)`, other reads, bindings."""
+
+    def __init__(self, name: str, loader: str) -> None:
+        self.name = name
+        self.loader = loader
+        self.divisions: list[cst.CSTNode] = []
+        self.reads: list[cst.CSTNode] = []
+        self.bindings: list[cst.CSTNode] = []
+        self._inside: set[int] = set()
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        if (
+            isinstance(node.operator, cst.Divide)
+            and isinstance(node.left, cst.Name)
+            and node.left.value == self.name
+            and _is_dataset_size(node.right, self.loader)
+        ):
+            self.divisions.append(node)
+            self._inside.add(id(node.left))
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        if self.name in target_names(node.target):
+            self.bindings.append(node)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if self.name in target_names(node.target):
+            self.bindings.append(node)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == self.name and id(node) not in self._inside:
+            self.reads.append(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        walk(node.value, self)
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+
+def _is_dataset_size(expr: cst.BaseExpression, loader: str) -> bool:
+    """`len(loader.dataset)`."""
+    return (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Name)
+        and expr.func.value == "len"
+        and len(expr.args) == 1
+        and isinstance(expr.args[0].value, cst.Attribute)
+        and expr.args[0].value.attr.value == "dataset"
+        and _code(expr.args[0].value.value) == loader
+    )
+
+
+def _is_number(expr: cst.BaseExpression) -> bool:
+    """A Python number: `loss.item()`, `float(...)`, a literal, `len(x)`, `x.size(0)`, and their
+    arithmetic."""
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(expr, cst.BinaryOperation):
+        return _is_number(expr.left) and _is_number(expr.right)
+    if isinstance(expr, cst.UnaryOperation):
+        return _is_number(expr.expression)
+    if isinstance(expr, cst.Call):
+        func = expr.func
+        if isinstance(func, cst.Name):
+            return func.value in ("float", "int", "len")
+        if isinstance(func, cst.Attribute):
+            return (func.attr.value == "item" and not expr.args) or (
+                func.attr.value in ("size", "numel") and (bool(expr.args) or func.attr.value == "numel")
+            )
+    return False
+
+
+def _numeric_init(stmt: cst.SimpleStatementLine, name: str) -> bool:
+    for small in stmt.body:
+        if isinstance(small, cst.Assign):
+            for target in small.targets:
+                if isinstance(target.target, cst.Name) and target.target.value == name:
+                    return isinstance(small.value, (cst.Integer, cst.Float))
+    return False
+
+
+def _augassigns(node: cst.CSTNode, name: str) -> list[cst.AugAssign]:
+    found: list[cst.AugAssign] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if name in target_names(node.target):
+                found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    walk(node, Visitor())
+    return found
+
+
+def _returns_in(node: cst.CSTNode) -> bool:
+    found: list[cst.Return] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Return(self, node: cst.Return) -> None:
+            found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    walk(node, Visitor())
+    return bool(found)
+
+
+def _inside(outer: cst.CSTNode, inner: cst.CSTNode) -> bool:
+    found: list[bool] = []
+
+    class Visitor(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if node is inner:
+                found.append(True)
+            return not found
+
+    walk(outer, Visitor())
+    return bool(found)
+
+
+def _index(block: list[cst.BaseStatement], stmt: cst.BaseStatement) -> int:
+    return next(i for i, s in enumerate(block) if s is stmt)
+
+
+def _block_of(body: list[cst.BaseStatement], stmt: cst.BaseStatement) -> list[cst.BaseStatement] | None:
+    """The block (of the scope, not of a nested function) whose statements include `stmt`."""
+    if any(s is stmt for s in body):
+        return body
+    for inner in body:
+        if isinstance(inner, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        for child in _child_blocks(inner):
+            found = _block_of(child, stmt)
+            if found is not None:
+                return found
+    return None
+
+
+def _first_line(stmt: cst.CSTNode) -> str:
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return "; ".join(_code(small) for small in stmt.body)
+    return cst.Module([]).code_for_node(stmt).strip().splitlines()[0]
+
+
+def _code(node: cst.CSTNode) -> str:
+    return " ".join(cst.Module([]).code_for_node(node).split())
 
 
 def _derived(body: list[cst.BaseStatement], values: dict[str, _Value]) -> None:

@@ -106,7 +106,13 @@ Leaves alone:
     rewriting too; kept, it would wrap the prepared model in a second DDP (gradients all-reduced
     twice, `module.module.` checkpoint keys). The whole file is refused with the line.
     Also a process group initialised in another function than the one that
-    builds the optimizer, samplers with options that have no DataLoader equivalent, a loader
+    builds the optimizer (kept: the Accelerator reuses an existing group; the report says how the
+    migrated script is launched: where the call runs only when the launcher's variables are set,
+    under a test of `os.environ` or after an `if` chain on them whose `else` returns, one process
+    without a launcher stays non-distributed as before; where it reads the launcher's environment,
+    `env://` or `os.environ[...]`, the script needed torchrun's variables before too; where it
+    takes its own values, flags or an address, it now needs `accel launch` with values that
+    agree, since the Accelerator reads RANK / WORLD_SIZE / LOCAL_RANK), samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
     sharding themselves, so the training loader is not prepared either), and other explicit
     collectives (`dist.all_gather` into a list, a collective whose result is used: they still work
@@ -256,8 +262,7 @@ def _library_call(
                         "RANK / WORLD_SIZE (and LOCAL_RANK for a device) from the environment torchrun sets instead of "
                         "MPI, here and wherever this module reads MPI's rank, and launch with `accel launch`")
         else:
-            plan.report(CODE, call, f"process group initialised in `{scope.name}`; it was kept (the runtime reuses "
-                        "an existing group), but the script now needs torchrun: move the setup to the Accelerator")
+            plan.report(CODE, call, _kept_init_message(scope, call, where))
     elif not reach:
         return
     elif qualified == _SET_DEVICE and _standalone(where, call):
@@ -924,6 +929,108 @@ def _standalone(where: StmtRef, call: cst.Call) -> bool:
         and type(stmt.body[0]) is cst.Expr
         and stmt.body[0].value is call
     )
+
+
+def _kept_init_message(scope: Scope, call: cst.Call, where: StmtRef) -> str:
+    """What a kept `init_process_group` means for how the migrated script is launched. The
+    Accelerator reads its rank and world size from torchrun's variables (RANK, WORLD_SIZE,
+    LOCAL_RANK) and reuses the group when it exists; without them it is one process."""
+    head = f"process group initialised in `{scope.name}`; it was kept (the Accelerator reuses an existing group)"
+    gate = _launcher_gate(where)
+    if gate is not None:
+        return (
+            f"{head}. It runs only when the launcher's variables are set ({gate}): on one process started "
+            "without a launcher the script runs non-distributed, as before, and under `accel launch` (torchrun) "
+            "the Accelerator joins this group. The Accelerator takes its rank and world size from RANK, "
+            "WORLD_SIZE and LOCAL_RANK: a launcher that does not set them (before the Accelerator is created) "
+            "would leave it training as one process in a group of N"
+        )
+    env = _reads_launcher_env(call, where)
+    if env is not None:
+        return (
+            f"{head}. It reads the launcher's environment ({env}), so the script needed torchrun's variables "
+            "before the migration too, and still does: launch it with `accel launch --nproc-per-node N` (or "
+            "torchrun); to drop the setup, let the Accelerator create the group"
+        )
+    return (
+        f"{head}, but from values of its own, not from the launcher's environment, while the Accelerator takes "
+        "its rank and world size from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK) and checks them "
+        "against this group: the script now trains distributed only under `accel launch` (or torchrun) with "
+        "values that agree, where before any launcher passing them did (started otherwise, the Accelerator "
+        "sees one process in a group of N). Move the setup to the Accelerator (remove this call), or launch "
+        "it so"
+    )
+
+
+def _launcher_gate(where: StmtRef) -> str | None:
+    """How the call is skipped when no launcher's variables are set: inside an `if` that tests the
+    environment (`if "RANK" in os.environ:`), or after one whose branch returns (`else: return`)."""
+    levels = [*where.path, where]
+    for ref in where.path:
+        if type(ref.stmt) is cst.If:
+            test = _environment_test(ref.stmt)
+            if test is not None:
+                return f"under the test `{test}`"
+    for ref in levels:
+        for stmt in ref.block.body:
+            if stmt is ref.stmt:
+                break
+            if type(stmt) is cst.If and _else_returns(stmt):
+                test = _environment_test(stmt)
+                if test is not None:
+                    return f"after the `if` chain testing `{test}`, whose `else` returns"
+    return None
+
+
+def _environment_test(stmt: cst.If) -> str | None:
+    """The first test of an `if`/`elif` chain that reads the environment (`"RANK" in os.environ`)."""
+    node: cst.If | cst.Else | None = stmt
+    while type(node) is cst.If:
+        if "environ" in _code(node.test):
+            return _code(node.test)
+        node = node.orelse
+    return None
+
+
+def _else_returns(stmt: cst.If) -> bool:
+    """The chain's last branch is an `else` that returns."""
+    node: cst.If | cst.Else | None = stmt
+    while type(node) is cst.If:
+        node = node.orelse
+    if type(node) is not cst.Else or type(node.body) is not cst.IndentedBlock:
+        return False
+    return any(
+        type(inner) is cst.SimpleStatementLine and any(type(small) is cst.Return for small in inner.body)
+        for inner in node.body.body
+    )
+
+
+def _reads_launcher_env(call: cst.Call, where: StmtRef) -> str | None:
+    """How the group's setup depends on the launcher's variables: the default `env://` init
+    method (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), or `os.environ[...]` read before it at the
+    top of its function (a KeyError without them)."""
+    method = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "init_method"), None)
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if method is None and len(positional) < 2 and not any(
+        a.keyword is not None and a.keyword.value == "store" for a in call.args
+    ):
+        return "`init_process_group` without an `init_method` reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE"
+    if type(method) is cst.SimpleString and method.evaluated_value == "env://":
+        return "`init_method='env://'` reads MASTER_ADDR and MASTER_PORT"
+    top = where.path[0] if where.path else where
+    for stmt in top.block.body:
+        if stmt is top.stmt:
+            break
+        if type(stmt) is cst.SimpleStatementLine and "environ[" in _code(stmt):
+            shown = _code(stmt)
+            if len(shown) > 80 and len(stmt.body) == 1 and type(stmt.body[0]) is cst.Assign:
+                shown = f"{_code(stmt.body[0].targets[0].target)} = ..."
+            return f"`{shown}` reads `os.environ[...]`, a KeyError without them"
+    return None
+
+
+def _code(node: cst.CSTNode) -> str:
+    return " ".join(cst.Module([]).code_for_node(node).split())
 
 
 def _reads_mpi(roles: Roles, scope: Scope) -> bool:

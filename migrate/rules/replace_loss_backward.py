@@ -27,8 +27,12 @@ Leaves alone:
     method is followed to the model, as in one file, AM013; not from the script itself, which
     AM013 rewrites only with an edit in another module), a function of another module
     (`create_optimizer_v2(model, ...)`, timm: not followed; the report says where to prepare by
-    hand), or a parameter the caller fills (`self.optimizer = optimizer` in a constructor);
-    otherwise the file reads as a library module. Also reported: an optimizer built in a file with
+    hand), or a parameter the caller fills (`self.optimizer = optimizer` in a constructor). A
+    script (a `__main__` guard, or a backward at module level) or a file whose parameters are
+    updated by hand (`param.data.add_(-lr * param.grad)`) has no `torch.optim` optimizer to
+    prepare: for a hand-written update the report says that it never sees gradients averaged across
+    processes (use an optimizer, or all-reduce the gradients); a script that shows none may only
+    compute gradients (of its inputs, say); otherwise the file reads as a library module. Also reported: an optimizer built in a file with
     no `.backward()` at all (the step is hidden in another module, e.g. a trainer or a loss-scaler
     object).
 
@@ -44,6 +48,7 @@ from migrate.analysis import Binding, Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.entry import _has_main_guard
+from migrate.walk import walk
 
 CODE = "AM003"
 NAME = "replace-loss-backward"
@@ -152,11 +157,68 @@ def _optimizer_not_built_here(roles: Roles) -> str:
                 "folder), or prepare the model, the optimizer and the training DataLoader there and call "
                 "`accelerator.backward(loss)` here"
             )
+    update = _hand_written_update(roles)
+    script = _has_main_guard(roles.facts.module) or any(
+        scope is roles.facts.module_scope and scope.backwards for scope in roles.facts.scopes
+    )
+    if update is not None:
+        return (
+            "`.backward()` found but there is no `torch.optim` optimizer in this file to prepare, so it was left "
+            f"as it is: the parameters are updated by hand (`{update}`), and nothing prepares the model, so on N "
+            "processes that update would never see gradients averaged across processes: each process would "
+            "train its own copy of the model. Use an optimizer (`optimizer = torch.optim.SGD(model.parameters(), "
+            "lr=...)`, with `optimizer.zero_grad()` and `optimizer.step()` in place of the update) and run the "
+            "migration again, or all-reduce the gradients yourself before the update "
+            "(`torch.distributed.all_reduce(p.grad)`, then divide by the number of processes)"
+        )
+    if script:
+        return (
+            "`.backward()` found but no `torch.optim` optimizer is built in this script, so there is nothing to "
+            "prepare and it was left as it is (a backward that only computes gradients, of the inputs say, needs "
+            "no migration); if it trains, build its optimizer here (`torch.optim.X(model.parameters(), ...)`) and "
+            "run the migration again"
+        )
     return (
         "`.backward()` found but no optimizer is built in this file (a library module?), so there is no place "
         "to create the Accelerator; create one where the optimizer is built, prepare the training objects and "
         "call `accelerator.backward(loss)` here"
     )
+
+
+def _hand_written_update(roles: Roles) -> str | None:
+    """The first statement that reads a parameter's `.grad` to change it (`param.data.add_(-lr *
+    param.grad)`, `p -= lr * p.grad`): a hand-written update step."""
+    found: list[str] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            if found:
+                return False
+            for small in node.body:
+                if _reads_grad(small) and (
+                    type(small) is cst.AugAssign
+                    or (type(small) is cst.Expr and type(small.value) is cst.Call
+                        and type(small.value.func) is cst.Attribute
+                        and small.value.func.attr.value.endswith("_"))
+                ):
+                    found.append(" ".join(cst.Module([]).code_for_node(small).split()))
+                    break
+            return False
+
+    walk(roles.facts.module, Finder())
+    return found[0] if found else None
+
+
+def _reads_grad(node: cst.CSTNode) -> bool:
+    found: list[cst.Attribute] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if node.attr.value == "grad":
+                found.append(node)
+
+    walk(node, Finder())
+    return bool(found)
 
 
 def _optimizer_bindings(roles: Roles) -> list[tuple[Scope, Binding]]:

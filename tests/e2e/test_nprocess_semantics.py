@@ -22,6 +22,10 @@
   script builds from the model (`AdamW(param_groups(model, wd))`). The model must be prepared with
   the optimizer: each rank sees half of the batches, so unprepared (not synchronised) the two ranks
   end with different weights.
+- `nprocess_scripts/dataset_average.py`: a training loss summed over each batch's samples and
+  divided by `len(loader.dataset)` after the epoch. Each process sums its own share, so AM011
+  reduces the sum across processes before the division: with split_batches (the 1-process
+  trajectory) every rank's averages equal the 1-process ones (unreduced: half of them).
 
 The 1-process run of each migrated script must give exactly what the original gives. Every run has
 a timeout, so a hang (ranks stopping at different epochs) fails instead of stalling.
@@ -95,7 +99,9 @@ def test_migration_has_the_n_process_rewrites() -> None:
     assert 'torch.tensor(train_loss, dtype=torch.float64, device=accelerator.device), "mean"' in decided
 
 
-@pytest.mark.parametrize("name", ["eval_metrics", "plateau_early_stop", "eval_outputs_per_process", "param_groups_helper"])
+@pytest.mark.parametrize(
+    "name", ["eval_metrics", "plateau_early_stop", "eval_outputs_per_process", "param_groups_helper", "dataset_average"]
+)
 def test_one_process_identical_to_original(name: str) -> None:
     assert _run(name, "one") == _run(name, "original")
 
@@ -157,3 +163,14 @@ def test_model_behind_parameter_groups_is_synchronised() -> None:
     ranks = _run("param_groups_helper", "two")
     assert len(ranks) == 2
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+def test_average_over_the_dataset_sums_every_process() -> None:
+    migrated = _migrated("dataset_average").read_text()
+    assert 'torch.tensor(running, dtype=torch.float64, device=accelerator.device), "sum"' in migrated
+    (single,) = _run("dataset_average", "one")
+    ranks = _run("dataset_average", "split")
+    assert len(ranks) == 2
+    for rank in ranks:
+        for got, want in zip(rank["averages"], single["averages"], strict=True):
+            assert math.isclose(got, want, rel_tol=1e-5), (got, want)
