@@ -26,6 +26,7 @@ from migrate.results import Change, Diagnostic, FileError, FileResult
 from migrate.rewriter import Rewriter, annotate
 from migrate.roles import Roles, find_roles
 from migrate.rules import remove_distributed_boilerplate
+from migrate.statement_code import StatementCode
 from migrate.suppression import drop_skipped, skip_lines
 from migrate.walk import with_ancestors
 
@@ -145,7 +146,7 @@ def run_rules(
         new_module = remove_unused(module, new_module, rewriter.rebound)
     if plan.imports:
         new_module = add_imports(new_module, plan.imports)
-    new_text = new_module.code
+    new_text = StatementCode(module, text)(new_module)
     try:
         compile(new_text, path, "exec", dont_inherit=True)
     except SyntaxError as error:

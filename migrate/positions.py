@@ -30,7 +30,7 @@ generated, and what comes later in the file cannot change it.
 
 The same line counts cut a parsed module's source into the code of its top-level statements
 (`statement_texts`): the code of a statement a rewrite kept is then a slice of the input, not a
-code-generation pass (`migrate.crossmodule.unit.StatementCode`).
+code-generation pass (`migrate.statement_code.StatementCode`).
 
 tests/migrate/test_positions_wanted.py checks, on every fixture and on layout edge cases, that the
 placed lines equal the whole-file pass's (and PositionProvider's) for every statement, every code

@@ -34,11 +34,12 @@ from migrate.cleanup import remove_unused
 from migrate.crossmodule import CODE
 from migrate.crossmodule.merge import Conflict, merged_facts
 from migrate.imports import add_imports
-from migrate.positions import start_lines, statement_texts
+from migrate.positions import start_lines
 from migrate.project import ImportedName, ModuleIndex
 from migrate.results import Change, Diagnostic, FileResult
 from migrate.rewriter import Rewriter
 from migrate.roles import find_roles
+from migrate.statement_code import StatementCode
 from migrate.suppression import drop_skipped, skip_lines
 from migrate.walk import child_getter
 
@@ -292,40 +293,6 @@ def _rewrite(m: _Parsed, plan, touched: set[cst.CSTNode]) -> tuple[cst.Module, s
     except SyntaxError:
         return None
     return new_module, new_text
-
-
-class StatementCode:
-    """`Module.code`, with the code of each top-level statement generated once for all the modules
-    it is given: a module with imports added (`add_imports`) shares all but a few statements with
-    the module it was made from, so its code costs those few statements. The code of a module is
-    the code of its header, statements and footer one after the other (at the top level nothing is
-    indented); a module without a trailing newline is left to libcst (it drops the last one).
-
-    Given the module the rewrite started from and its source text, the statements the rewrite kept
-    (the same node objects) are not generated at all: their code is cut from the source
-    (`migrate.positions.statement_texts`)."""
-
-    def __init__(self, original: cst.Module | None = None, text: str | None = None) -> None:
-        self._done: dict[int, tuple[cst.CSTNode, str]] = {}  # the node is kept: its id stays its own
-        self._settings: tuple[str, str] | None = None  # the modules whose code the source gives
-        texts = statement_texts(original, text) if original is not None and text is not None else None
-        if texts is not None and original is not None:
-            self._settings = (original.default_indent, original.default_newline)
-            for item in (*original.header, *original.body, *original.footer):
-                self._done[id(item)] = (item, texts[id(item)])
-
-    def __call__(self, module: cst.Module) -> str:
-        if not module.has_trailing_newline or (
-                self._settings is not None and self._settings != (module.default_indent, module.default_newline)):
-            return module.code
-        text = "".join(self._code(module, node) for node in (*module.header, *module.body, *module.footer))
-        return text or module.code  # an empty module is one newline
-
-    def _code(self, module: cst.Module, node: cst.CSTNode) -> str:
-        done = self._done.get(id(node))
-        if done is None:
-            done = self._done[id(node)] = (node, module.code_for_node(node))
-        return done[1]
 
 
 def _check(outcome: _Outcome, parsed: _Parses, options) -> str | None:  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ import pytest
 from migrate.crossmodule import unit
 from migrate.engine import Options
 from migrate.runner import run
+from migrate.statement_code import StatementCode
 
 REPOS = Path(__file__).resolve().parents[2] / "fixtures" / "repos"
 
@@ -134,7 +135,7 @@ def test_statement_code_is_module_code_on_every_fixture(suffix: str) -> None:
     assert len(modules) > 100
     for text, module in zip(texts, modules):
         with_imports = add_imports(module, {("accelerate", "Accelerator"), ("os", "path")})
-        for code in (unit.StatementCode(), unit.StatementCode(module, text)):
+        for code in (StatementCode(), StatementCode(module, text)):
             assert code(module) == module.code
             assert code(with_imports) == with_imports.code
 
@@ -204,5 +205,5 @@ def test_statement_code_of_a_rewrite_is_module_code_on_every_fixture() -> None:
         if attempt is None or attempt.new_module is None:
             continue
         rewritten += 1
-        assert unit.StatementCode(module, text)(attempt.new_module) == attempt.new_module.code
+        assert StatementCode(module, text)(attempt.new_module) == attempt.new_module.code
     assert rewritten > 100
