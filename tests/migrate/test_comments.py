@@ -96,3 +96,22 @@ def test_comments_of_an_emptied_block_stay_above_its_pass() -> None:
     ) + LOOP
     out = _migrate(src)
     assert "try:\n    # the move\n    pass\nexcept RuntimeError:" in out
+
+
+def test_comments_are_read_in_libcsts_own_child_order_on_every_fixture_node() -> None:
+    """`carry` reads a node's fields in the order libcst's `children` lists them (without the
+    rebuild `children` costs): equal on every node of every fixture input."""
+    import libcst as cst
+
+    from migrate.carry import children_in_order
+
+    seen_types: set[type] = set()
+    for path in CASES:
+        stack: list[cst.CSTNode] = [cst.parse_module(path.read_text())]
+        while stack:
+            node = stack.pop()
+            expected = list(node.children)
+            assert children_in_order(node) == expected, (path, type(node).__name__)
+            seen_types.add(type(node))
+            stack.extend(expected)
+    assert {cst.FunctionDef, cst.Call, cst.Comment, cst.TrailingWhitespace, cst.ParenthesizedWhitespace} <= seen_types

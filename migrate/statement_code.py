@@ -1,0 +1,51 @@
+"""The code of a rewritten module without generating the statements the rewrite kept.
+
+A rewrite returns a new module that shares most of its top-level statements (the same node objects)
+with the module it was made from. `Module.code` generates every one of them again; `StatementCode`
+generates only the new ones, and cuts the kept ones from the source text
+(`migrate.positions.statement_texts`). Used for every output: a single file's (`migrate.engine`)
+and each rewritten module of a unit (`migrate.crossmodule.unit`, which also codes a module again
+after adding its imports: only the import lines are new then).
+
+tests/migrate/test_crossmodule_reuse.py checks, on every fixture, that it equals `Module.code`.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.positions import statement_texts
+
+
+class StatementCode:
+    """`Module.code`, with the code of each top-level statement generated once for all the modules
+    it is given: a module with imports added (`add_imports`) shares all but a few statements with
+    the module it was made from, so its code costs those few statements. The code of a module is
+    the code of its header, statements and footer one after the other (at the top level nothing is
+    indented); a module without a trailing newline is left to libcst (it drops the last one).
+
+    Given the module the rewrite started from and its source text, the statements the rewrite kept
+    (the same node objects) are not generated at all: their code is cut from the source
+    (`migrate.positions.statement_texts`)."""
+
+    def __init__(self, original: cst.Module | None = None, text: str | None = None) -> None:
+        self._done: dict[int, tuple[cst.CSTNode, str]] = {}  # the node is kept: its id stays its own
+        self._settings: tuple[str, str] | None = None  # the modules whose code the source gives
+        texts = statement_texts(original, text) if original is not None and text is not None else None
+        if texts is not None and original is not None:
+            self._settings = (original.default_indent, original.default_newline)
+            for item in (*original.header, *original.body, *original.footer):
+                self._done[id(item)] = (item, texts[id(item)])
+
+    def __call__(self, module: cst.Module) -> str:
+        if not module.has_trailing_newline or (
+                self._settings is not None and self._settings != (module.default_indent, module.default_newline)):
+            return module.code
+        text = "".join(self._code(module, node) for node in (*module.header, *module.body, *module.footer))
+        return text or module.code  # an empty module is one newline
+
+    def _code(self, module: cst.Module, node: cst.CSTNode) -> str:
+        done = self._done.get(id(node))
+        if done is None:
+            done = self._done[id(node)] = (node, module.code_for_node(node))
+        return done[1]
