@@ -7,7 +7,8 @@ The resume idiom under ``accel launch --max-restarts K``: automatic checkpoint n
 ``--kill-at``, rank 1 of the first attempt (``TORCHELASTIC_RESTART_COUNT=0``) SIGKILLs itself right
 after the checkpoint of that step; the restarted attempt resumes from it (its rank 1 starts 2 s
 late, which made a restarted group that read the previous attempt's rendezvous keys fail). Rank 0 writes the final
-weights to PROJECT_DIR/final.pt and the number of attempts it saw to PROJECT_DIR/attempt.txt.
+weights to PROJECT_DIR/final.pt and the number of attempts it saw to PROJECT_DIR/attempt.txt
+(the killed rank leaves PROJECT_DIR/killed.txt, the step it died at).
 The model has dropout and the loader shuffles: the RNG states and loader positions must be
 restored exactly for the final weights to match an uninterrupted run.
 """
@@ -73,6 +74,7 @@ def main() -> None:
             step.value += 1
             accelerator.save_state()
             if step.value == kill_at and first_attempt and accelerator.process_index == 1:
+                (Path(project_dir) / "killed.txt").write_text(str(step.value))
                 os.kill(os.getpid(), signal.SIGKILL)
             if step.value == TOTAL_STEPS:
                 break
