@@ -27,10 +27,14 @@ arguments on reordered or changed) is not followed, and the unit's AM013 diagnos
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 
 _UNKNOWN = object()
 
 
+# A pure function of its texts, asked again by each index of a run that holds the script (the run's,
+# its unit's, the unit's second run): answered once.
+@lru_cache(maxsize=64)
 def forwarded(package_text: str, name: str, importer_text: str, local: str) -> str | None:
     """The name, bound in the package module, that every call of `local` in the importer runs
     through the package's function `name`; None when the wrapper is not this plain dispatch."""
@@ -58,14 +62,14 @@ def _calls(tree: ast.Module, local: str) -> list[ast.Call] | None:
     """Every call of `local` in the importer, or None when the name is also used otherwise."""
     calls: list[ast.Call] = []
     called: set[int] = set()
+    # ast.walk yields a node before its children: a call is seen before the name it calls
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == local:
             calls.append(node)
             called.add(id(node.func))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == local and id(node) not in called:
+        elif isinstance(node, ast.Name) and node.id == local and id(node) not in called:
             return None  # passed around, rebound or deleted: not only called
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == local:
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == local:
             return None
     return calls
 
