@@ -13,16 +13,14 @@ the files, and both train on their half.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from rt_helpers import run_cmd  # noqa: E402
 
-from call_recording import RECORD_CALLS, accel_executable, recorded_calls  # noqa: E402
+from call_recording import RECORD_CALLS, accel_executable, migrated_script, recorded_calls  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
 
 FAKE_DATASETS = RECORD_CALLS + '''
@@ -94,15 +92,8 @@ def _setup(tmp_path: Path) -> tuple[Path, Path, Path]:
     (fakes / "torchvision").mkdir(parents=True)
     (fakes / "torchvision" / "__init__.py").write_text("")
     (fakes / "torchvision" / "datasets.py").write_text(FAKE_DATASETS)
-    original = tmp_path / "train.py"
-    original.write_text(SCRIPT)
-    migrated_dir = tmp_path / "migrated"
-    result = subprocess.run(
-        [sys.executable, "-m", "migrate", "--output-dir", str(migrated_dir), str(original)],
-        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return fakes, original, migrated_dir / "train.py"
+    original, migrated = migrated_script(tmp_path, SCRIPT, TIMEOUT)
+    return fakes, original, migrated
 
 
 def _run(fakes: Path, script: Path, out: Path, nproc: int | None):

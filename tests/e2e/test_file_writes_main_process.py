@@ -15,7 +15,6 @@ exactly the calls the original makes.
 from __future__ import annotations
 
 import io
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -25,9 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from rt_helpers import run_cmd  # noqa: E402
 
-from call_recording import RECORD_CALLS, accel_executable, recorded_calls  # noqa: E402
+from call_recording import RECORD_CALLS, accel_executable, migrated_script, recorded_calls  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
 
 FAKE_TV_UTILS = RECORD_CALLS + '''
@@ -114,15 +112,8 @@ def _setup(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
         info = tarfile.TarInfo("points.pt")
         info.size = len(buffer.getvalue())
         tar.addfile(info, io.BytesIO(buffer.getvalue()))
-    original = tmp_path / "train.py"
-    original.write_text(SCRIPT)
-    migrated_dir = tmp_path / "migrated"
-    result = subprocess.run(
-        [sys.executable, "-m", "migrate", "--output-dir", str(migrated_dir), str(original)],
-        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return fakes, source, original, migrated_dir / "train.py"
+    original, migrated = migrated_script(tmp_path, SCRIPT, TIMEOUT)
+    return fakes, source, original, migrated
 
 
 def _run(fakes: Path, source: Path, script: Path, out: Path, nproc: int | None) -> tuple[dict[str, list[str]], str]:
