@@ -17,7 +17,7 @@ from typing import Callable, Union
 import libcst as cst
 
 from migrate.names import ImportAliases, dotted_name, instance_attribute, root_name, target_names
-from migrate.walk import Visitor, child_getter, own_method, walk
+from migrate.walk import NOT_NODES, Visitor, child_getter, own_method, walk
 
 ACCELERATOR_CLASSES = frozenset({"runtime.Accelerator", "accelerate.Accelerator"})
 # Wrappers a training loop puts around its loader: `for i, batch in enumerate(tqdm(loader))`.
@@ -249,7 +249,6 @@ def _own(node_type: type, prefix: str) -> Callable[..., object] | None:
 
 
 # Field values that are not nodes.
-_NOT_NODES = frozenset({str, bool, type(None), cst.MaybeSentinel})
 # Node types without node children, that the collector never looks at: `collect` skips them.
 _LEAVES = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString})
 
@@ -304,7 +303,7 @@ class _Collector(Visitor):
                     for child in value:  # type: ignore[attr-defined]
                         if type(child) not in _LEAVES:
                             collect(child)
-                elif value_type not in _NOT_NODES and value_type not in _LEAVES:
+                elif value_type not in NOT_NODES and value_type not in _LEAVES:
                     collect(value)  # type: ignore[arg-type]
         if leave is not None:
             leave(self, node)

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import operator
 import re
 from collections.abc import Callable, Sequence
 
 import libcst as cst
+
+from migrate.walk import NOT_NODES, fields_getter
 
 _PRAGMA = re.compile(r"#\s*(noqa\b|type:\s*ignore|pylint:|fmt:|nosec\b|pragma:|pyright:|mypy:)")
 
@@ -77,7 +78,7 @@ def _comments(node: cst.CSTNode, found: list[tuple[cst.Comment, bool]], trailing
         if value_kind is tuple or value_kind is list:
             for child in value:  # type: ignore[attr-defined]
                 _comments(child, found, trailing)
-        elif value_kind not in _NOT_NODES:
+        elif value_kind not in NOT_NODES:
             _comments(value, found, trailing)  # type: ignore[arg-type]
 
 
@@ -90,13 +91,12 @@ def children_in_order(node: cst.CSTNode) -> list[cst.CSTNode]:
     for value in getter(node):
         if type(value) is tuple or type(value) is list:
             out.extend(value)  # type: ignore[arg-type]
-        elif type(value) not in _NOT_NODES:
+        elif type(value) not in NOT_NODES:
             out.append(value)  # type: ignore[arg-type]
     return out
 
 
 _UNREAD = object()
-_NOT_NODES = frozenset({str, bool, int, type(None), cst.MaybeSentinel})
 _LEAF = re.compile(r"\)\s*->[^:]*:\s*return self\s*$")
 _VISITED_FIELD = re.compile(r"visit_\w+\(\s*self,\s*\"(\w+)\"")
 # Per node type: a getter of its fields in the order libcst visits them, or None (use `children`).
@@ -112,13 +112,9 @@ def _fields_in_order(kind: type) -> Callable[[cst.CSTNode], tuple[object, ...]] 
     names = _VISITED_FIELD.findall(source)
     fields = {f.name for f in dataclasses.fields(kind)}
     if names and set(names) <= fields and len(set(names)) == len(names):
-        if len(names) == 1:
-            one = operator.attrgetter(names[0])
-            getter = lambda node: (one(node),)  # noqa: E731
-        else:
-            getter = operator.attrgetter(*names)
+        getter = fields_getter(tuple(names))
     elif not names and _LEAF.search(source):
-        getter = lambda node: ()  # noqa: E731  (a leaf: libcst visits nothing under it)
+        getter = fields_getter(())  # a leaf: libcst visits nothing under it
     _FIELDS_IN_ORDER[kind] = getter
     return getter
 

@@ -40,13 +40,14 @@ node and random sets of nodes, and that `_line_count` equals the newlines of eac
 from __future__ import annotations
 
 import dataclasses
-import operator
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
+
+from migrate.walk import NOT_NODES, fields_getter
 
 _NEWLINES = re.compile(r"\r\n?|\n")
 
@@ -155,21 +156,12 @@ _Parts = tuple[Callable[[cst.CSTNode], tuple[object, ...]], ...]  # leading, hea
 _PARTS: dict[type, _Parts] = {}
 
 
-def _getter(names: tuple[str, ...]) -> Callable[[cst.CSTNode], tuple[object, ...]]:
-    if not names:
-        return lambda node: ()
-    if len(names) == 1:
-        one = operator.attrgetter(names[0])
-        return lambda node: (one(node),)
-    return operator.attrgetter(*names)  # type: ignore[return-value]
-
-
 for _kind in _OPENED:
     _names = [f.name for f in dataclasses.fields(_kind)]
     _PARTS[_kind] = (
-        _getter(tuple(n for n in _LEADING if n in _names)),
-        _getter(tuple(n for n in _names if n not in _LEADING and n not in _BLOCKS)),
-        _getter(tuple(n for n in _BLOCKS if n in _names)),
+        fields_getter(tuple(n for n in _LEADING if n in _names)),
+        fields_getter(tuple(n for n in _names if n not in _LEADING and n not in _BLOCKS)),
+        fields_getter(tuple(n for n in _BLOCKS if n in _names)),
     )
 
 
@@ -297,7 +289,7 @@ _SETTINGS = frozenset({"default_indent", "default_newline", "encoding"})
 
 
 def _all_fields(kind: type) -> Callable[[cst.CSTNode], tuple[object, ...]]:
-    getter = _ALL_FIELDS[kind] = _getter(tuple(f.name for f in dataclasses.fields(kind) if f.name not in _SETTINGS))
+    getter = _ALL_FIELDS[kind] = fields_getter(tuple(f.name for f in dataclasses.fields(kind) if f.name not in _SETTINGS))
     return getter
 
 
@@ -310,7 +302,7 @@ def _line_count(value: object, stop: frozenset[int] = frozenset()) -> int:
     stack: list[cst.CSTNode] = []
     values = value if type(value) is tuple or type(value) is list else (value,)
     space, newline, name, block = cst.SimpleWhitespace, cst.Newline, cst.Name, cst.IndentedBlock
-    getters, not_nodes = _ALL_FIELDS, _NOT_NODES
+    getters, not_nodes = _ALL_FIELDS, NOT_NODES
     while True:
         # The commonest nodes (whitespace is two in five, names one in eight) are done in place.
         for value in values:  # type: ignore[attr-defined]
@@ -349,4 +341,3 @@ def _line_count(value: object, stop: frozenset[int] = frozenset()) -> int:
         values = (getters.get(kind) or _all_fields(kind))(node)
 
 
-_NOT_NODES = frozenset({str, bool, int, type(None), cst.MaybeSentinel})

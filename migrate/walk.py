@@ -56,7 +56,7 @@ _DOCUMENT_ORDER: dict[str, tuple[str, ...]] = {
 # Per node type: a getter returning the values of its code-carrying fields, in document order.
 _GETTERS: dict[type, Callable[[cst.CSTNode], tuple[object, ...]]] = {}
 # Field values that are not nodes (isinstance against libcst's abstract CSTNode is slow).
-_NOT_NODES = frozenset({str, bool, type(None), cst.MaybeSentinel})
+NOT_NODES = frozenset({str, bool, int, type(None), cst.MaybeSentinel})
 
 
 def child_fields(node_type: type) -> tuple[str, ...]:
@@ -70,16 +70,18 @@ def child_fields(node_type: type) -> tuple[str, ...]:
     return tuple(names)
 
 
+def fields_getter(names: tuple[str, ...]) -> Callable[[cst.CSTNode], tuple[object, ...]]:
+    """A getter of the values of the fields `names`, as a tuple (one attrgetter call)."""
+    if not names:
+        return lambda node: ()
+    if len(names) == 1:
+        one = operator.attrgetter(names[0])
+        return lambda node: (one(node),)
+    return operator.attrgetter(*names)  # type: ignore[return-value]
+
+
 def _getter(node_type: type) -> Callable[[cst.CSTNode], tuple[object, ...]]:
-    fields = child_fields(node_type)
-    if not fields:
-        getter: Callable[[cst.CSTNode], tuple[object, ...]] = lambda node: ()  # noqa: E731
-    elif len(fields) == 1:
-        one = operator.attrgetter(fields[0])
-        getter = lambda node: (one(node),)  # noqa: E731
-    else:
-        getter = operator.attrgetter(*fields)
-    _GETTERS[node_type] = getter
+    getter = _GETTERS[node_type] = fields_getter(child_fields(node_type))
     return getter
 
 
@@ -97,7 +99,7 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
         kind = type(value)
         if kind is tuple or kind is list:
             out.extend(value)  # type: ignore[arg-type]
-        elif kind not in _NOT_NODES:
+        elif kind not in NOT_NODES:
             out.append(value)  # type: ignore[arg-type]
     return out
 
@@ -163,7 +165,7 @@ def _walk_hooks(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
             if kind is tuple or kind is list:
                 for child in value:  # type: ignore[attr-defined]
                     _walk_hooks(child, visitor)
-            elif kind not in _NOT_NODES:
+            elif kind not in NOT_NODES:
                 _walk_hooks(value, visitor)  # type: ignore[arg-type]
     visitor.on_leave(node)
 
@@ -185,7 +187,7 @@ def _walk_methods(node: cst.CSTNode, visitor: cst.CSTVisitor, dispatch: _Dispatc
             if kind is tuple or kind is list:
                 for child in value:  # type: ignore[attr-defined]
                     _walk_methods(child, visitor, dispatch)
-            elif kind not in _NOT_NODES:
+            elif kind not in NOT_NODES:
                 _walk_methods(value, visitor, dispatch)  # type: ignore[arg-type]
     if leave is not None:
         leave(visitor, node)
@@ -213,7 +215,7 @@ def with_ancestors(root: cst.CSTNode, targets: set[cst.CSTNode]) -> set[cst.CSTN
             if kind is tuple or kind is list:
                 for child in value:  # type: ignore[attr-defined]
                     visit(child)
-            elif kind not in _NOT_NODES:
+            elif kind not in NOT_NODES:
                 visit(value)  # type: ignore[arg-type]
         path.pop()
 
@@ -261,6 +263,6 @@ def each_node_once(root: cst.CSTNode) -> bool:
             value_kind = type(value)
             if value_kind is tuple or value_kind is list:
                 extend(value)  # type: ignore[arg-type]
-            elif value_kind not in _NOT_NODES:
+            elif value_kind not in NOT_NODES:
                 push(value)
     return True

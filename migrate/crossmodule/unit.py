@@ -41,7 +41,7 @@ from migrate.rewriter import Rewriter
 from migrate.roles import find_roles
 from migrate.statement_code import StatementCode
 from migrate.suppression import drop_skipped, skip_lines
-from migrate.walk import child_getter
+from migrate.walk import NOT_NODES, child_getter
 
 # What the single-file engine says of a module whose training objects come from elsewhere.
 _LIBRARY = ("a library module", "no optimizer is built in this file")
@@ -388,7 +388,7 @@ class _Located:
                 if kind is tuple or kind is list:
                     for child in value:  # type: ignore[attr-defined]
                         visit(child)
-                elif kind not in _NOT_NODES:
+                elif kind not in NOT_NODES:
                     visit(value)  # type: ignore[arg-type]
             path.pop()
 
@@ -402,7 +402,6 @@ class _Located:
         return self._touched.get(id(m), set())
 
 
-_NOT_NODES = frozenset({str, bool, type(None), cst.MaybeSentinel})  # field values that are not nodes
 
 
 class _StartLines:
