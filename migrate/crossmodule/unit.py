@@ -147,7 +147,7 @@ def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[Fil
             result = results[entry]
             result.parsed = True
             result.diagnostics = sorted(
-                {*result.diagnostics, Diagnostic(CODE, outcome.line, _not_followed(outcome.reason))},
+                {*result.diagnostics, Diagnostic(CODE, outcome.line, _not_followed(outcome.reason), unconverted=True)},
                 key=lambda d: (d.line, d.code, d.message),
             )
             _tell_callees(results, members, entry, by_path, index)
@@ -260,7 +260,7 @@ def _migrate_entry(
         line = lines.of(m.source.path, {x.node for group in mine for x in group})
         changes = sorted({Change(r.code, line[r.node], r.message) for r in mine[0]},
                          key=lambda c: (c.line, c.code, c.message))
-        diagnostics = sorted({Diagnostic(f.code, line[f.node], f.message) for f in mine[1]},
+        diagnostics = sorted({Diagnostic(f.code, line[f.node], f.message, unconverted=f.unconverted) for f in mine[1]},
                              key=lambda d: (d.line, d.code, d.message))
         outcome.results[m.source.path] = FileResult(
             m.source.display, m.source.text, new_text=new_text if new_text != m.source.text else None,
@@ -615,5 +615,5 @@ def not_given(
             f"(they were read to follow the training, and are never written), so nothing was written: migrate them "
             f"together, e.g. `accel-migrate {folder}`"
         )
-        result.diagnostics = sorted({*result.diagnostics, Diagnostic(CODE, line, message)}, key=lambda d: (d.line, d.code, d.message))
+        result.diagnostics = sorted({*result.diagnostics, Diagnostic(CODE, line, message, unconverted=True)}, key=lambda d: (d.line, d.code, d.message))
     return given

@@ -65,13 +65,13 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             if roles.home is None:
                 if unseen is None:
                     unseen = _optimizer_not_built_here(roles)
-                plan.report(CODE, site.call, unseen)
+                plan.report(CODE, site.call, unseen, unconverted=True)
             elif not roles.can_reach(scope):
                 plan.report(
                     CODE,
                     site.call,
                     f"`.backward()` in `{scope.name}` cannot receive the accelerator (no caller in this file "
-                    "passes it); add an `accelerator` parameter and call `accelerator.backward(loss)`",
+                    "passes it); add an `accelerator` parameter and call `accelerator.backward(loss)`", unconverted=True,
                 )
             else:
                 plan.calls[site.call] = _to_accelerator_backward
