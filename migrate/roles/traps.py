@@ -20,8 +20,8 @@ def report_hidden_training_step(roles: Roles) -> None:
     """An optimizer and a model but no `.backward()`: the step is hidden in another module."""
     if any(scope.backwards for scope in roles.facts.scopes) or not roles.models:
         return
-    if any(loop.has_backward for scope in roles.facts.scopes for loop in scope.loops):
-        return  # already migrated: `accelerator.backward(...)`
+    if any(loop.has_backward for scope in roles.facts.scopes for loop in scope.loops) or roles.accelerator_exists:
+        return  # already migrated: `accelerator.backward(...)`, maybe in a helper method outside the loop
     home = roles.home
     assert home is not None
     binding = home.bindings[roles.optimizers[0]][0]
