@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -97,3 +98,19 @@ OUTCOMES = ("migrated", "partial", "refused", "unchanged", "no-training-code", "
 # The outcomes that make `--check` (and `--diff`) exit 1 besides a pending change: training code
 # the tool could not convert, as ruff exits 1 for violations it cannot fix.
 NOT_CONVERTED = ("partial", "refused")
+
+
+def combined_outcome(outcomes: Iterable[str]) -> str:
+    """The outcome of several files taken as one (a repository): failed when one failed; else,
+    when one was written, partial if any file's training code was left unconverted (partial, or
+    refused beside the written ones), migrated otherwise; else refused, unchanged or
+    no-training-code, the first that a file has in that order."""
+    found = set(outcomes)
+    if "failed" in found:
+        return "failed"
+    if found & {"migrated", "partial"}:
+        return "partial" if found & set(NOT_CONVERTED) else "migrated"
+    for outcome in ("refused", "unchanged"):
+        if outcome in found:
+            return outcome
+    return "no-training-code"
