@@ -230,7 +230,11 @@ def _check_cell_compiles(notebook: Notebook, index: int, body: str) -> None:
     """A changed cell must compile on its own, as a kernel compiles it (IPython syntax still hidden,
     `__future__` imports restored): a rewrite that put code above a cell's `__future__` import
     would otherwise give a notebook whose cell fails when run. A cell that did not compile on its
-    own before is not judged."""
+    own before is not judged, nor a cell without a `__future__` import (the engine compiled the
+    joined script)."""
+    numbers = (int(match.group(2)) for match in map(_MAGIC_LINE.match, body.splitlines(keepends=True)) if match)
+    if not any(number in notebook.futures for number in numbers):
+        return
     if _compiles(_with_futures(notebook.bodies[index], notebook)) and not _compiles(_with_futures(body, notebook)):
         raise NotebookError(
             f"cell {index + 1} would not run on its own after the rewrite (a `from __future__` import must stay "
