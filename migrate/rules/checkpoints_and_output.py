@@ -227,7 +227,13 @@ def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
                     and stmt.body[0].value is call):
                 break  # its result is used: the others need it
             if not (roles.can_reach(caller) and not roles.needs_parameter(caller)
-                    and _unreachable_method(roles, caller) is None) or _hazard(roles, caller, stmt, set()) is not None:
+                    and _unreachable_method(roles, caller) is None):
+                # the function is left whole, and the call reported: guarded one by one inside,
+                # its rename would still run on every process
+                whole.add(id(function))
+                _report_unreachable_call(roles, plan, function, caller, call, fetches)
+                break
+            if _hazard(roles, caller, stmt, set()) is not None:
                 break
             if stmt in plan.replace_stmt or stmt in plan.main_process_first:
                 break
@@ -250,6 +256,24 @@ def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
                         f"`{function.name}(...)` writes files and then renames, copies or removes them: it runs "
                         "on the main process only, as a whole"))
     return whole
+
+
+def _report_unreachable_call(roles: Roles, plan: EditPlan, function: Scope, caller: Scope, call: cst.Call,
+                             fetches: bool) -> None:
+    """A call of a file-operation function where the accelerator cannot reach (at module level
+    before the Accelerator exists, a function nothing hands it to): every process runs it at once."""
+    made = roles.accelerator_scope
+    if caller is roles.facts.module_scope and made is not None and made is not caller:
+        place = f"at module level, before the Accelerator (created in `{made.qualname}`) exists"
+    else:
+        place = f"in `{caller.qualname}`, where the accelerator cannot reach"
+    what = "downloads and unpacks files" if fetches else "writes files and then renames, copies or removes them"
+    where = f" in `{made.qualname}`" if made is not None and made is not roles.facts.module_scope else ""
+    plan.report(CODE, call, (
+        f"`{function.name}(...)` {what}, and it is called {place}: every process runs it at once, on the same "
+        f"files (a file another process already moved is not found). Call it after the Accelerator is "
+        f"created{where}, where its call runs on the main process only and the others wait for it, or fetch the "
+        "data once before launching"))
 
 
 def _declares_global(function: Scope) -> bool:
