@@ -15,21 +15,44 @@ What it does:
     accelerator: the function that creates it, nested functions, and functions that receive it
     (a function of the script that only prints, `test(model, loader)`, is handed it as well; a
     helper of another module of a unit only when it uses it for something else).
-    File removals (`os.remove`, `os.unlink`, `shutil.rmtree`) in the block that saves such a
-    checkpoint or guards a file write (the snapshot block: `torch.save(model, path)` then
-    `for f in glob.glob(prefix + "*"): if f != path: os.remove(f)`) run on the main process only,
-    with the `for`/`if`/`with` statements around them that hold nothing else; the save just before
-    them joins the same `if accelerator.is_main_process:`. Elsewhere in such a function, a removal
-    is reported; in a function that writes nothing from the main process, it is left alone.
+    File removals (`os.remove`, `os.unlink`, `shutil.rmtree`), renames and copies (`os.rename`,
+    `os.replace`, `shutil.move`, `shutil.copy*`) in the block that saves such a checkpoint, guards
+    a file write or a download (the snapshot block: `torch.save(model, path)` then
+    `for f in glob.glob(prefix + "*"): if f != path: os.remove(f)`; `torch.save(..., path)` then
+    `shutil.copyfile(path, best_path)`; `zf.extractall(folder)` then `shutil.move(unpacked,
+    data_file)`) run on the main process only, with the `for`/`if`/`with` statements around them
+    that hold nothing else; the save just before them joins the same `if accelerator.is_main_process:`,
+    and a download's barrier moves after them (the others read the renamed file). Elsewhere in such
+    a function, a removal is reported (a rename or copy is left alone); in a function that writes
+    nothing from the main process, it is left alone.
+    A function of the script that is one file operation, one that downloads or unpacks, or writes
+    a file and renames, copies or removes files (`def fetch(...): if os.path.exists(data): return;
+    urlretrieve(...); tar.extractall(...); os.rename(...)`, `def save_checkpoint(state, is_best):
+    torch.save(state, f); if is_best: shutil.copyfile(f, best)`), runs whole on the main process:
+    each statement calling it (the call alone, its result unused; for a download with the `if`
+    and `with` statements around it) goes under `if accelerator.is_main_process:`, a download's
+    followed by `accelerator.wait_for_everyone()`, and nothing inside the function is guarded
+    again (an early return when the data is there returns on the main process alone, before no
+    barrier). Only when the function holds no collective, no model call and no `global`, and
+    every call can reach the accelerator; a call at module level before the Accelerator exists
+    (or in a function that cannot reach it) is reported and the function left whole: call it
+    after the Accelerator is created.
     A checkpoint saved and then loaded again in the same function (train, save, reload for
     testing) gets `accelerator.wait_for_everyone()` before the first `torch.load` after the save.
     The script's other file writes, from a short explicit list, run under
     `if accelerator.is_main_process:` (neighbouring statements share one `if`):
     a `torch.save(...)` of something else than the model in the script's own module (a cache of
     computed vectors, an optimizer's state), `torchvision.utils.save_image(...)`,
-    `matplotlib.pyplot.savefig(...)` and
+    `matplotlib.pyplot.savefig(...)`, `numpy.save(...)`, `df.to_csv(...)` (also `to_json`,
+    `to_parquet`, `to_pickle`, on a plain name) and
     `open(path, <literal mode with w, a or x>)` (the statement holding the call; for `with open(...)
-    as f:` the whole block, and `with` blocks around it that hold nothing else). Downloads and
+    as f:` the whole block, and `with` blocks around it that hold nothing else); so does a status
+    line written with `sys.stdout.write(...)`, as a print would. A file written and then read back
+    in the same function on every process (the same path expression handed to a call named
+    `*load*`/`*read*`/`open`, or to a class or function of the script: `train_df.to_csv("train.csv")`
+    then `SpamDataset(csv_file="train.csv")`) is written on the main process and followed by
+    `accelerator.wait_for_everyone()` (one after a run of neighbouring writes), so no process
+    reads it before it is whole. Downloads and
     unpacking (`urllib.request.urlretrieve`, `shutil.unpack_archive`, `.extractall(...)` of a
     tarfile or zipfile) run on the main process only, with the `with` and `if` statements around
     them (`if not os.path.exists(archive): urlretrieve(...)`: only the main process tests and
@@ -82,21 +105,23 @@ Leaves alone:
     File writes already under a rank check stay as they are, and so do writes whose path names the
     process's rank (`open(f"rank{rank}.json", "w")`, a rank read by key as in
     `f"rank{results['rank']}.json"` or `os.environ["RANK"]`, directly or through a name bound to
-    such a path in the same function): each process writes its own file. Reported (with the line and the fix)
+    such a path in the same function): each process writes its own file. A status line written
+    where the accelerator cannot reach is left alone. Reported (with the line and the fix)
     and left on every process, a write whose statement also calls the prepared model (a
     distributed model's forward may synchronise buffers with the other processes), an
     `accelerator` method, `torch.distributed`, `.backward()` or `.step()` (directly or in a
     function of this file it calls): every process must run those; one that binds a name other
-    statements read (`n = f.write(...)`); one whose path is read back in the same function (by a
-    call named `*load*`, `*read*` or `open` with the same path expression: the others would read
-    a file not yet written; `open` for writing is no read); a writer call in the header of an
+    statements read (`n = f.write(...)`); one whose path is read back in the same function under
+    an `if` or `while` (their tests may differ between processes: a barrier there could hang);
+    a writer call in the header of an
     `if`/`for`; and writes in functions of the script that cannot reach the accelerator (an
     nn.Module's methods, callbacks nothing in this file calls). A read in the other branch of an
     `if` around the write, outside loops, is no read back (`if os.path.isfile(cache): v =
     torch.load(cache) else: ...; torch.save(v, cache)`: the main process writes the cache, and no
     process reads it in this run). A removal is reported on the same grounds (also calling the
     prepared model or a collective, binding a name read later). Writes in another module of a unit
-    (a logger module's files, often one per rank) are left alone, as its checkpoints are. Other writers (`np.save`, `df.to_csv`, `fig.savefig` on a figure object) are not
+    (a logger module's files, often one per rank) are left alone, as its checkpoints are. Other writers
+    (`fig.savefig` on a figure object, `df.head(8).to_csv(...)` on an expression) are not
     recognised. Reported the same way, a dataset with `download=` built at module level before the
     Accelerator exists, in the header of an `if`/`for` (`for x, y in
     DataLoader(datasets.MNIST(..., download=True))`), in a statement that also calls the prepared
@@ -112,7 +137,9 @@ Fix safety:
     holds no collective and no model call, and binds nothing the rest of the script reads, so the
     other processes skip only the write; after a guarded download they wait at a barrier placed
     where every process arrives (outside the tests the fetch was under, in the same block), as long
-    as the function holding it runs on every process. `main_process_first()` is two barriers
+    as the function holding it runs on every process; after a file read back, at a barrier under
+    no `if` or `while` but the `__main__` block. A function run whole on the main process holds no
+    collective and no model call, and its call binds nothing: the others skip only its files. `main_process_first()` is two barriers
     every process reaches (the others before the block, the main process after it); the wrapped
     statement holds no collective, and one already under a rank check or a `with` that lets one
     process go first (`torch_distributed_zero_first(rank)`, a second run) is left alone.
@@ -233,26 +260,29 @@ def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
                 whole.add(id(function))
                 _report_unreachable_call(roles, plan, function, caller, call, fetches)
                 break
-            if _hazard(roles, caller, stmt, set()) is not None:
+            # a download's call with the `if not os.path.exists(...)` / `with` around it: the barrier
+            # after it is then outside any test a process could see otherwise
+            unit = _fetch_unit(where) if fetches else where
+            if _why_not_guarded(roles, caller, _Write("", call, where, fetches, None), unit) is not None:
                 break
-            if stmt in plan.replace_stmt or stmt in plan.main_process_first:
+            if unit.stmt in plan.replace_stmt or unit.stmt in plan.main_process_first:
                 break
-            guard.append((caller, where))
+            guard.append((caller, unit))
         else:
             whole.add(id(function))
-            for caller, where in guard:
-                if where.stmt in plan.main_process_only:
+            for caller, unit in guard:
+                if unit.stmt in plan.main_process_only:
                     continue
-                plan.main_process_only.add(where.stmt)
+                plan.main_process_only.add(unit.stmt)
                 plan.use_accelerator(caller)
                 if fetches:
-                    plan.insert_after[where.stmt] = [*plan.insert_after.get(where.stmt, []),
-                                                     cst.parse_statement("accelerator.wait_for_everyone()\n")]
-                    plan.change(CODE, where.stmt, (
+                    plan.insert_after[unit.stmt] = [*plan.insert_after.get(unit.stmt, []),
+                                                    cst.parse_statement("accelerator.wait_for_everyone()\n")]
+                    plan.change(CODE, unit.stmt, (
                         f"`{function.name}(...)` downloads and unpacks files as a whole: it runs on the main process "
                         "only, and the others wait for it (`accelerator.wait_for_everyone()`) before reading them"))
                 else:
-                    plan.change(CODE, where.stmt, (
+                    plan.change(CODE, unit.stmt, (
                         f"`{function.name}(...)` writes files and then renames, copies or removes them: it runs "
                         "on the main process only, as a whole"))
     return whole
