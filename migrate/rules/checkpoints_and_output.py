@@ -33,7 +33,8 @@ What it does:
     and `with` statements around it) goes under `if accelerator.is_main_process:`, a download's
     followed by `accelerator.wait_for_everyone()`, and nothing inside the function is guarded
     again (an early return when the data is there returns on the main process alone, before no
-    barrier). Only when the function holds no collective, no model call and no `global`, and
+    barrier), nor in the script's functions called only from it (a call of one download function
+    inside another is on the main process already). Only when the function holds no collective, no model call and no `global`, and
     every call can reach the accelerator; a call at module level before the Accelerator exists
     (or in a function that cannot reach it) is reported and the function left whole: call it
     after the Accelerator is created.
@@ -229,7 +230,7 @@ def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
     calls are all under a rank check already (a second run) is left as it is.
     Returns the ids of the functions run whole."""
     module = roles.facts.module_scope
-    whole: set[int] = set()
+    candidates: list[tuple[Scope, bool]] = []  # (function, downloads)
     for function in roles.facts.scopes:
         if not function.is_function or function.is_method or not nested_in(function, module):
             continue
@@ -238,54 +239,80 @@ def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
         moves = any(c.qualified in _MOVERS | _REMOVERS for c in function.library_calls)
         if not (fetches or (writes and moves)) or _declares_global(function):
             continue
-        callers = roles.call_sites(function)
-        if not callers or _hazard(roles, function, function.node, set()) is not None:
-            continue
-        guard: list[tuple[Scope, StmtRef]] = []
-        for caller, call in callers:
-            site = next((s for s in caller.calls if s.call is call), None)
-            if site is None:
-                break
-            where = site.where
-            if _rank_guarded(where) or _goes_first(where):
-                continue
-            stmt = where.stmt
-            if not (type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 and type(stmt.body[0]) is cst.Expr
-                    and stmt.body[0].value is call):
-                break  # its result is used: the others need it
-            if not (roles.can_reach(caller) and not roles.needs_parameter(caller)
-                    and _unreachable_method(roles, caller) is None):
-                # the function is left whole, and the call reported: guarded one by one inside,
-                # its rename would still run on every process
+        if roles.call_sites(function) and _hazard(roles, function, function.node, set()) is None:
+            candidates.append((function, fetches))
+    # Callers first: a call inside a function that itself runs whole is on the main process
+    # already (a barrier there would wait for processes that never come).
+    whole: set[int] = set()
+    undecided = {id(function) for function, _ in candidates}
+    while undecided:
+        ready = [(f, d) for f, d in candidates if id(f) in undecided and not any(
+            id(caller) in undecided and caller is not f for caller, _ in roles.call_sites(f))]
+        for function, fetches in ready or [c for c in candidates if id(c[0]) in undecided]:  # a cycle: as they are
+            undecided.discard(id(function))
+            if _run_whole(roles, plan, function, fetches, whole):
                 whole.add(id(function))
-                _report_unreachable_call(roles, plan, function, caller, call, fetches)
-                break
-            # a download's call with the `if not os.path.exists(...)` / `with` around it: the barrier
-            # after it is then outside any test a process could see otherwise
-            unit = _fetch_unit(where) if fetches else where
-            if _why_not_guarded(roles, caller, _Write("", call, where, fetches, None), unit) is not None:
-                break
-            if unit.stmt in plan.replace_stmt or unit.stmt in plan.main_process_first:
-                break
-            guard.append((caller, unit))
-        else:
-            whole.add(id(function))
-            for caller, unit in guard:
-                if unit.stmt in plan.main_process_only:
-                    continue
-                plan.main_process_only.add(unit.stmt)
-                plan.use_accelerator(caller)
-                if fetches:
-                    plan.insert_after[unit.stmt] = [*plan.insert_after.get(unit.stmt, []),
-                                                    cst.parse_statement("accelerator.wait_for_everyone()\n")]
-                    plan.change(CODE, unit.stmt, (
-                        f"`{function.name}(...)` downloads and unpacks files as a whole: it runs on the main process "
-                        "only, and the others wait for it (`accelerator.wait_for_everyone()`) before reading them"))
-                else:
-                    plan.change(CODE, unit.stmt, (
-                        f"`{function.name}(...)` writes files and then renames, copies or removes them: it runs "
-                        "on the main process only, as a whole"))
+    # The script's functions called only from those run on the main process too: nothing in them
+    # is guarded again either.
+    grown = True
+    while grown:
+        grown = False
+        for scope in roles.facts.scopes:
+            if id(scope) in whole or not scope.is_function or scope.is_method or not nested_in(scope, module):
+                continue
+            callers = roles.call_sites(scope)
+            if callers and all(id(caller) in whole for caller, _ in callers):
+                whole.add(id(scope))
+                grown = True
     return whole
+
+
+def _run_whole(roles: Roles, plan: EditPlan, function: Scope, fetches: bool, whole: set[int]) -> bool:
+    """Put each call of `function` under `if accelerator.is_main_process:` (a download's followed by
+    a barrier); False, with no edit, when some call cannot be (its result used, a collective in the
+    statement); True with a report when a call cannot reach the accelerator (the function is then
+    left whole)."""
+    guard: list[tuple[Scope, StmtRef]] = []
+    for caller, call in roles.call_sites(function):
+        site = next((s for s in caller.calls if s.call is call), None)
+        if site is None:
+            return False
+        where = site.where
+        if id(caller) in whole or _rank_guarded(where) or _goes_first(where):
+            continue  # on the main process already (a second run sees our own `if`)
+        stmt = where.stmt
+        if not (type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 and type(stmt.body[0]) is cst.Expr
+                and stmt.body[0].value is call):
+            return False  # its result is used: the others need it
+        if not roles.can_reach(caller) or _unreachable_method(roles, caller) is not None:
+            # the function is left whole, and the call reported: guarded one by one inside,
+            # its rename would still run on every process
+            _report_unreachable_call(roles, plan, function, caller, call, fetches)
+            return True
+        # a download's call with the `if not os.path.exists(...)` / `with` around it: the barrier
+        # after it is then outside any test a process could see otherwise
+        unit = _fetch_unit(where) if fetches else where
+        if _why_not_guarded(roles, caller, _Write("", call, where, fetches, None), unit) is not None:
+            return False
+        if unit.stmt in plan.replace_stmt or unit.stmt in plan.main_process_first:
+            return False
+        guard.append((caller, unit))
+    for caller, unit in guard:
+        if unit.stmt in plan.main_process_only:
+            continue
+        plan.main_process_only.add(unit.stmt)
+        plan.use_accelerator(caller)
+        if fetches:
+            plan.insert_after[unit.stmt] = [*plan.insert_after.get(unit.stmt, []),
+                                            cst.parse_statement("accelerator.wait_for_everyone()\n")]
+            plan.change(CODE, unit.stmt, (
+                f"`{function.name}(...)` downloads and unpacks files as a whole: it runs on the main process "
+                "only, and the others wait for it (`accelerator.wait_for_everyone()`) before reading them"))
+        else:
+            plan.change(CODE, unit.stmt, (
+                f"`{function.name}(...)` writes files and then renames, copies or removes them: it runs "
+                "on the main process only, as a whole"))
+    return True
 
 
 def _report_unreachable_call(roles: Roles, plan: EditPlan, function: Scope, caller: Scope, call: cst.Call,
