@@ -224,11 +224,13 @@ def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
     `accelerator.wait_for_everyone()`: the others wait for the data, and a function that skips
     files already there returns early on the main process alone. Not `main_process_first()`: the
     others would then run it again, downloading over the files the main process is reading when
-    it does not skip them. Only when the function holds no collective, no model call, no
-    `global`, and every call can reach the accelerator (a call at module level before it exists
-    cannot); else its statements are guarded one by one, as any function's. A function whose
-    calls are all under a rank check already (a second run) is left as it is.
-    Returns the ids of the functions run whole."""
+    it does not skip them. Only when the function holds no collective, no model call and no
+    `global`, and each call is a statement of its own; else its statements are guarded one by one,
+    as any function's. A call where the accelerator cannot reach (at module level before the
+    Accelerator exists) is reported, and the function left whole. Calls under a rank check (a
+    second run), or inside a function run whole, are on the main process already: callers are
+    decided first. Returns the ids of the functions run whole, and of the script's functions
+    called only from them."""
     module = roles.facts.module_scope
     candidates: list[tuple[Scope, bool]] = []  # (function, downloads)
     for function in roles.facts.scopes:
