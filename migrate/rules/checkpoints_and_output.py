@@ -239,8 +239,10 @@ def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
         writes = _find_writes(plan, function, module)
         fetches = any(w.fetch for w in writes)
         moves = any(c.qualified in _MOVERS | _REMOVERS for c in function.library_calls)
-        if not (fetches or (writes and moves)) or _declares_global(function):
+        if not (fetches or (writes and moves)) or _has_outside_effects(function):
             continue
+        if _named_elsewhere(roles, function):
+            continue  # passed as a callback too: calls nobody sees would lose its own guards
         if roles.call_sites(function) and _hazard(roles, function, function.node, set()) is None:
             candidates.append((function, fetches))
     # Callers first: a call inside a function that itself runs whole is on the main process
@@ -335,8 +337,21 @@ def _report_unreachable_call(roles: Roles, plan: EditPlan, function: Scope, call
         "data once before launching"))
 
 
-def _declares_global(function: Scope) -> bool:
-    """`global x` / `nonlocal x` in the function: it binds names the others would then lack."""
+# Methods that change the object they are called on (`paths.append(p)` on a parameter).
+_MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "setdefault", "pop", "remove", "clear"})
+
+
+def _has_outside_effects(function: Scope) -> bool:
+    """The function changes something its callers see besides files: `global x` / `nonlocal x`, an
+    attribute or item of a parameter or a global set (`cfg.path = target`), or a parameter changed
+    in place (`found.append(path)`). Run on the main process only, the others would lack it."""
+    params = set(function.params)
+
+    def outside(target: cst.BaseExpression) -> bool:
+        while type(target) in (cst.Attribute, cst.Subscript):
+            target = target.value  # type: ignore[attr-defined]
+        return type(target) is cst.Name and (target.value in params or not function.binds(target.value))
+
     class Finder(Visitor):
         found = False
 
@@ -346,9 +361,46 @@ def _declares_global(function: Scope) -> bool:
         def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
             self.found = True
 
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            self._target(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            self._target(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            self._target(node.target)
+
+        def _target(self, target: cst.BaseExpression) -> None:
+            if type(target) in (cst.Attribute, cst.Subscript) and outside(target):
+                self.found = True
+
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if type(func) is cst.Attribute and func.attr.value in _MUTATORS and type(func.value) is cst.Name \
+                    and func.value.value in params:
+                self.found = True
+
     finder = Finder()
     walk(function.node, finder)
     return finder.found
+
+
+def _named_elsewhere(roles: Roles, function: Scope) -> bool:
+    """The function's name is read other than in the calls found (`pool.map(fetch, urls)`,
+    `callbacks=[fetch]`, an attribute of the same name): some of its runs are not seen."""
+    name = function.name
+
+    class Count(Visitor):
+        count = 0
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == name:
+                self.count += 1
+
+    counter = Count()
+    walk(roles.facts.module, counter)
+    # each call names it once, and so does its `def`
+    return counter.count > len(roles.call_sites(function)) + 1
 
 
 def _reached(roles: Roles, plan: EditPlan, scope: Scope) -> bool:
