@@ -38,6 +38,10 @@ What it does:
     every call can reach the accelerator; a call at module level before the Accelerator exists
     (or in a function that cannot reach it) is reported and the function left whole: call it
     after the Accelerator is created.
+    A folder made after a test that it is missing (`if not os.path.exists(d): os.makedirs(d)`,
+    also `os.mkdir(d)` and `not os.path.isdir(d)`) is made with `os.makedirs(d, exist_ok=True)`:
+    every process may find it missing, and all but the first would fail with FileExistsError (on
+    one process the test already made sure it is missing; `os.mkdir` with a mode is left alone).
     A checkpoint saved and then loaded again in the same function (train, save, reload for
     testing) gets `accelerator.wait_for_everyone()` before the first `torch.load` after the save.
     The script's other file writes, from a short explicit list, run under
@@ -195,6 +199,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         # after the checkpoints: a `torch.save` they did not convert (a cache, an optimizer's
         # state) is a file write like the others
         guarded, barriers = _file_writes(roles, plan, scope)
+        _folders_made_once(roles, plan, scope)
         _downloading_datasets(roles, plan, scope)
         _implicit_downloads(roles, plan, scope)
         if not can_reach:
@@ -809,6 +814,62 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only")
     _barriers_after(plan, read_back, barriers)
     return guarded, barriers
+
+
+_MAKE_FOLDER = frozenset({"os.makedirs", "os.mkdir"})
+_IS_THERE = frozenset({"os.path.exists", "os.path.isdir"})
+
+
+def _folders_made_once(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """`if not os.path.exists(d): os.makedirs(d)` (or `os.mkdir(d)`, also `... and not
+    os.path.isdir(d)`): N processes may all find the folder missing, and all but the first would
+    then fail with FileExistsError. The call becomes `os.makedirs(d, exist_ok=True)`: on one
+    process the test already made sure the folder is missing, so nothing else changes."""
+    if type(scope.node) is cst.ClassDef or not nested_in(scope, roles.facts.module_scope):
+        return
+    empty = cst.Module([])
+    for site in scope.library_calls:
+        call, where = site.call, site.where
+        if site.qualified not in _MAKE_FOLDER or not call.args or call.args[0].keyword is not None \
+                or any(arg.keyword is not None and arg.keyword.value == "exist_ok" for arg in call.args):
+            continue
+        if site.qualified == "os.mkdir" and (type(call.func) is not cst.Attribute or len(call.args) != 1):
+            continue  # `from os import mkdir`, or a mode given: left as it is
+        outer = where.path[-1] if where.path else None
+        if outer is None or type(outer.stmt) is not cst.If or where.block is not outer.stmt.body \
+                or _rank_guarded(where) or call in plan.calls:
+            continue
+        folder = empty.code_for_node(call.args[0].value)
+        if not _tests_missing(roles, outer.stmt.test, folder):
+            continue
+
+        def made_once(updated: cst.Call) -> cst.Call:
+            func = updated.func
+            if type(func) is cst.Attribute and func.attr.value == "mkdir":
+                func = func.with_changes(attr=cst.Name("makedirs"))
+            args = list(updated.args)
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            exist_ok = cst.Arg(keyword=cst.Name("exist_ok"), value=cst.Name("True"),
+                               equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+            return updated.with_changes(func=func, args=[*args, exist_ok])
+
+        plan.calls[call] = made_once
+        plan.change(CODE, call, (
+            f"`{site.qualified}({folder})` under a test that it is missing -> `os.makedirs({folder}, exist_ok=True)`: "
+            "N processes may all find it missing, and all but the first would fail with FileExistsError"))
+
+
+def _tests_missing(roles: Roles, test: cst.BaseExpression, folder: str) -> bool:
+    """`not os.path.exists(folder)` / `not os.path.isdir(folder)`, alone or in an `and` chain."""
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
+        return _tests_missing(roles, test.left, folder) or _tests_missing(roles, test.right, folder)
+    if type(test) is not cst.UnaryOperation or type(test.operator) is not cst.Not:
+        return False
+    inner = test.expression
+    while type(inner) is not cst.Call and inner.lpar:  # `not (os.path.exists(d))`
+        inner = inner.with_changes(lpar=[], rpar=[])
+    return (type(inner) is cst.Call and roles.facts.aliases.qualify(inner.func) in _IS_THERE and len(inner.args) == 1
+            and cst.Module([]).code_for_node(inner.args[0].value) == folder)
 
 
 def _barrier_fits(unit: StmtRef) -> bool:
