@@ -11,7 +11,8 @@ Before this, the migrated script guarded the fetch and the unpack but left the r
 process after the barrier: rank 1 failed with FileNotFoundError. Now the call of the download
 function runs on the main process only, followed by `accelerator.wait_for_everyone()`, and the
 `to_csv` runs on the main process with a barrier before the read. At 2 processes: one fetch, one
-`to_csv`, both ranks train on their half; run again in the same folder (the data already there,
+`to_csv`, both ranks train on their half, and the per-batch `sys.stdout.write` status lines come
+from rank 0 alone; run again in the same folder (the data already there,
 the function returns early on the main process alone), it neither hangs nor fetches. On one
 process the migrated script prints what the original prints and writes the same calls.
 """
@@ -116,6 +117,7 @@ def main(workdir):
         loss.backward()
         optimizer.step()
         seen += len(x)
+        sys.stdout.write(f"batch {seen}\\n")
     print("seen", seen)
 
 
@@ -170,6 +172,7 @@ def test_download_function_and_csv_read_back_run_whole_on_the_main_process(tmp_p
     assert calls == {"calls_rank0": ["to_csv train.csv"]}, calls
     assert two.stdout.count("fetched points.csv") == 1, two.stdout  # one process fetched and renamed
     assert "seen 8" in two.stdout, two.stdout  # each rank read the whole CSV and trained on its half
+    assert two.stdout.count("batch ") == 2, two.stdout  # the status lines of rank 0's 2 batches only
 
     # Again in the same folder: the main process skips the download and returns early; no hang.
     again, calls = _run(fakes, source, migrated, tmp_path / "two", 2)
