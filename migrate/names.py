@@ -11,11 +11,17 @@ from __future__ import annotations
 import libcst as cst
 
 
+# Standard modules a star import passes on (`from utils import *` where utils did `import sys`): a
+# project module does not define its own `sys`, so `sys.stdout.write` there is the standard one.
+_STAR_MODULES = frozenset({"sys", "os", "shutil"})
+
+
 class ImportAliases:
     """Map local names to the qualified names their imports bind."""
 
     def __init__(self) -> None:
         self._aliases: dict[str, str] = {}
+        self._star = False  # a `from module import *` (of anything but the standard modules above)
 
     def record_import(self, node: cst.Import) -> None:
         for alias in node.names:
@@ -32,7 +38,10 @@ class ImportAliases:
                 self._aliases[head] = head
 
     def record_import_from(self, node: cst.ImportFrom) -> None:
-        if node.relative or node.module is None or type(node.names) is cst.ImportStar:
+        if type(node.names) is cst.ImportStar:
+            self._star = True
+            return
+        if node.relative or node.module is None:
             return
         module = dotted_name(node.module)
         if module is None:
@@ -52,6 +61,8 @@ class ImportAliases:
             return None
         head, _, rest = dotted.partition(".")
         target = self._aliases.get(head)
+        if target is None and self._star and head in _STAR_MODULES:
+            target = head
         if target is None:
             return None
         return f"{target}.{rest}" if rest else target

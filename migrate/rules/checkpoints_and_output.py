@@ -15,21 +15,49 @@ What it does:
     accelerator: the function that creates it, nested functions, and functions that receive it
     (a function of the script that only prints, `test(model, loader)`, is handed it as well; a
     helper of another module of a unit only when it uses it for something else).
-    File removals (`os.remove`, `os.unlink`, `shutil.rmtree`) in the block that saves such a
-    checkpoint or guards a file write (the snapshot block: `torch.save(model, path)` then
-    `for f in glob.glob(prefix + "*"): if f != path: os.remove(f)`) run on the main process only,
-    with the `for`/`if`/`with` statements around them that hold nothing else; the save just before
-    them joins the same `if accelerator.is_main_process:`. Elsewhere in such a function, a removal
-    is reported; in a function that writes nothing from the main process, it is left alone.
+    File removals (`os.remove`, `os.unlink`, `shutil.rmtree`), renames and copies (`os.rename`,
+    `os.replace`, `shutil.move`, `shutil.copy*`) in the block that saves such a checkpoint, guards
+    a file write or a download (the snapshot block: `torch.save(model, path)` then
+    `for f in glob.glob(prefix + "*"): if f != path: os.remove(f)`; `torch.save(..., path)` then
+    `shutil.copyfile(path, best_path)`; `zf.extractall(folder)` then `shutil.move(unpacked,
+    data_file)`) run on the main process only, with the `for`/`if`/`with` statements around them
+    that hold nothing else; the save just before them joins the same `if accelerator.is_main_process:`,
+    and a download's barrier moves after them (the others read the renamed file). Elsewhere in such
+    a function, a removal is reported (a rename or copy is left alone); in a function that writes
+    nothing from the main process, it is left alone.
+    A function of the script that is one file operation, one that downloads or unpacks, or writes
+    a file and renames, copies or removes files (`def fetch(...): if os.path.exists(data): return;
+    urlretrieve(...); tar.extractall(...); os.rename(...)`, `def save_checkpoint(state, is_best):
+    torch.save(state, f); if is_best: shutil.copyfile(f, best)`), runs whole on the main process:
+    each statement calling it (the call alone, its result unused; for a download with the `if`
+    and `with` statements around it) goes under `if accelerator.is_main_process:`, a download's
+    followed by `accelerator.wait_for_everyone()`, and nothing inside the function is guarded
+    again (an early return when the data is there returns on the main process alone, before no
+    barrier), nor in the script's functions called only from it (a call of one download function
+    inside another is on the main process already). Only when the function holds no collective, no model call and no `global`, and
+    every call can reach the accelerator; a call at module level before the Accelerator exists
+    (or in a function that cannot reach it) is reported and the function left whole: call it
+    after the Accelerator is created.
+    A folder made after a test that it is missing (`if not os.path.exists(d): os.makedirs(d)`,
+    also `os.mkdir(d)` and `not os.path.isdir(d)`) is made with `os.makedirs(d, exist_ok=True)`:
+    every process may find it missing, and all but the first would fail with FileExistsError (on
+    one process the test already made sure it is missing; `os.mkdir` with a mode is left alone).
     A checkpoint saved and then loaded again in the same function (train, save, reload for
     testing) gets `accelerator.wait_for_everyone()` before the first `torch.load` after the save.
     The script's other file writes, from a short explicit list, run under
     `if accelerator.is_main_process:` (neighbouring statements share one `if`):
     a `torch.save(...)` of something else than the model in the script's own module (a cache of
     computed vectors, an optimizer's state), `torchvision.utils.save_image(...)`,
-    `matplotlib.pyplot.savefig(...)` and
+    `matplotlib.pyplot.savefig(...)`, `numpy.save(...)`, `df.to_csv(...)` (also `to_json`,
+    `to_parquet`, `to_pickle`, on a plain name) and
     `open(path, <literal mode with w, a or x>)` (the statement holding the call; for `with open(...)
-    as f:` the whole block, and `with` blocks around it that hold nothing else). Downloads and
+    as f:` the whole block, and `with` blocks around it that hold nothing else); so does a status
+    line written with `sys.stdout.write(...)`, as a print would. A file written and then read back
+    in the same function on every process (the same path expression handed to a call named
+    `*load*`/`*read*`/`open`, or to a class or function of the script: `train_df.to_csv("train.csv")`
+    then `SpamDataset(csv_file="train.csv")`) is written on the main process and followed by
+    `accelerator.wait_for_everyone()` (one after a run of neighbouring writes), so no process
+    reads it before it is whole. Downloads and
     unpacking (`urllib.request.urlretrieve`, `shutil.unpack_archive`, `.extractall(...)` of a
     tarfile or zipfile) run on the main process only, with the `with` and `if` statements around
     them (`if not os.path.exists(archive): urlretrieve(...)`: only the main process tests and
@@ -82,21 +110,23 @@ Leaves alone:
     File writes already under a rank check stay as they are, and so do writes whose path names the
     process's rank (`open(f"rank{rank}.json", "w")`, a rank read by key as in
     `f"rank{results['rank']}.json"` or `os.environ["RANK"]`, directly or through a name bound to
-    such a path in the same function): each process writes its own file. Reported (with the line and the fix)
+    such a path in the same function): each process writes its own file. A status line written
+    where the accelerator cannot reach is left alone. Reported (with the line and the fix)
     and left on every process, a write whose statement also calls the prepared model (a
     distributed model's forward may synchronise buffers with the other processes), an
     `accelerator` method, `torch.distributed`, `.backward()` or `.step()` (directly or in a
     function of this file it calls): every process must run those; one that binds a name other
-    statements read (`n = f.write(...)`); one whose path is read back in the same function (by a
-    call named `*load*`, `*read*` or `open` with the same path expression: the others would read
-    a file not yet written; `open` for writing is no read); a writer call in the header of an
+    statements read (`n = f.write(...)`); one whose path is read back in the same function under
+    an `if` or `while` (their tests may differ between processes: a barrier there could hang);
+    a writer call in the header of an
     `if`/`for`; and writes in functions of the script that cannot reach the accelerator (an
     nn.Module's methods, callbacks nothing in this file calls). A read in the other branch of an
     `if` around the write, outside loops, is no read back (`if os.path.isfile(cache): v =
     torch.load(cache) else: ...; torch.save(v, cache)`: the main process writes the cache, and no
     process reads it in this run). A removal is reported on the same grounds (also calling the
     prepared model or a collective, binding a name read later). Writes in another module of a unit
-    (a logger module's files, often one per rank) are left alone, as its checkpoints are. Other writers (`np.save`, `df.to_csv`, `fig.savefig` on a figure object) are not
+    (a logger module's files, often one per rank) are left alone, as its checkpoints are. Other writers
+    (`fig.savefig` on a figure object, `df.head(8).to_csv(...)` on an expression) are not
     recognised. Reported the same way, a dataset with `download=` built at module level before the
     Accelerator exists, in the header of an `if`/`for` (`for x, y in
     DataLoader(datasets.MNIST(..., download=True))`), in a statement that also calls the prepared
@@ -112,7 +142,9 @@ Fix safety:
     holds no collective and no model call, and binds nothing the rest of the script reads, so the
     other processes skip only the write; after a guarded download they wait at a barrier placed
     where every process arrives (outside the tests the fetch was under, in the same block), as long
-    as the function holding it runs on every process. `main_process_first()` is two barriers
+    as the function holding it runs on every process; after a file read back, at a barrier under
+    no `if` or `while` but the `__main__` block. A function run whole on the main process holds no
+    collective and no model call, and its call binds nothing: the others skip only its files. `main_process_first()` is two barriers
     every process reaches (the others before the block, the main process after it); the wrapped
     statement holds no collective, and one already under a rank check or a `with` that lets one
     process go first (`torch_distributed_zero_first(rank)`, a second run) is left alone.
@@ -145,6 +177,9 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models:
         return
     reachable = []
+    # Functions of the script that are one file operation (download, unpack, rename; save, copy):
+    # their calls run on the main process only, so nothing inside them is guarded again.
+    whole = _whole_file_operations(roles, plan)
     for scope in roles.facts.scopes:
         can_reach = roles.can_reach(scope)
         saves: list[StmtRef] = []
@@ -153,11 +188,18 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 if call.qualified == "torch.save":
                     if _checkpoint(roles, plan, scope, call.call):
                         saves.append(call.where)
-                elif call.qualified in _TQDM and _reached(roles, plan, scope):
+                elif call.qualified in _TQDM and _reached(roles, plan, scope) and id(scope) not in whole:
                     _quiet_progress_bar(plan, scope, call.call)
+        if id(scope) in whole:
+            # it runs on the main process only: its checkpoints still save the unwrapped model, but
+            # nothing in it is guarded again, and no barrier goes inside it (the others never come)
+            if can_reach:
+                _unwrapped_state_dicts(roles, plan, scope)
+            continue
         # after the checkpoints: a `torch.save` they did not convert (a cache, an optimizer's
         # state) is a file write like the others
-        guarded = _file_writes(roles, plan, scope)
+        guarded, barriers = _file_writes(roles, plan, scope)
+        _folders_made_once(roles, plan, scope)
         _downloading_datasets(roles, plan, scope)
         _implicit_downloads(roles, plan, scope)
         if not can_reach:
@@ -165,7 +207,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         reachable.append(scope)
         _unwrapped_state_dicts(roles, plan, scope)
         _wait_before_reload(plan, scope, saves)
-        _removals(roles, plan, scope, saves, guarded)
+        _removals(roles, plan, scope, saves, guarded, barriers)
     # Prints last: a method whose class now holds `self.accelerator` for its checkpoint or its
     # backward (another method's) prints through it at no cost; a function of the script that only
     # prints is handed the accelerator too (not one of another module of a unit: its helpers keep
@@ -173,6 +215,197 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     for scope in reachable:
         if _reached(roles, plan, scope) or nested_in(scope, roles.facts.module_scope):
             _prints(roles, plan, scope)
+
+
+def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
+    """The functions of the script that are one file operation, run whole on the main process.
+
+    A function that downloads or unpacks (`extractall`, `urlretrieve`), or writes a file and then
+    renames, copies or removes files, is one operation from its `if path.exists(): return` to its
+    last `os.rename`: guarding its statements one by one leaves the rest on every process (a
+    rename after the barrier: every process but one fails with FileNotFoundError), and a return
+    before a barrier inside it would hang. So each statement calling it (a call of its own, the
+    result unused) runs under `if accelerator.is_main_process:`, followed, for a download, by
+    `accelerator.wait_for_everyone()`: the others wait for the data, and a function that skips
+    files already there returns early on the main process alone. Not `main_process_first()`: the
+    others would then run it again, downloading over the files the main process is reading when
+    it does not skip them. Only when the function holds no collective, no model call and no
+    `global`, and each call is a statement of its own; else its statements are guarded one by one,
+    as any function's. A call where the accelerator cannot reach (at module level before the
+    Accelerator exists) is reported, and the function left whole. Calls under a rank check (a
+    second run), or inside a function run whole, are on the main process already: callers are
+    decided first. Returns the ids of the functions run whole, and of the script's functions
+    called only from them."""
+    module = roles.facts.module_scope
+    candidates: list[tuple[Scope, bool]] = []  # (function, downloads)
+    for function in roles.facts.scopes:
+        if not function.is_function or function.is_method or not nested_in(function, module):
+            continue
+        writes = _find_writes(plan, function, module)
+        fetches = any(w.fetch for w in writes)
+        moves = any(c.qualified in _MOVERS | _REMOVERS for c in function.library_calls)
+        if not (fetches or (writes and moves)) or _has_outside_effects(function):
+            continue
+        if _named_elsewhere(roles, function):
+            continue  # passed as a callback too: calls nobody sees would lose its own guards
+        if roles.call_sites(function) and _hazard(roles, function, function.node, set()) is None:
+            candidates.append((function, fetches))
+    # Callers first: a call inside a function that itself runs whole is on the main process
+    # already (a barrier there would wait for processes that never come).
+    whole: set[int] = set()
+    undecided = {id(function) for function, _ in candidates}
+    while undecided:
+        ready = [(f, d) for f, d in candidates if id(f) in undecided and not any(
+            id(caller) in undecided and caller is not f for caller, _ in roles.call_sites(f))]
+        for function, fetches in ready or [c for c in candidates if id(c[0]) in undecided]:  # a cycle: as they are
+            undecided.discard(id(function))
+            if _run_whole(roles, plan, function, fetches, whole):
+                whole.add(id(function))
+    # The script's functions called only from those run on the main process too: nothing in them
+    # is guarded again either.
+    grown = True
+    while grown:
+        grown = False
+        for scope in roles.facts.scopes:
+            if id(scope) in whole or not scope.is_function or scope.is_method or not nested_in(scope, module):
+                continue
+            callers = roles.call_sites(scope)
+            if callers and all(id(caller) in whole for caller, _ in callers):
+                whole.add(id(scope))
+                grown = True
+    return whole
+
+
+def _run_whole(roles: Roles, plan: EditPlan, function: Scope, fetches: bool, whole: set[int]) -> bool:
+    """Put each call of `function` under `if accelerator.is_main_process:` (a download's followed by
+    a barrier); False, with no edit, when some call cannot be (its result used, a collective in the
+    statement); True with a report when a call cannot reach the accelerator (the function is then
+    left whole)."""
+    guard: list[tuple[Scope, StmtRef]] = []
+    for caller, call in roles.call_sites(function):
+        site = next((s for s in caller.calls if s.call is call), None)
+        if site is None:
+            return False
+        where = site.where
+        if id(caller) in whole or _rank_guarded(where) or _goes_first(where):
+            continue  # on the main process already (a second run sees our own `if`)
+        stmt = where.stmt
+        if not (type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 and type(stmt.body[0]) is cst.Expr
+                and stmt.body[0].value is call):
+            return False  # its result is used: the others need it
+        if not roles.can_reach(caller) or _unreachable_method(roles, caller) is not None:
+            # the function is left whole, and the call reported: guarded one by one inside,
+            # its rename would still run on every process
+            _report_unreachable_call(roles, plan, function, caller, call, fetches)
+            return True
+        # a download's call with the `if not os.path.exists(...)` / `with` around it: the barrier
+        # after it is then outside any test a process could see otherwise
+        unit = _fetch_unit(where) if fetches else where
+        if _why_not_guarded(roles, caller, _Write("", call, where, fetches, None), unit) is not None:
+            return False
+        if unit.stmt in plan.replace_stmt or unit.stmt in plan.main_process_first:
+            return False
+        guard.append((caller, unit))
+    for caller, unit in guard:
+        if unit.stmt in plan.main_process_only:
+            continue
+        plan.main_process_only.add(unit.stmt)
+        plan.use_accelerator(caller)
+        if fetches:
+            plan.insert_after[unit.stmt] = [*plan.insert_after.get(unit.stmt, []),
+                                            cst.parse_statement("accelerator.wait_for_everyone()\n")]
+            plan.change(CODE, unit.stmt, (
+                f"`{function.name}(...)` downloads and unpacks files as a whole: it runs on the main process "
+                "only, and the others wait for it (`accelerator.wait_for_everyone()`) before reading them"))
+        else:
+            plan.change(CODE, unit.stmt, (
+                f"`{function.name}(...)` writes files and then renames, copies or removes them: it runs "
+                "on the main process only, as a whole"))
+    return True
+
+
+def _report_unreachable_call(roles: Roles, plan: EditPlan, function: Scope, caller: Scope, call: cst.Call,
+                             fetches: bool) -> None:
+    """A call of a file-operation function where the accelerator cannot reach (at module level
+    before the Accelerator exists, a function nothing hands it to): every process runs it at once."""
+    made = roles.accelerator_scope
+    if caller is roles.facts.module_scope and made is not None and made is not caller:
+        place = f"at module level, before the Accelerator (created in `{made.qualname}`) exists"
+    else:
+        place = f"in `{caller.qualname}`, where the accelerator cannot reach"
+    what = "downloads and unpacks files" if fetches else "writes files and then renames, copies or removes them"
+    where = f" in `{made.qualname}`" if made is not None and made is not roles.facts.module_scope else ""
+    plan.report(CODE, call, (
+        f"`{function.name}(...)` {what}, and it is called {place}: every process runs it at once, on the same "
+        f"files (a file another process already moved is not found). Call it after the Accelerator is "
+        f"created{where}, where its call runs on the main process only and the others wait for it, or fetch the "
+        "data once before launching"), unconverted=True)
+
+
+# Methods that change the object they are called on (`paths.append(p)` on a parameter).
+_MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "setdefault", "pop", "remove", "clear"})
+
+
+def _has_outside_effects(function: Scope) -> bool:
+    """The function changes something its callers see besides files: `global x` / `nonlocal x`, an
+    attribute or item of a parameter or a global set (`cfg.path = target`), or a parameter changed
+    in place (`found.append(path)`). Run on the main process only, the others would lack it."""
+    params = set(function.params)
+
+    def outside(target: cst.BaseExpression) -> bool:
+        while type(target) in (cst.Attribute, cst.Subscript):
+            target = target.value  # type: ignore[attr-defined]
+        return type(target) is cst.Name and (target.value in params or not function.binds(target.value))
+
+    class Finder(Visitor):
+        found = False
+
+        def visit_Global(self, node: cst.Global) -> None:
+            self.found = True
+
+        def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+            self.found = True
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            self._target(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            self._target(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            self._target(node.target)
+
+        def _target(self, target: cst.BaseExpression) -> None:
+            if type(target) in (cst.Attribute, cst.Subscript) and outside(target):
+                self.found = True
+
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if type(func) is cst.Attribute and func.attr.value in _MUTATORS and type(func.value) is cst.Name \
+                    and func.value.value in params:
+                self.found = True
+
+    finder = Finder()
+    walk(function.node, finder)
+    return finder.found
+
+
+def _named_elsewhere(roles: Roles, function: Scope) -> bool:
+    """The function's name is read other than in the calls found (`pool.map(fetch, urls)`,
+    `callbacks=[fetch]`, an attribute of the same name): some of its runs are not seen."""
+    name = function.name
+
+    class Count(Visitor):
+        count = 0
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == name:
+                self.count += 1
+
+    counter = Count()
+    walk(roles.facts.module, counter)
+    # each call names it once, and so does its `def`
+    return counter.count > len(roles.call_sites(function)) + 1
 
 
 def _reached(roles: Roles, plan: EditPlan, scope: Scope) -> bool:
@@ -466,17 +699,26 @@ def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
 # -- other file writes -------------------------------------------------------------------------
 
 # Library calls that write a file (the statement holding one runs on the main process only).
-_FILE_WRITERS = frozenset({"torchvision.utils.save_image", "matplotlib.pyplot.savefig"})
+_FILE_WRITERS = frozenset({"torchvision.utils.save_image", "matplotlib.pyplot.savefig", "numpy.save"})
 # Library calls that download or unpack data every process then reads (main process only, then a
 # barrier); `.extractall(...)` (tarfile, zipfile) is recognised as a method.
 _FETCHERS = frozenset({"urllib.request.urlretrieve", "shutil.unpack_archive"})
 _FETCH_METHODS = frozenset({"extractall"})
+# Methods that write a table or an array to the path they are given (pandas' writers).
+_WRITE_METHODS = frozenset({"to_csv", "to_json", "to_parquet", "to_pickle"})
+# Console output that is not `print`: a status line written on every process would repeat N times.
+_CONSOLE = frozenset({"sys.stdout.write"})
 # Where the written path sits among a writer's arguments: (position, keyword).
 _PATH_ARG = {
     "torchvision.utils.save_image": (1, "fp"),
     "matplotlib.pyplot.savefig": (0, "fname"),
+    "numpy.save": (0, "file"),
     "open": (0, "file"),
     "torch.save": (1, "f"),
+    "to_csv": (0, "path_or_buf"),
+    "to_json": (0, "path_or_buf"),
+    "to_parquet": (0, "path"),
+    "to_pickle": (0, "path"),
 }
 # Methods of a model that only read it (no forward): `model.parameters()` in a guarded write is fine.
 _READS_MODEL_ONLY = frozenset({
@@ -495,14 +737,18 @@ class _Write:
     fetch: bool  # a download or unpack every process then reads
     path: cst.BaseExpression | None
     removal: bool = False  # `os.remove(...)`: its unit may be a `for` or an `if`
+    console: bool = False  # `sys.stdout.write(...)`: no file, output on the main process only
 
 
-def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> list[StmtRef]:
+def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtRef], dict[cst.BaseStatement, cst.BaseStatement]]:
     """Run the script's own file writes (`save_image`, `plt.savefig`, `with open(path, "w")`, a
-    `torch.save` of something else than the model) and downloads (`.extractall(...)`,
-    `urlretrieve`) on the main process only, or report them. Returns the statements guarded."""
+    `torch.save` of something else than the model, `df.to_csv(path)`, `np.save`), status lines
+    (`sys.stdout.write`) and downloads (`.extractall(...)`, `urlretrieve`) on the main process
+    only, or report them. Returns the statements guarded, and the barrier put after each guarded
+    download (a removal or rename of what it unpacked, guarded later, takes the barrier after it)."""
+    barriers: dict[cst.BaseStatement, cst.BaseStatement] = {}
     if type(scope.node) is cst.ClassDef:
-        return []
+        return [], barriers
     # Left as they are: writes already under a rank check (a second run sees our own `if`), and
     # `open(f"rank{rank}.json", "w")`: each process writes its own file.
     writes = [
@@ -511,20 +757,21 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> list[StmtRef]:
         and not (w.path is not None and _per_process_path(scope, w.path))
     ]
     guarded: list[StmtRef] = []
-    if not writes:
-        return guarded
     method = _unreachable_method(roles, scope)
     if not roles.can_reach(scope) or method is not None:
-        if not nested_in(scope, roles.facts.module_scope):
-            return guarded  # another module of a unit (a logger's files): not the script's own writes
+        # a status line where the accelerator cannot reach is left as a print there would be
+        writes = [w for w in writes if not w.console]
+        if not writes or not nested_in(scope, roles.facts.module_scope):
+            return guarded, barriers  # another module of a unit (a logger's files): not the script's own writes
         first = writes[0]
         kind = f", a method of {method}," if method is not None else ""
         plan.report(CODE, first.call, (
             f"{first.what} in `{scope.qualname}`{kind} which cannot reach the accelerator, runs on every process "
             "(each writes the same file at once): run it on the main process only "
             "(`if accelerator.is_main_process:`, passing `accelerator` in)"), unconverted=True)
-        return guarded
+        return guarded, barriers
     done: set[cst.BaseStatement] = set()
+    read_back: list[StmtRef] = []
     for write in writes:
         unit = _fetch_unit(write.where) if write.fetch else _unit(write.where)
         if unit.stmt in done:
@@ -532,7 +779,14 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> list[StmtRef]:
         done.add(unit.stmt)
         if unit.stmt in plan.main_process_only:
             continue
-        problem = _why_not_guarded(roles, scope, write, unit)
+        problem = _why_not_guarded(roles, scope, write, unit, reads=False)
+        reader = _reads_back(roles, scope, unit, write.path) if problem is None and write.path is not None else None
+        if reader is not None and not _barrier_fits(unit):
+            problem = (f"`{reader}` reads the file back on every process (a process other than the main one "
+                       "would read a file not yet written), and the write is under an `if` or `while` whose test "
+                       "may differ between processes, where a barrier could hang: write it under "
+                       "`if accelerator.is_main_process:` and call `accelerator.wait_for_everyone()` where "
+                       "every process passes, before reading it")
         if problem is not None:
             plan.report(CODE, write.call, f"{write.what} runs on every process (each writes the same file at once) "
                         f"and cannot run on the main process only: {problem}", unconverted=True)
@@ -547,23 +801,122 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> list[StmtRef]:
         if write.fetch:
             barrier = cst.parse_statement("accelerator.wait_for_everyone()\n")
             plan.insert_after[unit.stmt] = [*plan.insert_after.get(unit.stmt, []), barrier]
+            barriers[unit.stmt] = barrier
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only; the others wait for it "
                         "(`accelerator.wait_for_everyone()`) before reading what it wrote")
+        elif reader is not None:
+            read_back.append(unit)
+            plan.change(CODE, unit.stmt, f"{write.what} on the main process only; `{reader}` reads the file back on "
+                        "every process, so they all wait for it (`accelerator.wait_for_everyone()`) first")
+        elif write.console:
+            plan.change(CODE, unit.stmt, f"{write.what} on the main process only (a status line, like `print`)")
         else:
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only")
-    return guarded
+    _barriers_after(plan, read_back, barriers)
+    return guarded, barriers
+
+
+_MAKE_FOLDER = frozenset({"os.makedirs", "os.mkdir"})
+_IS_THERE = frozenset({"os.path.exists", "os.path.isdir"})
+
+
+def _folders_made_once(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """`if not os.path.exists(d): os.makedirs(d)` (or `os.mkdir(d)`, also `... and not
+    os.path.isdir(d)`): N processes may all find the folder missing, and all but the first would
+    then fail with FileExistsError. The call becomes `os.makedirs(d, exist_ok=True)`: on one
+    process the test already made sure the folder is missing, so nothing else changes."""
+    if type(scope.node) is cst.ClassDef or not nested_in(scope, roles.facts.module_scope):
+        return
+    empty = cst.Module([])
+    for site in scope.library_calls:
+        call, where = site.call, site.where
+        if site.qualified not in _MAKE_FOLDER or not call.args or call.args[0].keyword is not None \
+                or any(arg.keyword is not None and arg.keyword.value == "exist_ok" for arg in call.args):
+            continue
+        if site.qualified == "os.mkdir" and (type(call.func) is not cst.Attribute or len(call.args) != 1):
+            continue  # `from os import mkdir`, or a mode given: left as it is
+        outer = where.path[-1] if where.path else None
+        if outer is None or type(outer.stmt) is not cst.If or where.block is not outer.stmt.body \
+                or _rank_guarded(where) or call in plan.calls:
+            continue
+        folder = empty.code_for_node(call.args[0].value)
+        if not _tests_missing(roles, outer.stmt.test, folder):
+            continue
+
+        def made_once(updated: cst.Call) -> cst.Call:
+            func = updated.func
+            if type(func) is cst.Attribute and func.attr.value == "mkdir":
+                func = func.with_changes(attr=cst.Name("makedirs"))
+            args = list(updated.args)
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            exist_ok = cst.Arg(keyword=cst.Name("exist_ok"), value=cst.Name("True"),
+                               equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+            return updated.with_changes(func=func, args=[*args, exist_ok])
+
+        plan.calls[call] = made_once
+        plan.change(CODE, call, (
+            f"`{site.qualified}({folder})` under a test that it is missing -> `os.makedirs({folder}, exist_ok=True)`: "
+            "N processes may all find it missing, and all but the first would fail with FileExistsError"))
+
+
+def _tests_missing(roles: Roles, test: cst.BaseExpression, folder: str) -> bool:
+    """`not os.path.exists(folder)` / `not os.path.isdir(folder)`, alone or in an `and` chain."""
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
+        return _tests_missing(roles, test.left, folder) or _tests_missing(roles, test.right, folder)
+    if type(test) is not cst.UnaryOperation or type(test.operator) is not cst.Not:
+        return False
+    inner = test.expression
+    while type(inner) is not cst.Call and inner.lpar:  # `not (os.path.exists(d))`
+        inner = inner.with_changes(lpar=[], rpar=[])
+    return (type(inner) is cst.Call and roles.facts.aliases.qualify(inner.func) in _IS_THERE and len(inner.args) == 1
+            and cst.Module([]).code_for_node(inner.args[0].value) == folder)
+
+
+def _barrier_fits(unit: StmtRef) -> bool:
+    """A barrier right after `unit` is reached by every process alike: not under an `if` other than
+    the `__main__` block, nor a `while` (their tests may read per-process values: a loss, a
+    metric). A `for` loop runs as often on every process, as the training loop does."""
+    empty = cst.Module([])
+    return all(type(outer.stmt) not in (cst.If, cst.While) or (
+        type(outer.stmt) is cst.If and "__name__" in empty.code_for_node(outer.stmt.test)) for outer in unit.path)
+
+
+def _barriers_after(plan: EditPlan, units: list[StmtRef], barriers: dict[cst.BaseStatement, cst.BaseStatement]) -> None:
+    """One `accelerator.wait_for_everyone()` after each run of neighbouring main-process statements
+    that holds a file read back (`a.to_csv(p1); b.to_csv(p2)` share one `if` and one barrier)."""
+    done: set[cst.BaseStatement] = set()
+    for unit in units:
+        body = list(unit.block.body)
+        index = next(i for i, stmt in enumerate(body) if stmt is unit.stmt)
+        while index + 1 < len(body) and body[index + 1] in plan.main_process_only \
+                and body[index] not in plan.insert_after:
+            index += 1
+        last = body[index]
+        if last in done or last in barriers:
+            continue  # a download's barrier is there already
+        done.add(last)
+        plan.insert_after[last] = [*plan.insert_after.get(last, []),
+                                   cst.parse_statement("accelerator.wait_for_everyone()\n")]
 
 
 # Calls that remove files (`os.remove(path)`, `shutil.rmtree(folder)`): the path is the first argument.
 _REMOVERS = frozenset({"os.remove", "os.unlink", "shutil.rmtree"})
+# Calls that rename, move or copy files (`os.rename(extracted, data_file)`, `shutil.copyfile(path,
+# best_path)`): part of the file operation whose files they handle.
+_MOVERS = frozenset({"os.rename", "os.replace", "shutil.move", "shutil.copy", "shutil.copyfile", "shutil.copy2",
+                     "shutil.copytree"})
 
 
-def _removals(roles: Roles, plan: EditPlan, scope: Scope, saves: list[StmtRef], guarded: list[StmtRef]) -> None:
-    """File removals in the block of a checkpoint or a file the main process alone now writes (the
-    snapshot block: save, then remove the older snapshots) run on the main process only, with the
+def _removals(roles: Roles, plan: EditPlan, scope: Scope, saves: list[StmtRef], guarded: list[StmtRef],
+              barriers: dict[cst.BaseStatement, cst.BaseStatement]) -> None:
+    """File removals, renames and copies in the block of a checkpoint, a download or a file the
+    main process alone now writes (the snapshot block: save, then remove the older snapshots; a
+    best checkpoint copied; an unpacked file renamed) run on the main process only, with the
     `for`/`if`/`with` statements around them that hold nothing else; the save just before them joins
-    the same `if`. A removal elsewhere in a function that writes from the main process is reported."""
-    removals = [c for c in scope.library_calls if c.qualified in _REMOVERS and c.call.args]
+    the same `if`, and a download's barrier moves after them. A removal elsewhere in a function that
+    writes from the main process is reported (a rename or copy elsewhere is left alone)."""
+    removals = sorted((c for c in scope.library_calls if c.qualified in _REMOVERS | _MOVERS and c.call.args),
+                      key=lambda c: c.where.order)
     if not removals or not (saves or guarded):
         return
     anchors = [*saves, *guarded]
@@ -573,31 +926,72 @@ def _removals(roles: Roles, plan: EditPlan, scope: Scope, saves: list[StmtRef], 
         if _rank_guarded(unit) or _per_process_path(scope, path) or unit.stmt in plan.main_process_only:
             continue
         what = f"`{removal.qualified}(...)`"
+        moves = removal.qualified in _MOVERS
         if not any(anchor.block is unit.block for anchor in anchors):
-            plan.report(CODE, removal.call, (
-                f"{what} runs on every process, in a function whose checkpoints or files the main process "
-                "alone now writes: N processes removing the same files race (FileNotFoundError); run it "
-                "under `if accelerator.is_main_process:` if it removes those files"), unconverted=True)
+            if not moves:
+                plan.report(CODE, removal.call, (
+                    f"{what} runs on every process, in a function whose checkpoints or files the main process "
+                    "alone now writes: N processes removing the same files race (FileNotFoundError); run it "
+                    "under `if accelerator.is_main_process:` if it removes those files"), unconverted=True)
             continue
         problem = _why_not_guarded(roles, scope, _Write(what, removal.call, removal.where, False, None, True), unit)
         if problem is not None:
+            race = "renaming or copying the same files race" if moves else "removing the same files race"
             plan.report(CODE, removal.call, (
-                f"{what} runs on every process (N processes removing the same files race: FileNotFoundError) "
+                f"{what} runs on every process (N processes {race}: FileNotFoundError) "
                 f"and cannot run on the main process only: {problem}"), unconverted=True)
             continue
         if unit.stmt in plan.replace_stmt:
             continue
         plan.main_process_only.add(unit.stmt)
         plan.use_accelerator(scope)
-        plan.change(CODE, unit.stmt, f"{what} on the main process only, which alone writes the files it removes")
-        # The save right before it (`accelerator.save(...)`, main process only already) joins its `if`.
         body = list(unit.block.body)
         index = next(i for i, stmt in enumerate(body) if stmt is unit.stmt)
+        moved = _move_barrier(roles, scope, plan, barriers, body, index)
+        if moves:
+            plan.change(CODE, unit.stmt, f"{what} on the main process only, which alone writes the files it handles"
+                        + ("; the others wait for it after" if moved else ""))
+        else:
+            plan.change(CODE, unit.stmt, f"{what} on the main process only, which alone writes the files it removes"
+                        + ("; the others wait for it after" if moved else ""))
+        # The save right before it (`accelerator.save(...)`, main process only already) joins its `if`.
         for save in saves:
             if index and save.block is unit.block and save.stmt is body[index - 1] \
                     and type(save.stmt) is cst.SimpleStatementLine and save.stmt not in plan.replace_stmt \
                     and _why_not_guarded(roles, scope, _Write("", removal.call, save, False, None), save) is None:
                 plan.main_process_only.add(save.stmt)
+
+
+def _move_barrier(roles: Roles, scope: Scope, plan: EditPlan, barriers: dict[cst.BaseStatement, cst.BaseStatement],
+                  body: list[cst.BaseStatement], index: int) -> bool:
+    """A download earlier in the block (`extractall(...)`, then `os.rename(extracted, data_file)`):
+    its barrier moves after the rename, so the others wait for the whole file operation. Not when a
+    statement between them reads a file (it would then read before the main process is done)."""
+    for before in range(index - 1, -1, -1):
+        barrier = barriers.get(body[before])
+        if barrier is None:
+            continue
+        for between in body[before + 1:index]:
+            if _reads_files(roles, scope, between):
+                return False
+        kept = [s for s in plan.insert_after.get(body[before], []) if s is not barrier]
+        if kept:
+            plan.insert_after[body[before]] = kept
+        else:
+            del plan.insert_after[body[before]]
+        plan.insert_after[body[index]] = [*plan.insert_after.get(body[index], []), barrier]
+        del barriers[body[before]]
+        barriers[body[index]] = barrier
+        return True
+    return False
+
+
+def _reads_files(roles: Roles, scope: Scope, stmt: cst.BaseStatement) -> bool:
+    """`stmt` calls something that may read a file: `*load*`, `*read*`, `open`, or the script's own code."""
+    finder = _Calls()
+    walk(stmt, finder)
+    return any(_READS_BACK.search((dotted_name(c.func) or "").rsplit(".", 1)[-1]) or _script_code(roles, scope, c)
+               for c in finder.calls)
 
 
 def _removal_unit(where: StmtRef) -> StmtRef:
@@ -841,11 +1235,16 @@ def _find_writes(plan: EditPlan, scope: Scope, module_scope: Scope) -> list[_Wri
         elif call.qualified in _FETCHERS:
             short = call.qualified.rsplit(".", 1)[-1]
             found.append(_Write(f"`{short}(...)`", call.call, call.where, True, None))
+        elif call.qualified in _CONSOLE:
+            found.append(_Write(f"`{call.qualified}(...)`", call.call, call.where, False, None, console=True))
     for site in scope.method_calls:
         func = site.call.func
         assert type(func) is cst.Attribute
         if func.attr.value in _FETCH_METHODS:
             found.append(_Write(f"`.{func.attr.value}(...)`", site.call, site.where, True, None))
+        elif func.attr.value in _WRITE_METHODS and site.call.args:
+            found.append(_Write(f"`.{func.attr.value}(...)`", site.call, site.where, False,
+                                _path_of(site.call, func.attr.value)))
     if not scope.binds("open"):
         for site in scope.calls:
             if site.callee == "open" and _writes_mode(site.call):
@@ -918,8 +1317,9 @@ def _fetch_unit(where: StmtRef) -> StmtRef:
     return unit
 
 
-def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef) -> str | None:
-    """Why the statement cannot run on the main process only (None: it can)."""
+def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef, reads: bool = True) -> str | None:
+    """Why the statement cannot run on the main process only (None: it can); `reads=False` leaves
+    out the file being read back (the caller puts a barrier before the reads instead)."""
     stmt = unit.stmt
     if type(stmt) not in (cst.SimpleStatementLine, cst.With) and not ((write.fetch or write.removal) and type(stmt) is cst.If) \
             and not (write.removal and type(stmt) is cst.For):
@@ -941,8 +1341,8 @@ def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef) -
     if bound is not None:
         return (f"it binds `{bound}`, which other statements read on every process; bind it on every "
                 "process and write the file under `if accelerator.is_main_process:`")
-    if write.path is not None:
-        reader = _reads_back(scope, unit, write.path)
+    if reads and write.path is not None:
+        reader = _reads_back(roles, scope, unit, write.path)
         if reader is not None:
             return (f"`{reader}` reads the file back on every process (a process other than the main one "
                     "would read a file not yet written): write it under `if accelerator.is_main_process:` "
@@ -1069,9 +1469,11 @@ def _bound_and_read_elsewhere(scope: Scope, stmt: cst.BaseStatement) -> str | No
     return reads.found
 
 
-def _reads_back(scope: Scope, unit: StmtRef, path: cst.BaseExpression) -> str | None:
+def _reads_back(roles: Roles, scope: Scope, unit: StmtRef, path: cst.BaseExpression) -> str | None:
     """A call outside the statement, in the same scope, that reads a file at the same path
-    expression (`torch.load`, `np.load`, `Image.open`, `open(path)`): the written file read back.
+    expression (`torch.load`, `np.load`, `Image.open`, `open(path)`, `pd.read_csv(path)`, or a
+    class or function of the script given the path: `CsvDataset(csv_file=path)`): the written
+    file read back.
     Not a read in the other branch of an `if` around the write outside any loop (`if
     os.path.isfile(cache): v = torch.load(cache) else: ...; torch.save(v, cache)`): a process
     that writes never reads it in this run."""
@@ -1108,7 +1510,7 @@ def _reads_back(scope: Scope, unit: StmtRef, path: cst.BaseExpression) -> str | 
 
         def visit_Call(self, node: cst.Call) -> None:
             name = dotted_name(node.func) or ""
-            if found or not _READS_BACK.search(name.rsplit(".", 1)[-1]):
+            if found or not (_READS_BACK.search(name.rsplit(".", 1)[-1]) or _script_code(roles, scope, node)):
                 return
             if name == "open" and _writes_mode(node):
                 return  # `open(log_file, "a")` after `open(log_file, "w")`: written again, not read
@@ -1117,3 +1519,15 @@ def _reads_back(scope: Scope, unit: StmtRef, path: cst.BaseExpression) -> str | 
 
     walk(scope.node, Reads())
     return found[0] if found else None
+
+
+def _script_code(roles: Roles, scope: Scope, call: cst.Call) -> bool:
+    """`call` runs a function or builds a class of the script's own (`SpamDataset(csv_file=p)`):
+    handed the path just written, it reads it (a writer of the script's own is a write, found as one)."""
+    if roles.facts.function_called(call) is not None:
+        return True
+    name = call.func.value if type(call.func) is cst.Name else None
+    if name is None or name not in roles.facts.classes:
+        return False
+    # at module level the class statement is the name's binding; in a function, a local binding shadows it
+    return scope is roles.facts.module_scope or not scope.binds(name)

@@ -376,8 +376,9 @@ def test_target_accelerate(name: str) -> None:
 
 def test_local_rank_flag_checks_single_out_the_main_process() -> None:
     """`--local_rank` stays -1 under `accel launch`: unless its checks became the accelerator's, both
-    ranks would write the main process's lines (`sys.stdout.write` is no print the migration
-    guards), and a barrier pair left one-sided would hang rank 1 (a timeout here)."""
+    ranks would write the main process's lines (its `sys.stdout.write` calls sit under those checks,
+    which the migration leaves to them), and a barrier pair left one-sided would hang rank 1 (a
+    timeout here)."""
     result = outcome("research_local_rank_flag")
     two = _migrated(result, "migrated_2p")
     _ok(two, "the migrated script on 2 processes")
