@@ -360,8 +360,13 @@ def _trains_on_cpu_only(roles: Roles, plan: EditPlan) -> bool:
     if roles.later_device_bindings or prepared_loaders(roles, plan) or plan.eval_loaders:
         return False
     finder = _DeviceChoice(roles.facts.aliases)
-    walk(roles.facts.module, finder)
-    return not finder.found
+    # Every module of the run, not only the entry: a script whose `main.py` builds nothing but
+    # whose `solver.py` chooses `self.device` and moves every tensor there trains on the GPU.
+    for module in [s.node for s in roles.facts.scopes if s.parent is None] or [roles.facts.module]:
+        walk(module, finder)
+        if finder.found:
+            return False
+    return True
 
 
 class _DeviceChoice(Visitor):
