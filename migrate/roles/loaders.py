@@ -50,10 +50,17 @@ def find_loaders(roles: Roles) -> None:
                         "optimizer and the loader to `accelerator.prepare(...)` by hand"))]
                     return
                 if origin_scope is not home:
+                    # Reported where the loader is bound (another function, or another module of
+                    # the run), the line to change, with the loop it feeds.
+                    bound = [b for b in origin_scope.bindings.get(name, []) if b.value is not None]
+                    where = "a parameter nobody in this run passes" if not bound else f"bound here in `{origin_scope.qualname}`"
                     roles.cannot_prepare(
-                        node,
-                        f"training loop iterates `{source}`, which is not bound in `{home.name}` "
-                            "(where the model and optimizer are prepared); prepare it yourself",
+                        bound[-1].where.stmt if bound else node,
+                        f"`{name}` ({where}) is the loader the training loop of `{scope.qualname}` iterates "
+                            f"(as `{source}`), but the model and the optimizer are prepared in `{home.qualname}`, "
+                            "which it does not pass through; it is not prepared, so every process would see all the "
+                            f"data: prepare it with the same Accelerator before it is handed on, or build it where "
+                            f"`{home.qualname}` can prepare it with them",
                     )
                 elif name in roles.loaders:
                     continue
@@ -142,6 +149,9 @@ def held_by_the_class(roles: Roles, scope: Scope, source: str) -> list[str] | No
         return None
     else:
         values = [b.value for b in scope.bindings[source]]
+        # `loader = self.train_loader if self.extra_loader is None else self.extra_loader`: either
+        while any(isinstance(v, cst.IfExp) for v in values):
+            values = [x for v in values for x in ((v.body, v.orelse) if isinstance(v, cst.IfExp) else (v,))]
         attributes = [_reference(scope, v) if v is not None else None for v in values]  # type: ignore[misc]
         if any(a is None or not a.startswith("self.") for a in attributes):
             return None
