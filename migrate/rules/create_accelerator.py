@@ -48,11 +48,24 @@ What it does:
     Accelerator at that second choice, with `cpu=` from its flag; the first choice stays as it is
     (the second replaces it before anything trains). Where `accelerator` is needed before the
     flag's names are bound, the Accelerator is created without `cpu=`, and that is reported.
+    A device a class holds on an attribute, chosen in its constructor's own body
+    (`self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")` in `__init__`)
+    while another method builds the optimizer (`build_model`, which the constructor calls after
+    choosing), is the device choice: the constructor creates `self.accelerator = Accelerator()`
+    there and `self.device = self.accelerator.device`, so every `.to(self.device)` of the class
+    lands where the prepared models are; a flag in that choice (`"cpu" if config.cpu or not
+    torch.cuda.is_available() else "cuda"`) becomes `cpu=` as above. The moves of the models to
+    that device in the method that prepares (`self.G.to(self.device)` after the optimizers are
+    built) are put before `prepare`, which then replaces them (AM002): a model moved after
+    `prepare` is at best moved to where it is, and under DDP a model moved after its reducer was
+    built fails on its first backward.
     A script that never chooses a device (no device variable, no `.cuda()`, no `.to(...)` but to
     a dtype, no `device=` but `"cpu"`, no `"cuda"`/`"mps"`/`"xpu"` string, no `torch.device`,
     `torch.set_default_device`, `torch.cuda`, `torch.accelerator`, `torch.backends.mps`,
     `torch.mps` or `torch.xpu`) and whose batches no prepared DataLoader moves (none is prepared)
-    gets `Accelerator(cpu=True)`, and the change says so: it trained on the CPU, and its CPU
+    gets `Accelerator(cpu=True)` (every module of a run migrated together is searched, not only
+    the entry: a `main.py` that chooses nothing may import a `solver.py` that does), and the
+    change says so: it trained on the CPU, and its CPU
     tensors (`torch.from_numpy(...)` inputs, `torch.zeros(...)` without `device=` in `forward`,
     `.numpy()` on outputs) would meet a model the Accelerator put on the GPU. It still runs as N
     CPU processes under `accel launch`; to use GPUs, remove `cpu=True` and put those tensors on

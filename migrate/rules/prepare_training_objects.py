@@ -33,6 +33,23 @@ What it does:
     the prepared ones; the class takes `accelerator` in its constructor (AM001). The builder itself
     is not changed. A builder returning the optimizer without its model, or called without
     unpacking, stays the place of `prepare` as before.
+    A loader is found from what the training step uses, wherever it is bound: the name a training
+    loop iterates, and also the one handed to `iter(...)` whose iterator a training loop advances
+    with `next(...)` (`data_iter = iter(loader)` ... `x, y = next(data_iter)` in `for step in
+    range(num_steps)`, re-made on `StopIteration`); a parameter of a method filled by a call on an
+    instance of its class (`trainer = Trainer(...)` then `trainer.train(train_loader)` in `main`:
+    `train_loader` of `main` is prepared there, with the model and the optimizer, after a
+    scheduler sized by it, so `T_max=len(train_loader)` keeps the unprepared length the original
+    computed); and an attribute that the class's constructor stores from its arguments (or builds)
+    before it calls the method that builds the optimizer (`Solver(celeba_loader, rafd_loader,
+    config)` keeping `self.celeba_loader = celeba_loader`, `build_model` preparing the models, and
+    `train` drawing from `data_loader = self.celeba_loader`, or either of two attributes chosen by
+    an `if` or a conditional expression): the attributes are prepared in that method with the
+    models, so the instance holds the sharded loaders (a `None` handed in for an unused one is
+    returned as it is). When the loader is bound where the function that prepares cannot reach it
+    (`main` builds it and hands it to `trainer.fit(loader)` while the trainer's constructor builds
+    and prepares the model), the report is on the line that binds it, naming the loop it feeds and
+    where the model is prepared.
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
