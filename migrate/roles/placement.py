@@ -85,6 +85,9 @@ def flag_choice(first: DeviceBinding, later: list[DeviceBinding]) -> tuple[cst.B
     else: device = torch.device("cpu")`. None when the test only asks whether a GPU is there
     (`torch.cuda.is_available()`: the Accelerator checks that itself) or both sides are alike."""
     value = first.value
+    named = _named_device(value)
+    if named is not None:
+        return named, True
     if type(value) is cst.Call and len(value.args) == 1:
         value = value.args[0].value  # torch.device(<choice>)
     if type(value) is cst.IfExp:
@@ -106,6 +109,26 @@ def flag_choice(first: DeviceBinding, later: list[DeviceBinding]) -> tuple[cst.B
     if len(side) != 2 or side["body"] == side["orelse"]:
         return None
     return parent.test, side["body"]
+
+
+def _named_device(value: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """`torch.device(args.device)`: the device is named by a value the user gives (`--device cpu`),
+    so the CPU is chosen when what it names is the CPU: `torch.device(args.device).type == "cpu"`,
+    the test written for `Accelerator(cpu=...)`. None for any other device choice (a literal, a
+    conditional expression, a formatted `"cuda:{}"` string: those are decided elsewhere)."""
+    if not (type(value) is cst.Call and len(value.args) == 1 and value.args[0].keyword is None
+            and not value.args[0].star):
+        return None
+    func = value.func
+    if not ((type(func) is cst.Attribute and func.attr.value == "device") or (type(func) is cst.Name and func.value == "device")):
+        return None
+    if type(value.args[0].value) not in (cst.Name, cst.Attribute, cst.Subscript):
+        return None
+    return cst.Comparison(
+        left=cst.Attribute(value=value.with_changes(whitespace_after_func=cst.SimpleWhitespace(""))
+                           .deep_clone(), attr=cst.Name("type")),
+        comparisons=[cst.ComparisonTarget(cst.Equal(), cst.SimpleString('"cpu"'))],
+    )
 
 
 def is_availability(test: cst.BaseExpression) -> bool:

@@ -115,6 +115,7 @@ Fix safety:
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Sequence
 
@@ -124,7 +125,7 @@ from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import nested_in, transitive_callers
-from migrate.roles.placement import flag_choice, is_cpu_device
+from migrate.roles.placement import flag_choice, is_availability, is_cpu_device
 from migrate.names import ImportAliases, dotted_name
 from migrate.rules.base import names_read, prepared_loaders, statement
 from migrate.safety.device_type import used_as_string
@@ -162,6 +163,15 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     elif roles.create_before is not None:
         default = roles.create_before
         message = "created the Accelerator"
+        guards = _guarding_flag(roles) if cpu is not None else None
+        body = _scope_body(roles, scope)
+        # Where the flag is known: before the first `if <flag>:` move of this scope (a helper
+        # or a print above it that uses `accelerator` moves the creation up again).
+        first = next((g for g in guards or () if _chain(body, g) is not None), None)
+        if first is not None:
+            default = first
+            message = (f"created the Accelerator where `{cst.Module([]).code_for_node(first.test)}` is known: every "
+                       f"device move of the script is switched by it, so `cpu={cpu[0]}`")
     else:
         return
     body = _scope_body(roles, scope)
@@ -257,6 +267,35 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     for chosen in [b for b in (binding, *roles.later_device_bindings) if b is not None]:
         if _report_ignored_index(roles, plan, scope, chosen):
             break  # once: the first place the index is used
+    _report_visible_devices(roles, plan)
+
+
+def _report_visible_devices(roles: Roles, plan: EditPlan) -> None:
+    """`os.environ["CUDA_VISIBLE_DEVICES"] = args.gpus` in the script: kept (on one process it still
+    picks the GPU), and reported once: under `accel launch --nproc-per-node N` every process sets
+    the same list before the Accelerator takes GPU `LOCAL_RANK` among the visible ones, so with
+    fewer GPUs listed than processes the extra processes fail."""
+    aliases = roles.facts.aliases
+    found: list[cst.CSTNode] = []
+
+    class Sets(Visitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                sub = target.target
+                if (type(sub) is cst.Subscript and aliases.qualify(sub.value) == "os.environ" and len(sub.slice) == 1
+                        and type(sub.slice[0].slice) is cst.Index
+                        and type(sub.slice[0].slice.value) is cst.SimpleString
+                        and sub.slice[0].slice.value.evaluated_value == "CUDA_VISIBLE_DEVICES"):
+                    found.append(node)
+
+    for module in [s.node for s in roles.facts.scopes if s.parent is None] or [roles.facts.module]:
+        walk(module, Sets())
+    if found:
+        plan.report(CODE, found[0], (
+            "the script sets `CUDA_VISIBLE_DEVICES` itself; kept, so one process still uses the GPUs it names, but under "
+            "`accel launch --nproc-per-node N` every process sets the same list and then takes GPU `LOCAL_RANK` among "
+            "them: with fewer GPUs listed than processes the others fail. Set it outside the script instead "
+            "(`CUDA_VISIBLE_DEVICES=0,1 accel launch --nproc-per-node 2 script.py`) and remove this line"))
 
 
 _RANK = re.compile(r"rank", re.IGNORECASE)
@@ -344,7 +383,13 @@ def _cpu_flag(roles: Roles) -> tuple[str, cst.BaseExpression] | None:
     availability check (`if torch.cuda.is_available():` needs no flag: the Accelerator checks)."""
     first = roles.device_binding
     if first is None:
-        return None
+        guarded = _guarding_flag(roles)
+        if guarded is None:
+            return None
+        test = guarded[0].test
+        text = cst.Module([]).code_for_node(test)
+        simple = type(test) in (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
+        return (f"not {text}" if simple else f"not ({text})"), test
     choice = flag_choice(first, roles.later_device_bindings)
     if choice is None:
         return None
@@ -354,6 +399,56 @@ def _cpu_flag(roles: Roles) -> tuple[str, cst.BaseExpression] | None:
         return test, flag
     simple = type(flag) in (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
     return (f"not {test}" if simple else f"not ({test})"), flag
+
+
+def _guarding_flag(roles: Roles) -> list[cst.If] | None:
+    """The `if <flag>:` statements (in document order) that hold every device choice of the run,
+    when there is no device variable and one flag switches each move on: `if args.gpu: net =
+    net.cuda()` after building the model and `if args.gpu: images = images.cuda()` in the loop
+    (`-gpu` off: the original trains on the CPU). The Accelerator then takes `cpu=not <flag>`, so
+    the model and its batches are on the CPU together, or on the GPU together, as before. None when
+    a device is chosen outside such a statement, when the statements test different flags, when
+    one has an `else`/`elif`, or when the test only asks whether a GPU is there (the Accelerator
+    checks that itself)."""
+    modules = [s.node for s in roles.facts.scopes if s.parent is None] or [roles.facts.module]
+    aliases = roles.facts.aliases
+    guards: list[cst.If] = []
+
+    class Guards(Visitor):
+        # The innermost `if`s holding a device choice (`if __name__ == "__main__":` holds the
+        # `if args.gpu:` that holds the move): an `if` counts when no `if` inside it did.
+        def __init__(self) -> None:
+            self.found_before: list[int] = []
+
+        def visit_If(self, node: cst.If) -> None:
+            self.found_before.append(len(guards))
+
+        def leave_If(self, node: cst.If) -> None:
+            if (self.found_before.pop() != len(guards) or node.orelse is not None or is_availability(node.test)
+                    or _is_main_guard(node)):
+                return
+            inside = _DeviceChoice(aliases)
+            walk(node.body, inside)
+            if inside.found:
+                guards.append(node)
+
+    for module in modules:
+        walk(module, Guards())
+    empty = cst.Module([])
+    if not guards or len({empty.code_for_node(g.test) for g in guards}) != 1:
+        return None
+    skipped = {id(g) for g in guards}
+
+    class Outside(_DeviceChoice):
+        def visit_If(self, node: cst.If) -> bool:
+            return not self.found and id(node) not in skipped
+
+    outside = Outside(aliases)
+    for module in modules:
+        walk(module, outside)
+        if outside.found:
+            return None
+    return guards
 
 
 # Device APIs: a script using any of them chose where it runs.
@@ -467,7 +562,10 @@ def _bound_before(test: cst.BaseExpression, scope: Scope, block: Sequence[cst.Ba
         assert type(module_scope.node) is cst.Module
         for stmt in module_scope.node.body:
             earlier |= _bound_names(stmt)
-    return all(name in earlier for name in names_read(test))
+    return all(name in earlier or name in _BUILTINS for name in names_read(test))
+
+
+_BUILTINS = frozenset(dir(builtins))  # `None`, `len`: bound everywhere
 
 
 def _bound_names(stmt: cst.BaseStatement) -> set[str]:
