@@ -48,6 +48,17 @@ What it does:
     Accelerator at that second choice, with `cpu=` from its flag; the first choice stays as it is
     (the second replaces it before anything trains). Where `accelerator` is needed before the
     flag's names are bound, the Accelerator is created without `cpu=`, and that is reported.
+    Without a device variable, a script whose every device move is switched by one flag (`if
+    args.gpu: net = net.cuda()` after building the model and `if args.gpu: images = images.cuda()`
+    in the loop, with no `else`) gets `Accelerator(cpu=not args.gpu)`, created where the flag is
+    known (before the first such `if` of the function that builds the optimizer): without `-gpu`
+    the original trained on the CPU, and so does the migration, the model and its batches always
+    together. A device named by a value the user gives (`device = torch.device(args.device)`,
+    `--device cpu`) gets `Accelerator(cpu=torch.device(args.device).type == "cpu")`.
+    A `CUDA_VISIBLE_DEVICES` the script sets itself (`os.environ["CUDA_VISIBLE_DEVICES"] =
+    args.gpus`) is kept (one process still uses the GPUs it names) and reported: under `accel
+    launch` every process sets the same list, then takes GPU `LOCAL_RANK` among them, so with fewer
+    GPUs listed than processes the others fail; the report says to set it outside the script.
     A device a class holds on an attribute, chosen in its constructor's own body
     (`self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")` in `__init__`)
     while another method builds the optimizer (`build_model`, which the constructor calls after
