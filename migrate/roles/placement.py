@@ -122,8 +122,11 @@ def _named_device(value: cst.BaseExpression | None) -> cst.BaseExpression | None
     func = value.func
     if not ((type(func) is cst.Attribute and func.attr.value == "device") or (type(func) is cst.Name and func.value == "device")):
         return None
-    if type(value.args[0].value) not in (cst.Name, cst.Attribute, cst.Subscript):
+    named = value.args[0].value
+    if type(named) not in (cst.Name, cst.Attribute, cst.Subscript):
         return None
+    if "rank" in cst.Module([]).code_for_node(named).lower():
+        return None  # `torch.device(local_rank)`: this process's GPU, no user's choice of the CPU
     return cst.Comparison(
         left=cst.Attribute(value=value.with_changes(whitespace_after_func=cst.SimpleWhitespace(""))
                            .deep_clone(), attr=cst.Name("type")),
