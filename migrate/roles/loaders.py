@@ -35,6 +35,10 @@ def find_loaders(roles: Roles) -> None:
                         "from this file; it is not prepared, so every process would see all the data: "
                         "prepare the loader where it is built",
                 )
+            if found and _received_once(roles, scope, source, found):
+                if (scope, source) not in roles.received_loaders:
+                    roles.received_loaders.append((scope, source))
+                continue
             for origin_scope, name in found or ():
                 if origin_scope is not home and _hands_back_objects(roles, home):
                     # `model, optimizer = build()` indexed or passed on whole: preparing in `build`
@@ -59,8 +63,8 @@ def find_loaders(roles: Roles) -> None:
                         f"`{name}` ({where}) is the loader the training loop of `{scope.qualname}` iterates "
                             f"(as `{source}`), but the model and the optimizer are prepared in `{home.qualname}`, "
                             "which it does not pass through; it is not prepared, so every process would see all the "
-                            f"data: prepare it with the same Accelerator before it is handed on, or build it where "
-                            f"`{home.qualname}` can prepare it with them",
+                            f"data: hand it to `{home.qualname}` instead (kept as an attribute of the instance when that is "
+                            "a constructor), so that it is prepared with them, and run again",
                     )
                 elif name in roles.loaders:
                     continue
@@ -82,6 +86,28 @@ def find_loaders(roles: Roles) -> None:
                             "it is not prepared, so every process would see all the data: "
                             "build it with torch.utils.data.DataLoader or prepare it yourself",
                     )
+
+
+def _received_once(roles: Roles, scope: Scope, source: str, found: set[tuple[Scope, str]]) -> bool:
+    """`source` is a parameter of a method of home's class (`def fit(self, loader, epochs)`) that
+    the training loop iterates as it is, filled by one call on an instance, outside any loop
+    (`trainer.fit(loader, epochs=2)` in `main`), with loaders bound outside home (`main` builds
+    it, the constructor builds and prepares the model): the method prepares it on entry,
+    `loader = accelerator.prepare(loader)`. Not when it may be called again (a fresh prepared
+    loader each call would restart its shuffling) or be handed a loader home prepares already."""
+    home = roles.home
+    assert home is not None
+    if not (scope.is_method and home.is_method) or scope not in (roles.methods_of(home) or []):
+        return False
+    if source not in scope.params or scope.bindings.get(source) or source == scope.params[0]:
+        return False
+    if any(origin is home or name in roles.loaders or name.startswith("self.") for origin, name in found):
+        return False
+    sites = [*roles.call_sites(scope), *roles.instance_calls(scope)]
+    if len(sites) != 1:
+        return False
+    caller, call = sites[0]
+    return not any(site.call is call and site.loops for site in caller.method_calls)
 
 
 def training_sources(roles: Roles, scope: Scope) -> list[tuple[cst.CSTNode, str]]:
@@ -350,7 +376,7 @@ def find_eval_loops(roles: Roles) -> None:
 
 def report_unsharded_training(roles: Roles) -> None:
     """A training step that no DataLoader feeds (tensors, a `get_batch()` helper) is not sharded."""
-    if roles.loaders or roles.unprepared:  # its own report says more
+    if roles.loaders or roles.received_loaders or roles.unprepared:  # its own report says more
         return
     found = [(scope, site) for scope in roles.facts.scopes for site in scope.backwards]
     if not found:

@@ -81,6 +81,9 @@ class Roles:
     models: list[str] = field(default_factory=list)
     optimizers: list[str] = field(default_factory=list)
     loaders: list[str] = field(default_factory=list)
+    # (method, parameter): a loader bound where home cannot prepare it, handed once to a method of
+    # home's class that trains on it (`trainer.fit(loader)`); prepared at the top of that method
+    received_loaders: list[tuple[Scope, str]] = field(default_factory=list)
     schedulers: list[str] = field(default_factory=list)
     epoch_schedulers: list[str] = field(default_factory=list)  # stepped per epoch: not prepared
     rank_sampled: dict[str, cst.CSTNode] = field(default_factory=dict)  # loaders with a DistributedSampler

@@ -39,7 +39,7 @@ def place_accelerator(roles: Roles) -> None:
             roles.later_device_bindings = [d for d in candidates[first + 1:] if d.name == candidates[first].name]
             return
     roles.accelerator_scope = home
-    roles.create_before = _first_code_statement(roles.facts, home)
+    roles.create_before = first_code_statement(roles.facts, home)
 
 
 def _constructor_device(roles: Roles, home: Scope) -> tuple[Scope | None, list[DeviceBinding]]:
@@ -165,7 +165,7 @@ def _sole_caller(roles: Roles, home: Scope) -> Scope | None:
     return caller
 
 
-def _first_code_statement(facts: Facts, scope: Scope) -> cst.BaseStatement | None:
+def first_code_statement(facts: Facts, scope: Scope) -> cst.BaseStatement | None:
     """The first statement of `scope` that is not its docstring (module: not an import)."""
     if scope is facts.module_scope:
         return facts.import_block_end.stmt if facts.import_block_end else None
