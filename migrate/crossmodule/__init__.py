@@ -8,7 +8,9 @@ entry and of every module it reaches are joined into one view (`merge.py`): the 
 classes it imports by name become callable units of the entry, so the roles (model, optimizer,
 loaders, training step, device, distributed boilerplate, optimizer factories, process-group
 helpers, a `metric_logger.log_every(loader)` around the loader) are followed across the module
-boundary exactly as they are followed into a function of the same file. The rules then plan their edits on
+boundary exactly as they are followed into a function of the same file. A module without training
+code of its own still informs the view (`loader = get_loader(...)` of `data_loader.py` returning a
+`DataLoader` is prepared in the script). The rules then plan their edits on
 that view and each file of the unit that holds an edited node is rewritten (`unit.py`).
 
 How the accelerator reaches the other module: as a parameter, as in one file. The Accelerator is

@@ -12,7 +12,9 @@ gets an AM013 diagnostic saying why (see `migrate/crossmodule/__init__.py`).
 When the view edits only the entry (its own loop, the optimizer from another module's factory), the
 entry takes the view's result if the unit trains through it (the entry alone would see no
 optimizer), unless another module holds a `.backward()` the view left as it is (a step it did not
-understand). An entry that trains through the unit (it calls a function of another module that trains, or that
+understand). When no other module trains, the entry keeps its own file result, unless the view
+saw more (fewer diagnostics: a loader returned by another module's `get_loader`, which the entry
+alone reports as "not a recognised DataLoader", prepared in the view). An entry that trains through the unit (it calls a function of another module that trains, or that
 module holds the backward or builds the optimizer) and gets neither a change nor a diagnostic is
 never left silent: it gets AM013 naming what it calls where and why that was not migrated. A
 module the single-file engine called "a library module" or "backward without an optimizer" is
@@ -128,7 +130,8 @@ def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[Fil
         members = _reached(index, entry, by_path)
         outcome = _migrate_entry(entry, members, by_path, index, parsed, options)
         clash = [p for p in outcome.results if p in claimed and p != entry]
-        if outcome.entry_only and not _trains_through(entry, members, by_path):
+        if outcome.entry_only and not _trains_through(entry, members, by_path) and (
+                outcome.reason is not None or not _better_informed(outcome, results[entry], entry)):
             continue  # nothing else of the unit trains: the entry's own file result is as informed
         if outcome.reason is None and clash:
             outcome = _Outcome(reason=(
@@ -553,6 +556,14 @@ def _trains(name: str, modules: list[_Parsed]) -> bool:
 def _builds_optimizer(scope) -> bool:  # type: ignore[no-untyped-def]
     return any(call.qualified.startswith("torch.optim.") and call.qualified.split(".")[-1][:1].isupper()
                for call in scope.library_calls)
+
+
+def _better_informed(outcome: _Outcome, alone: FileResult, entry: Path) -> bool:
+    """The view saw what the entry alone could not: a loader returned by another module's
+    `get_loader` (a module without training code of its own), prepared in the view, left as "not a
+    recognised DataLoader" by the entry alone. Taken when the view's entry has fewer diagnostics."""
+    joined = outcome.results.get(entry)
+    return joined is not None and joined.new_text is not None and len(joined.diagnostics) < len(alone.diagnostics)
 
 
 def _trains_through(entry: Path, members: list[Path], by_path: dict[Path, Source]) -> bool:

@@ -14,6 +14,7 @@ from migrate.analysis import Binding, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name, is_move_call
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import training_stream
+from migrate.names import instance_attribute
 from migrate.walk import walk
 
 
@@ -21,25 +22,31 @@ def find_loaders(roles: Roles) -> None:
     home = roles.home
     assert home is not None
     for scope in roles.facts.scopes:
-        for loop in scope.loops:
-            if loop.source is None or not roles.is_training_loop(loop):
+        for node, source in training_sources(roles, scope):
+            held = held_by_the_class(roles, scope, source)
+            if held is not None:
+                roles.loaders.extend(a for a in held if a not in roles.loaders)
                 continue
-            found = roles.origins(scope, loop.source)
+            found = roles.origins(scope, source)
             if found is None:
                 roles.cannot_prepare(
-                    loop.node,
-                    f"training loop iterates `{loop.source}`, but not every caller passes a named loader "
+                    node,
+                    f"training loop iterates `{source}`, but not every caller passes a named loader "
                         "from this file; it is not prepared, so every process would see all the data: "
                         "prepare the loader where it is built",
                 )
+            if found and _received_once(roles, scope, source, found):
+                if (scope, source) not in roles.received_loaders:
+                    roles.received_loaders.append((scope, source))
+                continue
             for origin_scope, name in found or ():
                 if origin_scope is not home and _hands_back_objects(roles, home):
                     # `model, optimizer = build()` indexed or passed on whole: preparing in `build`
                     # would leave this loader out, and the class using them would never see the
                     # accelerator; one precise refusal instead of a half migration
                     roles.refused = True
-                    roles.findings = [Finding(PREPARE, loop.node, (
-                        f"training loop iterates `{loop.source}`, built in `{origin_scope.qualname}`, while the model "
+                    roles.findings = [Finding(PREPARE, node, (
+                        f"training loop iterates `{source}`, built in `{origin_scope.qualname}`, while the model "
                         f"and the optimizer are built in `{home.qualname}`, which returns them: no one function holds "
                         "all three to prepare them together, so the file was left as it is: unpack what "
                         f"`{home.name}()` returns into plain names where the loader is built (`model, optimizer = "
@@ -47,16 +54,23 @@ def find_loaders(roles: Roles) -> None:
                         "optimizer and the loader to `accelerator.prepare(...)` by hand"), unconverted=True)]
                     return
                 if origin_scope is not home:
+                    # Reported where the loader is bound (another function, or another module of
+                    # the run), the line to change, with the loop it feeds.
+                    bound = [b for b in origin_scope.bindings.get(name, []) if b.value is not None]
+                    where = "a parameter nobody in this run passes" if not bound else f"bound here in `{origin_scope.qualname}`"
                     roles.cannot_prepare(
-                        loop.node,
-                        f"training loop iterates `{loop.source}`, which is not bound in `{home.name}` "
-                            "(where the model and optimizer are prepared); prepare it yourself",
+                        bound[-1].where.stmt if bound else node,
+                        f"`{name}` ({where}) is the loader the training loop of `{scope.qualname}` iterates "
+                            f"(as `{source}`), but the model and the optimizer are prepared in `{home.qualname}`, "
+                            "which it does not pass through; it is not prepared, so every process would see all the "
+                            f"data: hand it to `{home.qualname}` instead (kept as an attribute of the instance when that is "
+                            "a constructor), so that it is prepared with them, and run again",
                     )
                 elif name in roles.loaders:
                     continue
                 elif _shards_by_rank(roles, home, name):
                     roles.loaders.append(name)
-                    roles.rank_sampled[name] = loop.node
+                    roles.rank_sampled[name] = node
                 elif name in home.params or any(
                     call_name(roles, b.value, DATALOADER)
                     or _is_parameter_value(home, b.value)
@@ -67,11 +81,123 @@ def find_loaders(roles: Roles) -> None:
                     roles.loaders.append(name)
                 else:
                     roles.cannot_prepare(
-                        loop.node,
+                        node,
                         f"training loop iterates `{name}`, which is not a recognised DataLoader; "
                             "it is not prepared, so every process would see all the data: "
                             "build it with torch.utils.data.DataLoader or prepare it yourself",
                     )
+
+
+def _received_once(roles: Roles, scope: Scope, source: str, found: set[tuple[Scope, str]]) -> bool:
+    """`source` is a parameter of a method of home's class (`def fit(self, loader, epochs)`) that
+    the training loop iterates as it is, filled by one call on an instance, outside any loop
+    (`trainer.fit(loader, epochs=2)` in `main`), with loaders bound outside home (`main` builds
+    it, the constructor builds and prepares the model): the method prepares it on entry,
+    `loader = accelerator.prepare(loader)`. Not when it may be called again (a fresh prepared
+    loader each call would restart its shuffling) or be handed a loader home prepares already."""
+    home = roles.home
+    assert home is not None
+    if not (scope.is_method and home.is_method) or scope not in (roles.methods_of(home) or []):
+        return False
+    if source not in scope.params or scope.bindings.get(source) or source == scope.params[0]:
+        return False
+    if any(origin is home or name in roles.loaders or name.startswith("self.") for origin, name in found):
+        return False
+    sites = [*roles.call_sites(scope), *roles.instance_calls(scope)]
+    if len(sites) != 1:
+        return False
+    caller, call = sites[0]
+    return not any(site.call is call and site.loops for site in caller.method_calls)
+
+
+def training_sources(roles: Roles, scope: Scope) -> list[tuple[cst.CSTNode, str]]:
+    """What the training loops of `scope` draw their batches from, with the node to report: the
+    name a training loop iterates (`for x, y in loader`), and the name handed to `iter(...)` whose
+    iterator a training loop advances with `next(...)` (`data_iter = iter(data_loader)` ... `x, y =
+    next(data_iter)` inside `for step in range(num_iters)`, or `next(iter(loader))` there)."""
+    found: list[tuple[cst.CSTNode, str]] = []
+    for loop in scope.loops:
+        if loop.source is not None and roles.is_training_loop(loop):
+            found.append((loop.node, loop.source))
+    if roles.facts.resolve("next", scope) is not None or roles.facts.resolve("iter", scope) is not None:
+        return found  # the script's own `next`/`iter`
+    for site in scope.calls:
+        if site.callee != "next" or not site.call.args or not any(roles.is_training_loop(l) for l in site.loops):
+            continue
+        drawn = site.call.args[0].value
+        iterated = [drawn] if _is_iter_call(drawn) else [
+            b.value for b in scope.bindings.get(drawn.value, [])] if isinstance(drawn, cst.Name) else []
+        if not iterated or not all(_is_iter_call(v) for v in iterated):
+            continue
+        for value in iterated:
+            assert isinstance(value, cst.Call)
+            source = _reference(scope, value.args[0].value)
+            if source is not None and all(source != s for _, s in found):
+                found.append((site.where.stmt, source))
+    return found
+
+
+def _is_iter_call(value: cst.BaseExpression | None) -> bool:
+    return (isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "iter"
+            and len(value.args) == 1 and value.args[0].keyword is None and not value.args[0].star)
+
+
+def _reference(scope: Scope, expr: cst.BaseExpression) -> str | None:
+    """The name roles track `expr` by: `loader`, or `self.loader` in a method."""
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if scope.is_method and scope.params:
+        return instance_attribute(expr, receiver=scope.params[0])
+    return None
+
+
+def held_by_the_class(roles: Roles, scope: Scope, source: str) -> list[str] | None:
+    """The attributes (`self.celeba_loader`) a method of home's class trains from, when the class's
+    constructor stores them and home is another method of that class: `Solver(celeba_loader,
+    rafd_loader, config)` keeps `self.celeba_loader = celeba_loader`, `build_model` (home, called by
+    the constructor afterwards) prepares the models, and `train` iterates `data_loader =
+    self.celeba_loader`. The attribute is what gets prepared, in home, next to the models: the
+    instance holds the prepared loader from then on. None when `source` is not such an attribute
+    (or a local name bound only to such attributes), or when an attribute is bound anywhere else
+    than the constructor's own body before it calls home (a later rebinding would not be
+    prepared)."""
+    home = roles.home
+    assert home is not None
+    methods = roles.methods_of(scope)
+    if not home.is_method or not methods or home not in methods:
+        return None
+    constructor = roles.constructor_of(home)
+    if constructor is None or constructor is home:
+        return None  # a constructor that prepares sees its own attributes (the origins say so)
+    if source.startswith("self."):
+        attributes = [source]
+    elif source in scope.params or not scope.bindings.get(source):
+        return None
+    else:
+        values = [b.value for b in scope.bindings[source]]
+        # `loader = self.train_loader if self.extra_loader is None else self.extra_loader`: either
+        while any(isinstance(v, cst.IfExp) for v in values):
+            values = [x for v in values for x in ((v.body, v.orelse) if isinstance(v, cst.IfExp) else (v,))]
+        attributes = [_reference(scope, v) if v is not None else None for v in values]  # type: ignore[misc]
+        if any(a is None or not a.startswith("self.") for a in attributes):
+            return None
+    calls = [site.where.order for site in constructor.calls if site.callee == f"self.{home.name}"]
+    before = min(calls, default=1 << 60)
+    held: list[str] = []
+    for attribute in attributes:
+        assert attribute is not None
+        bound = [(m, b) for m in methods for b in m.bindings.get(attribute, [])]
+        if not bound or any(m is not constructor or b.where.path or b.where.order > before for m, b in bound):
+            return None
+        if not all(
+            _is_parameter_value(constructor, b.value) or call_name(roles, b.value, DATALOADER)
+            or built_by_helper(roles, b.value)
+            for _, b in bound
+        ):
+            return None
+        if attribute not in held:
+            held.append(attribute)
+    return held
 
 
 def _hands_back_objects(roles: Roles, home: Scope) -> bool:
@@ -250,7 +376,7 @@ def find_eval_loops(roles: Roles) -> None:
 
 def report_unsharded_training(roles: Roles) -> None:
     """A training step that no DataLoader feeds (tensors, a `get_batch()` helper) is not sharded."""
-    if roles.loaders or roles.unprepared:  # its own report says more
+    if roles.loaders or roles.received_loaders or roles.unprepared:  # its own report says more
         return
     found = [(scope, site) for scope in roles.facts.scopes for site in scope.backwards]
     if not found:

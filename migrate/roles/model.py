@@ -89,6 +89,9 @@ class Roles:
     models: list[str] = field(default_factory=list)
     optimizers: list[str] = field(default_factory=list)
     loaders: list[str] = field(default_factory=list)
+    # (method, parameter): a loader bound where home cannot prepare it, handed once to a method of
+    # home's class that trains on it (`trainer.fit(loader)`); prepared at the top of that method
+    received_loaders: list[tuple[Scope, str]] = field(default_factory=list)
     schedulers: list[str] = field(default_factory=list)
     epoch_schedulers: list[str] = field(default_factory=list)  # stepped per epoch: not prepared
     rank_sampled: dict[str, cst.CSTNode] = field(default_factory=dict)  # loaders with a DistributedSampler
@@ -207,7 +210,10 @@ class Roles:
             if index < 0:
                 return None
         found: set[Origin] = set()
-        for caller, call in self.call_sites(scope):
+        sites = self.call_sites(scope)
+        if scope.is_method and not self._is_constructor(scope):
+            sites = [*sites, *self.instance_calls(scope)]
+        for caller, call in sites:
             arg = call_argument(call, index, name)
             if not isinstance(arg, cst.Name):
                 return None
@@ -235,6 +241,28 @@ class Roles:
         else:
             return []
         return [(scope, site.call) for scope, site in self._calls_by_callee.get(callee, ())]
+
+    def instance_calls(self, method: Scope) -> list[tuple[Scope, cst.Call]]:
+        """Calls of `method` on an instance of its class bound in the caller's own scope:
+        `simclr = SimCLR(model=model, ...)` then `simclr.train(train_loader)` in `main`. What the
+        caller passes is what the method's parameter holds (`train_loader` of main)."""
+        cls = method.parent
+        assert cls is not None
+        found: list[tuple[Scope, cst.Call]] = []
+        for scope in self.facts.scopes:
+            for site in scope.method_calls:
+                func = site.call.func
+                if not (isinstance(func, cst.Attribute) and func.attr.value == method.name):
+                    continue
+                assert isinstance(site.receiver, cst.Name)
+                bindings = scope.bindings.get(site.receiver.value, [])
+                if bindings and all(
+                    isinstance(b.value, cst.Call) and isinstance(b.value.func, cst.Name)
+                    and self.facts.classes.get(b.value.func.value) is cls
+                    for b in bindings
+                ):
+                    found.append((scope, site.call))
+        return found
 
     @cached_property
     def _calls_by_callee(self) -> dict[str, list[tuple[Scope, CallSite]]]:

@@ -12,7 +12,7 @@ import libcst as cst
 from migrate.analysis import Binding, DeviceBinding, Facts, Scope, StmtRef
 from migrate.imports import is_docstring
 from migrate.names import instance_attribute
-from migrate.roles.calls import HAND_WRAPPERS
+from migrate.roles.calls import HAND_WRAPPERS, is_expression_statement
 from migrate.roles.model import PREPARE, Finding, Roles
 
 
@@ -28,7 +28,8 @@ def place_accelerator(roles: Roles) -> None:
     # Only a choice made in the caller's own body, not in one branch of its setup (where an
     # Accelerator created in the branch would be unbound in the other).
     upstream = [d for d in caller.devices if not d.where.path] if caller is not None else []
-    for scope, candidates in ((home, local), (caller, upstream), (module, globals_)):
+    constructor, held = _constructor_device(roles, home)
+    for scope, candidates in ((home, local), (constructor, held), (caller, upstream), (module, globals_)):
         if candidates and scope is not None:
             first = _deciding_choice(candidates)
             roles.device_binding = candidates[first]
@@ -38,7 +39,25 @@ def place_accelerator(roles: Roles) -> None:
             roles.later_device_bindings = [d for d in candidates[first + 1:] if d.name == candidates[first].name]
             return
     roles.accelerator_scope = home
-    roles.create_before = _first_code_statement(roles.facts, home)
+    roles.create_before = first_code_statement(roles.facts, home)
+
+
+def _constructor_device(roles: Roles, home: Scope) -> tuple[Scope | None, list[DeviceBinding]]:
+    """The device a class holds on an attribute, chosen in its constructor's own body
+    (`self.device = torch.device("cuda" if ... else "cpu")` in `__init__`) when home is another
+    method of that class (`build_model`, which `__init__` calls after choosing the device). Every
+    method of the instance runs after the constructor, so the Accelerator is created there, as
+    `self.accelerator`, and `self.device` becomes `self.accelerator.device`: the tensors the
+    methods move `.to(self.device)` land where the prepared models are. A choice made after the
+    constructor calls home is not taken (home's `prepare` would run before the Accelerator exists)."""
+    if not home.is_method:
+        return None, []
+    constructor = roles.constructor_of(home)
+    if constructor is None or constructor is home:
+        return None, []
+    held = [d for d in constructor.devices if d.name.startswith("self.") and not d.where.path]
+    calls = [site.where.order for site in constructor.calls if site.callee == f"self.{home.name}"]
+    return constructor, [d for d in held if d.where.order < min(calls, default=1 << 60)]
 
 
 def _deciding_choice(candidates: list[DeviceBinding]) -> int:
@@ -66,6 +85,9 @@ def flag_choice(first: DeviceBinding, later: list[DeviceBinding]) -> tuple[cst.B
     else: device = torch.device("cpu")`. None when the test only asks whether a GPU is there
     (`torch.cuda.is_available()`: the Accelerator checks that itself) or both sides are alike."""
     value = first.value
+    named = _named_device(value)
+    if named is not None:
+        return named, True
     if type(value) is cst.Call and len(value.args) == 1:
         value = value.args[0].value  # torch.device(<choice>)
     if type(value) is cst.IfExp:
@@ -87,6 +109,29 @@ def flag_choice(first: DeviceBinding, later: list[DeviceBinding]) -> tuple[cst.B
     if len(side) != 2 or side["body"] == side["orelse"]:
         return None
     return parent.test, side["body"]
+
+
+def _named_device(value: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """`torch.device(args.device)`: the device is named by a value the user gives (`--device cpu`),
+    so the CPU is chosen when what it names is the CPU: `torch.device(args.device).type == "cpu"`,
+    the test written for `Accelerator(cpu=...)`. None for any other device choice (a literal, a
+    conditional expression, a formatted `"cuda:{}"` string: those are decided elsewhere)."""
+    if not (type(value) is cst.Call and len(value.args) == 1 and value.args[0].keyword is None
+            and not value.args[0].star):
+        return None
+    func = value.func
+    if not ((type(func) is cst.Attribute and func.attr.value == "device") or (type(func) is cst.Name and func.value == "device")):
+        return None
+    named = value.args[0].value
+    if type(named) not in (cst.Name, cst.Attribute, cst.Subscript):
+        return None
+    if "rank" in cst.Module([]).code_for_node(named).lower():
+        return None  # `torch.device(local_rank)`: this process's GPU, no user's choice of the CPU
+    return cst.Comparison(
+        left=cst.Attribute(value=value.with_changes(whitespace_after_func=cst.SimpleWhitespace(""))
+                           .deep_clone(), attr=cst.Name("type")),
+        comparisons=[cst.ComparisonTarget(cst.Equal(), cst.SimpleString('"cpu"'))],
+    )
 
 
 def is_availability(test: cst.BaseExpression) -> bool:
@@ -120,7 +165,7 @@ def _sole_caller(roles: Roles, home: Scope) -> Scope | None:
     return caller
 
 
-def _first_code_statement(facts: Facts, scope: Scope) -> cst.BaseStatement | None:
+def first_code_statement(facts: Facts, scope: Scope) -> cst.BaseStatement | None:
     """The first statement of `scope` that is not its docstring (module: not an import)."""
     if scope is facts.module_scope:
         return facts.import_block_end.stmt if facts.import_block_end else None
@@ -142,6 +187,7 @@ def place_prepare(roles: Roles) -> None:
         return
     first_use = _first_training_use(roles)
     refs = [r for n in names for r in _setup_bindings(home, n, first_use)]
+    refs += _model_moves(roles, home, first_use)
     # Evaluation loaders and epoch-level schedulers built before training starts belong to the same
     # setup block: prepare after them too. Ones built later (a final test loader) are left out.
     late: set[str] = set()
@@ -245,6 +291,25 @@ def _setup_bindings(home: Scope, name: str, first_use: int) -> list[StmtRef]:
     # one enclosing block (`if True:` / `with ...:`), which would make every binding "not before".
     before = [r for r in refs if r.order < first_use]
     return before or refs
+
+
+def _model_moves(roles: Roles, home: Scope, first_use: int) -> list[StmtRef]:
+    """Home's own moves of a model to the chosen device after it is built and before training
+    (`self.G.to(self.device)` after the optimizers are built): `prepare` goes after them, so AM002
+    drops them as moves the Accelerator makes. Kept after `prepare`, a move of a prepared model is
+    at best a no-op, and under DDP a model moved after its reducer was built fails on backward."""
+    found: list[StmtRef] = []
+    for move in home.moves:
+        receiver = move.receiver
+        ref = receiver.value if isinstance(receiver, cst.Name) else instance_attribute(receiver)
+        if ref is None or ref not in roles.models or move.where.in_loop or move.where.order > first_use:
+            continue
+        if move.device_arg is not None and not roles.is_device(home, move.device_arg):
+            continue
+        stmt = move.where.stmt
+        if is_expression_statement(stmt, move.call):
+            found.append(move.where)
+    return found
 
 
 def _first_training_use(roles: Roles) -> int:

@@ -48,11 +48,35 @@ What it does:
     Accelerator at that second choice, with `cpu=` from its flag; the first choice stays as it is
     (the second replaces it before anything trains). Where `accelerator` is needed before the
     flag's names are bound, the Accelerator is created without `cpu=`, and that is reported.
+    Without a device variable, a script whose every device move is switched by one flag (`if
+    args.gpu: net = net.cuda()` after building the model and `if args.gpu: images = images.cuda()`
+    in the loop, with no `else`) gets `Accelerator(cpu=not args.gpu)`, created where the flag is
+    known (before the first such `if` of the function that builds the optimizer): without `-gpu`
+    the original trained on the CPU, and so does the migration, the model and its batches always
+    together. A device named by a value the user gives (`device = torch.device(args.device)`,
+    `--device cpu`) gets `Accelerator(cpu=torch.device(args.device).type == "cpu")`.
+    A `CUDA_VISIBLE_DEVICES` the script sets itself (`os.environ["CUDA_VISIBLE_DEVICES"] =
+    args.gpus`) is kept (one process still uses the GPUs it names) and reported: under `accel
+    launch` every process sets the same list, then takes GPU `LOCAL_RANK` among them, so with fewer
+    GPUs listed than processes the others fail; the report says to set it outside the script.
+    A device a class holds on an attribute, chosen in its constructor's own body
+    (`self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")` in `__init__`)
+    while another method builds the optimizer (`build_model`, which the constructor calls after
+    choosing), is the device choice: the constructor creates `self.accelerator = Accelerator()`
+    there and `self.device = self.accelerator.device`, so every `.to(self.device)` of the class
+    lands where the prepared models are; a flag in that choice (`"cpu" if config.cpu or not
+    torch.cuda.is_available() else "cuda"`) becomes `cpu=` as above. The moves of the models to
+    that device in the method that prepares (`self.G.to(self.device)` after the optimizers are
+    built) are put before `prepare`, which then replaces them (AM002): a model moved after
+    `prepare` is at best moved to where it is, and under DDP a model moved after its reducer was
+    built fails on its first backward.
     A script that never chooses a device (no device variable, no `.cuda()`, no `.to(...)` but to
     a dtype, no `device=` but `"cpu"`, no `"cuda"`/`"mps"`/`"xpu"` string, no `torch.device`,
     `torch.set_default_device`, `torch.cuda`, `torch.accelerator`, `torch.backends.mps`,
     `torch.mps` or `torch.xpu`) and whose batches no prepared DataLoader moves (none is prepared)
-    gets `Accelerator(cpu=True)`, and the change says so: it trained on the CPU, and its CPU
+    gets `Accelerator(cpu=True)` (every module of a run migrated together is searched, not only
+    the entry: a `main.py` that chooses nothing may import a `solver.py` that does), and the
+    change says so: it trained on the CPU, and its CPU
     tensors (`torch.from_numpy(...)` inputs, `torch.zeros(...)` without `device=` in `forward`,
     `.numpy()` on outputs) would meet a model the Accelerator put on the GPU. It still runs as N
     CPU processes under `accel launch`; to use GPUs, remove `cpu=True` and put those tensors on
@@ -102,6 +126,7 @@ Fix safety:
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Sequence
 
@@ -111,7 +136,7 @@ from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import nested_in, transitive_callers
-from migrate.roles.placement import flag_choice, is_cpu_device
+from migrate.roles.placement import flag_choice, is_availability, is_cpu_device
 from migrate.names import ImportAliases, dotted_name
 from migrate.rules.base import names_read, prepared_loaders, statement
 from migrate.safety.device_type import used_as_string
@@ -149,6 +174,15 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     elif roles.create_before is not None:
         default = roles.create_before
         message = "created the Accelerator"
+        guards = _guarding_flag(roles) if cpu is not None else None
+        body = _scope_body(roles, scope)
+        # Where the flag is known: before the first `if <flag>:` move of this scope (a helper
+        # or a print above it that uses `accelerator` moves the creation up again).
+        first = next((g for g in guards or () if _chain(body, g) is not None), None)
+        if first is not None:
+            default = first
+            message = (f"created the Accelerator where `{cst.Module([]).code_for_node(first.test)}` is known: every "
+                       f"device move of the script is switched by it, so `cpu={cpu[0]}`")
     else:
         return
     body = _scope_body(roles, scope)
@@ -244,6 +278,35 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     for chosen in [b for b in (binding, *roles.later_device_bindings) if b is not None]:
         if _report_ignored_index(roles, plan, scope, chosen):
             break  # once: the first place the index is used
+    _report_visible_devices(roles, plan)
+
+
+def _report_visible_devices(roles: Roles, plan: EditPlan) -> None:
+    """`os.environ["CUDA_VISIBLE_DEVICES"] = args.gpus` in the script: kept (on one process it still
+    picks the GPU), and reported once: under `accel launch --nproc-per-node N` every process sets
+    the same list before the Accelerator takes GPU `LOCAL_RANK` among the visible ones, so with
+    fewer GPUs listed than processes the extra processes fail."""
+    aliases = roles.facts.aliases
+    found: list[cst.CSTNode] = []
+
+    class Sets(Visitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                sub = target.target
+                if (type(sub) is cst.Subscript and aliases.qualify(sub.value) == "os.environ" and len(sub.slice) == 1
+                        and type(sub.slice[0].slice) is cst.Index
+                        and type(sub.slice[0].slice.value) is cst.SimpleString
+                        and sub.slice[0].slice.value.evaluated_value == "CUDA_VISIBLE_DEVICES"):
+                    found.append(node)
+
+    for module in [s.node for s in roles.facts.scopes if s.parent is None] or [roles.facts.module]:
+        walk(module, Sets())
+    if found:
+        plan.report(CODE, found[0], (
+            "the script sets `CUDA_VISIBLE_DEVICES` itself; kept, so one process still uses the GPUs it names, but under "
+            "`accel launch --nproc-per-node N` every process sets the same list and then takes GPU `LOCAL_RANK` among "
+            "them: with fewer GPUs listed than processes the others fail. Set it outside the script instead "
+            "(`CUDA_VISIBLE_DEVICES=0,1 accel launch --nproc-per-node 2 script.py`) and remove this line"))
 
 
 _RANK = re.compile(r"rank", re.IGNORECASE)
@@ -331,7 +394,13 @@ def _cpu_flag(roles: Roles) -> tuple[str, cst.BaseExpression] | None:
     availability check (`if torch.cuda.is_available():` needs no flag: the Accelerator checks)."""
     first = roles.device_binding
     if first is None:
-        return None
+        guarded = _guarding_flag(roles)
+        if guarded is None:
+            return None
+        test = guarded[0].test
+        text = cst.Module([]).code_for_node(test)
+        simple = type(test) in (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
+        return (f"not {text}" if simple else f"not ({text})"), test
     choice = flag_choice(first, roles.later_device_bindings)
     if choice is None:
         return None
@@ -341,6 +410,56 @@ def _cpu_flag(roles: Roles) -> tuple[str, cst.BaseExpression] | None:
         return test, flag
     simple = type(flag) in (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
     return (f"not {test}" if simple else f"not ({test})"), flag
+
+
+def _guarding_flag(roles: Roles) -> list[cst.If] | None:
+    """The `if <flag>:` statements (in document order) that hold every device choice of the run,
+    when there is no device variable and one flag switches each move on: `if args.gpu: net =
+    net.cuda()` after building the model and `if args.gpu: images = images.cuda()` in the loop
+    (`-gpu` off: the original trains on the CPU). The Accelerator then takes `cpu=not <flag>`, so
+    the model and its batches are on the CPU together, or on the GPU together, as before. None when
+    a device is chosen outside such a statement, when the statements test different flags, when
+    one has an `else`/`elif`, or when the test only asks whether a GPU is there (the Accelerator
+    checks that itself)."""
+    modules = [s.node for s in roles.facts.scopes if s.parent is None] or [roles.facts.module]
+    aliases = roles.facts.aliases
+    guards: list[cst.If] = []
+
+    class Guards(Visitor):
+        # The innermost `if`s holding a device choice (`if __name__ == "__main__":` holds the
+        # `if args.gpu:` that holds the move): an `if` counts when no `if` inside it did.
+        def __init__(self) -> None:
+            self.found_before: list[int] = []
+
+        def visit_If(self, node: cst.If) -> None:
+            self.found_before.append(len(guards))
+
+        def leave_If(self, node: cst.If) -> None:
+            if (self.found_before.pop() != len(guards) or node.orelse is not None or is_availability(node.test)
+                    or _is_main_guard(node)):
+                return
+            inside = _DeviceChoice(aliases)
+            walk(node.body, inside)
+            if inside.found:
+                guards.append(node)
+
+    for module in modules:
+        walk(module, Guards())
+    empty = cst.Module([])
+    if not guards or len({empty.code_for_node(g.test) for g in guards}) != 1:
+        return None
+    skipped = {id(g) for g in guards}
+
+    class Outside(_DeviceChoice):
+        def visit_If(self, node: cst.If) -> bool:
+            return not self.found and id(node) not in skipped
+
+    outside = Outside(aliases)
+    for module in modules:
+        walk(module, outside)
+        if outside.found:
+            return None
+    return guards
 
 
 # Device APIs: a script using any of them chose where it runs.
@@ -360,8 +479,13 @@ def _trains_on_cpu_only(roles: Roles, plan: EditPlan) -> bool:
     if roles.later_device_bindings or prepared_loaders(roles, plan) or plan.eval_loaders:
         return False
     finder = _DeviceChoice(roles.facts.aliases)
-    walk(roles.facts.module, finder)
-    return not finder.found
+    # Every module of the run, not only the entry: a script whose `main.py` builds nothing but
+    # whose `solver.py` chooses `self.device` and moves every tensor there trains on the GPU.
+    for module in [s.node for s in roles.facts.scopes if s.parent is None] or [roles.facts.module]:
+        walk(module, finder)
+        if finder.found:
+            return False
+    return True
 
 
 class _DeviceChoice(Visitor):
@@ -449,7 +573,10 @@ def _bound_before(test: cst.BaseExpression, scope: Scope, block: Sequence[cst.Ba
         assert type(module_scope.node) is cst.Module
         for stmt in module_scope.node.body:
             earlier |= _bound_names(stmt)
-    return all(name in earlier for name in names_read(test))
+    return all(name in earlier or name in _BUILTINS for name in names_read(test))
+
+
+_BUILTINS = frozenset(dir(builtins))  # `None`, `len`: bound everywhere
 
 
 def _bound_names(stmt: cst.BaseStatement) -> set[str]:

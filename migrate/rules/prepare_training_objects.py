@@ -33,6 +33,27 @@ What it does:
     the prepared ones; the class takes `accelerator` in its constructor (AM001). The builder itself
     is not changed. A builder returning the optimizer without its model, or called without
     unpacking, stays the place of `prepare` as before.
+    A loader is found from what the training step uses, wherever it is bound: the name a training
+    loop iterates, and also the one handed to `iter(...)` whose iterator a training loop advances
+    with `next(...)` (`data_iter = iter(loader)` ... `x, y = next(data_iter)` in `for step in
+    range(num_steps)`, re-made on `StopIteration`); a parameter of a method filled by a call on an
+    instance of its class (`trainer = Trainer(...)` then `trainer.train(train_loader)` in `main`:
+    `train_loader` of `main` is prepared there, with the model and the optimizer, after a
+    scheduler sized by it, so `T_max=len(train_loader)` keeps the unprepared length the original
+    computed); and an attribute that the class's constructor stores from its arguments (or builds)
+    before it calls the method that builds the optimizer (`Solver(celeba_loader, rafd_loader,
+    config)` keeping `self.celeba_loader = celeba_loader`, `build_model` preparing the models, and
+    `train` drawing from `data_loader = self.celeba_loader`, or either of two attributes chosen by
+    an `if` or a conditional expression): the attributes are prepared in that method with the
+    models, so the instance holds the sharded loaders (a `None` handed in for an unused one is
+    returned as it is). A loader bound where the function that prepares cannot reach it, handed
+    once (one call, outside any loop) to the method of that class that trains on it (`main` builds
+    it and calls `trainer.fit(loader, epochs)`, the trainer's constructor builds and prepares the
+    model), is prepared on entry to that method: `loader = self.accelerator.prepare(loader)`.
+    Handed again on every call (`for epoch ...: trainer.train_epoch(loader)`: a fresh prepared
+    loader each epoch would restart its shuffling), it is reported on the line that binds it,
+    naming the loop it feeds and where the model is prepared, with the change that lets it be
+    prepared there (hand it to the constructor, kept as an attribute).
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
@@ -112,6 +133,7 @@ from migrate.analysis import Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import WrappedOptimizer
+from migrate.roles.placement import first_code_statement
 from migrate.rules.base import assignment, indent_of, prepared_loaders
 
 CODE = "AM004"
@@ -169,7 +191,26 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             _rewrap(plan, name, wrapped, anchor, after=where is not None)
     plan.use_accelerator(home)
     plan.change(CODE, anchor, f"prepare {', '.join(names)}")
+    _prepare_received(roles, plan)
     _report_same_draws(roles, plan)
+
+
+def _prepare_received(roles: Roles, plan: EditPlan) -> None:
+    """A loader handed once to a method of home's class (`trainer.fit(loader)`, the model built and
+    prepared by the constructor): prepared on entry to that method, where the class's
+    `self.accelerator` is seen."""
+    for scope, name in roles.received_loaders:
+        first = first_code_statement(roles.facts, scope)
+        if first is None or not roles.can_reach(scope):
+            plan.report(CODE, scope.node, (
+                f"`{name}` is the loader this method trains on, handed in by its caller, but the Accelerator "
+                "cannot be seen here; it is not prepared, so every process would see all the data: prepare it "
+                "where it is built"))
+            continue
+        stmt = assignment([name], "accelerator.prepare", [name], indent_of(scope, None))
+        plan.insert_before.setdefault(first, []).insert(0, stmt)
+        plan.use_accelerator(scope)
+        plan.change(CODE, first, f"prepare {name}, the loader handed to `{scope.qualname}`")
 
 
 # Draws from torch's global RNG of fresh values (not a permutation of the data: that is the

@@ -4,7 +4,10 @@ What it does:
     Drops the device move of every prepared model (`model.to(device)`, `model.cuda()`,
     `model = Net().to(device)` -> `model = Net()`) and of the batches that come out of a prepared
     loader (`x, y = x.to(device), y.to(device)` disappears; `batch["x"].to(device)` becomes
-    `batch["x"]`), including in helpers of this file that receive them as parameters. A move that
+    `batch["x"]`), including in helpers of this file that receive them as parameters. A model
+    moved to the chosen device by the function that prepares it, after the optimizer is built
+    (`self.G.to(self.device)` at the end of `build_model`), has `prepare` placed after that move,
+    which is then dropped: never a move of a prepared model after `prepare`. A move that
     also converts (`x.to(device, torch.float16)`) keeps its conversion.
 
 Why:
