@@ -205,7 +205,7 @@ def _prepare_received(roles: Roles, plan: EditPlan) -> None:
             plan.report(CODE, scope.node, (
                 f"`{name}` is the loader this method trains on, handed in by its caller, but the Accelerator "
                 "cannot be seen here; it is not prepared, so every process would see all the data: prepare it "
-                "where it is built"))
+                "where it is built"), unconverted=True)
             continue
         stmt = assignment([name], "accelerator.prepare", [name], indent_of(scope, None))
         plan.insert_before.setdefault(first, []).insert(0, stmt)
