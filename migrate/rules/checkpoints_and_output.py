@@ -57,7 +57,10 @@ What it does:
     `*load*`/`*read*`/`open`, or to a class or function of the script: `train_df.to_csv("train.csv")`
     then `SpamDataset(csv_file="train.csv")`) is written on the main process and followed by
     `accelerator.wait_for_everyone()` (one after a run of neighbouring writes), so no process
-    reads it before it is whole. Downloads and
+    reads it before it is whole. A file written once per batch of a loop that does not train, over
+    a loader prepared for training (`test()` iterating the loader the instance holds), is guarded and
+    reported: the main process sees only its share of the batches, so the other shares' files would
+    never be written; the loop needs a loader of its own, left unprepared. Downloads and
     unpacking (`urllib.request.urlretrieve`, `shutil.unpack_archive`, `.extractall(...)` of a
     tarfile or zipfile) run on the main process only, with the `with` and `if` statements around
     them (`if not os.path.exists(archive): urlretrieve(...)`: only the main process tests and
@@ -161,6 +164,7 @@ from migrate.analysis import Scope, Site, StmtRef
 from migrate.names import dotted_name, target_names
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.roles.loaders import held_by_the_class
 from migrate.roles.model import nested_in
 from migrate.rules.base import accelerator_call, names_read, reference
 from migrate.walk import Visitor, walk
@@ -812,8 +816,33 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only (a status line, like `print`)")
         else:
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only")
+            _report_share_written(roles, plan, scope, write)
     _barriers_after(plan, read_back, barriers)
     return guarded, barriers
+
+
+def _report_share_written(roles: Roles, plan: EditPlan, scope: Scope, write: _Write) -> None:
+    """A file written per batch of a loop that does not train, over a loader `prepare` shards (the
+    training loader, held on the instance and iterated again by `test()`): each process sees its
+    share of the batches, so the main process alone writes only the files of its share (and without
+    the guard the processes would write files numbered alike). Reported, as the guard alone cannot
+    make it whole: the loop needs a loader of its own, left unprepared."""
+    enclosing = {id(ref.stmt) for ref in write.where.path}
+    for loop in scope.loops:
+        if id(loop.node) not in enclosing or loop.source is None or roles.is_training_loop(loop):
+            continue
+        held = held_by_the_class(roles, scope, loop.source) if roles.home is not None else None
+        sources = held if held else [loop.source]
+        prepared = [source for source in sources if source in roles.loaders]
+        if not prepared:
+            continue
+        plan.report(CODE, write.call, (
+            f"{write.what} runs on the main process only, once per batch of `{loop.source}`"
+            + (f" (`{prepared[0]}`)" if prepared[0] != loop.source else "") + ", which is prepared "
+            "for training and so gives each process its share of the batches: on N processes only the main "
+            "process's share is written. Iterate a loader of its own here, left unprepared (each process then "
+            "reads all of it and the main process writes every file)"), unconverted=True)
+        return
 
 
 _MAKE_FOLDER = frozenset({"os.makedirs", "os.mkdir"})
