@@ -12,8 +12,15 @@ or a pickled model is interchangeable with the original script's on any number o
   ``named_children()`` give the user's names and objects;
 * ``torch.save(model)``, ``pickle`` and ``copy.deepcopy`` give (a copy of) the user's module,
   which loads in a process without a process group or this runtime;
-* ``.module`` answers everywhere: on a wrapper it is the user's module, and when ``prepare``
-  returned the user's module itself it is that module (``give_module_attribute``).
+* ``.module`` of a wrapper is the user's module.
+
+A state dict of a wrapper is a ``UserStateDict``: the user's keys, and a lookup of DDP's
+``module.<key>`` still finds ``<key>``, because code written for a DDP model builds such keys
+itself (timm's ``ModelEma.update``: ``msd["module." + k]`` when the model has ``.module``).
+``prepare`` does not give the bare module (one process) a ``.module`` of its own: that module
+would then be its own ``.module``, which turns the same ``hasattr(model, "module")`` tests into
+``module.`` lookups on a plain state dict (KeyError), and recursive unwrapping
+(``while hasattr(m, "module"): m = m.module``) into an endless loop.
 
 Lightning Fabric's ``_FabricModule`` does the same for state dicts and attribute access; HF
 Accelerate returns the plain DDP wrapper (``module.`` keys, pickles as DDP).
@@ -21,6 +28,7 @@ Accelerate returns the plain DDP wrapper (``module.`` keys, pickles as DDP).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
@@ -78,6 +86,24 @@ def accept_wrapper_keys(module: nn.Module) -> None:
         module.register_load_state_dict_pre_hook(AcceptWrapperKeys())
 
 
+class UserStateDict(OrderedDict):  # type: ignore[type-arg]
+    """A state dict with the user's keys where ``sd["module." + key]`` also finds ``sd[key]``.
+
+    Only a lookup that misses tries the alias (``__missing__``): iteration, ``keys()``, ``in``
+    and ``len`` see the user's keys alone. Pickled (``torch.save(model.state_dict())``) and
+    deep-copied it is a plain ``OrderedDict`` with the same ``_metadata``, so the file loads with
+    ``weights_only=True`` and without this runtime.
+    """
+
+    def __missing__(self, key: Any) -> Any:
+        if isinstance(key, str) and key.startswith(PREFIX) and dict.__contains__(self, key[len(PREFIX):]):
+            return self[key[len(PREFIX):]]
+        raise KeyError(key)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (OrderedDict, (), vars(self) or None, None, iter(self.items()))
+
+
 class ForwardsToUserModule:
     """Mixin for an ``nn.Module`` wrapper whose ``self.module`` is the user's module.
 
@@ -92,7 +118,11 @@ class ForwardsToUserModule:
     # -- state dicts ------------------------------------------------------------------------------
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        """The user's module's ``state_dict`` (its own keys; no ``module.`` prefix)."""
+        """The user's module's ``state_dict`` (its own keys; no ``module.`` prefix), as a
+        ``UserStateDict`` unless the caller passes its own ``destination``."""
+        if not args and kwargs.get("destination") is None:
+            kwargs["destination"] = UserStateDict()
+            kwargs["destination"]._metadata = OrderedDict()
         return self.module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
@@ -153,16 +183,3 @@ class ForwardsToUserModule:
         # copies) to the user's module alone, so loading needs neither the runtime nor the wrapper.
         # (Returning the module's own reduce tuple is refused by pickle: the class differs.)
         return (max, ((self.module,),))
-
-
-def give_module_attribute(model: nn.Module) -> None:
-    """Let ``model.module`` answer on the user's module itself (``prepare`` returned it unwrapped).
-
-    Code written for a DDP model reads ``model.module``; where ``prepare`` wraps nothing (one
-    process, a frozen module, fsdp) that read must give the module too. It is an entry of the
-    instance ``__dict__`` (no submodule registration: ``state_dict`` and ``named_modules`` are
-    unchanged, and no per-call cost); a module that already has a ``module`` attribute of its own
-    keeps it.
-    """
-    if "module" not in model.__dict__ and not hasattr(model, "module"):
-        model.__dict__["module"] = model

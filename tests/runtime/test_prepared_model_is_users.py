@@ -46,7 +46,7 @@ def test_one_process_names_keys_and_module(precision: str) -> None:
     net = Net()
     model = Accelerator(cpu=True, mixed_precision=precision).prepare(net)
     assert (model is net) == (precision == "no")  # bf16 wraps the module in AutocastModule
-    assert model.module is net
+    assert model.module is net if precision == "bf16" else not hasattr(model, "module")
     assert sorted(model.state_dict()) == USER_KEYS
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in net.named_parameters()]
     assert [n for n, _ in model.named_modules()] == ["", "encoder", "norm", "head"]
@@ -116,9 +116,9 @@ def test_one_process_pickle_loads_without_the_runtime(tmp_path: Path) -> None:
     out = load_without_runtime(tmp_path, (
         "import torch\n"
         "m = torch.load('model.pt', weights_only=False)\n"
-        "print(type(m).__name__, m.module is m, sorted(m.state_dict()) == __import__('user_net').USER_KEYS)\n"
+        "print(type(m).__name__, sorted(m.state_dict()) == __import__('user_net').USER_KEYS)\n"
     ))
-    assert out.split() == ["Net", "True", "True"]
+    assert out.split() == ["Net", "True"]
 
 
 # -- 2 processes -------------------------------------------------------------------------------
@@ -152,6 +152,12 @@ def test_two_processes_names_are_the_users(view) -> None:
         assert r["eval_reaches_user"] and r["train_reaches_user"]
 
 
+def test_two_processes_state_dict_answers_ddp_key_lookups(view) -> None:
+    # timm's ModelEma.update reads msd["module." + k] when the model has .module
+    for r in view[0]:
+        assert r["module_key_lookup"] and not r["module_key_listed"] and r["state_dict_pickles_plain"]
+
+
 def test_two_processes_load_the_original_scripts_checkpoints(view) -> None:
     for r in view[0]:
         assert r["load_plain"] and r["load_ddp"]
@@ -176,7 +182,7 @@ def test_two_processes_train_bit_identically_to_plain_ddp(view) -> None:
 def test_two_processes_sharded_strategies_keep_the_users_keys(view) -> None:
     ranks, _ = view
     for r in ranks:
-        assert r["zero1_keys"] == USER_KEYS and r["fsdp_module_is_itself"]
+        assert r["zero1_keys"] == USER_KEYS
     assert ranks[0]["fsdp_full_keys"] == USER_KEYS
 
 

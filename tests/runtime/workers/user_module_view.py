@@ -45,6 +45,13 @@ result["same_parameters"] = [id(p) for p in model.parameters()] == [id(p) for p 
 result["module_names"] = [name for name, _ in model.named_modules()]
 result["children"] = [type(child).__name__ for child in model.children()]
 result["module_is_users"] = model.module is net
+state = model.state_dict()
+result["module_key_lookup"] = state["module.encoder.weight"] is state["encoder.weight"]
+result["module_key_listed"] = "module.encoder.weight" in state
+buffer = io.BytesIO()
+torch.save(state, buffer)
+buffer.seek(0)
+result["state_dict_pickles_plain"] = type(torch.load(buffer, weights_only=True)).__name__ == "OrderedDict"
 model.eval()
 result["eval_reaches_user"] = not net.training and not net.norm.training
 model.train()
@@ -124,7 +131,6 @@ fsdp = Accelerator(strategy="fsdp")
 fsdp_model = fsdp.prepare(Net())
 full = fsdp.get_state_dict(fsdp_model)  # every rank gathers; the main process gets the dict
 result["fsdp_full_keys"] = sorted(full) if rank == 0 else None
-result["fsdp_module_is_itself"] = fsdp_model.module is fsdp_model
 
 (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
 accelerator.end_training()
