@@ -280,6 +280,7 @@ class Accelerator:
             optimizers=[o for o in self._optimizers if o.optimizer is inner],
             gradient_state=self.gradient_state,
             split_batches=bool(self.split_batches),
+            is_main_process=self.is_main_process,
         )
         self._schedulers.append(wrapped)
         return wrapped
