@@ -85,6 +85,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         self.optimizer.load_state_dict(state_dict)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickle (``torch.save({"optimizer": optimizer})``) and deep-copy as the wrapped optimizer.
+
+        A project helper that saves whole objects writes the user's optimizer class, which a
+        resumed or sibling script loads without this runtime (``max`` of a one-element tuple is
+        that element: a builtin, so unpickling imports nothing of ours).
+        """
+        return (max, ((self.optimizer,),))
+
     # -- training step ------------------------------------------------------------------------
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:  # type: ignore[override]
@@ -261,6 +270,10 @@ class AcceleratedScheduler:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state_dict)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickle and deep-copy as the wrapped scheduler (see ``AcceleratedOptimizer``)."""
+        return (max, ((self.scheduler,),))
 
     def __getattr__(self, name: str) -> Any:
         # Only called for attributes not found on the wrapper: delegate (optimizer, last_epoch...).

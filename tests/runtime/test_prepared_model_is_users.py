@@ -121,6 +121,23 @@ def test_one_process_pickle_loads_without_the_runtime(tmp_path: Path) -> None:
     assert out.split() == ["Net", "True"]
 
 
+def test_prepared_optimizer_and_scheduler_pickle_as_the_users(tmp_path: Path) -> None:
+    accelerator = Accelerator(cpu=True)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    assert type(copy.deepcopy(optimizer)) is torch.optim.SGD
+    torch.save({"model": model, "optimizer": optimizer, "scheduler": scheduler}, tmp_path / "all.pt")
+    out = load_without_runtime(tmp_path, (
+        "import torch\n"
+        "saved = torch.load('all.pt', weights_only=False)\n"
+        "print(*(type(saved[k]).__name__ for k in ('model', 'optimizer', 'scheduler')),\n"
+        "      saved['scheduler'].optimizer is saved['optimizer'])\n"
+    ))
+    assert out.split() == ["Net", "SGD", "StepLR", "True"]
+
+
 # -- 2 processes -------------------------------------------------------------------------------
 
 
