@@ -83,8 +83,9 @@ class PreparedDDP(ForwardsToUserModule, DistributedDataParallel):
     """
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        # Tracing (torch.jit.trace, SummaryWriter.add_graph) records the user's forward: DDP's
-        # reducer bookkeeping and buffer broadcast are not traceable operations.
+        # Tracing (torch.jit.trace, SummaryWriter.add_graph) records the user's forward alone:
+        # DDP's forward would also prepare its reducer for a backward pass that never comes
+        # and broadcast buffers (a collective) on whichever ranks happen to trace.
         if torch.jit.is_tracing():
             return self.module(*inputs, **kwargs)
         return super().forward(*inputs, **kwargs)
