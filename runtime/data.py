@@ -138,6 +138,7 @@ def prepare_data_loader(
         # loader.sampler: this rank's share of the user's sampler (see RankShareView)
         view = RankShareView(original.sampler, prepared.batch_sampler, original.batch_size, original.drop_last)
         object.__setattr__(prepared, "sampler", view)  # DataLoader forbids setting it after init
+        prepared._shows_user_sampler = True
     return prepared
 
 
@@ -202,6 +203,7 @@ def _prepare_one_process(loader: DataLoader, common: dict[str, Any]) -> Prepared
     # DataLoader(batch_sampler=...) would make .sampler a SequentialSampler over the whole
     # dataset: keep the user's (len(loader.sampler) is 40000 for a 40000-sample subset, not 50000).
     object.__setattr__(prepared, "sampler", loader.sampler)
+    prepared._shows_user_sampler = True
     return prepared
 
 

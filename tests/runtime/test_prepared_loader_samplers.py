@@ -67,3 +67,27 @@ def test_one_process_keeps_the_users_sampler() -> None:
     sampler = SubsetRandomSampler(list(range(40)))
     loader = Accelerator(cpu=True).prepare(DataLoader(TensorDataset(torch.arange(50)), batch_size=4, sampler=sampler))
     assert loader.sampler is sampler and len(loader.sampler) == 40 and len(loader) == 10
+
+
+class _CountsEpochs(torch.utils.data.Sampler):
+    """A user's sampler with set_epoch that the unprepared loader never calls."""
+
+    def __init__(self) -> None:
+        self.epochs: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+    def __iter__(self):
+        return iter(range(8))
+
+    def __len__(self) -> int:
+        return 8
+
+
+def test_one_process_shows_the_users_sampler_without_driving_its_epoch() -> None:
+    sampler = _CountsEpochs()
+    loader = Accelerator(cpu=True).prepare(DataLoader(TensorDataset(torch.arange(8)), batch_size=4, sampler=sampler))
+    for _ in range(2):
+        assert [b[0].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert loader.sampler is sampler and sampler.epochs == []  # as with the unprepared loader
