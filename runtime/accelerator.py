@@ -44,6 +44,7 @@ from .precision import unwrap as unwrap_precision
 from .state import barrier, destroy_process_group
 from .strategy import Strategy
 from .tracking import GeneralTracker, Tracking
+from .user_module import accept_wrapper_keys
 
 
 class DistributedType(str, enum.Enum):
@@ -225,12 +226,15 @@ class Accelerator:
         """Place the model on the device and wrap it for the strategy (DDP on several processes).
 
         With fp16/bf16 its forward runs under autocast and returns fp32 outputs; under ddp and
-        zero1 the user's module itself is never modified (see runtime/precision.py). fsdp shards
-        the user's module in place (``fully_shard``); optimizers prepared before are rebound to
-        its sharded parameters.
+        zero1 the user's module itself is never modified (see runtime/precision.py); it gets a
+        load-state-dict hook that accepts DDP's ``module.`` keys. fsdp shards the user's module
+        in place (``fully_shard``); optimizers prepared before are rebound to its sharded
+        parameters. Whatever the wrapper, the prepared model's state dict, names, pickling and
+        deep copies are the user's module's (runtime/user_module.py).
         """
         placed = self.strategy.wrap_model(model)
         wrapped = self.precision.wrap_model(placed)
+        accept_wrapper_keys(model)
         self._models.append(wrapped)
         for prepared in self._optimizers:  # prepared in an earlier prepare() call
             prepared.optimizer = self.strategy.prepare_optimizer(prepared.optimizer)
@@ -276,6 +280,7 @@ class Accelerator:
             optimizers=[o for o in self._optimizers if o.optimizer is inner],
             gradient_state=self.gradient_state,
             split_batches=bool(self.split_batches),
+            is_main_process=self.is_main_process,
         )
         self._schedulers.append(wrapped)
         return wrapped

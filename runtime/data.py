@@ -41,13 +41,20 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from .device_loader import ActiveLoaders, PreparedDataLoader, send_to_device
 from .errors import PrepareError
-from .ops import broadcast_generator, broadcast_int
-from .samplers import IterableDatasetShard, ShardSampler, SharedSeedRandomSampler, SplitBatchSampler
+from .ops import broadcast_generator, broadcast_int, broadcast_object
+from .samplers import (
+    IterableDatasetShard,
+    RankShareView,
+    SameOnEveryRank,
+    ShardSampler,
+    SharedSeedRandomSampler,
+    SplitBatchSampler,
+)
 from .state import ProcessState
 
 __all__ = [
@@ -64,9 +71,18 @@ __all__ = [
 
 
 def _shared_random(sampler: Any, state: ProcessState) -> Any:
-    """Replace a plain RandomSampler by a SharedSeedRandomSampler; keep anything else."""
-    if type(sampler) is not RandomSampler:
+    """The user's (batch) sampler, made to give every rank the same order each epoch.
+
+    A plain ``RandomSampler`` becomes a ``SharedSeedRandomSampler`` (its seed drawn where
+    ``RandomSampler`` draws it: N processes keep the one-process order). A ``SequentialSampler``
+    needs nothing. Anything else (``SubsetRandomSampler``, ``WeightedRandomSampler``, a custom
+    sampler or batch sampler) may draw from RNGs that differ between ranks: ``SameOnEveryRank``
+    gives every rank rank 0's order.
+    """
+    if type(sampler) is SequentialSampler:
         return sampler
+    if type(sampler) is not RandomSampler:
+        return SameOnEveryRank(sampler, partial(broadcast_object, state=state), state.rank)
     return SharedSeedRandomSampler(
         sampler.data_source,
         partial(broadcast_int, state=state),
@@ -111,9 +127,19 @@ def prepare_data_loader(
             batch_sampler.batch_size,
             batch_sampler.drop_last,
         )
+    else:  # the script's own batch sampler: its order may be random too
+        batch_sampler = _shared_random(batch_sampler, state)
     if split_batches:
-        return _prepare_split(loader, batch_sampler, state, batch_size, even_batches, common)
-    return _prepare_rank_batches(loader, batch_sampler, state, even_batches, common)
+        prepared = _prepare_split(loader, batch_sampler, state, batch_size, even_batches, common)
+    else:
+        prepared = _prepare_rank_batches(loader, batch_sampler, state, even_batches, common)
+    original = loader.batch_sampler
+    if type(original) is BatchSampler and isinstance(original.sampler, Sized):
+        # loader.sampler: this rank's share of the user's sampler (see RankShareView)
+        view = RankShareView(original.sampler, prepared.batch_sampler, original.batch_size, original.drop_last)
+        object.__setattr__(prepared, "sampler", view)  # DataLoader forbids setting it after init
+        prepared._shows_user_sampler = True
+    return prepared
 
 
 def _loader_arguments(
@@ -173,7 +199,12 @@ def _prepare_one_process(loader: DataLoader, common: dict[str, Any]) -> Prepared
     """One process: the original sampler or batch sampler, unchanged (bit-identical batches)."""
     if loader.batch_sampler is None:
         return PreparedDataLoader(loader.dataset, sampler=loader.sampler, batch_size=None, **common)
-    return PreparedDataLoader(loader.dataset, batch_sampler=loader.batch_sampler, **common)
+    prepared = PreparedDataLoader(loader.dataset, batch_sampler=loader.batch_sampler, **common)
+    # DataLoader(batch_sampler=...) would make .sampler a SequentialSampler over the whole
+    # dataset: keep the user's (len(loader.sampler) is 40000 for a 40000-sample subset, not 50000).
+    object.__setattr__(prepared, "sampler", loader.sampler)
+    prepared._shows_user_sampler = True
+    return prepared
 
 
 def _prepare_single_samples(

@@ -4,8 +4,9 @@ On N processes a model with trainable parameters is wrapped in ``PreparedDDP``, 
 ``DistributedDataParallel`` that also answers for the user's module: ``model.output_shape``,
 ``model.encoder(x)``, ``model.some_method()`` work as they did before ``prepare`` (plain DDP
 raises "'DistributedDataParallel' object has no attribute ..."). See ``PreparedDDP`` for what
-reads, writes and calls that bypass DDP's forward do. On one process the user's module itself is
-returned (moved to the device), so there is nothing to forward.
+reads, writes and calls that bypass DDP's forward do, and runtime/user_module.py for state dicts,
+introspection and pickling, which give the user's module's keys and objects. On one process the
+user's module itself is returned (moved to the device), so there is nothing to forward.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import warnings
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .state import release_at_exit
 from .strategy import Strategy, wrapped_owns
+from .user_module import ForwardsToUserModule
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -27,7 +30,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-class PreparedDDP(DistributedDataParallel):
+class PreparedDDP(ForwardsToUserModule, DistributedDataParallel):
     """``DistributedDataParallel`` whose attribute reads fall through to the wrapped module.
 
     Reads: a name the wrapper does not have itself (its own attributes, DDP's, ``module``) is
@@ -64,10 +67,28 @@ class PreparedDDP(DistributedDataParallel):
     one rank only (sampling or logging on the main process), which hangs, and it makes
     ``model(x) + model.aux(x)`` fail with ``find_unused_parameters=True``.
 
-    Pickling, ``copy.deepcopy``, ``state_dict`` keys (``module.``-prefixed, as plain DDP),
-    ``isinstance(model, DistributedDataParallel)``, ``no_sync`` and ``torch.compile`` behave as
-    with plain DDP.
+    The user's module from the outside (``ForwardsToUserModule``, runtime/user_module.py):
+    ``state_dict()`` has the user's keys, ``load_state_dict`` takes them or ``module.``-prefixed
+    ones, ``named_parameters()`` / ``named_modules()`` / ``children()`` give the user's names,
+    and pickling or ``copy.deepcopy`` give (a copy of) the user's module, not a DDP that needs a
+    process group. ``torch.jit.trace(model, x)`` and ``SummaryWriter.add_graph`` trace the
+    user's module's forward (see ``forward``). DDP itself reads ``self.module`` directly, so its
+    reducer, ``no_sync`` and ``torch.compile`` behave as with plain DDP.
+
+    ``isinstance(model, UserClass)`` stays False: the object must be a
+    ``DistributedDataParallel`` (its reducer, ``no_sync``, torch.compile's DDP graph splitting
+    and user code testing ``isinstance(model, DistributedDataParallel)`` rely on it), and
+    faking ``__class__`` would make ``type(model)`` and ``model.__class__`` disagree, which
+    pickling, ``torch.jit`` and dynamo read differently.
     """
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        # Tracing (torch.jit.trace, SummaryWriter.add_graph) records the user's forward alone:
+        # DDP's forward would also prepare its reducer for a backward pass that never comes
+        # and broadcast buffers (a collective) on whichever ranks happen to trace.
+        if torch.jit.is_tracing():
+            return self.module(*inputs, **kwargs)
+        return super().forward(*inputs, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         modules = self.__dict__.get("_modules")

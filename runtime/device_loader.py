@@ -220,7 +220,10 @@ class PreparedDataLoader(DataLoader):
         if kept is not None:
             self._set_kept_epoch(kept, epoch)
         else:
-            for obj in (self.batch_sampler, self.sampler):
+            # ``sampler`` may be the user's own sampler shown as ``loader.sampler`` (data.py):
+            # its epoch is the batch sampler's business, as in the unprepared loader.
+            sampler = None if self.__dict__.get("_shows_user_sampler") else self.sampler
+            for obj in (self.batch_sampler, sampler):
                 if obj is not None and hasattr(obj, "set_epoch"):
                     obj.set_epoch(epoch)
         generators = find_generators(self)

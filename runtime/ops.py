@@ -208,3 +208,13 @@ def pad_across_processes(
         return _pad_to(tensor, axis, max(_all_sizes(tensor, axis, state)), pad_index, pad_first)
 
     return apply_to_tensors(obj, _pad_one)
+
+
+def broadcast_object(obj: Any, state: ProcessState, src: int = 0) -> Any:
+    """Return rank ``src``'s picklable ``obj`` on every rank (one object broadcast)."""
+    if not state.distributed:
+        return obj
+    holder = [obj]
+    device = state.device if state.device.type == "cuda" else None  # nccl needs the device
+    dist.broadcast_object_list(holder, src=src, device=device)
+    return holder[0]

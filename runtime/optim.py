@@ -13,11 +13,13 @@ without any device synchronisation beyond GradScaler's own. Without accumulation
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, MultiplicativeLR
 
 from .accumulation import GradientState
 from .errors import AccelError
@@ -82,6 +84,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         self.optimizer.load_state_dict(state_dict)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickle (``torch.save({"optimizer": optimizer})``) and deep-copy as the wrapped optimizer.
+
+        A project helper that saves whole objects writes the user's optimizer class, which a
+        resumed or sibling script loads without this runtime (``max`` of a one-element tuple is
+        that element: a builtin, so unpickling imports nothing of ours).
+        """
+        return (max, ((self.optimizer,),))
 
     # -- training step ------------------------------------------------------------------------
 
@@ -179,6 +190,7 @@ class AcceleratedScheduler:
         optimizers: Sequence[AcceleratedOptimizer] = (),
         gradient_state: GradientState | None = None,
         split_batches: bool = False,
+        is_main_process: bool = True,
     ) -> None:
         self.scheduler = scheduler
         self.num_processes = num_processes
@@ -187,6 +199,8 @@ class AcceleratedScheduler:
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self.split_batches = split_batches
         self._steps_per_call = 1 if split_batches else num_processes
+        self._ended = False  # a LambdaLR's next advance left its schedule (see _step_unless_past_end)
+        self.is_main_process = is_main_process
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         if not self.step_with_optimizer:
@@ -198,10 +212,55 @@ class AcceleratedScheduler:
             if optimizer.step_was_skipped:
                 return
         total_steps = getattr(self.scheduler, "total_steps", None)  # OneCycleLR must not overrun
+        guard = self._steps_per_call > 1 and isinstance(self.scheduler, (LambdaLR, MultiplicativeLR))
         for _ in range(self._steps_per_call):
             if total_steps is not None and self.scheduler.last_epoch >= total_steps:
                 break
-            self.scheduler.step(*args, **kwargs)
+            if self._ended:
+                break
+            if guard:
+                self._step_unless_past_end(*args, **kwargs)
+            else:
+                self.scheduler.step(*args, **kwargs)
+
+    def _step_unless_past_end(self, *args: Any, **kwargs: Any) -> None:
+        """One advance of a LambdaLR/MultiplicativeLR, undone if it leaves its schedule.
+
+        Stepping ``num_processes`` times per optimizer step is right for a schedule sized in the
+        original script's batches (an epoch loop: ``total = epochs * len(loader)`` measured before
+        ``prepare``). A loop that runs a fixed number of optimizer steps (``while step <
+        total_steps``) sized it in optimizer steps instead, and reaches its end after
+        ``1/num_processes`` of training; a poly lambda ``(1 - e / total) ** 0.9`` then gives a
+        complex learning rate and the next optimizer step crashes. Which of the two a script means
+        is not visible at run time, so the advance that would leave the schedule (a learning rate
+        that is complex, NaN, infinite or negative) is undone, the schedule stays at its last
+        valid rate from then on, and the main process is told, once, how to get the one-process
+        rates: ``Accelerator(step_scheduler_with_optimizer=False)`` (one advance per call).
+        """
+        scheduler = self.scheduler
+        saved = dict(scheduler.__dict__)
+        groups = scheduler.optimizer.param_groups
+        rates = [group["lr"] for group in groups]
+        scheduler.step(*args, **kwargs)
+        if all(_valid_rate(group["lr"]) for group in groups):
+            return
+        scheduler.__dict__.update(saved)
+        for group, rate in zip(groups, rates):
+            group["lr"] = rate
+        self._ended = True
+        if self.is_main_process:
+            warnings.warn(
+                f"the prepared {type(scheduler).__name__} reached the end of its schedule at "
+                f"step {scheduler.last_epoch}: each optimizer step advances it "
+                f"{self._steps_per_call} times (once per process, Accelerate's rule for schedules "
+                "sized in the original script's batches), and the next advance gives an invalid "
+                "learning rate. It stays at its last rate. If the loop runs a fixed number of "
+                "optimizer steps (while step < total_steps), create the Accelerator with "
+                "step_scheduler_with_optimizer=False: the scheduler then advances once per "
+                "scheduler.step(), with the one-process learning rates.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def get_last_lr(self) -> list[float]:
         return self.scheduler.get_last_lr()
@@ -212,8 +271,19 @@ class AcceleratedScheduler:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state_dict)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickle and deep-copy as the wrapped scheduler (see ``AcceleratedOptimizer``)."""
+        return (max, ((self.scheduler,),))
+
     def __getattr__(self, name: str) -> Any:
         # Only called for attributes not found on the wrapper: delegate (optimizer, last_epoch...).
         if name == "scheduler":  # not set yet (e.g. while unpickling): avoid infinite recursion
             raise AttributeError(name)
         return getattr(self.scheduler, name)
+
+
+def _valid_rate(rate: Any) -> bool:
+    """A learning rate an optimizer can use: a real, finite, non-negative number (or tensor)."""
+    if isinstance(rate, torch.Tensor):
+        return not rate.is_complex() and bool(torch.isfinite(rate).all()) and bool((rate >= 0).all())
+    return isinstance(rate, (int, float)) and math.isfinite(rate) and rate >= 0

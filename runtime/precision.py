@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .errors import AccelError, UnsupportedOptionError
 from .ops import apply_to_tensors
 from .strategy import wrapped_owns
+from .user_module import ForwardsToUserModule
 
 PRECISIONS = ("no", "fp16", "bf16")
 """The ``mixed_precision`` values this runtime implements."""
@@ -132,12 +133,13 @@ class FP16Precision(_AutocastPrecision):
             )
 
 
-class AutocastModule(nn.Module):
+class AutocastModule(ForwardsToUserModule, nn.Module):
     """Runs the wrapped module's forward under autocast and returns fp32 outputs.
 
     Attribute access falls through to the wrapped module (``model.fc``, ``model.config``), and
-    ``state_dict`` / ``load_state_dict`` use the wrapped module's keys, so a one-process script
-    saves the same checkpoints as without mixed precision. Writes of names the wrapped module
+    state dicts, ``named_parameters()``/``named_modules()``/``children()``, pickling and
+    ``copy.deepcopy`` give the wrapped module's keys and objects (runtime/user_module.py), so a
+    one-process script saves the same checkpoints as without mixed precision. Writes of names the wrapped module
     has (``model.temperature = 0.5``) go to it, so its ``forward`` sees them; other names stay
     on the wrapper (the rule of ``runtime.ddp.PreparedDDP``).
     """
@@ -150,7 +152,7 @@ class AutocastModule(nn.Module):
         object.__setattr__(self, "autocast_dtype", precision.dtype)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        # No closure over the module: copy.deepcopy(prepared) (e.g. an EMA copy) calls its copy.
+        # No closure over the module, so that the wrapper holds nothing but the module.
         with torch.autocast(self.autocast_device_type, dtype=self.autocast_dtype):
             output = self.module(*args, **kwargs)
         return convert_outputs_to_fp32(output)
@@ -170,11 +172,6 @@ class AutocastModule(nn.Module):
     def __getitem__(self, index: Any) -> Any:  # nn.Sequential / ModuleList / ModuleDict
         return self.module[index]  # type: ignore[index]
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self.module.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self.module.load_state_dict(*args, **kwargs)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

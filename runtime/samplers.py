@@ -3,6 +3,7 @@ iterable-dataset shards (the semantics are in runtime/data.py's docstring)."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
@@ -55,6 +56,63 @@ class SharedSeedRandomSampler(RandomSampler):
             for _ in range(self.num_samples // n):
                 yield from torch.randperm(n, generator=generator).tolist()
             yield from torch.randperm(n, generator=generator).tolist()[: self.num_samples % n]
+
+
+class SameOnEveryRank(Sampler[Any]):
+    """The user's sampler or batch sampler, yielding rank 0's order on every rank.
+
+    A ``SubsetRandomSampler``, a ``WeightedRandomSampler`` or a custom sampler draws its order
+    from the global RNGs (torch, python ``random``, numpy) or from its own ``generator``, which
+    differ between ranks (seeded per rank, or consumed differently): sharding their batches by
+    rank would then train some samples twice and others never. Each epoch this sampler takes
+    rank 0's RNG states (one object broadcast), lists the whole epoch's order under them, and
+    gives every rank that list; rank 0's own RNGs advance exactly as the unprepared sampler's
+    would, the other ranks get their own global RNG states back (per-rank augmentation keeps its
+    own stream) and the sampler's ``generator`` follows rank 0's. Listing up front (rather than
+    drawing lazily) also makes a sampler that draws per item independent of what the training
+    step draws in between.
+
+    Every rank must start iterating the loader (the broadcast is a collective), as every rank
+    does in a training loop; a loader iterated on the main process alone hangs.
+    """
+
+    def __init__(self, source: Any, share: Callable[[Any], Any], rank: int) -> None:
+        self.source = source
+        self.share = share
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for names this wrapper lacks: batch_size, drop_last, sampler, set_epoch...
+        if name.startswith("__") or name in ("source", "share", "rank"):
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    def _generator(self) -> torch.Generator | None:
+        for obj in (self.source, getattr(self.source, "sampler", None)):
+            generator = getattr(obj, "generator", None)
+            if isinstance(generator, torch.Generator):
+                return generator
+        return None
+
+    def __iter__(self) -> Iterator[Any]:
+        from .checkpoint import capture_rng_state, restore_rng_state
+
+        generator = self._generator()
+        own = capture_rng_state(include_cuda=False)
+        ranks0 = self.share((own, None if generator is None else generator.get_state()))
+        if self.rank != 0:
+            restore_rng_state(ranks0[0])
+            if generator is not None:
+                generator.set_state(ranks0[1])
+        try:
+            order = list(self.source)
+        finally:
+            if self.rank != 0:
+                restore_rng_state(own)
+        yield from order
 
 
 class ShardSampler(Sampler[Any]):
@@ -140,6 +198,47 @@ class ShardSampler(Sampler[Any]):
         else:
             start = fill + (rank - tail) * self.batch_size
             yield flat[start : start + self.batch_size]
+
+
+class RankShareView(Sampler[int]):
+    """``loader.sampler`` of a prepared loader on N processes: this rank's share of the user's.
+
+    ``len(loader.sampler)`` is the number of samples this process gets per epoch (as
+    ``len(DistributedSampler)`` is in a hand-written DDP script, so ``total / len(loader.sampler)``
+    averages over what this rank saw), padding of ``even_batches`` included; it is computed
+    from the user's sampler's length by running the rank's batch sharding over placeholder
+    batches (no RNG drawn, no collective). Iterating it gives this rank's indices (one epoch of
+    the loader's sampling, a collective when the user's sampler is random). Every other
+    attribute is the user's sampler's (``loader.sampler.indices``, ``.weights``,
+    ``.set_epoch(e)``). ``len(loader.dataset)`` stays the whole dataset, as in HF Accelerate.
+    """
+
+    def __init__(self, user_sampler: Sized, rank_batches: Any, batch_size: int, drop_last: bool) -> None:
+        self.user_sampler = user_sampler
+        self.rank_batches = rank_batches  # ShardSampler or SplitBatchSampler of this rank
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self._length: tuple[int, int] | None = None  # (user sampler length, this rank's count)
+
+    def __len__(self) -> int:
+        total = len(self.user_sampler)
+        if self._length is None or self._length[0] != total:
+            size = self.batch_size
+            count = total // size if self.drop_last else math.ceil(total / size)
+            placeholders = [range(i * size, min((i + 1) * size, total)) for i in range(count)]
+            simulated = copy.copy(self.rank_batches)
+            simulated.source = placeholders
+            self._length = (total, sum(len(batch) for batch in simulated))
+        return self._length[1]
+
+    def __iter__(self) -> Iterator[int]:
+        for batch in self.rank_batches:
+            yield from batch
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("user_sampler", "rank_batches", "_length"):
+            raise AttributeError(name)
+        return getattr(self.user_sampler, name)
 
 
 def _split_slice(length: int, num_replicas: int, rank: int) -> slice:

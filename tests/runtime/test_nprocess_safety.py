@@ -238,11 +238,9 @@ def test_missing_attribute_names_both_objects(attrs) -> None:
         assert "no_such_attribute" in r["missing_error"] and "'Net'" in r["missing_error"]
 
 
-def test_state_dict_keys_stay_ddps(attrs) -> None:
+def test_state_dict_keys_are_the_users(attrs) -> None:
     for r in attrs:
-        assert r["state_dict_keys"] == [
-            "module.encoder.bias", "module.encoder.weight", "module.head.bias", "module.head.weight"
-        ]
+        assert r["state_dict_keys"] == ["encoder.bias", "encoder.weight", "head.bias", "head.weight"]
 
 
 def test_writes_to_the_modules_names_reach_its_forward(attrs) -> None:

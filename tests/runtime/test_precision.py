@@ -199,9 +199,10 @@ def test_unwrap_model_returns_the_untouched_user_module(precision: str) -> None:
     assert list(prepared.state_dict()) == list(model.state_dict())
     prepared.load_state_dict(model.state_dict())
     assert accelerator.prepare(prepared) is prepared  # preparing twice does not wrap twice
-    twin = copy.deepcopy(prepared)  # e.g. an EMA copy: runs its own copy of the module
+    twin = copy.deepcopy(prepared)  # e.g. an EMA copy: a copy of the user's module itself
+    assert type(twin) is type(model) and twin[0].weight is not model[0].weight
     with torch.no_grad():
-        twin.module[0].weight.zero_()
+        twin[0].weight.zero_()
     assert not torch.equal(twin(x), prepared(x)) and twin(x).dtype == torch.float32
 
 

@@ -89,9 +89,9 @@ buffer = io.BytesIO()
 torch.save(model, buffer)
 buffer.seek(0)
 restored = torch.load(buffer, weights_only=False)
-result["pickle_roundtrip"] = type(restored) is type(model) and restored.output_shape == (1,)
+result["pickle_roundtrip"] = type(restored) is Net and restored.output_shape == (1,)
 copied = copy.deepcopy(model)
-result["deepcopy"] = type(copied) is type(model) and copied.encoder is not model.encoder
+result["deepcopy"] = type(copied) is Net and copied.encoder is not model.encoder
 compiled = torch.compile(model, backend="eager")
 with torch.no_grad():
     result["compile_equal"] = torch.allclose(compiled(x), model(x))
