@@ -199,7 +199,15 @@ def _switch(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> cst.
     switches: list[tuple[Scope, cst.CSTNode, cst.BaseExpression | None]] = []
     for scope, name in scalers:
         for binding in scope.bindings[name]:
-            assert isinstance(binding.value, cst.Call)
+            if not isinstance(binding.value, cst.Call):
+                # `scaler = None` then `if args.fp16: scaler = GradScaler()`, with `scaler is not
+                # None` as the switch elsewhere: no `enabled=` to read the switch from.
+                plan.report(CODE, binding.where.stmt, f"the GradScaler `{name}` is also bound to something else "
+                            f"here (`{_code(binding.value) if binding.value is not None else name}`), so whether "
+                            "mixed precision is on cannot be read from it; the AMP code was kept as it is (it "
+                            "still trains the same on N processes): to convert it, build the scaler once as "
+                            "`GradScaler(enabled=flag)` and pass the same `enabled=flag` to the autocast")
+                return False
             enabled = _enabled(binding.value)
             # A scaler that is always on only multiplies fp32 gradients by a power of two and
             # back when the autocast is off: exact, so it does not switch anything.

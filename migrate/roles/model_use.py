@@ -1,0 +1,107 @@
+"""Which arguments of a call the code uses as a model, for calls the migration cannot read.
+
+An optimizer's parameter groups or the optimizer itself may come from a function of a module the
+run does not hold (`utils.get_params_groups(student)`, timm's `create_optimizer_v2(model, ...)`):
+its body cannot be read, so which argument is the model is decided from what the calling scope does
+with each argument, as the training step would: a model is moved to a device (`student.cuda()`,
+`model.to(device)`), wrapped by hand (`DDP(model)`), called on inputs (`model(x)`) or asked for
+its parameters or mode (`model.parameters()`, `model.train()`). `args`, a weight decay or a config
+namespace passed beside it shows none of these.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from migrate.analysis import Scope
+from migrate.names import root_name
+from migrate.roles.calls import HAND_WRAPPERS
+from migrate.roles.model import Roles
+from migrate.roles.unwrapped_alias import wrapped_model
+
+# Methods only a torch module answers in a training script.
+_MODULE_METHODS = frozenset({
+    "parameters", "named_parameters", "train", "eval", "state_dict", "load_state_dict", "modules",
+    "named_modules", "children", "zero_grad", "requires_grad_", "apply",
+})
+
+
+def model_arguments(roles: Roles, home: Scope, call: cst.Call) -> list[str]:
+    """The names passed to `call` (by position or keyword) that `home` uses as a model, each as the
+    model it names (`model_without_ddp` -> `model`, the hand-wrapped module it aliases)."""
+    found: list[str] = []
+    for arg in call.args:
+        if arg.star or type(arg.value) is not cst.Name:
+            continue
+        name = wrapped_model(home, arg.value.value, roles.facts.aliases)
+        if name not in found and (used_as_model(roles, home, name) or used_as_model(roles, home, arg.value.value)):
+            found.append(name)
+    return found
+
+
+def used_as_model(roles: Roles, home: Scope, name: str) -> bool:
+    """`home` binds `name` (or takes it as a parameter) and moves, wraps, calls it or asks it a
+    module's question."""
+    if not home.binds(name):
+        return False
+    if any(root_name(move.receiver) == name for move in home.moves):
+        return True
+    if any(call.callee == name for call in home.calls):
+        return True
+    for site in home.method_calls:
+        func = site.call.func
+        if type(site.receiver) is cst.Name and site.receiver.value == name and type(func) is cst.Attribute \
+                and func.attr.value in _MODULE_METHODS:
+            return True
+    for library in home.library_calls:
+        args = library.call.args
+        if library.qualified in HAND_WRAPPERS and args and type(args[0].value) is cst.Name \
+                and args[0].value.value == name:
+            return True
+    return False
+
+
+def unread_function(roles: Roles, home: Scope, call: cst.Call) -> bool:
+    """`call` runs a function of a module outside the run (an installed package, or a project module
+    not given): imported, not torch's own, and not a function of this module or of the unit."""
+    func = call.func
+    if type(func) is cst.Name and roles.facts.resolve(func.value, home) is not None:
+        return False
+    qualified = roles.facts.aliases.qualify(func)
+    return qualified is not None and not qualified.startswith("torch.")
+
+
+def called_in_training_step(roles: Roles, home: Scope, model: str) -> bool:
+    """The training step calls `model` (home's name, followed through parameters and `self.`
+    attributes): `student(images)` in the function that calls `backward`, in a closure beside it
+    (`_forward` next to `_backward`), or in a function those call. A model only a wrapper object
+    calls (`task(input, target)` holding it) is not what the step trains through."""
+    scopes = _training_step_scopes(roles)
+    for scope in scopes:
+        for call in scope.calls:
+            if (home, model) in (roles.origins(scope, call.callee) or ()):
+                return True
+    return False
+
+
+def _training_step_scopes(roles: Roles) -> list[Scope]:
+    """The functions that call `backward`, the functions they are nested in and the other closures
+    of those, and the functions of the module all of these call."""
+    stepping = [s for s in roles.facts.scopes if s.backwards]
+    enclosing: list[Scope] = []
+    for scope in stepping:
+        outer = scope.parent
+        while outer is not None and outer.is_function:
+            enclosing.append(outer)
+            outer = outer.parent
+    around = {id(s) for s in enclosing}
+    found = {id(s): s for s in (*stepping, *enclosing)}
+    for scope in roles.facts.scopes:
+        if scope.parent is not None and id(scope.parent) in around:
+            found[id(scope)] = scope
+    for scope in list(found.values()):
+        for call in scope.calls:
+            callee = roles.facts.resolve(call.callee, scope)
+            if callee is not None:
+                found.setdefault(id(callee), callee)
+    return list(found.values())
