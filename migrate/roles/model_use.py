@@ -3,8 +3,8 @@
 An optimizer's parameter groups or the optimizer itself may come from a function of a module the
 run does not hold (`utils.get_params_groups(student)`, timm's `create_optimizer_v2(model, ...)`):
 its body cannot be read, so which argument is the model is decided from what the calling scope does
-with each argument, as the training step would: a model is moved to a device (`student.cuda()`,
-`model.to(device)`), wrapped by hand (`DDP(model)`), called on inputs (`model(x)`) or asked for
+with each argument, as the training step would: a model is built as a `torch.nn` module, moved to a device (`student.cuda()`,
+`model.to(device)`), called by the training step, wrapped by hand (`DDP(model)`), called on inputs (`model(x)`) or asked for
 its parameters or mode (`model.parameters()`, `model.train()`). `args`, a weight decay or a config
 namespace passed beside it shows none of these.
 """
@@ -44,7 +44,11 @@ def used_as_model(roles: Roles, home: Scope, name: str) -> bool:
     module's question."""
     if not home.binds(name):
         return False
+    if any(_built_as_module(roles, binding.value) for binding in home.bindings.get(name, [])):
+        return True
     if any(root_name(move.receiver) == name for move in home.moves):
+        return True
+    if called_in_training_step(roles, home, name):
         return True
     if any(call.callee == name for call in home.calls):
         return True
@@ -59,6 +63,15 @@ def used_as_model(roles: Roles, home: Scope, name: str) -> bool:
                 and args[0].value.value == name:
             return True
     return False
+
+
+def _built_as_module(roles: Roles, value: cst.BaseExpression | None) -> bool:
+    """`nn.Sequential(...)`, `nn.Linear(...).to(device)`: a `torch.nn` module built (and moved)."""
+    while type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in ("to", "cuda"):
+        value = value.func.value
+    if type(value) is not cst.Call:
+        return False
+    return (roles.facts.aliases.qualify(value.func) or "").startswith("torch.nn.")
 
 
 def unread_function(roles: Roles, home: Scope, call: cst.Call) -> bool:

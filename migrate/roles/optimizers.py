@@ -21,7 +21,7 @@ from migrate.names import call_argument, instance_attribute, root_name
 from migrate.roles.calls import OPTIMIZER, call_name, callee
 from migrate.roles.loaders import unpacked_call
 from migrate.roles.model import ObjectBuilder, Roles, WrappedOptimizer
-from migrate.roles.model_use import called_in_training_step, model_arguments, unread_function
+from migrate.roles.model_use import called_in_training_step, model_arguments, unread_function, used_as_model
 from migrate.roles.unwrapped_alias import wrapped_model
 from migrate.walk import walk
 
@@ -348,7 +348,10 @@ def find_models(roles: Roles) -> None:
                     else _factory_owners(roles, binding.value)
                 )
             owners = list(dict.fromkeys(wrapped_model(home, owner, roles.facts.aliases) for owner in owners))
-            if not owners and call_name(roles, built, OPTIMIZER):
+            if not owners and name in home.prepared and any(
+                    used_as_model(roles, home, other) for other in home.prepared if other != name):
+                pass  # prepared by hand with its model, as the report below advises
+            elif not owners and call_name(roles, built, OPTIMIZER):
                 # Prepared without its model, the optimizer steps a model that each process trains
                 # on its own: say so at the optimizer, and prepare no model by guesswork.
                 assert type(built) is cst.Call
