@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Scope
+from migrate.analysis import CallSite, Scope
 from migrate.names import root_name
 from migrate.roles.calls import HAND_WRAPPERS
 from migrate.roles.model import Roles
@@ -97,10 +97,25 @@ def called_in_training_step(roles: Roles, home: Scope, model: str) -> bool:
     return False
 
 
+def hidden_step_calls(roles: Roles, scope: Scope) -> list[CallSite]:
+    """Calls in a loop of `scope` of an object that is no function of the module or the unit
+    (`loss_scaler(loss, optimizer, clip_grad=...)`, timm's NativeScaler, whose `__call__` runs
+    `backward` and the optimizer step): where the training step is, when no `.backward()` shows."""
+    return [
+        call for call in scope.calls
+        if call.loops and not call.callee.startswith("self.") and roles.facts.resolve(call.callee, scope) is None
+        and not roles.facts.aliases.qualify(call.call.func)
+        and bool(roles.origins(scope, call.callee))  # an object the code binds: not a builtin
+        and any(type(arg.value) is cst.Name for arg in call.call.args)
+    ]
+
+
 def _training_step_scopes(roles: Roles) -> list[Scope]:
     """The functions that call `backward`, the functions they are nested in and the other closures
     of those, and the functions of the module all of these call."""
-    stepping = [s for s in roles.facts.scopes if s.backwards]
+    stepping = [s for s in roles.facts.scopes if s.backwards] or [
+        s for s in roles.facts.scopes if hidden_step_calls(roles, s)
+    ]
     enclosing: list[Scope] = []
     for scope in stepping:
         outer = scope.parent

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Binding, Scope, StmtRef
+from migrate.analysis import Binding, CallSite, Scope, StmtRef
 from migrate.names import call_argument, instance_attribute, root_name
 from migrate.roles.calls import OPTIMIZER, call_name, callee
 from migrate.roles.loaders import unpacked_call
-from migrate.roles.model import ObjectBuilder, Roles, WrappedOptimizer
-from migrate.roles.model_use import called_in_training_step, model_arguments, unread_function, used_as_model
+from migrate.roles.model import BACKWARD, Finding, ObjectBuilder, Roles, WrappedOptimizer
+from migrate.roles.model_use import called_in_training_step, hidden_step_calls, model_arguments, unread_function, used_as_model
 from migrate.roles.unwrapped_alias import wrapped_model
 from migrate.walk import walk
 
@@ -73,7 +73,20 @@ def stepped_factory_results(roles: Roles) -> list[tuple[Scope, Binding]]:
     calls `backward`, the name followed through parameters) and whose arguments include one the
     code uses as a model (`model_use`). That argument is the model, the result the optimizer."""
     stepped: set[tuple[int, str]] = set()
+    hiding: dict[tuple[int, str], CallSite] = {}  # the call that steps it, when no backward shows
+    hidden = not any(scope.backwards for scope in roles.facts.scopes)
     for scope in roles.facts.scopes:
+        if hidden:
+            # No `.backward()` anywhere: the step is hidden in an object the loop calls
+            # (`loss_scaler(loss, optimizer, ...)`, timm's NativeScaler); an argument of such a
+            # call in a loop is what it steps (reported by `report_hidden_training_step`).
+            for call in hidden_step_calls(roles, scope):
+                for arg in call.call.args:
+                    if type(arg.value) is cst.Name:
+                        for origin, bound in roles.origins(scope, arg.value.value) or ():
+                            stepped.add((id(origin), bound))
+                            hiding.setdefault((id(origin), bound), call)
+            continue
         if not scope.backwards:
             continue
         names = [site.receiver.value for site in scope.steps if type(site.receiver) is cst.Name]
@@ -100,9 +113,29 @@ def stepped_factory_results(roles: Roles) -> list[tuple[Scope, Binding]]:
                 if not models:
                     continue
                 found.append((scope, binding))
-                if not any(called_in_training_step(roles, scope, model) for model in models):
+                if (id(scope), name) in hiding:
+                    _refuse_hidden_step(roles, binding, value, hiding[(id(scope), name)])
+                elif not any(called_in_training_step(roles, scope, model) for model in models):
                     _refuse_untrained_factory_model(roles, binding, value, models)
     return found
+
+
+def _refuse_hidden_step(roles: Roles, binding: Binding, built: cst.Call, call: CallSite) -> None:
+    """No `.backward()` anywhere: the loop hands the optimizer to an object that runs the backward
+    and the step itself (timm's `NativeScaler`: `loss_scaler(loss, optimizer, clip_grad=...)`),
+    scaling the loss its own way. The Accelerator cannot reach inside it, so the file is left as
+    it is, at that call."""
+    roles.refused = True
+    code = cst.Module([]).code_for_node
+    roles.findings.append(Finding(
+        BACKWARD,
+        call.where.stmt,
+        f"`{_short(code(call.call))}` runs the backward and steps the optimizer `{binding.name}` (built by "
+        f"`{_short(code(built))}`) inside an object the migration cannot read, and no `.backward()` shows "
+        "anywhere, so the file was left as it is: in its place call `loss.backward()`, clip the gradients if it "
+        f"did (`torch.nn.utils.clip_grad_norm_`) and call `{binding.name}.step()` (the Accelerator scales fp16 "
+        "losses itself), then run the migration again",
+    ))
 
 
 def _refuse_untrained_factory_model(roles: Roles, binding: Binding, call: cst.Call, models: list[str]) -> None:
