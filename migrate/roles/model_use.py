@@ -78,10 +78,13 @@ def unread_function(roles: Roles, home: Scope, call: cst.Call) -> bool:
     """`call` runs a function of a module outside the run (an installed package, or a project module
     not given): imported, not torch's own, and not a function of this module or of the unit."""
     func = call.func
-    if type(func) is cst.Name and roles.facts.resolve(func.value, home) is not None:
+    if type(func) is cst.Name and (roles.facts.resolve(func.value, home) is not None or func.value in roles.facts.classes):
         return False
     qualified = roles.facts.aliases.qualify(func)
-    return qualified is not None and not qualified.startswith("torch.")
+    if qualified is None or qualified.startswith("torch."):
+        return False
+    # `utils.save_model(...)` with utils.py in the run: a function the joined view holds
+    return not (type(func) is cst.Attribute and qualified.rpartition(".")[2] in roles.facts.functions)
 
 
 def called_in_training_step(roles: Roles, home: Scope, model: str) -> bool:
