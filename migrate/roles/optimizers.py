@@ -6,7 +6,11 @@ file that returns one (`model.configure_optimizers()`, `create_optimizer(args, m
 one built is home's; its models are the roots of `X.parameters()` in its arguments, the receiver of
 a factory method, the arguments a factory function passes on as parameters, and the arguments a
 function of the module (or of the joined cross-module view) builds parameter groups from
-(`AdamW(param_groups(model, wd))`). Optimizers built elsewhere, wrapped without a binding
+(`AdamW(param_groups(model, wd))`), or the arguments the code uses as models when that function
+cannot be read (`utils.get_params_groups(student)`, `model_use`). With no known constructor, the
+optimizer is found from use: a package factory's result that the training step steps after
+`backward` (`optimizer = create_optimizer_v2(model, ...)`). Alternatives in `if/elif/else`
+branches are one optimizer, prepared once after the chain. Optimizers built elsewhere, wrapped without a binding
 (`ScheduledOptim(Adam(...))`), rebuilt after the prepare call, or whose model is not found are
 reported (AM004). A rebuilt optimizer refuses the file, and so does a factory or optimizer subclass
 whose model is not found; a `torch.optim` optimizer whose model is not found is prepared without a
