@@ -74,6 +74,26 @@ def _built_as_module(roles: Roles, value: cst.BaseExpression | None) -> bool:
     return (roles.facts.aliases.qualify(value.func) or "").startswith("torch.nn.")
 
 
+def unread_builder_models(roles: Roles, home: Scope, call: cst.Call) -> list[str] | None:
+    """The models an object-building call the migration cannot read is handed, or None when the
+    call is read (or is no such call): the arguments used as models for a function of a package or
+    of a module outside the run (`create_optimizer(args, model)`), the receiver for a method no class
+    of the view defines, called on a model (`model.configure_optimizers(config)`, the model's class
+    in another module)."""
+    if unread_function(roles, home, call):
+        return model_arguments(roles, home, call)
+    func = call.func
+    if type(func) is not cst.Attribute or type(func.value) is not cst.Name:
+        return None
+    receiver = func.value.value
+    if roles.facts.aliases.qualify(func.value) is not None:
+        return None  # `utils.f(...)`: a module, handled above
+    if any(s.is_method and s.name == func.attr.value for s in roles.facts.scopes):
+        return None  # a method of a class of the view: read by the factories of `optimizers`
+    model = wrapped_model(home, receiver, roles.facts.aliases)
+    return [model] if used_as_model(roles, home, model) or used_as_model(roles, home, receiver) else None
+
+
 def unread_function(roles: Roles, home: Scope, call: cst.Call) -> bool:
     """`call` runs a function of a module outside the run (an installed package, or a project module
     not given): imported, not torch's own, and not a function of this module or of the unit."""

@@ -25,7 +25,14 @@ from migrate.names import call_argument, instance_attribute, root_name
 from migrate.roles.calls import OPTIMIZER, call_name, callee
 from migrate.roles.loaders import unpacked_call
 from migrate.roles.model import BACKWARD, Finding, ObjectBuilder, Roles, WrappedOptimizer
-from migrate.roles.model_use import called_in_training_step, hidden_step_calls, model_arguments, unread_function, used_as_model
+from migrate.roles.model_use import (
+    called_in_training_step,
+    hidden_step_calls,
+    model_arguments,
+    unread_builder_models,
+    unread_function,
+    used_as_model,
+)
 from migrate.roles.unwrapped_alias import wrapped_model
 from migrate.walk import walk
 
@@ -94,6 +101,7 @@ def stepped_factory_results(roles: Roles) -> list[tuple[Scope, Binding]]:
         if not scope.backwards:
             continue
         names = [site.receiver.value for site in scope.steps if type(site.receiver) is cst.Name]
+        names += [n for site in scope.steps if (n := instance_attribute(site.receiver)) is not None]
         names += [
             arg.value.value
             for site in scope.method_calls
@@ -102,6 +110,8 @@ def stepped_factory_results(roles: Roles) -> list[tuple[Scope, Binding]]:
             if type(arg.value) is cst.Name
         ]
         for name in names:
+            if scope.binds(name):
+                stepped.add((id(scope), name))  # `self.optimizer` bound in the method that steps it
             for origin, bound in roles.origins(scope, name) or ():
                 stepped.add((id(origin), bound))
     found: list[tuple[Scope, Binding]] = []
@@ -111,9 +121,9 @@ def stepped_factory_results(roles: Roles) -> list[tuple[Scope, Binding]]:
                 continue
             for binding in bindings:
                 value = binding.value
-                if type(value) is not cst.Call or not unread_function(roles, scope, value):
+                if type(value) is not cst.Call:
                     continue
-                models = model_arguments(roles, scope, value)
+                models = unread_builder_models(roles, scope, value)
                 if not models:
                     continue
                 found.append((scope, binding))
@@ -372,10 +382,9 @@ def find_models(roles: Roles) -> None:
                 # Built by a function the migration cannot read: its model is the argument the code
                 # uses as one (`create_optimizer_v2(model, ...)`); an alternative of a known
                 # optimizer that takes none (`LARS(groups)` in an `elif`) adds no model.
-                if type(built) is cst.Call and unread_function(roles, home, built):
-                    for owner in model_arguments(roles, home, built):
-                        if owner not in roles.models:
-                            roles.models.append(owner)
+                for owner in (unread_builder_models(roles, home, built) or []) if type(built) is cst.Call else []:
+                    if owner not in roles.models:
+                        roles.models.append(owner)
                 continue
             else:
                 assert type(binding.value) is cst.Call

@@ -30,7 +30,9 @@ What it does:
     utils.LARS(groups)`) are one optimizer, prepared once after the whole chain. An optimizer (or
     its parameter groups) from a function the migration cannot read, of a package or of a module
     outside the run (`create_optimizer_v2(model, ...)`, `create_optimizer(args, model)`,
-    `utils.get_params_groups(student)`), whose result is stepped after `backward`
+    `utils.get_params_groups(student)`), or from a method no class of the view defines called on
+    the model (`self.optimizer = model.configure_optimizers(config)`, the model's class in a module
+    not given), whose result is stepped after `backward`
     (`optimizer.step()`, `scaler.step(optimizer)`), optimizes the argument the code uses as a
     model: built as a `torch.nn` module, moved to a device, called by the training step, wrapped by
     hand, or asked for its parameters or mode; `args` or a weight decay beside it is not one.
