@@ -3,8 +3,8 @@
 An optimizer's parameter groups or the optimizer itself may come from a function of a module the
 run does not hold (`utils.get_params_groups(student)`, timm's `create_optimizer_v2(model, ...)`):
 its body cannot be read, so which argument is the model is decided from what the calling scope does
-with each argument, as the training step would: a model is built as a `torch.nn` module, moved to a device (`student.cuda()`,
-`model.to(device)`), called by the training step, wrapped by hand (`DDP(model)`), called on inputs (`model(x)`) or asked for
+with each argument, as the training step would: a model is built as a `torch.nn` module (`nn.Linear(...).to(device)`), called by the training step,
+wrapped by hand (`DDP(model)`), called on inputs (`model(x)`) or asked for
 its parameters or mode (`model.parameters()`, `model.train()`). `args`, a weight decay or a config
 namespace passed beside it shows none of these.
 """
@@ -14,8 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from migrate.analysis import CallSite, Scope
-from migrate.names import root_name
-from migrate.roles.calls import HAND_WRAPPERS
+from migrate.roles.calls import HAND_WRAPPERS, is_move_call
 from migrate.roles.model import Roles
 from migrate.roles.unwrapped_alias import wrapped_model
 
@@ -45,8 +44,6 @@ def used_as_model(roles: Roles, home: Scope, name: str) -> bool:
     if not home.binds(name):
         return False
     if any(_built_as_module(roles, binding.value) for binding in home.bindings.get(name, [])):
-        return True
-    if any(root_name(move.receiver) == name for move in home.moves):
         return True
     if called_in_training_step(roles, home, name):
         return True
@@ -83,8 +80,8 @@ def unread_builder_models(roles: Roles, home: Scope, call: cst.Call) -> list[str
     if unread_function(roles, home, call):
         return model_arguments(roles, home, call)
     func = call.func
-    if type(func) is not cst.Attribute or type(func.value) is not cst.Name:
-        return None
+    if type(func) is not cst.Attribute or type(func.value) is not cst.Name or is_move_call(call):
+        return None  # `x.to(device)` moves a tensor or a module: it builds nothing
     receiver = func.value.value
     if roles.facts.aliases.qualify(func.value) is not None:
         return None  # `utils.f(...)`: a module, handled above
@@ -128,9 +125,22 @@ def hidden_step_calls(roles: Roles, scope: Scope) -> list[CallSite]:
         call for call in scope.calls
         if call.loops and not call.callee.startswith("self.") and roles.facts.resolve(call.callee, scope) is None
         and not roles.facts.aliases.qualify(call.call.func)
-        and bool(roles.origins(scope, call.callee))  # an object the code binds: not a builtin
+        and _binds_an_object(roles, scope, call.callee)
         and any(type(arg.value) is cst.Name for arg in call.call.args)
     ]
+
+
+def _binds_an_object(roles: Roles, scope: Scope, name: str) -> bool:
+    """`name` is bound by the code (not a builtin) and none of its bindings builds a `torch.nn`
+    module: `model(x)` or `criterion(out, y)` run a forward, not a hidden training step."""
+    origins = roles.origins(scope, name)
+    if not origins:
+        return False
+    return not any(
+        _built_as_module(roles, binding.value)
+        for origin, bound in origins
+        for binding in origin.bindings.get(bound, [])
+    )
 
 
 def _training_step_scopes(roles: Roles) -> list[Scope]:
