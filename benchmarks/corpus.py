@@ -5,12 +5,19 @@ What it does:
     the copy in this process through the engine's own entry point (`migrate.runner.run`, the one
     the CLI calls, default options, `--target runtime`, one job), and reports per unit:
 
-    - status: `migrated` (some file changed; `partial` when a safety check made the engine leave
-      some edits out or leave a file as it is, see AM101-AM104), `refused` (nothing changed, with
-      the diagnostics saying why: AM004 a library module, AM007 `mp.spawn`, AM10x a safety check
-      failed...), `no-training-code` (every file skipped by the text pre-filter), `silent` (files
-      were parsed, nothing changed and nothing was said: on real training code that is a bug),
-      `failed` (a file could not be processed: syntax error, internal error);
+    - status: the outcome the CLI gives each file (`FileResult.outcome`, in the JSON report and the
+      summary of `accel-migrate`), for the unit's files taken together
+      (`migrate.results.combined_outcome`): `migrated` (some file changed, no training code left
+      unconverted), `partial` (some file changed, but a diagnostic says training code was left
+      unconverted: an object not prepared, a loader left unsharded, edits a safety check left out
+      (AM101-AM104), another file of the unit refused), `refused` (nothing changed, and a
+      diagnostic says training code was left as it is: AM007 `mp.spawn`, AM10x a safety check
+      failed...), `unchanged` (files were parsed, nothing changed and nothing was left unconverted:
+      a test or library module, or, with no diagnostic at all, a silent no-op, which on real
+      training code is a bug), `no-training-code` (every file skipped by the text pre-filter),
+      `failed` (a file could not be processed: syntax error, internal error). Which diagnostics
+      leave training code unconverted is decided by the rule that reports them
+      (`Diagnostic.unconverted`), never by their text;
     - files changed / files seen, and the diagnostics by code; under the table, the parsed files of
       a refused repository that were neither changed nor diagnosed (often its entry point);
     - safety: every written output re-checked directly with the checks of
@@ -79,6 +86,7 @@ class UnitReport:
     errors: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)  # every diagnostic: "[path:]line CODE message"
     file_status: dict[str, str] = field(default_factory=dict)  # path -> changed/unchanged/skipped/failed
+    file_outcomes: dict[str, str] = field(default_factory=dict)  # path -> migrated/partial/refused/... (the CLI's)
     silent_files: list[str] = field(default_factory=list)  # parsed, nothing changed, nothing said
 
     @property
@@ -154,6 +162,7 @@ def measure(unit: Unit, scratch: Path) -> UnitReport:
     """Migrate a scratch copy of `unit`, re-check what was written, run again; never raises."""
     from migrate import runner
     from migrate.engine import Options
+    from migrate.results import combined_outcome
 
     report = UnitReport(unit.name, "repo" if unit.is_dir else "file")
     target = scratch / unit.name
@@ -176,13 +185,15 @@ def measure(unit: Unit, scratch: Path) -> UnitReport:
     for result in first.results:
         shown = str(Path(result.path).relative_to(base)) if Path(result.path).is_relative_to(base) else result.path
         report.file_status[shown] = result.status
+        report.file_outcomes[shown] = result.outcome
         if result.status == "unchanged" and not result.diagnostics:
             report.silent_files.append(shown)
         for d in result.diagnostics:
             codes[d.code] += 1
             cell = f"cell {d.cell}:" if d.cell is not None else ""
             where = f"{shown}:{cell}{d.line}" if unit.is_dir else (f"{cell}{d.line}" if cell else f"line {d.line}")
-            report.details.append(f"{where} {d.code} {d.message}")
+            left = "[left unconverted] " if d.unconverted else ""
+            report.details.append(f"{where} {d.code} {left}{d.message}")
         if result.error is not None:
             report.errors.append(f"{shown}:{result.error.line}: {result.error.message}"
                                  + (f" ({result.traceback.strip().splitlines()[-1]})" if result.traceback else ""))
@@ -197,16 +208,8 @@ def measure(unit: Unit, scratch: Path) -> UnitReport:
         second = runner.run([target], options, write=False, jobs=1)
         report.second_run_changed = [str(Path(r.path).relative_to(base)) for r in second.changed]
         report.idempotent = not report.second_run_changed
-    if report.errors:
-        report.status = "failed"
-    elif report.changed:
-        report.status = "partial" if report.fallbacks else "migrated"
-    elif report.diagnostics:
-        report.status = "refused"
-    elif not any(r.parsed for r in first.results):
-        report.status = "no-training-code"
-    else:
-        report.status = "silent"
+    # the CLI's own outcomes; a file written and read back with an error (a failed write) is failed there too
+    report.status = "failed" if report.errors else combined_outcome(r.outcome for r in first.results)
     return report
 
 
@@ -232,8 +235,9 @@ def table_lines(reports: list[UnitReport]) -> list[str]:
 
 def summary(reports: list[UnitReport]) -> str:
     statuses = Counter(r.status for r in reports)
-    order = ("migrated", "partial", "refused", "no-training-code", "silent", "failed")
-    parts = [f"{statuses[s]} {s}" for s in order if statuses[s]]
+    from migrate.results import OUTCOMES
+
+    parts = [f"{statuses[s]} {s}" for s in OUTCOMES if statuses[s]]
     written = [r for r in reports if r.changed]
     failing = [r.unit for r in written if r.safety_failures]
     not_fixed = [r.unit for r in written if r.idempotent is False]
@@ -251,17 +255,19 @@ def summary(reports: list[UnitReport]) -> str:
 
 
 def reason_lines(reports: list[UnitReport], width: int = 240) -> list[str]:
-    """Why each refused, partial or failed unit was not (fully) migrated: its errors, then its first
-    diagnostic of each code (AM10x first), each cut to `width` characters."""
+    """Why each refused, partial, failed or unchanged unit was not (fully) migrated: its errors,
+    then its first diagnostic of each code (those that left training code unconverted first,
+    AM10x first among them), each cut to `width` characters."""
     lines = []
     for r in reports:
-        if r.status not in ("refused", "partial", "failed", "silent"):
+        if r.status not in ("refused", "partial", "failed", "unchanged"):
             continue
         first: dict[str, str] = {}
         for item in r.details:
             code = re.findall(r"\b(AM\d{3})\b", item)[0]
             first.setdefault(code, item)
-        ordered = sorted(first, key=lambda code: (code not in SAFETY_CODES, code))
+        # what left training code unconverted first (the safety checks' first among them)
+        ordered = sorted(first, key=lambda code: ("[left unconverted]" not in first[code], code not in SAFETY_CODES, code))
         items = r.errors + [first[code] for code in ordered] or ["no diagnostic: a silent no-op"]
         if r.silent_files and r.kind == "repo":
             items.append("parsed, neither changed nor diagnosed: " + ", ".join(r.silent_files))

@@ -377,7 +377,12 @@ class _Collector(Visitor):
 
     @property
     def here(self) -> StmtRef:
-        return self.frame.stmts[-1]
+        stmts = self.frame.stmts
+        if stmts:
+            return stmts[-1]
+        # A one-line body (`def __init__(self): self.n = 0`) holds no statement of its own: its
+        # small statements belong to the def line, the enclosing frame's current statement.
+        return self.frames[-2].stmts[-1]
 
     def _new_scope(self, node: ScopeNode, name: str) -> Scope:
         scope = Scope(node=node, name=name, parent=self.frame.scope)

@@ -1,7 +1,8 @@
 """The `accel-migrate` command line: a thin layer over migrate.runner that only prints.
 
-Exit codes: 0 nothing to change or all changes written; 1 changes would be made (--check or
---diff); 2 a file could not be processed (the others still are); 123 internal error.
+Exit codes: 0 nothing to change or all changes written; 1 changes would be made, or training code
+was refused or left partly unconverted (--check or --diff); 2 a file could not be processed (the
+others still are); 123 internal error.
 
 Start-up matters (pre-commit runs this on every commit): this module imports only typer; libcst,
 the engine, the rules and rich are imported when a run needs them, and the subcommands (rules,
@@ -40,7 +41,8 @@ HELP = (
     "losses (it runs your code; see `accel-migrate verify --help`). A file named rules, explain or verify "
     "is migrated as ./rules.\n\n"
     "Exit codes: 0 nothing to change or changes written (also when no Python file is found: a "
-    "warning); 1 changes would be made (--check, --diff); "
+    "warning); 1 changes would be made, or training code was refused or left partly unconverted "
+    "(--check, --diff); "
     "2 a file could not be processed (the others still are), or a usage/configuration error; "
     "123 internal error (please report)."
 )
@@ -201,7 +203,9 @@ def migrate(
         ..., help="Files or directories to migrate, or - for stdin.", show_default=False, metavar="PATHS"
     ),
     diff: bool = typer.Option(False, "--diff", help="Print a unified diff of the changes and write nothing."),
-    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if any file would change."),
+    check: bool = typer.Option(
+        False, "--check", help="Write nothing; exit 1 if any file would change or has training code refused or left partial."
+    ),
     target: Optional[str] = typer.Option(
         None,
         "--target",
@@ -455,11 +459,14 @@ def _main(
 
 
 def exit_code(report, mode: str) -> int:  # type: ignore[no-untyped-def]
+    """123, 2, then (--check, --diff) 1 when a file would change or its training code was refused or
+    left partly unconverted (as ruff exits 1 for violations it cannot fix). Writing exits 0 once
+    done: its summary names the refused and partial files; --check is the gate."""
     if report.internal_errors:
         return EXIT_INTERNAL
     if report.failed:
         return EXIT_FAILED
-    if mode != "write" and report.changed:
+    if mode != "write" and (report.changed or report.not_converted):
         return EXIT_WOULD_CHANGE
     return EXIT_OK
 

@@ -85,8 +85,9 @@ class EditPlan:
     def change(self, code: str, node: cst.CSTNode, message: str) -> None:
         self.changes.append(Record(code, node, message))
 
-    def report(self, code: str, node: cst.CSTNode, message: str) -> None:
-        self.findings.append(Finding(code, node, message))
+    def report(self, code: str, node: cst.CSTNode, message: str, *, unconverted: bool = False) -> None:
+        """A diagnostic of `code` at `node`; `unconverted`: training code left unconverted (see `Finding`)."""
+        self.findings.append(Finding(code, node, message, unconverted))
 
     def use_accelerator(self, scope: Scope) -> None:
         if scope not in self.uses_accelerator:

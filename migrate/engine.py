@@ -132,7 +132,7 @@ def run_rules(
             key=lambda c: (c.line, c.code, c.message),
         )
         attempt.diagnostics = sorted(
-            {Diagnostic(f.code, line[f.node], f.message) for f in plan.findings},
+            {Diagnostic(f.code, line[f.node], f.message, unconverted=f.unconverted) for f in plan.findings},
             key=lambda d: (d.line, d.code, d.message),
         )
     elif plan.changes:

@@ -159,7 +159,7 @@ def _refusal(roles: "Roles", node: cst.CSTNode, why: str) -> "Finding":
 
     return Finding("AM007", node, f"the script shards the model by hand; it was left as it is: {why}. Remove "
                    "the hand-written sharding and migrate with `accel-migrate --strategy fsdp` (or zero1), "
-                   "or change it as said and run accel-migrate again")
+                   "or change it as said and run accel-migrate again", unconverted=True)
 
 
 def _keywords(call: cst.Call, skip: int) -> dict[str, cst.BaseExpression] | str:

@@ -7,6 +7,13 @@ the statement it would be attached to). IPython syntax is replaced by placeholde
 parsing and restored afterwards: line magics (`%time ...`, `x = %env ...`), shell lines (`!pip ...`,
 `files = !ls`), help lines (`obj?`), and whole cell-magic cells (`%%bash ...`, never migrated).
 
+`from __future__ import ...` is hidden the same way: a kernel compiles each cell on its own, so it
+is legal at the top of any cell, but in the joined script it would follow the markers and other
+cells' code (Python accepts it only at the top of a file). No rule needs it. Imports the rewrite adds
+at the top of the script go into the first cell after that cell's own `__future__` imports, and a
+changed cell that no longer compiles on its own (a `__future__` import no longer first) leaves the
+notebook untouched with that reason.
+
 Only the changed cells' `source` is replaced; outputs, metadata and the rest are kept, and the JSON
 is written back in the formatting it was read in (indent, key order, ASCII escaping, final newline),
 so the git diff of a migrated notebook is only the changed cells.
@@ -14,6 +21,7 @@ so the git diff of a migrated notebook is only the changed cells.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass, field
@@ -26,6 +34,8 @@ _MAGIC_LINE = re.compile(rf"^([ \t]*){MAGIC_MARKER}\((\d+)\)([ \t]*)(\r?\n)?$")
 # `x = %magic`, `x = !cmd`, `%magic`, `!cmd`, `obj?` / `obj??`
 _MAGIC_START = r"(?:%%?[A-Za-z_]|![^=])"
 _IPYTHON_LINE = re.compile(rf"^[ \t]*(?:{_MAGIC_START}|[\w.\[\], ]+=[ \t]*{_MAGIC_START})|^[ \t]*[\w.]+\?\??[ \t]*$")
+# `from __future__ import ...` at the top level of a cell (a cell's statement, never indented)
+_FUTURE_LINE = re.compile(r"^from[ \t]+__future__[ \t]+import\b")
 
 
 class NotebookError(Exception):
@@ -43,8 +53,10 @@ class Notebook:
     texts: dict[int, str]  # cell index -> source text as in the file
     script: str  # the joined script
     magics: list[str] = field(default_factory=list)  # placeholder number -> original line(s)
+    futures: set[int] = field(default_factory=set)  # placeholder numbers of `from __future__` imports
     cell_starts: dict[int, int] = field(default_factory=dict)  # cell index -> first script line of its code
     cell_lengths: dict[int, int] = field(default_factory=dict)
+    bodies: dict[int, str] = field(default_factory=dict)  # cell index -> its code as joined (IPython hidden)
     formatting: dict[str, Any] = field(default_factory=dict)
 
 
@@ -96,10 +108,11 @@ def load(raw: str) -> Notebook:
         notebook.texts[index] = text
         parts.append(f"{CELL_MARKER}({index})\n")
         line += 1
-        body = _hide_ipython(text, notebook.magics)
+        body = _hide_ipython(text, notebook.magics, notebook.futures)
         if body and not body.endswith("\n"):
             body += "\n"
         notebook.cell_starts[index] = line
+        notebook.bodies[index] = body
         notebook.cell_lengths[index] = body.count("\n")
         line += body.count("\n")
         parts.append(body)
@@ -107,7 +120,7 @@ def load(raw: str) -> Notebook:
     return notebook
 
 
-def _hide_ipython(text: str, magics: list[str]) -> str:
+def _hide_ipython(text: str, magics: list[str], futures: set[int]) -> str:
     lines = text.splitlines(keepends=True)
     if lines and lines[0].lstrip().startswith("%%"):  # a cell magic: the whole cell is not Python
         magics.append(text)
@@ -116,11 +129,17 @@ def _hide_ipython(text: str, magics: list[str]) -> str:
     i = 0
     while i < len(lines):
         line = lines[i]
-        if _IPYTHON_LINE.match(line):
+        future = bool(_FUTURE_LINE.match(line))
+        if future or _IPYTHON_LINE.match(line):
             group = [line]
-            while group[-1].rstrip("\r\n").endswith("\\") and i + 1 < len(lines):  # continued magic
+            while i + 1 < len(lines) and (
+                group[-1].rstrip("\r\n").endswith("\\")  # continued magic or import
+                or (future and _open_parenthesis("".join(group)))  # `from __future__ import (a,\n b)`
+            ):
                 i += 1
                 group.append(lines[i])
+            if future:
+                futures.add(len(magics))
             original = "".join(group)
             magics.append(original)
             indent = line[: len(line) - len(line.lstrip(" \t"))]
@@ -130,6 +149,12 @@ def _hide_ipython(text: str, magics: list[str]) -> str:
             out.append(line)
         i += 1
     return "".join(out)
+
+
+def _open_parenthesis(code: str) -> bool:
+    """An import's parenthesised name list is not closed yet (comments aside)."""
+    code = re.sub(r"#[^\n]*", "", code)
+    return code.count("(") > code.count(")")
 
 
 def _restore_ipython(text: str, magics: list[str]) -> str:
@@ -172,13 +197,70 @@ def split(notebook: Notebook, new_script: str) -> dict[int, str]:
         raise NotebookError("the cell boundaries were lost in the rewrite; the notebook was left untouched")
     result: dict[int, str] = {}
     for position, index in enumerate(order):
-        body = "".join((head if position == 0 else []) + cells[index])
+        lines = cells[index]
+        if position == 0 and head:
+            # after the cell's own `from __future__` imports, which must stay first in their cell
+            at = _after_leading_futures(lines, notebook.futures)
+            lines = lines[:at] + head + lines[at:]
+        body = "".join(lines)
         old = notebook.texts[index]
         text = _restore_ipython(body, notebook.magics)
         if not old.endswith("\n") and text.endswith("\n"):  # load() added the final newline
             text = text[:-1]
+        if text != old:
+            _check_cell_compiles(notebook, index, body)
         result[index] = text
     return result
+
+
+def _after_leading_futures(lines: list[str], futures: set[int]) -> int:
+    """The index just after the cell's leading `from __future__` placeholders (with the blank and
+    comment lines between them); 0 when the cell does not start with one."""
+    end = 0
+    for at, line in enumerate(lines):
+        match = _MAGIC_LINE.match(line)
+        if match is not None and int(match.group(2)) in futures:
+            end = at + 1
+        elif line.strip() and not line.lstrip().startswith("#"):
+            break
+    return end
+
+
+def _check_cell_compiles(notebook: Notebook, index: int, body: str) -> None:
+    """A changed cell must compile on its own, as a kernel compiles it (IPython syntax still hidden,
+    `__future__` imports restored): a rewrite that put code above a cell's `__future__` import
+    would otherwise give a notebook whose cell fails when run. A cell that did not compile on its
+    own before is not judged, nor a cell without a `__future__` import (the engine compiled the
+    joined script)."""
+    numbers = (int(match.group(2)) for match in map(_MAGIC_LINE.match, body.splitlines(keepends=True)) if match)
+    if not any(number in notebook.futures for number in numbers):
+        return
+    if _compiles(_with_futures(notebook.bodies[index], notebook)) and not _compiles(_with_futures(body, notebook)):
+        raise NotebookError(
+            f"cell {index + 1} would not run on its own after the rewrite (a `from __future__` import must stay "
+            "first in its cell); the notebook was left untouched, please report this with the notebook"
+        )
+
+
+def _with_futures(body: str, notebook: Notebook) -> str:
+    """`body` with its `__future__` placeholders replaced by the imports (other IPython syntax kept hidden)."""
+    out = []
+    for line in body.splitlines(keepends=True):
+        match = _MAGIC_LINE.match(line)
+        if match is not None and int(match.group(2)) in notebook.futures:
+            line = notebook.magics[int(match.group(2))] + (match.group(4) or "")
+            line = line if line.endswith("\n") else line + "\n"
+        out.append(line)
+    return "".join(out)
+
+
+def _compiles(code: str) -> bool:
+    try:
+        # top-level `await` is legal in a notebook cell
+        compile(code, "<cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def dump(notebook: Notebook, new_sources: dict[int, str]) -> str:

@@ -10,19 +10,26 @@ JSON schema, version 1 (`schema_version` changes only when a field is removed or
       "mode": "write" | "check" | "diff",
       "exit_code": 0 | 1 | 2 | 123,
       "summary": {"files": int, "changed": int, "unchanged": int, "skipped": int, "failed": int,
-                  "excluded": int, "diagnostics": int, "changes_by_rule": {"AM003": int, ...}},
+                  "excluded": int, "diagnostics": int, "changes_by_rule": {"AM003": int, ...},
+                  "outcomes": {"migrated": int, "partial": int, "refused": int, "unchanged": int,
+                               "no-training-code": int, "failed": int}},
       "files": [{
         "path": str, "kind": "python" | "notebook",
         "status": "changed" | "unchanged" | "skipped" | "failed",
+        "outcome": "migrated" | "partial" | "refused" | "unchanged" | "no-training-code" | "failed",
         "written_to": str | null,
         "changes": [{"code": str, "line": int, "cell": int | null, "message": str}],
-        "diagnostics": [{"code": str, "line": int, "cell": int | null, "severity": str, "message": str}],
+        "diagnostics": [{"code": str, "line": int, "cell": int | null, "severity": str, "message": str,
+                         "unconverted": bool}],
         "error": null | {"line": int, "column": int, "cell": int | null, "message": str},
         "diff": str | null
       }]
     }
 
-`skipped`: not parsed (the text never mentions torch). `line`/`column` 0: no position. In a notebook
+`skipped`: not parsed (the text never mentions torch). `status` says what happened to the file's text,
+`outcome` what happened to its training code (`FileResult.outcome`); a diagnostic's `unconverted` says
+that its rule left training code unconverted there (the outcome is then partial or refused).
+`line`/`column` 0: no position. In a notebook
 `cell` is the cell's 1-based position in the notebook and `line` the line within that cell.
 """
 
@@ -34,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from migrate.diff import result_diff
-from migrate.results import FileResult
+from migrate.results import NOT_CONVERTED, OUTCOMES, FileResult
 
 SCHEMA_VERSION = 1
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -87,7 +94,8 @@ def counts(report) -> dict[str, Any]:  # type: ignore[no-untyped-def]
 
     files: every path reported (a missing one counts as failed), each counted once under its
     status: changed + unchanged + skipped + failed == files. excluded: paths the excludes left
-    out (not among the files). diagnostics: over all files.
+    out (not among the files). diagnostics: over all files. outcomes: each file counted once
+    under its outcome (`FileResult.outcome`), every outcome present.
     """
     return {
         "files": len(report.results),
@@ -98,6 +106,7 @@ def counts(report) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         "excluded": len(report.excluded),
         "diagnostics": report.diagnostics,
         "changes_by_rule": report.rule_counts(),
+        "outcomes": {name: sum(1 for r in report.results if r.outcome == name) for name in OUTCOMES},
     }
 
 
@@ -119,6 +128,30 @@ def summary(report, write: bool) -> str:  # type: ignore[no-untyped-def]
     line += "."
     if c["changes_by_rule"]:
         line += " Changes by rule: " + ", ".join(f"{code} x{n}" for code, n in c["changes_by_rule"].items()) + "."
+    return line + "\n" + outcome_line(report, write)
+
+
+NAMED = 20  # refused and partial files named in the outcome line; the JSON report gives every file's
+
+
+def outcome_line(report, write: bool) -> str:  # type: ignore[no-untyped-def]
+    """`Outcomes: 2 migrated, 1 partial (a.py), 1 refused (b.py), 3 unchanged, 4 no-training-code.`
+    (the non-zero outcomes, the partial and refused files named), then, when nothing is written
+    and training code was left unconverted, why `--check` fails."""
+    parts = []
+    for name in OUTCOMES:
+        files = [r.path for r in report.results if r.outcome == name]
+        if not files:
+            continue
+        part = f"{len(files)} {name}"
+        if name in NOT_CONVERTED:
+            shown = ", ".join(files[:NAMED]) + (f" and {len(files) - NAMED} more" if len(files) > NAMED else "")
+            part += f" ({shown})"
+        parts.append(part)
+    line = "Outcomes: " + ", ".join(parts) + "."
+    if not write and any(r.outcome in NOT_CONVERTED for r in report.results):
+        line += (" Refused or partial training code fails --check and --diff (exit 1): convert it as its "
+                 "diagnostics say, or accept it with `# accel-migrate: skip` on the diagnostic's line.")
     return line
 
 
@@ -130,10 +163,12 @@ def to_json(report, mode: str, exit_code: int, with_diff: bool) -> str:  # type:
                 "path": r.path,
                 "kind": r.kind,
                 "status": r.status,
+                "outcome": r.outcome,
                 "written_to": r.written_to,
                 "changes": [{"code": c.code, "line": c.line, "cell": c.cell, "message": c.message} for c in r.changes],
                 "diagnostics": [
-                    {"code": d.code, "line": d.line, "cell": d.cell, "severity": d.severity, "message": d.message}
+                    {"code": d.code, "line": d.line, "cell": d.cell, "severity": d.severity, "message": d.message,
+                     "unconverted": d.unconverted}
                     for d in r.diagnostics
                 ],
                 "error": None
@@ -176,7 +211,8 @@ def _cell_prefix(cell: int | None) -> str:
 
 
 def to_github(report, write: bool) -> str:  # type: ignore[no-untyped-def]
-    """Workflow commands: errors for unprocessable files, warnings for diagnostics and pending changes."""
+    """Workflow commands: errors for unprocessable files and for diagnostics of training code left
+    unconverted (they fail --check), warnings for the other diagnostics and pending changes."""
     out = []
     for r in report.results:
         if r.error is not None:
@@ -189,9 +225,8 @@ def to_github(report, write: bool) -> str:  # type: ignore[no-untyped-def]
             continue
         for d in r.diagnostics:
             line = d.line if d.cell is None else 1
-            out.append(
-                _annotation("warning", r.path, line, _cell_prefix(d.cell) + d.message, f"accel-migrate {d.code}")
-            )
+            kind = "error" if d.unconverted else "warning"
+            out.append(_annotation(kind, r.path, line, _cell_prefix(d.cell) + d.message, f"accel-migrate {d.code}"))
         if not write:
             for c in r.changes:
                 line = c.line if c.cell is None else 1
@@ -237,7 +272,8 @@ def to_sarif(report, write: bool, rules: list[tuple[str, str, str, str]], exit_c
             )
             continue
         for d in r.diagnostics:
-            results.append(_result(d.code, index, "warning", _cell_prefix(d.cell) + d.message, uri, d.line, d.cell))
+            level = "error" if d.unconverted else "warning"  # training code left unconverted fails --check
+            results.append(_result(d.code, index, level, _cell_prefix(d.cell) + d.message, uri, d.line, d.cell))
         for c in r.changes:
             verb = "changed" if write else "would change"
             results.append(

@@ -25,7 +25,7 @@ from migrate.files import (
     read_source,
     write_atomic,
 )
-from migrate.results import FileError, FileResult
+from migrate.results import NOT_CONVERTED, FileError, FileResult
 
 SHADOW_CODE = "AM900"
 SHADOW_DOC = """Warn when a migrated script's folder has its own `runtime.py` or `runtime/`.
@@ -63,6 +63,11 @@ class Report:
     @property
     def failed(self) -> list[FileResult]:
         return [r for r in self.results if r.error is not None]
+
+    @property
+    def not_converted(self) -> list[FileResult]:
+        """Files whose training code was refused or left partly unconverted (`FileResult.outcome`)."""
+        return [r for r in self.results if r.outcome in NOT_CONVERTED]
 
     @property
     def internal_errors(self) -> list[FileResult]:

@@ -1,6 +1,7 @@
 """Smoke test of the corpus report (`python -m benchmarks corpus DIR`, benchmarks/corpus.py) on a
-tiny synthetic corpus: one file unit migrated, one without training code, one with a syntax error, one
-repo unit refused (a library module); and the unit discovery of a flat folder. Timings are never asserted."""
+tiny synthetic corpus: one file unit migrated, one partial, one without training code, one with a syntax
+error, one repo unit refused (a library module); and the unit discovery of a flat folder. Timings are never
+asserted."""
 
 from __future__ import annotations
 
@@ -57,6 +58,11 @@ def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
     (corpus / "repos" / "proj").mkdir(parents=True)
     (corpus / "files" / "train.py").write_text(TRAIN)
     (corpus / "files" / "notes.py").write_text('print("no torch here")\n')
+    # migrated, but no DataLoader feeds the step: every process would train on the same data (AM004)
+    (corpus / "files" / "partial.py").write_text(
+        "import torch\nmodel = torch.nn.Linear(4, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n    loss = model(torch.randn(8, 4)).sum()\n    optimizer.zero_grad()\n"
+        "    loss.backward()\n    optimizer.step()\n")
     (corpus / "files" / "broken.py").write_text("import torch\noptimizer = torch.optim.SGD(\nloss.backward()\n")
     (corpus / "repos" / "proj" / "engine.py").write_text(ENGINE)
     (corpus / "repos" / "proj" / "utils.py").write_text("def average(v):\n    return sum(v) / len(v)\n")
@@ -74,16 +80,19 @@ def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
     assert lines[0].startswith("| unit | status | changed/files | diagnostics by code | safety re-check |")
     rows = {cells[0]: cells[1:] for cells in
             ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:] if line.startswith("| "))}
-    assert list(rows) == ["files/broken.py", "files/notes.py", "files/train.py", "repos/proj"]
+    assert list(rows) == ["files/broken.py", "files/notes.py", "files/partial.py", "files/train.py", "repos/proj"]
+    assert rows["files/partial.py"][:3] == ["partial", "1/1", "AM004"]
     assert rows["files/broken.py"][:2] == ["failed", "0/1"]
     assert rows["files/train.py"][:5] == ["migrated", "1/1", "-", "pass", "yes"]
     assert rows["files/notes.py"][:5] == ["no-training-code", "0/1", "-", "-", "-"]
     assert rows["repos/proj"][:5] == ["refused", "0/3", "AM003", "-", "-"]
-    [total] = [line for line in lines if line.startswith("4 units: ")]
-    assert total.startswith("4 units: 1 migrated, 1 refused, 1 no-training-code, 1 failed.")
+    [total] = [line for line in lines if line.startswith("5 units: ")]
+    assert total.startswith("5 units: 1 migrated, 1 partial, 1 refused, 1 no-training-code, 1 failed.")
     assert "1 parsed files neither changed nor diagnosed" in total
     [reason] = [line for line in lines if line.startswith("- `repos/proj` (refused): ")]
-    assert reason.startswith("- `repos/proj` (refused): engine.py:8 AM003 `.backward()`")
+    assert reason.startswith("- `repos/proj` (refused): engine.py:8 AM003 [left unconverted] `.backward()`")
+    [partial] = [line for line in lines if line.startswith("- `files/partial.py` (partial): ")]
+    assert "line 7 AM004 [left unconverted] no DataLoader feeds this training step" in partial
     assert reason.endswith("; parsed, neither changed nor diagnosed: helpers.py")
     details = lines[lines.index("Every diagnostic:"):]  # --details
     assert "- `repos/proj` (refused):" in details and any(line.startswith("  - engine.py:8 AM003") for line in details)
@@ -94,6 +103,10 @@ def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
     assert units["repos/proj"]["kind"] == "repo" and units["repos/proj"]["diagnostics"] == {"AM003": 1}
     assert units["repos/proj"]["file_status"] == {"engine.py": "unchanged", "helpers.py": "unchanged",
                                                   "utils.py": "skipped"}
+    # the CLI's outcome of each file, the unit's status made from them
+    assert units["repos/proj"]["file_outcomes"] == {"engine.py": "refused", "helpers.py": "unchanged",
+                                                    "utils.py": "no-training-code"}
+    assert units["files/partial.py"]["file_outcomes"] == {"partial.py": "partial"}
 
 
 def test_recheck_reports_an_output_that_fails_a_safety_check() -> None:

@@ -109,6 +109,9 @@ class _Outcome:
     trees: dict[Path, cst.Module] = field(default_factory=dict)  # their rewritten trees (what the checks read)
     reason: str | None = None  # why nothing was migrated across modules (None: it was)
     line: int = 1  # entry line the reason is about
+    # the reason leaves training code unconverted (`Diagnostic.unconverted`); False only when
+    # nothing was left to do (a unit migrated already)
+    unconverted: bool = True
     # Only the entry is edited (the view found the optimizer in another module's factory or method):
     # taken only when the entry trains through the unit, where its own file result is a refusal.
     entry_only: bool = False
@@ -147,7 +150,7 @@ def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[Fil
             result = results[entry]
             result.parsed = True
             result.diagnostics = sorted(
-                {*result.diagnostics, Diagnostic(CODE, outcome.line, _not_followed(outcome.reason))},
+                {*result.diagnostics, Diagnostic(CODE, outcome.line, _not_followed(outcome.reason), unconverted=outcome.unconverted)},
                 key=lambda d: (d.line, d.code, d.message),
             )
             _tell_callees(results, members, entry, by_path, index)
@@ -260,7 +263,7 @@ def _migrate_entry(
         line = lines.of(m.source.path, {x.node for group in mine for x in group})
         changes = sorted({Change(r.code, line[r.node], r.message) for r in mine[0]},
                          key=lambda c: (c.line, c.code, c.message))
-        diagnostics = sorted({Diagnostic(f.code, line[f.node], f.message) for f in mine[1]},
+        diagnostics = sorted({Diagnostic(f.code, line[f.node], f.message, unconverted=f.unconverted) for f in mine[1]},
                              key=lambda d: (d.line, d.code, d.message))
         outcome.results[m.source.path] = FileResult(
             m.source.display, m.source.text, new_text=new_text if new_text != m.source.text else None,
@@ -440,8 +443,11 @@ def _why_not(roles, plan, head: _Parsed, rest: list[_Parsed], owner, lines) -> _
     if findings:
         first = findings[0]
         where = owner(first.node)
-        return _Outcome(reason=f"{where.source.display}:{lines.line(where.source.path, first.node)}: {first.code} {first.message}")
-    return _Outcome(reason="the roles found nothing to rewrite in the other modules of the run")
+        return _Outcome(reason=f"{where.source.display}:{lines.line(where.source.path, first.node)}: {first.code} {first.message}",
+                        unconverted=not roles.accelerator_exists or any(f.unconverted for f in findings))
+    # with an Accelerator already there (a migrated unit run again), there is nothing left to convert
+    return _Outcome(reason="the roles found nothing to rewrite in the other modules of the run",
+                    unconverted=not roles.accelerator_exists)
 
 
 def _reroute_forwarded_imports(head: _Parsed, plan, forwarded: dict[str, tuple[Path, Path]],  # type: ignore[no-untyped-def]
@@ -615,5 +621,5 @@ def not_given(
             f"(they were read to follow the training, and are never written), so nothing was written: migrate them "
             f"together, e.g. `accel-migrate {folder}`"
         )
-        result.diagnostics = sorted({*result.diagnostics, Diagnostic(CODE, line, message)}, key=lambda d: (d.line, d.code, d.message))
+        result.diagnostics = sorted({*result.diagnostics, Diagnostic(CODE, line, message, unconverted=True)}, key=lambda d: (d.line, d.code, d.message))
     return given

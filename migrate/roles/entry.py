@@ -146,7 +146,7 @@ def built_in_a_class_body(roles: Roles) -> bool:
             binding.where.stmt,
             f"the Accelerator is created in the body of class `{scope.name}`, where the functions and "
             "methods of this file cannot read it as `accelerator`, so the file was left as it is: create it "
-            "in the function that trains (or at module level) and run accel-migrate again",
+            "in the function that trains (or at module level) and run accel-migrate again", unconverted=True,
         )
     elif home is not None and type(home.node) is cst.ClassDef:
         binding = home.bindings[roles.optimizers[0]][0]
@@ -156,7 +156,7 @@ def built_in_a_class_body(roles: Roles) -> bool:
             f"the optimizer `{binding.name}` is built in the body of class `{home.name}`, which runs once "
             "when the class is defined and whose names its methods cannot read, so `accelerator.prepare(...)` "
             "has no safe place and the file was left as it is: build the training objects in a function "
-            "(or in `__init__` as `self.` attributes) and run accel-migrate again",
+            "(or in `__init__` as `self.` attributes) and run accel-migrate again", unconverted=True,
         )
     else:
         return False

@@ -44,7 +44,7 @@ def find_loaders(roles: Roles) -> None:
                         "all three to prepare them together, so the file was left as it is: unpack what "
                         f"`{home.name}()` returns into plain names where the loader is built (`model, optimizer = "
                         f"{home.name}()`) and run again, or create the Accelerator there and pass the model, the "
-                        "optimizer and the loader to `accelerator.prepare(...)` by hand"))]
+                        "optimizer and the loader to `accelerator.prepare(...)` by hand"), unconverted=True)]
                     return
                 if origin_scope is not home:
                     roles.cannot_prepare(
@@ -265,7 +265,7 @@ def report_unsharded_training(roles: Roles) -> None:
             f"the training batches come from `{stream.function}()`, which takes this process's shard from MPI "
             "here; under `accel launch` (torchrun) MPI does not start the processes, so every process would be "
             "MPI's rank 0 of 1 and train on the same data: take the shard from `torch.distributed.get_rank()` "
-            "and `get_world_size()` (the Accelerator's process group)")))
+            "and `get_world_size()` (the Accelerator's process group)"), unconverted=True))
         return
     if stream is not None and stream.ranked_by == "local":
         assert stream.rank_read is not None
@@ -273,7 +273,7 @@ def report_unsharded_training(roles: Roles) -> None:
             f"the training batches come from `{stream.drawn}`, a `{stream.function}` built with the local rank "
             "(`LOCAL_RANK`), which repeats on every machine: on more than one node the processes of each node "
             f"would train on the same batches. Build `{stream.function}` with the global rank, "
-            "`accelerator.process_index` (torchrun's `RANK`), and `accelerator.num_processes`")))
+            "`accelerator.process_index` (torchrun's `RANK`), and `accelerator.num_processes`"), unconverted=True))
         return
     source = stream.function if stream is not None else _batch_function(roles, scope, site)
     if source is not None:
@@ -291,7 +291,7 @@ def report_unsharded_training(roles: Roles) -> None:
             "the batches with a torch.utils.data.DataLoader (prepared, it shards them), or select this "
             "process's share with `accelerator.process_index` / `accelerator.num_processes`"
         )
-    roles.findings.append(Finding(PREPARE, site.call, message))
+    roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
 
 
 def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:

@@ -67,11 +67,19 @@ class ObjectBuilder:
 
 @dataclass(eq=False)
 class Finding:
-    """Something a rule must report rather than rewrite."""
+    """Something a rule must report rather than rewrite.
+
+    `unconverted`: the rule that reports it knows it left training code unconverted (as it was, or
+    partly converted) in a way the migrated script does not train correctly on N processes without
+    the user's change: an object not prepared, a loader left unsharded, a file left as it is. Advice
+    about code that is correct as it is (kept AMP, a device index no longer honoured, N times the
+    evaluation work) leaves it False. It decides the file's outcome (`FileResult.outcome`: partial
+    or refused) and `--check`'s exit code."""
 
     code: str
     node: cst.CSTNode
     message: str
+    unconverted: bool = False
 
 
 @dataclass(eq=False)
@@ -115,7 +123,7 @@ class Roles:
         """A training object that `accelerator.prepare(...)` will not take: reported as the
         prepare rule's diagnostic, saying what to prepare by hand."""
         self.unprepared = True
-        self.findings.append(Finding(PREPARE, node, message))
+        self.findings.append(Finding(PREPARE, node, message, unconverted=True))
 
     # -- name resolution ---------------------------------------------------------------------
 

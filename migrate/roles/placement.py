@@ -165,7 +165,7 @@ def place_prepare(roles: Roles) -> None:
                 PREPARE,
                 inside_loop[0].stmt,
                 "a training object is created inside a loop; `accelerator.prepare(...)` must run once, "
-                "so it was not inserted: prepare the objects yourself after they are built",
+                "so it was not inserted: prepare the objects yourself after they are built", unconverted=True,
             )
         )
         roles.models.clear()

@@ -63,7 +63,7 @@ def spawn_refusal(node: cst.CSTNode, why: str) -> Finding:
         node,
         f"the script starts its own processes with `mp.spawn`; it was left as it is: {why}. Make the worker "
         "the entry point (take the rank from `LOCAL_RANK`, let `accel launch --nproc-per-node N` start the "
-        "processes) and run accel-migrate again",
+        "processes) and run accel-migrate again", unconverted=True,
     )
 
 

@@ -20,8 +20,8 @@ def report_hidden_training_step(roles: Roles) -> None:
     """An optimizer and a model but no `.backward()`: the step is hidden in another module."""
     if any(scope.backwards for scope in roles.facts.scopes) or not roles.models:
         return
-    if any(loop.has_backward for scope in roles.facts.scopes for loop in scope.loops):
-        return  # already migrated: `accelerator.backward(...)`
+    if any(loop.has_backward for scope in roles.facts.scopes for loop in scope.loops) or roles.accelerator_exists:
+        return  # already migrated: `accelerator.backward(...)`, maybe in a helper method outside the loop
     home = roles.home
     assert home is not None
     binding = home.bindings[roles.optimizers[0]][0]
@@ -31,21 +31,24 @@ def report_hidden_training_step(roles: Roles) -> None:
             binding.where.stmt,
             "an optimizer is built here but no `.backward()` was found in this file: the training step "
             "is hidden in another module (a trainer, a loss-scaler object such as timm's NativeScaler); "
-            "call `accelerator.backward(loss)` there, and check that its loader is prepared",
+            "call `accelerator.backward(loss)` there, and check that its loader is prepared", unconverted=True,
         )
     )
 
 
+# qualified name -> (code, message, training code left unconverted: see `Finding`)
 _LIBRARY_TRAPS = {
     "apex.amp.initialize": (
         MIXED_PRECISION,
         "apex AMP is not converted: remove `amp.initialize`/`amp.scale_loss` and use "
         "`Accelerator(mixed_precision=\"fp16\")` with `accelerator.backward(loss)`",
+        True,
     ),
     "torch.compile": (
         PREPARE,
         "`torch.compile` before `accelerator.prepare(...)` compiles the unwrapped model; compile the "
         "prepared model instead (move this line after the prepare call)",
+        False,  # the prepared model wraps the compiled one and trains; advice on where to compile
     ),
 }
 
@@ -58,7 +61,7 @@ def report_library_traps(roles: Roles) -> None:
                 continue
             if call.qualified == "torch.compile" and not _compiles_a_model(roles, scope, call.call):
                 continue
-            roles.findings.append(Finding(trap[0], call.call, trap[1]))
+            roles.findings.append(Finding(trap[0], call.call, trap[1], unconverted=trap[2]))
 
 
 def _compiles_a_model(roles: Roles, scope: Scope, call: cst.Call) -> bool:
@@ -104,7 +107,7 @@ def refuse_rewrapped_models(roles: Roles) -> None:
                 "cannot be removed with it, and the file was left as it is: remove this wrapper by hand (prepare "
                 "wraps the model), read the bare module with `accelerator.unwrap_model(...)` instead of `.module`, "
                 "and run again"
-            ))]
+            ), unconverted=True)]
             return
 
 
@@ -188,7 +191,7 @@ def refuse_forward_bypassing_copies(roles: Roles) -> None:
                 "gradient would be averaged across processes (the runtime's check raises GradientSyncError). The "
                 "file was left as it is: compute the loss inside the model's `forward` and call the prepared model, or "
                 f"leave `{receiver.value}` unprepared and all-reduce its gradients yourself before the optimizer steps"
-            ))]
+            ), unconverted=True)]
             for wrapper in _distributed_optimizer_wrappers(roles):
                 roles.findings.append(wrapper)
             return
@@ -249,5 +252,5 @@ def _distributed_optimizer_wrappers(roles: Roles) -> list[Finding]:
                     f"`accelerator.prepare({name})` would hand it a model DDP already synchronises; the file was left "
                     "as it is: keep one of the two (drop the wrapper and prepare the inner optimizer, or keep the "
                     "wrapper and leave the model unprepared)"
-                )))
+                ), unconverted=True))
     return found

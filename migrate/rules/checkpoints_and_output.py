@@ -522,7 +522,7 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> list[StmtRef]:
         plan.report(CODE, first.call, (
             f"{first.what} in `{scope.qualname}`{kind} which cannot reach the accelerator, runs on every process "
             "(each writes the same file at once): run it on the main process only "
-            "(`if accelerator.is_main_process:`, passing `accelerator` in)"))
+            "(`if accelerator.is_main_process:`, passing `accelerator` in)"), unconverted=True)
         return guarded
     done: set[cst.BaseStatement] = set()
     for write in writes:
@@ -535,7 +535,7 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> list[StmtRef]:
         problem = _why_not_guarded(roles, scope, write, unit)
         if problem is not None:
             plan.report(CODE, write.call, f"{write.what} runs on every process (each writes the same file at once) "
-                        f"and cannot run on the main process only: {problem}")
+                        f"and cannot run on the main process only: {problem}", unconverted=True)
             continue
         if unit.stmt in plan.replace_stmt:
             continue
@@ -577,13 +577,13 @@ def _removals(roles: Roles, plan: EditPlan, scope: Scope, saves: list[StmtRef], 
             plan.report(CODE, removal.call, (
                 f"{what} runs on every process, in a function whose checkpoints or files the main process "
                 "alone now writes: N processes removing the same files race (FileNotFoundError); run it "
-                "under `if accelerator.is_main_process:` if it removes those files"))
+                "under `if accelerator.is_main_process:` if it removes those files"), unconverted=True)
             continue
         problem = _why_not_guarded(roles, scope, _Write(what, removal.call, removal.where, False, None, True), unit)
         if problem is not None:
             plan.report(CODE, removal.call, (
                 f"{what} runs on every process (N processes removing the same files race: FileNotFoundError) "
-                f"and cannot run on the main process only: {problem}"))
+                f"and cannot run on the main process only: {problem}"), unconverted=True)
             continue
         if unit.stmt in plan.replace_stmt:
             continue
@@ -678,7 +678,7 @@ def _implicit_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
             plan.report(CODE, site.call, (
                 f"{what}, in `{scope.qualname}`, where the accelerator cannot reach: every process would download "
                 "it into the same folder at once; build it under `with accelerator.main_process_first():` (or "
-                "download it once before launching)"))
+                "download it once before launching)"), unconverted=True)
 
 
 def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
@@ -704,7 +704,7 @@ def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
                 place = f"at module level, before the Accelerator (created in `{roles.accelerator_scope.qualname}`) exists"
             plan.report(CODE, call, (
                 f"this dataset is built with `download=` {place}, so every process downloads and unpacks it into the same folder at once: build it "
-                "under `with accelerator.main_process_first():` (or download it once before launching)"))
+                "under `with accelerator.main_process_first():` (or download it once before launching)"), unconverted=True)
 
 
 def _first_where_called(
@@ -754,7 +754,7 @@ def _first_on_main_process(
     if problem is not None:
         plan.report(CODE, call, (
             f"{what}: every process downloads and unpacks it into the same folder at once, and it cannot "
-            f"be built by the main process first: {problem}"))
+            f"be built by the main process first: {problem}"), unconverted=True)
         return
     plan.main_process_first.add(stmt)
     plan.use_accelerator(scope)

@@ -55,7 +55,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 continue
             if not roles.can_reach(scope):
                 plan.report(CODE, call.call, f"gradient clipping in `{scope.name}` cannot reach the accelerator; "
-                            f"call `accelerator.{method}(...)` there yourself")
+                            f"call `accelerator.{method}(...)` there yourself", unconverted=True)
                 continue
             stmt = call.where.stmt
             standalone = (

@@ -164,7 +164,7 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
             f"the device is chosen by `{cst.Module([]).code_for_node(cpu[1])}` (the CPU when `{cpu[0]}`), but "
             "`accelerator` is needed before the names it reads are bound, so the Accelerator is created "
             f"without `cpu={cpu[0]}` and runs on the GPU whenever there is one: create the Accelerator "
-            f"where the flag is known with `Accelerator(cpu={cpu[0]})`, or launch with `accel launch --cpu`"))
+            f"where the flag is known with `Accelerator(cpu={cpu[0]})`, or launch with `accel launch --cpu`"), unconverted=True)
     elif binding is None and "cpu" not in plan.accelerator_kwargs and _trains_on_cpu_only(roles, plan):
         plan.accelerator_kwargs["cpu"] = "True"
         plan.change(CODE, default, (
@@ -179,7 +179,7 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
                 f"`{name}={plan.accelerator_kwargs.pop(name)}` reads names that are not bound yet where the "
                 f"Accelerator is created, so it was not written: pass `{name}=` to the Accelerator yourself "
                 "(or the matching `accel launch` option)"
-            ))
+            ), unconverted=True)
     kwargs = ", ".join(f"{name}={value}" for name, value in plan.accelerator_kwargs.items())
     create = statement(f"accelerator = Accelerator({kwargs})\n")
     replaced = plan.create_at if plan.create_at is not None else binding.where.stmt if binding is not None else None
@@ -583,7 +583,7 @@ def _placement(
                 "helper), but `accelerator` is needed before this line, so the Accelerator cannot be "
                 "created after it (created before, it would initialise the group twice): remove this "
                 "`init_process_group` and let the Accelerator join the group"
-            ))
+            ), unconverted=True)
         return block, last + 1
     return block, index
 
@@ -777,7 +777,7 @@ def _thread_parameter(roles: Roles, plan: EditPlan) -> None:
                 f"`accelerator` is needed in {'class ' + scope.name if type(scope.node) is cst.ClassDef else 'module-level code'}, "
                 f"which cannot see the Accelerator created in `{roles.accelerator_scope.name if roles.accelerator_scope else '?'}`: "
                 "create it at module level, or move this code into the function that creates it"
-            ))
+            ), unconverted=True)
             continue
         # A function of another module of the unit takes it by keyword (`*, accelerator`): a caller
         # the unit does not see (a package wrapper, another script) fails on a missing keyword

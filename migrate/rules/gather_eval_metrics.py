@@ -237,7 +237,7 @@ def _report_sharded(plan: EditPlan, node: cst.CSTNode, loader: str, why: str) ->
         f"this loop evaluates over the training loader `{loader}`, which is prepared and so gives each process "
         f"its share of the data, but its metric is not gathered ({why}): on N processes the value covers one "
         "process's samples. Gather the per-sample values with `accelerator.gather_for_metrics(...)` before "
-        "the metric, or evaluate over a loader of its own"))
+        "the metric, or evaluate over a loader of its own"), unconverted=True)
 
 
 def _packed(names: list[str]) -> str:
@@ -1155,16 +1155,16 @@ def _main_process_forward(
     if not no_grad:
         plan.report(CODE, call, f"{hang}; it runs with autograd on, so it was left as it is: evaluate under "
                     f"`torch.no_grad()` through `accelerator.unwrap_model({ref})` (the module without DDP's forward), "
-                    "or run it on every process")
+                    "or run it on every process", unconverted=True)
         return
     if mixed:
         plan.report(CODE, call, f"{hang}; `accelerator.unwrap_model({ref})` would avoid it but also drops the mixed "
                     f"precision the prepared model's forward runs under: call it as `accelerator.unwrap_model({ref})` "
-                    "inside `with accelerator.autocast():`")
+                    "inside `with accelerator.autocast():`", unconverted=True)
         return
     if not reach:
         plan.report(CODE, call, f"{hang}; `{scope.qualname}` cannot reach the accelerator: pass "
-                    f"`accelerator.unwrap_model({ref})` (the module without DDP's forward) instead")
+                    f"`accelerator.unwrap_model({ref})` (the module without DDP's forward) instead", unconverted=True)
         return
     if model is call.func:
         plan.calls[call] = lambda updated: updated.with_changes(

@@ -131,11 +131,11 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 CODE, first,
                 f"experiment logging in `{scope.name}`, which cannot reach the accelerator, runs on every "
                 "process (N event files, runs or copies of each line): run it on the main process only "
-                "(`if accelerator.is_main_process:`, passing `accelerator` in)",
+                "(`if accelerator.is_main_process:`, passing `accelerator` in)", unconverted=True,
             )
             continue
         for _, node, message in item.problems:
-            plan.report(CODE, node, message)
+            plan.report(CODE, node, message, unconverted=True)
         guarded = [stmt for family, stmt in item.guarded if family not in broken and stmt not in converted]
         for stmt in guarded:
             if stmt not in plan.main_process_only:

@@ -170,7 +170,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             f"{', '.join(names)} are built where the script's Accelerator (created in `{created}`) cannot "
             "be seen, so they were not prepared: build them where the Accelerator is created, or pass it "
             "in, and add them to `accelerator.prepare(...)`"
-        ))
+        ), unconverted=True)
         return
     where = roles.prepare_after
     # a model a trainer trains through a hand-wrapped alias is prepared into the alias
@@ -236,7 +236,7 @@ def _report_same_draws(roles: Roles, plan: EditPlan) -> None:
                 "so N processes train on N copies of one batch of it, where one process with an N-times batch draws N different ones. Seed "
                 "each process differently once what must stay alike is done (a `random_split` or other draw that "
                 f"picks the data; prepared loaders shuffle alike whatever the seed): {fix}"
-            ))
+            ), unconverted=True)
 
 
 def _reads_rank(call: cst.Call) -> bool:

@@ -124,7 +124,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                     stmt,
                     f"`{name}` differs per process (each sums its own share of the training data) and decides "
                     f"here, so processes would take different decisions (LR, early stop, best model) or hang: "
-                    f"add `{' '.join(line.split())}` where it is computed",
+                    f"add `{' '.join(line.split())}` where it is computed", unconverted=True,
                 )
                 continue
             assert value.after is not None
@@ -193,7 +193,7 @@ def _over_the_dataset(
             f"`{name}` adds up this process's share of the training data only, and `{_code(divisions[0])}` "
             f"divides it by the size of the whole dataset: on N processes the value is about 1/N of the "
             f"one-process one. It was not reduced ({why}): add `{name} = accelerator.reduce({torch_name}.tensor({name}, "
-            f'dtype={torch_name}.float64, device=accelerator.device), "sum").item()` right after the loop',
+            f'dtype={torch_name}.float64, device=accelerator.device), "sum").item()` right after the loop', unconverted=True,
         )
         return False
     plan.insert_after.setdefault(loop, []).append(cst.parse_statement(line + "\n"))

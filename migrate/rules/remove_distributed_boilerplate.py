@@ -260,7 +260,7 @@ def _library_call(
                         "`accel launch` (torchrun) every process is MPI's rank 0 of 1 and trains alone, and under "
                         "mpiexec LOCAL_RANK is not set, so the Accelerator puts every process of a node on GPU 0. Read "
                         "RANK / WORLD_SIZE (and LOCAL_RANK for a device) from the environment torchrun sets instead of "
-                        "MPI, here and wherever this module reads MPI's rank, and launch with `accel launch`")
+                        "MPI, here and wherever this module reads MPI's rank, and launch with `accel launch`", unconverted=True)
         else:
             plan.report(CODE, call, _kept_init_message(scope, call, where))
     elif not reach:
@@ -482,7 +482,7 @@ def _local_rank_flag(roles: Roles, plan: EditPlan) -> None:
         if not roles.can_reach(check.scope):
             plan.report(CODE, node, "the `--local_rank` flag stays -1 under `accel launch`, so this check is the same on "
                         f"every process, and `{check.scope.name}` cannot reach the accelerator: test "
-                        f"{check.meaning} instead")
+                        f"{check.meaning} instead", unconverted=True)
             continue
         if type(node) is cst.BooleanOperation:
             plan.bool_ops[node] = check.replacement
@@ -600,7 +600,7 @@ def _move_inputs(roles: Roles, plan: EditPlan, name: str, wrapper: cst.Call, wra
                     f"file does not show {inputs} on the device (a batch of a prepared DataLoader, or a tensor moved "
                     "with `.to(...)`): on one GPU a CPU tensor would meet the CUDA model. Move it with "
                     "`.to(accelerator.device)` before the call"
-                ))
+                ), unconverted=True)
 
 
 def _placement(
@@ -684,7 +684,7 @@ def _convert_hand_sharding(roles: Roles, sharding: HandSharding, plan: EditPlan)
         node = sharding.removed[0][1] if sharding.removed else sharding.optimizers[0][0]
         plan.report(CODE, node, f"the hand-written sharding was converted for `{sharding.strategy}`, but HF "
                     "Accelerate's Accelerator has no strategy argument: choose FSDP (or DeepSpeed ZeRO) in "
-                    "`accelerate config`, or the script trains with plain DDP")
+                    "`accelerate config`, or the script trains with plain DDP", unconverted=True)
         return
     plan.accelerator_kwargs["strategy"] = f'"{sharding.strategy}"'
 

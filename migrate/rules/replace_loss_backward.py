@@ -60,7 +60,7 @@ _POSITIONAL = ("gradient", "retain_graph", "create_graph")
 
 
 def apply(roles: Roles, plan: EditPlan) -> None:
-    unseen: str | None = None
+    unseen: tuple[str, bool] | None = None
     for scope in roles.facts.scopes:
         for site in scope.backwards:
             if site.call in plan.calls:
@@ -68,13 +68,13 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             if roles.home is None:
                 if unseen is None:
                     unseen = _optimizer_not_built_here(roles)
-                plan.report(CODE, site.call, unseen)
+                plan.report(CODE, site.call, unseen[0], unconverted=unseen[1])
             elif not roles.can_reach(scope):
                 plan.report(
                     CODE,
                     site.call,
                     f"`.backward()` in `{scope.name}` cannot receive the accelerator (no caller in this file "
-                    "passes it); add an `accelerator` parameter and call `accelerator.backward(loss)`",
+                    "passes it); add an `accelerator` parameter and call `accelerator.backward(loss)`", unconverted=True,
                 )
             else:
                 plan.calls[site.call] = _to_accelerator_backward
@@ -108,11 +108,13 @@ def _redundant_parens(expr: cst.BaseExpression) -> bool:
 _NOT_BUILT = "`.backward()` found but no optimizer is built in this file, so there is no place to create the Accelerator"
 
 
-def _optimizer_not_built_here(roles: Roles) -> str:
+def _optimizer_not_built_here(roles: Roles) -> tuple[str, bool]:
     """What the file shows of where its optimizer comes from, and what to do about it: a method
     of an object whose class is in another module (`model.configure_optimizers(config)`), a
     function of another module (`create_optimizer_v2(model, ...)`), a parameter filled by the
-    caller (`Trainer(model, optimizer, ...)`); otherwise a library module's wording."""
+    caller (`Trainer(model, optimizer, ...)`); otherwise a library module's wording. With whether
+    the backward is training code left unconverted (`Finding.unconverted`): all but a script's
+    backward with no optimizer and no update at all, which may only compute gradients (of the inputs)."""
     for scope, binding in _optimizer_bindings(roles):
         value = binding.value
         assert value is not None
@@ -134,14 +136,14 @@ def _optimizer_not_built_here(roles: Roles) -> str:
                     # (migrate/crossmodule/unit.py), so that module is not one the run holds or reads
                     return (f"{seen}. A `{method}()` of a class defined in a module of the project is followed "
                             "when that module is in the run or imported from this script's folder; this one was "
-                            f"not found there (an installed package?): {by_hand}")
+                            f"not found there (an installed package?): {by_hand}"), True
                 return (
                     f"{seen}. Migrate this file together with the module that defines that class and the script "
                     "that runs this code (give them in one run, e.g. the project's folder): a "
                     f"`{method}()` that returns a `torch.optim` optimizer over the model's parameters is then "
                     "followed to the model, which is prepared with it right after that call, as in one file. "
                     f"Otherwise {by_hand}"
-                )
+                ), True
         if type(value) is cst.Call:
             qualified = roles.facts.aliases.qualify(value.func)
             shown = f" (`{qualified}`)" if qualified is not None else ""
@@ -151,7 +153,7 @@ def _optimizer_not_built_here(roles: Roles) -> str:
                 "model, the optimizer and the training DataLoader to `accelerator.prepare(...)` right after it, "
                 "and call `accelerator.backward(loss)` here (or build the optimizer in this file, "
                 "`torch.optim.X(model.parameters(), ...)`, and run the migration again)"
-            )
+            ), True
         if type(value) is cst.Name and value.value in scope.params:
             return (
                 f"{_NOT_BUILT} here: the optimizer comes from `{code}`, the parameter `{value.value}` of "
@@ -159,7 +161,7 @@ def _optimizer_not_built_here(roles: Roles) -> str:
                 "script that builds the optimizer and calls it (give them in one run, e.g. the project's "
                 "folder), or prepare the model, the optimizer and the training DataLoader there and call "
                 "`accelerator.backward(loss)` here"
-            )
+            ), True
     update = _hand_written_update(roles)
     script = _has_main_guard(roles.facts.module) or any(
         scope is roles.facts.module_scope and scope.backwards for scope in roles.facts.scopes
@@ -173,19 +175,19 @@ def _optimizer_not_built_here(roles: Roles) -> str:
             "lr=...)`, with `optimizer.zero_grad()` and `optimizer.step()` in place of the update) and run the "
             "migration again, or all-reduce the gradients yourself before the update "
             "(`torch.distributed.all_reduce(p.grad)`, then divide by the number of processes)"
-        )
+        ), True
     if script:
         return (
             "`.backward()` found but no `torch.optim` optimizer is built in this script, so there is nothing to "
             "prepare and it was left as it is (a backward that only computes gradients, of the inputs say, needs "
             "no migration); if it trains, build its optimizer here (`torch.optim.X(model.parameters(), ...)`) and "
             "run the migration again"
-        )
+        ), False
     return (
         "`.backward()` found but no optimizer is built in this file (a library module?), so there is no place "
         "to create the Accelerator; create one where the optimizer is built, prepare the training objects and "
         "call `accelerator.backward(loss)` here"
-    )
+    ), True
 
 
 def _hand_written_update(roles: Roles) -> str | None:

@@ -200,7 +200,8 @@ def _note(failure: _Failure, text: str, kept_rest: bool) -> Diagnostic:
             message += f"; {edits} were left out for this, but the smaller rewrite failed a check too"
     if not kept_rest:
         message += "; so the file was left as it is: migrate it by hand"
-    return Diagnostic(check.code, line, message + f" (`accel-migrate explain {check.code}`)")
+    # the rule's edits were left out (or the whole file): training code it would have converted stays as it was
+    return Diagnostic(check.code, line, message + f" (`accel-migrate explain {check.code}`)", unconverted=True)
 
 
 def _unchanged(first: Attempt, failures: list[_Failure], text: str) -> Attempt:

@@ -73,3 +73,19 @@ def test_skipped_leaves_hold_no_nodes_and_have_no_collector_method() -> None:
         assert _own(leaf, "visit_") is None and _own(leaf, "leave_") is None, leaf
         fields = {f.name: f.type for f in dataclasses.fields(leaf)}
         assert all(fields[name] in (str, "str") for name in child_fields(leaf)), leaf
+
+
+def test_a_one_line_body_binds_on_its_def_line() -> None:
+    """`def __init__(self): self.n = 0` has no statement of its own in its body: the binding
+    belongs to the def line (it was an IndexError, an internal error on any file holding one)."""
+    module = cst.parse_module(
+        "class Meter:\n    def __init__(self): self.total = 0\n\ndef f(x): y = x\n"
+    )
+    facts = analyze(module)
+    method_def = module.body[0].body.body[0]  # type: ignore[attr-defined]
+    function_def = module.body[1]
+    by_name = {scope.name: scope for scope in facts.scopes}
+    [total] = by_name["__init__"].bindings["self.total"]
+    assert total.where.stmt is method_def
+    [y] = by_name["f"].bindings["y"]
+    assert y.where.stmt is function_def

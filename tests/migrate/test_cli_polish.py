@@ -100,7 +100,7 @@ def test_text_and_json_summaries_count_the_same_files(tmp_path: Path, capsys) ->
     _, out, _ = run_main(["--check", "--output-format", "json", str(tmp_path)], capsys)
     counts = json.loads(out)["summary"]
     _, _, err = run_main(["--check", str(tmp_path)], capsys)
-    line = err.strip().splitlines()[-1]
+    line, outcomes = err.strip().splitlines()[-2:]
     text = {
         "changed": r"(\d+) files? would be migrated", "unchanged": r"(\d+) unchanged",
         "skipped": r"(\d+) skipped", "failed": r"(\d+) failed", "diagnostics": r"(\d+) diagnostics?\b",
@@ -113,6 +113,14 @@ def test_text_and_json_summaries_count_the_same_files(tmp_path: Path, capsys) ->
     # skipped too (no training code, so never parsed); e.py failed to parse; .venv excluded.
     assert (counts["changed"], counts["unchanged"], counts["skipped"], counts["failed"]) == (1, 1, 2, 1)
     assert counts["files"] == 5 and counts["excluded"] == 1
+    # and the outcome line gives the same outcomes as the JSON: c.py's `.backward()` was left as it
+    # is (no optimizer in the file to place the Accelerator by): refused
+    assert outcomes.startswith("Outcomes: "), outcomes
+    shown = re.findall(r"(\d+) ([a-z-]+)", re.sub(r"\([^)]*\)", "", outcomes).split(".")[0])
+    assert {name: int(n) for n, name in shown} == {k: v for k, v in counts["outcomes"].items() if v}
+    assert counts["outcomes"] == {"migrated": 1, "partial": 0, "refused": 1, "unchanged": 0, "no-training-code": 2,
+                                  "failed": 1}
+    assert "1 refused (" + str(tmp_path / "c.py") + ")" in outcomes
 
 
 CLASS_BUILDS_OPTIMIZER = """

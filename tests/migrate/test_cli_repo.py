@@ -360,9 +360,14 @@ def test_json_report_schema(tmp_path: Path) -> None:
     assert any(c["code"] == "AM003" and c["line"] == 16 and c["cell"] is None for c in files["train.py"]["changes"])
     assert files["lib.py"]["diagnostics"][0]["code"] == "AM003"
     assert files["lib.py"]["diagnostics"][0]["severity"] == "warning"
+    # lib.py's `.backward()` was left as it is (no optimizer in the file): refused, and said so
+    assert files["lib.py"]["diagnostics"][0]["unconverted"] is True and files["lib.py"]["outcome"] == "refused"
+    assert files["train.py"]["outcome"] == "migrated" and files["broken.py"]["outcome"] == "failed"
+    assert summary["outcomes"] == {"migrated": 1, "partial": 0, "refused": 1, "unchanged": 0, "no-training-code": 0,
+                                   "failed": 1}
     assert files["broken.py"]["error"]["line"] == 2 and files["broken.py"]["status"] == "failed"
     assert set(files["train.py"]) == {
-        "path", "kind", "status", "written_to", "changes", "diagnostics", "error", "diff"
+        "path", "kind", "status", "outcome", "written_to", "changes", "diagnostics", "error", "diff"
     }  # fmt: skip
     assert script.read_text() == PLAIN and library.read_text() == LIBRARY and broken.exists()
 
@@ -375,8 +380,8 @@ def test_github_annotations(tmp_path: Path) -> None:
     assert result.exit_code == 2
     lines = result.stdout.splitlines()
     assert any(line.startswith(f"::error file={broken},line=2,col=") for line in lines)
-    assert any(
-        line.startswith(f"::warning file={str(library).replace(',', '%2C')},line=9,title=accel-migrate AM003::")
+    assert any(  # training code left as it is: an error, as it fails --check
+        line.startswith(f"::error file={str(library).replace(',', '%2C')},line=9,title=accel-migrate AM003::")
         for line in lines
     )
     assert any(
@@ -412,8 +417,9 @@ def test_sarif_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         location = item["locations"][0]["physicalLocation"]
         assert location["artifactLocation"]["uri"] in ("train.py", "lib.py")
         assert location["region"]["startLine"] >= 1
-    warning = [r for r in run["results"] if r["level"] == "warning"]
-    assert warning and warning[0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "lib.py"
+    # lib.py's `.backward()` was left as it is: an error (it fails --check), not a warning
+    error = [r for r in run["results"] if r["level"] == "error"]
+    assert error and error[0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "lib.py"
     notifications = run["invocations"][0]["toolExecutionNotifications"]
     assert notifications[0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "broken.py"
     assert run["invocations"][0]["executionSuccessful"] is False

@@ -147,7 +147,8 @@ def test_indented_magic_follows_a_rewrite_into_a_block() -> None:
 
 
 _LINE = st.one_of(
-    st.sampled_from(["%time x = 1", "!ls -la", "files = !ls", "y = %env HOME", "obj?", "    %debug", "x != y", ""]),
+    st.sampled_from(["%time x = 1", "!ls -la", "files = !ls", "y = %env HOME", "obj?", "    %debug", "x != y", "",
+                     "from __future__ import annotations", "from __future__ import (division,", "  print_function)"]),
     st.text(alphabet="abc =()#:+\t'", max_size=20),
 )
 
@@ -161,3 +162,51 @@ def test_join_and_split_is_the_identity(cells: list[str], trailing: bool) -> Non
     back = notebooks.split(notebook, notebook.script)
     assert [back[i] for i in notebook.code_cells] == cells
     assert notebooks.dump(notebook, back) == notebook_json(cells)
+
+
+def _compiles_alone(cell: str) -> bool:
+    try:
+        compile(cell, "<cell>", "exec", dont_inherit=True)
+    except SyntaxError:
+        return False
+    return True
+
+
+def test_future_import_in_a_later_cell_is_migrated(tmp_path: Path) -> None:
+    """A kernel compiles each cell on its own: `from __future__` at the top of cell 3 is legal, and
+    the joined script must not put it after other cells' code (it used to be an internal error)."""
+    path = tmp_path / "train.ipynb"
+    train = "from __future__ import annotations\n\n" + TRAIN
+    path.write_text(notebook_json(["import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset",
+                                   DATA + "\n" + MODEL, train]))
+    result = invoke(str(path))
+    assert result.exit_code == 0, result.output
+    cells = sources(path.read_text())
+    assert cells[3].startswith("from __future__ import annotations\n\n")
+    assert "accelerator.backward(loss)" in cells[3]
+    assert "accelerator.prepare(model, optimizer, loader)" in cells[2]
+    assert all(_compiles_alone(cell) for cell in cells[1:])
+
+
+def test_imports_added_to_the_first_cell_go_after_its_future_imports(tmp_path: Path) -> None:
+    path = tmp_path / "train.ipynb"
+    first = "# setup\nfrom __future__ import (annotations,\n    division)\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset"
+    path.write_text(notebook_json([first, DATA, MODEL, TRAIN]))
+    result = invoke(str(path))
+    assert result.exit_code == 0, result.output
+    cells = sources(path.read_text())
+    assert cells[1].startswith("# setup\nfrom __future__ import (annotations,\n    division)\n")
+    assert "from runtime import Accelerator" in cells[1]
+    assert all(_compiles_alone(cell) for cell in cells[1:])
+
+
+def test_a_rewrite_that_puts_code_above_a_cells_future_import_leaves_the_notebook(tmp_path: Path) -> None:
+    """The per-cell check: a changed cell that would no longer compile on its own is an error, never written."""
+    notebook = notebooks.load(notebook_json(["import torch", "from __future__ import annotations\nx = 1"]))
+    script = notebook.script.replace(f"{notebooks.CELL_MARKER}(2)\n", f"{notebooks.CELL_MARKER}(2)\ny = 2\n")
+    try:
+        notebooks.split(notebook, script)
+    except notebooks.NotebookError as error:
+        assert "cell 3 would not run on its own" in str(error)
+    else:
+        raise AssertionError("the misplaced __future__ import was not caught")
