@@ -149,6 +149,7 @@ def _refuse_hidden_step(roles: Roles, binding: Binding, built: cst.Call, call: C
         "anywhere, so the file was left as it is: in its place call `loss.backward()`, clip the gradients if it "
         f"did (`torch.nn.utils.clip_grad_norm_`) and call `{binding.name}.step()` (the Accelerator scales fp16 "
         "losses itself), then run the migration again",
+        unconverted=True,
     ))
 
 

@@ -51,6 +51,7 @@ def report_prepared_models_handed_to_unread_code(roles: Roles) -> None:
             f"its state dict keys prefixed with `module.`), and the migration cannot read it: if it loads or saves "
             f"the model's state (the migrated script saves the unwrapped module), pass "
             f"`accelerator.unwrap_model({model})` instead",
+            unconverted=True,  # a resume would silently load nothing on N processes
         ))
 
 
