@@ -9,6 +9,12 @@
   (`create_optimizer(args, model)`, timm's shape), stepped after backward in a function of the
   script: the factory's result is the optimizer, its model argument the model.
 
+- `optimizer_role_scripts/trainer_project/`: a library trainer class (`minilm/trainer.py`, minGPT's
+  shape) whose `run()` builds `self.optimizer = model.configure_optimizers(config)` and steps it
+  after backward, the model's class in `minilm/model.py`. Given alone, the trainer module is
+  migrated in place: the Accelerator is created in `run()`, which prepares the model, the optimizer
+  and the loader it builds; the script that runs it is unchanged.
+
 The modules standing in for what the run does not hold live in `optimizer_role_scripts/installed/`,
 put on PYTHONPATH for the runs only (the migration is given the script alone). The 1-process run
 of each migrated script must record exactly the original's losses; on 2 processes the ranks must
@@ -116,3 +122,55 @@ def test_factory_two_processes_stay_in_sync() -> None:
     losses = ranks[0]["losses"]
     assert len(losses) == 18  # 3 epochs of 6 batches: half of the 12 per rank
     assert sum(losses[-6:]) < sum(losses[:6])
+
+
+PROJECT = SCRIPTS / "trainer_project"
+
+
+@lru_cache(maxsize=None)
+def _project() -> Path:
+    """A copy of the trainer project whose `minilm/trainer.py` alone was migrated in place."""
+    work = Path(tempfile.mkdtemp(prefix="optroles-trainer-"))
+    shutil.copytree(PROJECT, work / "migrated", ignore=shutil.ignore_patterns("__pycache__"))
+    result = subprocess.run(
+        [sys.executable, "-m", "migrate", str(work / "migrated" / "minilm" / "trainer.py")],
+        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return work
+
+
+@lru_cache(maxsize=None)
+def _run_project(how: str) -> list[dict]:
+    out = _project() / how
+    out.mkdir()
+    root = PROJECT if how == "original" else _project() / "migrated"
+    if how in ("original", "one"):
+        cmd = [sys.executable, str(root / "train.py"), str(out)]
+    else:
+        cmd = [_accel(), "launch", "--nproc-per-node", "2", str(root / "train.py"), str(out)]
+    result = run_cmd(cmd, cwd=root, timeout=TIMEOUT)
+    assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+
+
+def test_trainer_class_given_alone_prepares_in_the_method_that_builds_the_loop_objects() -> None:
+    trainer = (_project() / "migrated" / "minilm" / "trainer.py").read_text()
+    assert "        self.accelerator = Accelerator()\n" in trainer
+    assert "model, self.optimizer, train_loader = self.accelerator.prepare(" in trainer
+    assert "self.accelerator.backward(self.loss)" in trainer
+    assert (_project() / "migrated" / "train.py").read_text() == (PROJECT / "train.py").read_text()
+
+
+def test_trainer_class_one_process_identical_to_original() -> None:
+    (original,) = _run_project("original")
+    (migrated,) = _run_project("one")
+    assert original["losses"], "no loss was recorded"
+    assert migrated == original
+
+
+def test_trainer_class_two_processes_stay_in_sync() -> None:
+    ranks = _run_project("two")
+    assert len(ranks) == 2
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+    assert len(ranks[0]["losses"]) == 6  # 2 epochs of 3 batches: half of the 6 per rank
