@@ -3,10 +3,11 @@
 An optimizer's parameter groups or the optimizer itself may come from a function of a module the
 run does not hold (`utils.get_params_groups(student)`, timm's `create_optimizer_v2(model, ...)`):
 its body cannot be read, so which argument is the model is decided from what the calling scope does
-with each argument, as the training step would: a model is built as a `torch.nn` module (`nn.Linear(...).to(device)`), called by the training step,
-wrapped by hand (`DDP(model)`), called on inputs (`model(x)`) or asked for
-its parameters or mode (`model.parameters()`, `model.train()`). `args`, a weight decay or a config
-namespace passed beside it shows none of these.
+with each argument, as the training step would: a model is built as a `torch.nn` module
+(`nn.Linear(...).to(device)`), called by the training step or on inputs (`model(x)`), wrapped by
+hand (`DDP(model)`) or asked for its parameters or mode (`model.parameters()`, `model.train()`).
+`args`, a weight decay, a config namespace or an optimizer passed beside it shows none of these (a
+move is no evidence: tensors move too).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from migrate.roles.calls import HAND_WRAPPERS, is_move_call
 from migrate.roles.model import Roles
 from migrate.roles.unwrapped_alias import wrapped_model
 
-# Methods only a torch module answers in a training script.
+# Methods only a torch module answers in a training script (not `zero_grad` or `state_dict`, which
+# an optimizer answers too: a scheduler factory handed the optimizer must not make it a model).
 _MODULE_METHODS = frozenset({
-    "parameters", "named_parameters", "train", "eval", "state_dict", "load_state_dict", "modules",
-    "named_modules", "children", "zero_grad", "requires_grad_", "apply",
+    "parameters", "named_parameters", "train", "eval", "modules", "named_modules", "children",
+    "requires_grad_", "apply",
 })
 
 
@@ -39,8 +41,8 @@ def model_arguments(roles: Roles, home: Scope, call: cst.Call) -> list[str]:
 
 
 def used_as_model(roles: Roles, home: Scope, name: str) -> bool:
-    """`home` binds `name` (or takes it as a parameter) and moves, wraps, calls it or asks it a
-    module's question."""
+    """`home` binds `name` (or takes it as a parameter) and builds it as a `torch.nn` module, wraps,
+    calls it or asks it a module's question."""
     if not home.binds(name):
         return False
     if any(_built_as_module(roles, binding.value) for binding in home.bindings.get(name, [])):
