@@ -53,6 +53,7 @@ from migrate.roles.optimizers import (
 from migrate.roles.placement import place_accelerator, place_prepare
 from migrate.roles.schedulers import find_schedulers
 from migrate.roles.spawn import SpawnLaunch, check_spawn_worker, spawn_launch
+from migrate.roles.unread_handoffs import report_prepared_models_handed_to_unread_code
 from migrate.roles.traps import refuse_forward_bypassing_copies, refuse_rewrapped_models, report_hidden_training_step, report_library_traps
 
 __all__ = [
@@ -102,3 +103,4 @@ def _find_roles(roles: Roles) -> None:
     place_accelerator(roles)
     place_prepare(roles)
     refuse_retrained_objects(roles)
+    report_prepared_models_handed_to_unread_code(roles)

@@ -6,7 +6,11 @@ file that returns one (`model.configure_optimizers()`, `create_optimizer(args, m
 one built is home's; its models are the roots of `X.parameters()` in its arguments, the receiver of
 a factory method, the arguments a factory function passes on as parameters, and the arguments a
 function of the module (or of the joined cross-module view) builds parameter groups from
-(`AdamW(param_groups(model, wd))`). Optimizers built elsewhere, wrapped without a binding
+(`AdamW(param_groups(model, wd))`), or the arguments the code uses as models when that function
+cannot be read (`utils.get_params_groups(student)`, `model_use`). With no known constructor, the
+optimizer is found from use: a package factory's result that the training step steps after
+`backward` (`optimizer = create_optimizer_v2(model, ...)`). Alternatives in `if/elif/else`
+branches are one optimizer, prepared once after the chain. Optimizers built elsewhere, wrapped without a binding
 (`ScheduledOptim(Adam(...))`), rebuilt after the prepare call, or whose model is not found are
 reported (AM004). A rebuilt optimizer refuses the file, and so does a factory or optimizer subclass
 whose model is not found; a `torch.optim` optimizer whose model is not found is prepared without a
@@ -16,11 +20,19 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Binding, Scope
+from migrate.analysis import Binding, CallSite, Scope, StmtRef
 from migrate.names import call_argument, instance_attribute, root_name
 from migrate.roles.calls import OPTIMIZER, call_name, callee
 from migrate.roles.loaders import unpacked_call
-from migrate.roles.model import ObjectBuilder, Roles, WrappedOptimizer
+from migrate.roles.model import BACKWARD, Finding, ObjectBuilder, Roles, WrappedOptimizer
+from migrate.roles.model_use import (
+    called_in_training_step,
+    hidden_step_calls,
+    model_arguments,
+    unread_builder_models,
+    unread_function,
+    used_as_model,
+)
 from migrate.roles.unwrapped_alias import wrapped_model
 from migrate.walk import walk
 
@@ -45,6 +57,8 @@ def find_home_and_optimizers(roles: Roles) -> None:
                         found.append((scope, binding))
                         wrapped_in.append((scope, wrapped))
     if not found:
+        found = stepped_factory_results(roles)
+    if not found:
         _report_wrapped_optimizers(roles, classes)
         return
     found.sort(key=lambda pair: pair[1].where.order)
@@ -61,6 +75,100 @@ def find_home_and_optimizers(roles: Roles) -> None:
                 f"optimizer `{binding.name}` is built in `{scope.qualname}`, not in `{roles.home.qualname}` "
                     "where the other training objects are prepared; pass it to `accelerator.prepare(...)` yourself",
             )
+
+
+def stepped_factory_results(roles: Roles) -> list[tuple[Scope, Binding]]:
+    """Optimizers found from use: `optimizer = create_optimizer_v2(model, ...)` (a function of a
+    package or of a module outside the run, which cannot be read) whose result the training step
+    steps after `backward` (`optimizer.step()`, or `scaler.step(optimizer)`, in a function that
+    calls `backward`, the name followed through parameters) and whose arguments include one the
+    code uses as a model (`model_use`). That argument is the model, the result the optimizer."""
+    stepped: set[tuple[int, str]] = set()
+    hiding: dict[tuple[int, str], CallSite] = {}  # the call that steps it, when no backward shows
+    hidden = not any(scope.backwards for scope in roles.facts.scopes)
+    for scope in roles.facts.scopes:
+        if hidden:
+            # No `.backward()` anywhere: the step is hidden in an object the loop calls
+            # (`loss_scaler(loss, optimizer, ...)`, timm's NativeScaler); an argument of such a
+            # call in a loop is what it steps (reported by `report_hidden_training_step`).
+            for call in hidden_step_calls(roles, scope):
+                for arg in call.call.args:
+                    if type(arg.value) is cst.Name:
+                        for origin, bound in roles.origins(scope, arg.value.value) or ():
+                            stepped.add((id(origin), bound))
+                            hiding.setdefault((id(origin), bound), call)
+            continue
+        if not scope.backwards:
+            continue
+        names = [site.receiver.value for site in scope.steps if type(site.receiver) is cst.Name]
+        names += [n for site in scope.steps if (n := instance_attribute(site.receiver)) is not None]
+        names += [
+            arg.value.value
+            for site in scope.method_calls
+            if type(site.call.func) is cst.Attribute and site.call.func.attr.value == "step"
+            for arg in site.call.args[:1]
+            if type(arg.value) is cst.Name
+        ]
+        for name in names:
+            if scope.binds(name):
+                stepped.add((id(scope), name))  # `self.optimizer` bound in the method that steps it
+            for origin, bound in roles.origins(scope, name) or ():
+                stepped.add((id(origin), bound))
+    found: list[tuple[Scope, Binding]] = []
+    for scope in roles.facts.scopes:
+        for name, bindings in scope.bindings.items():
+            if (id(scope), name) not in stepped:
+                continue
+            for binding in bindings:
+                value = binding.value
+                if type(value) is not cst.Call:
+                    continue
+                models = unread_builder_models(roles, scope, value)
+                if not models:
+                    continue
+                found.append((scope, binding))
+                if (id(scope), name) in hiding:
+                    _refuse_hidden_step(roles, binding, value, hiding[(id(scope), name)])
+                elif not any(called_in_training_step(roles, scope, model) for model in models):
+                    _refuse_untrained_factory_model(roles, binding, value, models)
+    return found
+
+
+def _refuse_hidden_step(roles: Roles, binding: Binding, built: cst.Call, call: CallSite) -> None:
+    """No `.backward()` anywhere: the loop hands the optimizer to an object that runs the backward
+    and the step itself (timm's `NativeScaler`: `loss_scaler(loss, optimizer, clip_grad=...)`),
+    scaling the loss its own way. The Accelerator cannot reach inside it, so the file is left as
+    it is, at that call."""
+    roles.refused = True
+    code = cst.Module([]).code_for_node
+    roles.findings.append(Finding(
+        BACKWARD,
+        call.where.stmt,
+        f"`{_short(code(call.call))}` runs the backward and steps the optimizer `{binding.name}` (built by "
+        f"`{_short(code(built))}`) inside an object the migration cannot read, and no `.backward()` shows "
+        "anywhere, so the file was left as it is: in its place call `loss.backward()`, clip the gradients if it "
+        f"did (`torch.nn.utils.clip_grad_norm_`) and call `{binding.name}.step()` (the Accelerator scales fp16 "
+        "losses itself), then run the migration again",
+        unconverted=True,
+    ))
+
+
+def _refuse_untrained_factory_model(roles: Roles, binding: Binding, call: cst.Call, models: list[str]) -> None:
+    """The optimizer's model, as its factory is handed it, is not what the training step calls
+    (timm's `task(input, target)` holds `model` and runs the forward): preparing `model` would
+    synchronise nothing that trains, so the file is left as it is."""
+    roles.refused = True
+    shown = ", ".join(f"`{m}`" for m in models)
+    roles.cannot_prepare(
+        binding.where.stmt,
+        f"optimizer `{binding.name}` comes from `{_short(cst.Module([]).code_for_node(call))}`, a function the "
+        f"migration cannot read, over {shown}, but the training step (the functions that call `backward`) never "
+        f"calls {shown} itself: its loss comes from another object that holds the model, so preparing {shown} "
+        "would not synchronise what trains, and the file was left as it is. Migrate it by hand: create the "
+        "Accelerator, pass the object the training step calls (or have it call the model directly), the "
+        "optimizer and the training DataLoader to `accelerator.prepare(...)` after this line, and call "
+        "`accelerator.backward(loss)`",
+    )
 
 
 def training_object_builders(roles: Roles, classes: set[str]) -> dict[int, ObjectBuilder]:
@@ -272,6 +380,12 @@ def find_models(roles: Roles) -> None:
             elif built_objects(roles, binding) == "optimizer":
                 owners = _built_models(roles, binding)
             elif not builds_optimizer(roles, binding.value, classes, factories):
+                # Built by a function the migration cannot read: its model is the argument the code
+                # uses as one (`create_optimizer_v2(model, ...)`); an alternative of a known
+                # optimizer that takes none (`LARS(groups)` in an `elif`) adds no model.
+                for owner in (unread_builder_models(roles, home, built) or []) if type(built) is cst.Call else []:
+                    if owner not in roles.models:
+                        roles.models.append(owner)
                 continue
             else:
                 assert type(binding.value) is cst.Call
@@ -281,7 +395,10 @@ def find_models(roles: Roles) -> None:
                     else _factory_owners(roles, binding.value)
                 )
             owners = list(dict.fromkeys(wrapped_model(home, owner, roles.facts.aliases) for owner in owners))
-            if not owners and call_name(roles, built, OPTIMIZER):
+            if not owners and name in home.prepared and any(
+                    used_as_model(roles, home, other) for other in home.prepared if other != name):
+                pass  # prepared by hand with its model, as the report below advises
+            elif not owners and call_name(roles, built, OPTIMIZER):
                 # Prepared without its model, the optimizer steps a model that each process trains
                 # on its own: say so at the optimizer, and prepare no model by guesswork.
                 assert type(built) is cst.Call
@@ -438,18 +555,17 @@ def _argument_values(home: Scope, call: cst.Call) -> list[cst.BaseExpression]:
     return values
 
 
-class _NameCalls(cst.CSTVisitor):
+class _Calls(cst.CSTVisitor):
     def __init__(self) -> None:
         self.calls: list[cst.Call] = []
 
     def visit_Call(self, node: cst.Call) -> None:
-        if type(node.func) is cst.Name:
-            self.calls.append(node)
+        self.calls.append(node)
 
 
 def _helper_calls(value: cst.BaseExpression) -> list[cst.Call]:
-    """The calls of plain names inside `value` (`param_groups(model, wd)`)."""
-    finder = _NameCalls()
+    """The calls inside `value` (`param_groups(model, wd)`, `utils.get_params_groups(model)`)."""
+    finder = _Calls()
     walk(value, finder)
     return finder.calls
 
@@ -458,10 +574,16 @@ def _helper_owners(roles: Roles, home: Scope, value: cst.BaseExpression) -> list
     """The models `value` hands to a function of the module or of the unit that takes their
     `.parameters()` / `.named_parameters()` (`param_groups(model, wd)` returning
     `[{"params": decay, ...}, ...]`): the arguments passed for those parameters, as
-    `_factory_owners` finds them for a factory."""
+    `_factory_owners` finds them for a factory. A function of a module outside the run
+    (`utils.get_params_groups(student)`) cannot be read: the arguments home uses as models are
+    the models (`model_use`)."""
     owners: list[str] = []
     for call in _helper_calls(value):
-        assert type(call.func) is cst.Name
+        if unread_function(roles, home, call):
+            owners.extend(o for o in model_arguments(roles, home, call) if o not in owners)
+            continue
+        if type(call.func) is not cst.Name:
+            continue
         helper = roles.facts.resolve(call.func.value, home)
         if helper is None or helper.is_method:
             continue
@@ -580,7 +702,7 @@ def refuse_retrained_objects(roles: Roles) -> None:
     if home is None or after is None or roles.refused:
         return
     for name in roles.optimizers:
-        later = [b for b in home.bindings.get(name, []) if b.where.order > after.order and b.value is not None]
+        later = [b for b in home.bindings.get(name, []) if _runs_after(b.where, after) and b.value is not None]
         if later:
             roles.refused = True
             roles.cannot_prepare(
@@ -591,3 +713,12 @@ def refuse_retrained_objects(roles: Roles) -> None:
                 "second `accelerator.prepare(...)` after this line",
             )
             return
+
+
+def _runs_after(where: StmtRef, after: StmtRef) -> bool:
+    """`where` runs after the statement `prepare` follows has finished: not inside it. Alternatives
+    of one optimizer in `if/elif/else` branches (`if args.opt == "adamw": optimizer = AdamW(...)
+    elif ...: optimizer = SGD(...)`) are all inside the `if` that `prepare` follows."""
+    return where.order > after.order and where.stmt is not after.stmt and all(
+        outer.stmt is not after.stmt for outer in where.path
+    )

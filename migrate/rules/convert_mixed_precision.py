@@ -33,7 +33,9 @@ Leaves alone:
     autocast that is always on: with the flag off the original still runs an fp16 forward), by a
     condition the Accelerator's creation cannot read (a name bound later, or the device choice
     itself: `nullcontext() if device_type == "cpu" else torch.autocast(...)`), or scripts that
-    use the scaler in other ways (`scaler.state_dict()`, `get_scale()`), or that keep it on an
+    use the scaler in other ways (`scaler.state_dict()`, `get_scale()`), a scaler that is optional
+    (`scaler = None`, then `if args.fp16: scaler = GradScaler()`, switched by `scaler is not None`),
+    or that keep it on an
     object (`self._scaler = GradScaler()` in a loss-scaler class whose `__call__` does the
     backward, unscale, clipping and step, saved in checkpoints through its `state_dict()`): reported,
     and the AMP code is kept as it is (it still works: `accelerator.backward(scaler.scale(loss))`). Files
@@ -199,7 +201,16 @@ def _switch(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> cst.
     switches: list[tuple[Scope, cst.CSTNode, cst.BaseExpression | None]] = []
     for scope, name in scalers:
         for binding in scope.bindings[name]:
-            assert isinstance(binding.value, cst.Call)
+            if not isinstance(binding.value, cst.Call):
+                # `scaler = None` then `if args.fp16: scaler = GradScaler()`, with `scaler is not
+                # None` as the switch elsewhere: no `enabled=` to read the switch from.
+                plan.report(CODE, binding.where.stmt, f"the GradScaler `{name}` is also bound to something else "
+                            f"here (`{_code(binding.value) if binding.value is not None else name}`), so whether "
+                            "mixed precision is on cannot be read from it; the AMP code was kept as it is (it "
+                            "still trains the same on N processes): to convert it, build the scaler once as "
+                            "`GradScaler(enabled=flag)`, pass the same `enabled=flag` to the autocast and keep only the "
+                            "scaler's side of each `is None` test of it")
+                return False
             enabled = _enabled(binding.value)
             # A scaler that is always on only multiplies fp32 gradients by a power of two and
             # back when the autocast is off: exact, so it does not switch anything.

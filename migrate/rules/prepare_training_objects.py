@@ -24,6 +24,21 @@ What it does:
     followed to the model passed to it:
     `optimizer = AdamW(param_groups(model, wd))`, or `groups = param_groups(model, wd)` then
     `AdamW(groups)`, prepares `model`.
+    Whatever the training step steps after `backward` is the optimizer, however it was built:
+    known constructors are evidence, not a requirement. `if/elif/else` alternatives of one
+    optimizer (`if args.opt == "adamw": optimizer = AdamW(groups) elif ...: optimizer =
+    utils.LARS(groups)`) are one optimizer, prepared once after the whole chain. An optimizer (or
+    its parameter groups) from a function the migration cannot read, of a package or of a module
+    outside the run (`create_optimizer_v2(model, ...)`, `create_optimizer(args, model)`,
+    `utils.get_params_groups(student)`), or from a method no class of the view defines called on
+    the model (`self.optimizer = model.configure_optimizers(config)`, the model's class in a module
+    not given), whose result is stepped after `backward`
+    (`optimizer.step()`, `scaler.step(optimizer)`), optimizes the argument the code uses as a
+    model: built as a `torch.nn` module, moved to a device, called by the training step, wrapped by
+    hand, or asked for its parameters or mode; `args` or a weight decay beside it is not one.
+    When the training step never calls that model itself (timm's `task(input, target)` holds it
+    and runs the forward), preparing it would synchronise nothing that trains: the file is
+    reported at the optimizer and left as it is.
     A function of this file that builds the model and its optimizer and returns both in a tuple
     (the DDP tutorial's `def load_train_objs(): ... return train_set, model, optimizer`), called
     only where the tuple is unpacked into names (`dataset, model, optimizer = load_train_objs()`),
@@ -99,6 +114,13 @@ Leaves alone:
     (`model(x + noise)`) pairs the same noise with each process's own samples, as dropout does,
     and is not reported. An optimizer factory whose model cannot be told is reported and the file left as it is
     (prepared alone, the optimizer would step a model that is neither placed nor synchronised).
+    A `torch.optim` optimizer whose model is not found is prepared alone and reported; once the
+    model is added to that `prepare` call by hand, the report goes. Also reported, after the
+    prepare call: a prepared model handed to a function the migration cannot read that also takes
+    a file path (`utils.restart_from_checkpoint(os.path.join(...), student=student)`, a resume or
+    save helper of another module): on N processes the model is wrapped and its state dict keys
+    carry `module.`, while the migrated script saves the unwrapped module; the report says to pass
+    `accelerator.unwrap_model(model)` if it loads or saves state.
     A `torch.optim` optimizer whose model cannot be told (its parameter groups come from a library's
     helper, `AdamW(groups)` after `groups = timm_groups(model, wd)`, or from tensors of no model) is
     prepared without a model and reported at its line, naming what its parameters come from: no

@@ -22,19 +22,22 @@ Leaves alone:
     place that has none): those are reported instead, with the line to fix by hand. Also
     reported: a `.backward()` in a file that builds no optimizer (there is no place to create the
     Accelerator), saying where the file's optimizer comes from when it shows it: a method of an
-    object whose class is in another module (`self.optimizer = model.configure_optimizers(config)`,
-    minGPT's trainer: migrated with that module and the script that runs the trainer in one run, the
-    method is followed to the model, as in one file, AM013; not from the script itself, which
-    AM013 rewrites only with an edit in another module), a function of another module
-    (`create_optimizer_v2(model, ...)`, timm: not followed; the report says where to prepare by
-    hand), or a parameter the caller fills (`self.optimizer = optimizer` in a constructor). A
+    object whose class is in another module called on something that is not used as a model (a
+    method called on the model the training step calls, `self.optimizer =
+    model.configure_optimizers(config)` in minGPT's trainer, whose result is stepped after
+    `backward`, is the optimizer over that model, AM004), a function of another module whose
+    result is not stepped after a backward or that is handed no model (a factory stepped after
+    `backward` over a model argument is the optimizer, AM004), or a parameter the caller fills (`self.optimizer = optimizer` in a constructor). A
     script (a `__main__` guard, or a backward at module level) or a file whose parameters are
     updated by hand (`param.data.add_(-lr * param.grad)`) has no `torch.optim` optimizer to
     prepare: for a hand-written update the report says that it never sees gradients averaged across
     processes (use an optimizer, or all-reduce the gradients); a script that shows none may only
     compute gradients (of its inputs, say); otherwise the file reads as a library module. Also reported: an optimizer built in a file with
     no `.backward()` at all (the step is hidden in another module, e.g. a trainer or a loss-scaler
-    object).
+    object). When no `.backward()` shows anywhere and a loop hands a factory-built optimizer to an
+    object the migration cannot read (`loss_scaler(loss, optimizer, clip_grad=...)`, timm's
+    NativeScaler running the backward and the step), the file is left as it is, reported at that
+    call: call `loss.backward()`, clip and `optimizer.step()` in its place and run again.
 
 Fix safety:
     Safe: `accelerator.backward(loss)` calls `loss.backward()` when no scaling applies.

@@ -328,9 +328,9 @@ def test_a_wrapper_imported_with_other_names_of_its_package_is_refused(tmp_path:
 
 def test_parameter_groups_built_by_another_module_name_the_model(tmp_path: Path) -> None:
     """`AdamW(param_groups(model, wd))` with `param_groups` in another module: followed to `model`
-    when the unit is migrated across modules (the training step is another module's), and also when
-    only the entry is rewritten (its own loop, `groups_util.py` without training code): the joined
-    view saw the model where the entry alone would only report the optimizer, so the entry takes it."""
+    when the unit is migrated across modules (the training step is another module's); when only
+    the entry is rewritten, its single-file result finds the model from use: the argument the
+    code uses as a model."""
     groups = ("import torch\n\n\ndef param_groups(net, wd):\n    decay = [p for p in net.parameters() if p.ndim > 1]\n"
               "    rest = [p for p in net.parameters() if p.ndim <= 1]\n"
               "    return [{'params': decay, 'weight_decay': wd}, {'params': rest, 'weight_decay': 0.0}]\n")
@@ -357,7 +357,7 @@ def test_parameter_groups_built_by_another_module_name_the_model(tmp_path: Path)
         "import torch\nfrom groups_util import param_groups\n\n\ndef main():\n" + build + loop
         + "\n\nif __name__ == '__main__':\n    main()\n")
     main = _results(alone)["main.py"]
+    # written alone, the helper is not read: its model is the argument the code uses as a model
+    # (built as a torch.nn module, called by the training step), prepared with the optimizer
     assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in (main.new_text or "")
     assert not main.diagnostics
-    # the entry with no module beside it reports the optimizer instead of dropping the model from
-    # `prepare` silently (fixtures/prepare_training_objects/diagnose_optimizer_groups_not_followed)

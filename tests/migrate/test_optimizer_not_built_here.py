@@ -1,8 +1,9 @@
-"""AM003's report on a `.backward()` in a file that builds no optimizer says where the optimizer
-comes from, and what it says to do works: a trainer module whose optimizer comes from
-`model.configure_optimizers(config)` (minGPT's trainer) is migrated once the run also holds the
-model's module and the script that runs the trainer; from a script, the method is followed when the
-model's module is in the run or read beside it, and reported when it is not."""
+"""An optimizer from `model.configure_optimizers(config)`, the model's class in another module: a
+trainer module whose optimizer comes from it (minGPT's trainer) is migrated alone as it is with
+the model's module and the script that runs the trainer (the method's result is stepped after
+`backward`, the receiver is the model the step calls); from a script, the method is followed when
+the model's module is in the run or read beside it, and found from use when it is not. A method of
+an object that is not the model is reported by AM003, saying where to prepare."""
 
 from __future__ import annotations
 
@@ -102,13 +103,13 @@ def _results(*paths: Path) -> dict[str, object]:
     return {Path(r.path).name: r for r in report.results}
 
 
-def test_a_trainer_module_alone_is_told_to_come_with_the_models_module(tmp_path: Path) -> None:
+def test_a_trainer_module_alone_migrates_as_with_the_models_module(tmp_path: Path) -> None:
     _write(tmp_path, {"lib/__init__.py": "", "lib/model.py": MODEL, "lib/trainer.py": TRAINER, "train.py": ENTRY})
-    trainer = _results(tmp_path / "lib" / "trainer.py")["trainer.py"]
-    assert not trainer.changed
-    (message,) = [d.message for d in trainer.diagnostics if d.code == "AM003"]
-    assert "`self.optimizer = model.configure_optimizers(settings)`, a method `configure_optimizers()` of `model`" in message
-    assert "Migrate this file together with the module that defines that class and the script" in message
+    alone = _results(tmp_path / "lib" / "trainer.py")["trainer.py"]
+    together = _results(tmp_path)["trainer.py"]
+    assert alone.changed, alone.diagnostics
+    assert alone.new_text == together.new_text
+    assert not [d for d in alone.diagnostics if d.code == "AM003"]
 
 
 def test_with_the_models_module_and_the_script_the_method_is_followed(tmp_path: Path) -> None:
@@ -136,12 +137,27 @@ def test_from_the_script_itself_the_method_is_followed_with_the_models_module(tm
         assert not any(r.changed for name, r in results.items() if name != "train.py")
 
 
-def test_from_the_script_a_class_not_in_the_project_is_reported(tmp_path: Path) -> None:
+def test_from_the_script_a_class_not_in_the_project_is_followed_from_use(tmp_path: Path) -> None:
     """The model's class comes from a package that is neither in the run nor beside the script: the
-    report says the method is followed only for the project's own modules, and what to write."""
+    method's result is stepped after backward and its receiver is the model the step calls, so the
+    model is prepared with it right after that call."""
     _write(tmp_path, {"train.py": SCRIPT.replace("from lib.model import Regressor", "from somepackage.model import Regressor")})
+    script = _results(tmp_path)["train.py"]
+    assert script.changed, script.diagnostics
+    assert "optimizer = model.configure_optimizers({\"lr\": 0.1})\n    model, optimizer, loader = accelerator.prepare(" in (
+        script.new_text or "")
+    assert not script.diagnostics
+
+
+def test_a_method_of_an_object_that_is_not_the_model_is_reported(tmp_path: Path) -> None:
+    """`hub.configure_optimizers(...)` of an object the training step never calls: nothing says
+    which model it optimizes, so the file is reported with where to prepare by hand."""
+    text = SCRIPT.replace("from lib.model import Regressor", "from somepackage.model import Hub, Regressor").replace(
+        'optimizer = model.configure_optimizers({"lr": 0.1})',
+        'hub = Hub(model)\n    optimizer = hub.configure_optimizers({"lr": 0.1})')
+    _write(tmp_path, {"train.py": text})
     script = _results(tmp_path)["train.py"]
     assert not script.changed
     (message,) = [d.message for d in script.diagnostics if d.code == "AM003"]
-    assert "is followed when that module is in the run or imported from this script's folder" in message
+    assert "a method `configure_optimizers()` of `hub`" in message
     assert "`accelerator.prepare(...)` right after that call" in message
