@@ -377,10 +377,22 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
         plan.change(CODE, namespace.init, f"{names} from the accelerator, for the reads after it")
 
 
+def _keeps_group(plan: EditPlan, scope: Scope) -> bool:
+    """`scope` initialises the process group the migration keeps (the script's own setup helper,
+    `device = setup()`): it runs before the Accelerator exists, which joins that group after it,
+    so its rank reads (`int(os.environ["LOCAL_RANK"])`, `dist.get_rank()`) stay as they are."""
+    return any(
+        c.qualified == _INIT and c.where.stmt is not plan.create_at and c.where.stmt not in plan.replace_stmt
+        for c in scope.library_calls
+    )
+
+
 def _env_rank_bindings(
     roles: Roles, plan: EditPlan, scope: Scope, reach: bool, creation_order: int, rank_names: dict[tuple[int, str], str]
 ) -> None:
     """`local_rank = int(os.environ["LOCAL_RANK"])` and `rank = dist.get_rank()`."""
+    if _keeps_group(plan, scope):
+        return  # runs before the Accelerator exists: its reads keep the environment
     for name, bindings in scope.bindings.items():
         for binding in bindings:
             value = binding.value
