@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate.analysis import Binding, Facts, Scope
+from migrate.analysis import Binding, Facts, Scope, StmtRef
 from migrate.roles import spawn_namespace
 from migrate.roles.calls import is_expression_statement
 from migrate.roles.model import DISTRIBUTED, Finding, Roles
@@ -55,6 +55,23 @@ class SpawnLaunch:
     master_env: list[cst.BaseStatement]  # `os.environ["MASTER_PORT"] = ...`: torchrun sets them
     environ: str | None  # how this file spells `os.environ` (None: it imports neither `os` nor `environ`)
     namespace: NamespaceRank | None = None  # rank and world size computed into `args` (`spawn_namespace`)
+    fallback: DirectFallback | None = None  # `else: worker(args.gpu, ...)`: replaced with the spawn
+
+
+@dataclass(eq=False)
+class DirectFallback:
+    """`if ngpus > 1: mp.spawn(worker, nprocs=ngpus, args=(ngpus, args)) else: worker(0, 1, args)`
+    (the ImageNet example's lineage): the other branch calls the worker directly, once, as one
+    process. Both paths become the one direct call AM007 writes for the spawn, which runs as one
+    process without a launcher and as one of N under `accel launch`; the whole `if` goes.
+
+    Understood only when the `if` has exactly these two branches (no `elif`), each holding only its
+    call, and the direct call passes the spawn's `args` as written except where the spawn passes
+    the process count (`1` there, say)."""
+
+    stmt: cst.If  # the `if` holding both launch paths: replaced by the one call
+    call: cst.Call  # the direct call
+    rank: cst.BaseExpression  # what the direct call passed as the worker's index (`args.gpu`, `0`)
 
 
 def spawn_refusal(node: cst.CSTNode, why: str) -> Finding:
@@ -105,15 +122,22 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
         return spawn_refusal(
             call, f"`{worker.name}` does not take exactly the spawn index and the {len(args)} `args` as plain parameters"
         )
-    for other in facts.scopes:
-        for direct in other.calls:
-            if direct.callee == worker.name:
-                return spawn_refusal(
-                    direct.call, f"`{worker.name}` is also called directly here, a second launch path next to the spawn"
-                )
     nprocs = given.get("nprocs") or cst.Integer("1")
     code = facts.module.code_for_node
     world_size_args = {i for i, a in enumerate(args) if code(a) == code(nprocs)}
+    fallback = _direct_fallback(facts, site.where, worker, args, world_size_args)
+    if isinstance(fallback, cst.Call):
+        return spawn_refusal(
+            fallback, f"`{worker.name}` is also called directly here, in the other branch of the spawn's `if`, with "
+            "other arguments than the spawn's `args`: pass the same ones after the index (the process count may "
+            "differ where the spawn passes `nprocs`), so that both paths become one call"
+        )
+    for other in facts.scopes:
+        for direct in other.calls:
+            if direct.callee == worker.name and (fallback is None or direct.call is not fallback.call):
+                return spawn_refusal(
+                    direct.call, f"`{worker.name}` is also called directly here, a second launch path next to the spawn"
+                )
     init = _spawn_worker_init(facts, worker, world_size_args, nprocs, scope, stmt, args)
     if isinstance(init, Finding):
         return init
@@ -121,7 +145,8 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
     if isinstance(nprocs, cst.Name):
         bindings = scope.bindings.get(nprocs.value, [])
         reads = _own_name_count(scope.node, nprocs.value) - len(bindings)
-        in_call = _own_name_count(call, nprocs.value)
+        # with a direct fallback, the `if ngpus > 1:` test and the direct call go with the spawn
+        in_call = _own_name_count(fallback.stmt if fallback is not None else call, nprocs.value)
         if reads != in_call:
             return spawn_refusal(call, f"`{nprocs.value}` (the number of processes) is also used for other things")
         others = sum(_own_name_count(a, nprocs.value) for i, a in enumerate(args) if i not in world_size_args)
@@ -129,13 +154,46 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
             nprocs_binding = bindings[0].where.stmt
     worker_node = worker.node
     assert isinstance(worker_node, cst.FunctionDef) and isinstance(worker_node.body, cst.IndentedBlock)
-    master_env = _master_env_statements(facts, (worker_node.body.body, site.where.block.body))
+    spawning = (site.where.block.body, site.where.path[-1].block.body) if fallback is not None else (site.where.block.body,)
+    master_env = _master_env_statements(facts, (worker_node.body.body, *spawning))
     if isinstance(master_env, Finding):
         return master_env
     os_names = facts.aliases.local_names_for("os")
     environ_names = facts.aliases.local_names_for("os.environ")
     environ = f"{os_names[0]}.environ" if os_names else (environ_names[0] if environ_names else None)
-    return SpawnLaunch(call, stmt, worker, args, world_size_args, nprocs, nprocs_binding, master_env, environ, init)
+    return SpawnLaunch(
+        call, stmt, worker, args, world_size_args, nprocs, nprocs_binding, master_env, environ, init, fallback
+    )
+
+
+def _direct_fallback(
+    facts: Facts, where: StmtRef, worker: Scope, args: list[cst.BaseExpression], world_size_args: set[int]
+) -> DirectFallback | cst.Call | None:
+    """The `else` (or `if`) branch beside the spawn that calls the worker directly (`DirectFallback`);
+    the direct call alone when it passes other arguments than the spawn."""
+    parent = where.path[-1].stmt if where.path else None
+    if type(parent) is not cst.If or type(parent.orelse) is not cst.Else:
+        return None
+    branches = [parent.body, parent.orelse.body]
+    if not all(type(b) is cst.IndentedBlock and len(b.body) == 1 for b in branches):
+        return None
+    others = [b.body[0] for b in branches if b.body[0] is not where.stmt]
+    if len(others) != 1:
+        return None
+    other = others[0]
+    small = other.body[0] if type(other) is cst.SimpleStatementLine and len(other.body) == 1 else None
+    direct = small.value if type(small) is cst.Expr else None
+    if not (type(direct) is cst.Call and type(direct.func) is cst.Name and direct.func.value == worker.name):
+        return None
+    if facts.function_called(direct) is not worker:
+        return None
+    if len(direct.args) != 1 + len(args) or any(a.star or a.keyword is not None for a in direct.args):
+        return direct
+    code = facts.module.code_for_node
+    for index, (passed, spawned) in enumerate(zip(direct.args[1:], args)):
+        if index not in world_size_args and code(passed.value) != code(spawned):
+            return direct
+    return DirectFallback(parent, direct, direct.args[0].value)
 
 
 def _spawn_worker_init(

@@ -56,6 +56,12 @@ What it does:
       rather than from the Accelerator inside the worker: it is then the same value spawn passed (the
       process index on its node, which is also a device index) from the worker's first statement on,
       before the Accelerator exists, and the worker's signature stays as it is.
+      A spawn beside a direct call of the worker (`if ngpus > 1: mp.spawn(worker, nprocs=ngpus,
+      args=(ngpus, args)) else: worker(0, 1, args)`, the ImageNet example's launcher) becomes that
+      one call in place of the whole `if`: one process without a launcher, N under `accel launch`.
+      The direct call must pass the spawn's `args` (the process count may differ); a test other
+      than the removed process count (`if args.multiprocessing_distributed:`), and an index other
+      than 0 (`worker(args.gpu, ...)`: the GPU it picked), are reported: the launcher decides now.
       When the spawning function computes the rank, the world size and the rendezvous address into
       the namespace it passes (`args.rank = node * ngpus`, `args.world_size = ...`,
       `args.dist_url = ...`, on SLURM or one node) and the worker joins the group from them
@@ -89,7 +95,8 @@ Leaves alone:
     in a helper rather than in the worker's body, `rank=` / `world_size=` computed in other ways
     than the spawn index and the process count or the namespace shape above (the namespace's rank
     read by the spawning function itself or in the worker before its process group exists), the
-    worker also called directly (a second launch path), the optimizer built outside the worker,
+    worker also called directly (a second launch path) other than as the spawn's `else` above or
+    with other arguments, the optimizer built outside the worker,
     `nprocs` used for other things, `args` not a written-out tuple, `join=False`: the whole file
     is refused with the reason (make the worker the entry point, or reshape it so, and run
     again). Hand-written sharding with options that change the training (mixed precision or
@@ -357,8 +364,32 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
     args = [cst.Arg(rank), *(cst.Arg(size if i in spawn.world_size_args else a) for i, a in enumerate(spawn.args))]
     stmt = spawn.stmt
     assert type(stmt) is cst.SimpleStatementLine
-    plan.replace_stmt[stmt] = [stmt.with_changes(body=[cst.Expr(cst.Call(cst.Name(spawn.worker.name), args))])]
+    direct = stmt.with_changes(body=[cst.Expr(cst.Call(cst.Name(spawn.worker.name), args))])
     count = spawn.nprocs.value if type(spawn.nprocs) is cst.Integer else "N"
+    fallback = spawn.fallback
+    if fallback is None:
+        plan.replace_stmt[stmt] = [direct]
+    else:
+        # `if ngpus > 1: mp.spawn(...) else: worker(0, ...)`: both paths are the one call, which
+        # runs as one process without a launcher and as one of N under `accel launch`.
+        plan.replace_stmt[fallback.stmt] = [direct.with_changes(leading_lines=fallback.stmt.leading_lines)]
+        plan.change(CODE, fallback.call, f"the direct call of `{spawn.worker.name}` and the spawn are now one call: "
+                    f"one process without a launcher, N under `accel launch --nproc-per-node {count}`")
+        if spawn.nprocs_binding is None or not any(
+            type(n) is cst.Name and n.value == cst.Module([]).code_for_node(spawn.nprocs)
+            for n in _names_in(fallback.stmt.test)
+        ):
+            test = cst.Module([]).code_for_node(fallback.stmt.test)
+            plan.report(CODE, fallback.stmt, (
+                f"`if {test}:` chose between spawning processes and one direct call; the launcher decides now: "
+                f"`python script.py` runs one process, `accel launch --nproc-per-node N script.py` runs N, "
+                f"whatever `{test}` is"))
+        rank = fallback.rank
+        if not (type(rank) is cst.Integer and rank.value == "0"):
+            text = cst.Module([]).code_for_node(rank)
+            plan.report(CODE, fallback.call, (
+                f"the direct call passed `{text}` as the worker's index; it now gets `LOCAL_RANK` (0 on one "
+                f"process), so `{text}` no longer picks the GPU: pick it with `CUDA_VISIBLE_DEVICES=N`"))
     plan.change(CODE, spawn.call, f"`mp.spawn` -> `{spawn.worker.name}(...)` called directly, its rank from "
                 f"`LOCAL_RANK`: launch the script with `accel launch --nproc-per-node {count}`")
     if spawn.nprocs_binding is not None:
@@ -385,6 +416,17 @@ def _keeps_group(plan: EditPlan, scope: Scope) -> bool:
         c.qualified == _INIT and c.where.stmt is not plan.create_at and c.where.stmt not in plan.replace_stmt
         for c in scope.library_calls
     )
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+    walk(node, Names())
+    return found
 
 
 def _env_rank_bindings(

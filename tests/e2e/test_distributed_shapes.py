@@ -4,10 +4,12 @@ Each script in `distributed_shape_scripts/` is a shape of its own, hand-written 
 
 - `setup_helper_device.py`: a torchrun script whose helper initialises the process group and
   returns the device (`device = setup()`): the helper is kept, the Accelerator created after it,
-  the device taken from it.
+  the device taken from it. The original runs under torchrun (`--standalone`).
+- `spawn_or_direct_call.py`: `if nprocs > 1: mp.spawn(worker, ...) else: worker(0, 1, ...)`: both
+  paths become one direct call of the worker. The original spawns its own processes (or calls the
+  worker once); the migrated copy runs as plain `python` on one process.
 
-The original runs under torchrun (`--standalone`), the migrated copy under `accel launch`, each at
-1 and at 2 processes; every rank writes `rank<i>.json` (rank, world size, per-step losses, the ids
+The migrated copy runs under `accel launch` at 2 processes (and at 1: `accel launch` or `python`); every rank writes `rank<i>.json` (rank, world size, per-step losses, the ids
 of its samples, final weights). On one process the migrated run trains on the same samples in the
 same order, with the same losses and weights; on two, each rank sees its own half of every epoch,
 and the weights and the loss of each step averaged over the ranks equal the original's. Every run
@@ -47,15 +49,23 @@ def _migrated(name: str) -> Path:
     return migrated
 
 
+# how each original is started: under torchrun, or by itself (it spawns its own processes)
+SHAPES = {"setup_helper_device": "torchrun", "spawn_or_direct_call": "spawns"}
+
+
 @lru_cache(maxsize=None)
 def _run(name: str, how: str, nproc: int) -> tuple[dict, ...]:
     out = Path(tempfile.mkdtemp(prefix=f"distshape-{name}-{how}{nproc}-"))
-    if how == "original":
+    if how == "original" and SHAPES[name] == "torchrun":
         result = torchrun(SCRIPTS / f"{name}.py", str(out), cwd=out, nproc=nproc, timeout=TIMEOUT)
+    elif how == "original":
+        result = run_cmd([sys.executable, str(SCRIPTS / f"{name}.py"), str(out), str(nproc)], cwd=out, timeout=TIMEOUT)
+    elif how == "python":
+        result = run_cmd([sys.executable, str(_migrated(name)), str(out), str(nproc)], cwd=out, timeout=TIMEOUT)
     else:
         accel = shutil.which("accel", path=str(Path(sys.executable).parent)) or shutil.which("accel")
         assert accel, "the `accel` console script is not installed"
-        cmd = [accel, "launch", "--nproc-per-node", str(nproc), str(_migrated(name)), str(out)]
+        cmd = [accel, "launch", "--nproc-per-node", str(nproc), str(_migrated(name)), str(out), str(nproc)]
         result = run_cmd(cmd, cwd=out, timeout=TIMEOUT)
     assert result.returncode == 0, f"{name} {how} x{nproc} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return tuple(json.loads(p.read_text()) for p in sorted(out.glob("rank*.json")))
@@ -71,16 +81,24 @@ def test_setup_helper_is_kept_and_the_device_comes_from_the_accelerator() -> Non
     assert "def setup():" in text and "init_process_group" in text  # the group the Accelerator joins
 
 
-@pytest.mark.parametrize("name", ["setup_helper_device"])
-def test_one_process_trains_like_the_original(name: str) -> None:
-    (original,), (migrated,) = _run(name, "original", 1), _run(name, "migrated", 1)
+def test_spawn_and_direct_call_become_one_call() -> None:
+    text = _migrated("spawn_or_direct_call").read_text()
+    assert "mp.spawn(" not in text and "init_process_group" not in text and "else:" not in text
+    assert 'worker(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")), sys.argv[1])' in text
+
+
+@pytest.mark.parametrize(("name", "how"), [
+    ("setup_helper_device", "migrated"), ("spawn_or_direct_call", "migrated"), ("spawn_or_direct_call", "python"),
+])
+def test_one_process_trains_like_the_original(name: str, how: str) -> None:
+    (original,), (migrated,) = _run(name, "original", 1), _run(name, how, 1)
     assert (migrated["rank"], migrated["world_size"]) == (original["rank"], original["world_size"]) == (0, 1)
     assert migrated["seen"] == original["seen"] and len(original["seen"]) == 3 * 64
     assert migrated["losses"] == pytest.approx(original["losses"], abs=1e-6)
     assert migrated["weights"] == pytest.approx(original["weights"], abs=1e-6)
 
 
-@pytest.mark.parametrize("name", ["setup_helper_device"])
+@pytest.mark.parametrize("name", sorted(SHAPES))
 def test_two_processes_train_like_the_original(name: str) -> None:
     """The prepared loader splits each epoch into other halves than the DistributedSampler did
     (whole batches per rank, not every other sample), but each step still trains on the same 16
