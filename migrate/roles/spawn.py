@@ -12,6 +12,7 @@ import libcst as cst
 
 from migrate.analysis import Binding, Facts, Scope, StmtRef
 from migrate.roles import spawn_namespace
+from migrate.imports import is_docstring
 from migrate.roles.calls import is_expression_statement
 from migrate.roles.model import DISTRIBUTED, Finding, Roles
 from migrate.roles.spawn_namespace import NamespaceRank
@@ -56,6 +57,7 @@ class SpawnLaunch:
     environ: str | None  # how this file spells `os.environ` (None: it imports neither `os` nor `environ`)
     namespace: NamespaceRank | None = None  # rank and world size computed into `args` (`spawn_namespace`)
     fallback: DirectFallback | None = None  # `else: worker(args.gpu, ...)`: replaced with the spawn
+    setup: SetupHelper | None = None  # `ddp_setup(rank, world_size)` in the worker: becomes the Accelerator
 
 
 @dataclass(eq=False)
@@ -72,6 +74,21 @@ class DirectFallback:
     stmt: cst.If  # the `if` holding both launch paths: replaced by the one call
     call: cst.Call  # the direct call
     rank: cst.BaseExpression  # what the direct call passed as the worker's index (`args.gpu`, `0`)
+
+
+@dataclass(eq=False)
+class SetupHelper:
+    """`ddp_setup(rank, world_size)`, a statement of the worker's body, calling a function of this
+    file that only sets `MASTER_ADDR` / `MASTER_PORT`, pins the GPU (`torch.cuda.set_device`) and
+    initialises the process group from the spawn index and the process count: the call becomes
+    `accelerator = Accelerator()`, and the function, called nowhere else, goes."""
+
+    scope: Scope  # the helper
+    call_stmt: cst.BaseStatement  # its call in the worker
+    order: int  # document order of that call
+
+
+_SETUP_CALLS = frozenset({_INIT_PROCESS_GROUP, "torch.cuda.set_device", "torch.accelerator.set_device_index"})
 
 
 def spawn_refusal(node: cst.CSTNode, why: str) -> Finding:
@@ -141,6 +158,8 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
     init = _spawn_worker_init(facts, worker, world_size_args, nprocs, scope, stmt, args)
     if isinstance(init, Finding):
         return init
+    setup = init if isinstance(init, SetupHelper) else None
+    namespace = init if isinstance(init, NamespaceRank) else None
     nprocs_binding: cst.BaseStatement | None = None
     if isinstance(nprocs, cst.Name):
         bindings = scope.bindings.get(nprocs.value, [])
@@ -155,14 +174,20 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
     worker_node = worker.node
     assert isinstance(worker_node, cst.FunctionDef) and isinstance(worker_node.body, cst.IndentedBlock)
     spawning = (site.where.block.body, site.where.path[-1].block.body) if fallback is not None else (site.where.block.body,)
-    master_env = _master_env_statements(facts, (worker_node.body.body, *spawning))
+    helper_body: tuple[Sequence[cst.BaseStatement], ...] = ()
+    if setup is not None:
+        helper_node = setup.scope.node
+        assert isinstance(helper_node, cst.FunctionDef) and isinstance(helper_node.body, cst.IndentedBlock)
+        helper_body = (helper_node.body.body,)  # goes with the helper
+    master_env = _master_env_statements(facts, (worker_node.body.body, *spawning, *helper_body))
     if isinstance(master_env, Finding):
         return master_env
     os_names = facts.aliases.local_names_for("os")
     environ_names = facts.aliases.local_names_for("os.environ")
     environ = f"{os_names[0]}.environ" if os_names else (environ_names[0] if environ_names else None)
     return SpawnLaunch(
-        call, stmt, worker, args, world_size_args, nprocs, nprocs_binding, master_env, environ, init, fallback
+        call, stmt, worker, args, world_size_args, nprocs, nprocs_binding, master_env, environ, namespace, fallback,
+        setup,
     )
 
 
@@ -199,9 +224,10 @@ def _direct_fallback(
 def _spawn_worker_init(
     facts: Facts, worker: Scope, world_size_args: set[int], nprocs: cst.BaseExpression,
     spawn_scope: Scope, spawn_stmt: cst.BaseStatement, args: list[cst.BaseExpression],
-) -> Finding | NamespaceRank | None:
+) -> Finding | NamespaceRank | SetupHelper | None:
     """The one `init_process_group`: a statement of the worker's body whose rank is the spawn index,
-    or the namespace the spawning function computed the rank and the world size into."""
+    the namespace the spawning function computed the rank and the world size into, or a statement
+    of the worker's setup helper (`SetupHelper`)."""
     inits = [(s, c) for s in facts.scopes for c in s.library_calls if c.qualified == _INIT_PROCESS_GROUP]
     node = worker.node
     assert isinstance(node, cst.FunctionDef)
@@ -211,6 +237,14 @@ def _spawn_worker_init(
     if len(inits) > 1:
         return spawn_refusal(inits[1][1].call, "the process group is initialised in more than one place")
     scope, init = inits[0]
+    setup: SetupHelper | None = None
+    if scope is not worker:
+        found = _setup_helper(facts, worker, scope)
+        if isinstance(found, SetupHelper):
+            setup = found
+            expected = _expected_through(facts, worker, setup, world_size_args)
+            checked = _check_init_arguments(facts, init.call, expected, nprocs)
+            return checked if checked is not None else setup
     if scope is not worker or init.where.block is not node.body or not is_expression_statement(init.where.stmt, init.call):
         return spawn_refusal(
             init.call,
@@ -225,7 +259,14 @@ def _spawn_worker_init(
         if found is not None:
             return found
     expected = {"rank": {worker.params[0]}, "world_size": {worker.params[1 + i] for i in world_size_args}}
-    for index, arg in enumerate(init.call.args):
+    return _check_init_arguments(facts, init.call, expected, nprocs)
+
+
+def _check_init_arguments(
+    facts: Facts, call: cst.Call, expected: dict[str, set[str]], nprocs: cst.BaseExpression
+) -> Finding | None:
+    """`rank=` must be the spawn index and `world_size=` the process count (names in `expected`)."""
+    for index, arg in enumerate(call.args):
         keyword = arg.keyword.value if arg.keyword is not None else ("backend" if index == 0 else None)
         matches = isinstance(arg.value, cst.Name) and arg.value.value in expected.get(keyword or "", set())
         if keyword == "world_size" and facts.module.code_for_node(arg.value) == facts.module.code_for_node(nprocs):
@@ -233,12 +274,71 @@ def _spawn_worker_init(
         if keyword in expected and not matches:
             what = "the spawn index" if keyword == "rank" else "the number of spawned processes"
             return spawn_refusal(
-                init.call, f"`{keyword}={facts.module.code_for_node(arg.value)}` is not {what}; the Accelerator's "
+                call, f"`{keyword}={facts.module.code_for_node(arg.value)}` is not {what}; the Accelerator's "
                 f"{keyword} comes from the launcher"
             )
         if keyword is None:
-            return spawn_refusal(init.call, "`init_process_group` takes positional arguments after the backend")
+            return spawn_refusal(call, "`init_process_group` takes positional arguments after the backend")
     return None
+
+
+def _setup_helper(facts: Facts, worker: Scope, helper: Scope) -> SetupHelper | None:
+    """`helper` as the worker's `SetupHelper`, or None when it is not one."""
+    node = helper.node
+    if not (helper.is_function and not helper.is_method and helper.parent is facts.module_scope):
+        return None
+    if not (isinstance(node, cst.FunctionDef) and isinstance(node.body, cst.IndentedBlock) and helper.simple_signature):
+        return None
+    sites = [(scope, site) for scope in facts.scopes for site in scope.calls if facts.resolve(site.callee, scope) is helper]
+    if len(sites) != 1 or sites[0][0] is not worker:
+        return None
+    site = sites[0][1]
+    worker_node = worker.node
+    assert isinstance(worker_node, cst.FunctionDef)
+    if site.where.block is not worker_node.body or not is_expression_statement(site.where.stmt, site.call):
+        return None
+    if len(site.call.args) != len(helper.params) or any(a.star or a.keyword is not None for a in site.call.args):
+        return None
+    for index, stmt in enumerate(node.body.body):
+        if index == 0 and is_docstring(stmt):
+            continue
+        if not _setup_statement(facts, stmt):
+            return None
+    return SetupHelper(helper, site.where.stmt, site.where.order)
+
+
+def _setup_statement(facts: Facts, stmt: cst.BaseStatement) -> bool:
+    """`os.environ["MASTER_PORT"] = ...`, `torch.cuda.set_device(...)` or `init_process_group(...)`."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return False
+    small = stmt.body[0]
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        return facts.aliases.qualify(small.value.func) in _SETUP_CALLS
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+        if isinstance(target, cst.Subscript) and facts.aliases.qualify(target.value) == "os.environ":
+            element = target.slice[0].slice
+            key = element.value if isinstance(element, cst.Index) else None
+            return isinstance(key, cst.SimpleString) and key.evaluated_value in _MASTER_VARIABLES
+    return False
+
+
+def _expected_through(
+    facts: Facts, worker: Scope, setup: SetupHelper, world_size_args: set[int]
+) -> dict[str, set[str]]:
+    """The helper's parameters that receive the spawn index and the process count."""
+    stmt = setup.call_stmt
+    assert isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr)
+    call = stmt.body[0].value
+    assert isinstance(call, cst.Call)
+    counts = {worker.params[1 + i] for i in world_size_args}
+    expected: dict[str, set[str]] = {"rank": set(), "world_size": set()}
+    for param, arg in zip(setup.scope.params, call.args):
+        if isinstance(arg.value, cst.Name) and arg.value.value == worker.params[0]:
+            expected["rank"].add(param)
+        elif isinstance(arg.value, cst.Name) and arg.value.value in counts:
+            expected["world_size"].add(param)
+    return expected
 
 
 def _master_env_statements(

@@ -56,6 +56,10 @@ What it does:
       rather than from the Accelerator inside the worker: it is then the same value spawn passed (the
       process index on its node, which is also a device index) from the worker's first statement on,
       before the Accelerator exists, and the worker's signature stays as it is.
+      A setup helper the worker calls first (`ddp_setup(rank, world_size)`, a function of the file
+      called only there, that only sets `MASTER_ADDR` / `MASTER_PORT`, pins the GPU and initialises
+      the group from the spawn index and the process count) goes, its call becoming
+      `accelerator = Accelerator()`.
       A spawn beside a direct call of the worker (`if ngpus > 1: mp.spawn(worker, nprocs=ngpus,
       args=(ngpus, args)) else: worker(0, 1, args)`, the ImageNet example's launcher) becomes that
       one call in place of the whole `if`: one process without a launcher, N under `accel launch`.
@@ -92,7 +96,7 @@ Example:
 
 Leaves alone:
     `mp.spawn` launchers of another shape (`migrate.roles.SpawnLaunch`): the process group set up
-    in a helper rather than in the worker's body, `rank=` / `world_size=` computed in other ways
+    in a helper that does more than the setup above, `rank=` / `world_size=` computed in other ways
     than the spawn index and the process count or the namespace shape above (the namespace's rank
     read by the spawning function itself or in the worker before its process group exists), the
     worker also called directly (a second launch path) other than as the spawn's `else` above or
@@ -190,7 +194,10 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     creation_order = _place_creation(roles, plan)
     rank_names: dict[tuple[int, str], str] = {}  # (scope id, name) -> accelerator property
     deferred: list[tuple[Scope, str, cst.Call, StmtRef]] = []  # rank reads of other modules
+    removed = roles.spawn.setup.scope if roles.spawn is not None and roles.spawn.setup is not None else None
     for scope in roles.facts.scopes:
+        if scope is removed:
+            continue
         reach = roles.can_reach(scope)
         _env_rank_bindings(roles, plan, scope, reach, creation_order, rank_names)
         for call in scope.library_calls:
@@ -213,6 +220,19 @@ def _place_creation(roles: Roles, plan: EditPlan) -> int:
     """Create the Accelerator where the process group was initialised; return its order."""
     target = roles.accelerator_scope
     assert target is not None
+    setup = roles.spawn.setup if roles.spawn is not None else None
+    if setup is not None:
+        # `ddp_setup(rank, world_size)` in the spawned worker: the call becomes the Accelerator and
+        # the helper goes (its environment, device and process group are the launcher's and the
+        # Accelerator's now).
+        plan.create_at = setup.call_stmt
+        plan.create_at_order = setup.order
+        helper = setup.scope.node
+        assert isinstance(helper, cst.FunctionDef)
+        plan.replace_stmt[helper] = []
+        plan.change(CODE, setup.call_stmt, f"`{setup.scope.name}(...)` -> `accelerator = Accelerator()`: the "
+                    f"launcher sets the address, the Accelerator the device and the process group (`{setup.scope.name}` removed)")
+        return setup.order
     for call in target.library_calls:
         if call.qualified != _INIT or not _standalone(call.where, call.call) or call.where.in_loop:
             continue

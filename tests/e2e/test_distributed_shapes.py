@@ -8,6 +8,8 @@ Each script in `distributed_shape_scripts/` is a shape of its own, hand-written 
 - `spawn_or_direct_call.py`: `if nprocs > 1: mp.spawn(worker, ...) else: worker(0, 1, ...)`: both
   paths become one direct call of the worker. The original spawns its own processes (or calls the
   worker once); the migrated copy runs as plain `python` on one process.
+- `spawn_setup_helper.py`: the spawned worker calls its own `ddp_setup(rank, world_size)` (address,
+  process group): the call becomes the Accelerator and the helper goes.
 
 The migrated copy runs under `accel launch` at 2 processes (and at 1: `accel launch` or `python`); every rank writes `rank<i>.json` (rank, world size, per-step losses, the ids
 of its samples, final weights). On one process the migrated run trains on the same samples in the
@@ -50,7 +52,7 @@ def _migrated(name: str) -> Path:
 
 
 # how each original is started: under torchrun, or by itself (it spawns its own processes)
-SHAPES = {"setup_helper_device": "torchrun", "spawn_or_direct_call": "spawns"}
+SHAPES = {"setup_helper_device": "torchrun", "spawn_or_direct_call": "spawns", "spawn_setup_helper": "spawns"}
 
 
 @lru_cache(maxsize=None)
@@ -81,6 +83,13 @@ def test_setup_helper_is_kept_and_the_device_comes_from_the_accelerator() -> Non
     assert "def setup():" in text and "init_process_group" in text  # the group the Accelerator joins
 
 
+def test_spawned_setup_helper_becomes_the_accelerator() -> None:
+    text = _migrated("spawn_setup_helper").read_text()
+    assert "def ddp_setup" not in text and "init_process_group" not in text and "MASTER_PORT" not in text
+    worker = text[text.index("def worker("):]
+    assert worker.index("accelerator = Accelerator()") < worker.index("torch.manual_seed(0)")
+
+
 def test_spawn_and_direct_call_become_one_call() -> None:
     text = _migrated("spawn_or_direct_call").read_text()
     assert "mp.spawn(" not in text and "init_process_group" not in text and "else:" not in text
@@ -89,6 +98,7 @@ def test_spawn_and_direct_call_become_one_call() -> None:
 
 @pytest.mark.parametrize(("name", "how"), [
     ("setup_helper_device", "migrated"), ("spawn_or_direct_call", "migrated"), ("spawn_or_direct_call", "python"),
+    ("spawn_setup_helper", "python"),
 ])
 def test_one_process_trains_like_the_original(name: str, how: str) -> None:
     (original,), (migrated,) = _run(name, "original", 1), _run(name, how, 1)
