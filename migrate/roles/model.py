@@ -31,6 +31,7 @@ from migrate.roles.calls import is_accelerator_device, is_move_call, is_self_mov
 from migrate.roles.setup_device import binds_setup_device, initialises_group
 
 if TYPE_CHECKING:
+    from migrate.roles.class_wrappers import ClassWrapper
     from migrate.roles.spawn import SpawnLaunch
 
 
@@ -110,6 +111,8 @@ class Roles:
     unprepared: bool = False  # a training object was found that cannot be prepared (reported by `cannot_prepare`)
     spawn: "SpawnLaunch | None" = None  # an understood `mp.spawn` launcher (AM007 converts it)
     sharding: "HandSharding | None" = None  # hand-written FSDP / fully_shard / ZeRO that AM007 converts
+    # `self.model = DDP(self.model)` in a trainer class handed the prepared model: AM007 removes it
+    class_wrappers: list["ClassWrapper"] = field(default_factory=list)
     _training_functions: set[Scope] = field(default_factory=set)
     _called_objects: dict[tuple[int, str], "Scope | None"] = field(default_factory=dict)
     # `can_reach` per (scope, accelerator scope), by ids: every rule asks it of every scope.

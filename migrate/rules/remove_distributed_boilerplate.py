@@ -21,6 +21,13 @@ What it does:
       (`self.ddp_model = DDP(self.model)`, and `self.ddp_model = self.model` without CUDA): prepare
       binds that name, and `self.model` stays the bare module the class saves;
       `model.module` becomes `accelerator.unwrap_model(model)`.
+      A trainer class handed the model that `main` prepares, which wraps it again in its
+      constructor (`self.model = DDP(self.model, device_ids=[gpu])`, the DDP tutorial's shape):
+      the wrapper goes (`self.module = DataParallel(module)` becomes `self.module = module`),
+      `self.model.module` anywhere in the class (also handed to helpers) becomes
+      `accelerator.unwrap_model(self.model)`, and so do the reads of `self.model` that ran before
+      the wrap on the bare module (a snapshot loaded by a method the constructor calls first:
+      `self.model.load_state_dict(...)`), since the prepared model's own keys carry `module.`.
       `DDP(model, device_ids=[rank])` and `DataParallel(model)` also moved the model's inputs to
       its GPU inside forward; the prepared model does not on one process (it is then the bare
       module on `accelerator.device`, and only N processes wrap it in DDP). An input of a later
@@ -109,13 +116,11 @@ Leaves alone:
     other uses of FSDP (`FSDP.state_dict_type(...)`, `model.clip_grad_norm_()`, `model.reshard()`):
     the whole file is refused with the reason and the fix.
     A `DDP(...)` / `DataParallel(...)` outside the function that prepares the model, around that
-    model (a trainer class given it through its constructor: `dataset, model, optimizer =
-    load_train_objs()`, then `Trainer(model, ...)` and `self.model = DDP(self.model, ...)` in its
-    `__init__`; `prepare` then goes in `main`, after `train_data = prepare_dataloader(...)`):
-    AM007 removes wrappers only where the model is prepared, and removed there the class's
-    `.module` reads and the snapshot it loads into the bare model before wrapping would need
-    rewriting too; kept, it would wrap the prepared model in a second DDP (gradients all-reduced
-    twice, `module.module.` checkpoint keys). The whole file is refused with the line.
+    model, other than the trainer-class constructor above (in another method or function, under
+    a branch, or in a constructor one of whose methods runs both before the wrap, on the bare
+    model, and after it): kept, it would wrap the prepared model in a second DDP (gradients
+    all-reduced twice, `module.module.` checkpoint keys). The whole file is refused with the line
+    and the reason.
     Also a process group initialised in another function than the one that
     builds the optimizer (kept: the Accelerator reuses an existing group; the report says how the
     migrated script is launched: where the call runs only when the launcher's variables are set,
@@ -148,7 +153,7 @@ from migrate.analysis import Loop, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate import local_rank_flag
 from migrate.hand_sharding import HandSharding
-from migrate.names import root_name
+from migrate.names import instance_attribute, root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
 from migrate.roles.model import nested_in
 from migrate.roles.placement import alias_removal
@@ -208,6 +213,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             _module_accesses(roles, plan, scope)
     _local_rank_flag(roles, plan)
     removed = _remove_wrappers(roles, plan)
+    _remove_class_wrappers(roles, plan)
     _remove_samplers(roles, plan)
     _other_modules_rank_reads(roles, plan, deferred)
     for name, wrapper, where in removed:  # once the loaders that get prepared are known
@@ -577,6 +583,31 @@ def _module_accesses(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         )
         plan.use_accelerator(scope)
         plan.change(CODE, attribute, f"`{model}.module` -> `accelerator.unwrap_model({model})`")
+
+
+def _remove_class_wrappers(roles: Roles, plan: EditPlan) -> None:
+    """`self.model = DDP(self.model, ...)` in a trainer class handed the prepared model
+    (`migrate.roles.class_wrappers`): the statement goes, `self.model.module` and the reads of
+    `self.model` that ran before the wrap (on the bare module) become `accelerator.unwrap_model(self.model)`."""
+    for wrapper in roles.class_wrappers:
+        inner = wrapper.call.args[0].value
+        if instance_attribute(inner) == wrapper.attribute:
+            plan.replace_stmt[wrapper.stmt] = []  # `self.model = DDP(self.model)`
+        else:
+            # `self.module = DataParallel(module)`: the attribute is bound here only, to what it wrapped
+            plan.calls[wrapper.call] = lambda updated: updated.args[0].value
+        plan.change(CODE, wrapper.call, f"`{wrapper.attribute}` no longer wrapped by hand: `accelerator.prepare` "
+                    "wraps the model it is given")
+        for method, node in wrapper.module_reads:
+            inner = node.value
+            plan.attributes[node] = lambda updated, inner=inner: accelerator_call("unwrap_model", [cst.Arg(inner)])
+            plan.use_accelerator(method)
+            plan.change(CODE, node, f"`{wrapper.attribute}.module` -> `accelerator.unwrap_model({wrapper.attribute})`")
+        for method, node in wrapper.bare_reads:
+            plan.attributes[node] = lambda updated, node=node: accelerator_call("unwrap_model", [cst.Arg(node)])
+            plan.use_accelerator(method)
+            plan.change(CODE, node, f"`{wrapper.attribute}` before the removed wrapper was the bare module: "
+                        f"`accelerator.unwrap_model({wrapper.attribute})`")
 
 
 def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, StmtRef]]:

@@ -10,6 +10,10 @@ Each script in `distributed_shape_scripts/` is a shape of its own, hand-written 
   worker once); the migrated copy runs as plain `python` on one process.
 - `spawn_setup_helper.py`: the spawned worker calls its own `ddp_setup(rank, world_size)` (address,
   process group): the call becomes the Accelerator and the helper goes.
+- `trainer_class_ddp.py`: a trainer class handed the model by `main` resumes from a snapshot into
+  the bare model, then wraps it in DDP, and reads `.module`: the wrapper goes (prepare wraps the
+  model once) and both reads become `unwrap_model`. Every run resumes from the same snapshot
+  (epoch 1 of 4), so the load before the removed wrapper is exercised at 1 and 2 processes.
 
 The migrated copy runs under `accel launch` at 2 processes (and at 1: `accel launch` or `python`); every rank writes `rank<i>.json` (rank, world size, per-step losses, the ids
 of its samples, final weights). On one process the migrated run trains on the same samples in the
@@ -52,12 +56,25 @@ def _migrated(name: str) -> Path:
 
 
 # how each original is started: under torchrun, or by itself (it spawns its own processes)
-SHAPES = {"setup_helper_device": "torchrun", "spawn_or_direct_call": "spawns", "spawn_setup_helper": "spawns"}
+SHAPES = {
+    "setup_helper_device": "torchrun", "spawn_or_direct_call": "spawns", "spawn_setup_helper": "spawns",
+    "trainer_class_ddp": "torchrun",
+}
+
+
+def _snapshot(out: Path) -> None:
+    """`resume.pt` as `trainer_class_ddp.py` saves it: a model's bare weights, resumed at epoch 1."""
+    import torch
+
+    torch.manual_seed(5)
+    torch.save({"MODEL_STATE": torch.nn.Linear(4, 1).state_dict(), "EPOCHS_RUN": 1}, out / "resume.pt")
 
 
 @lru_cache(maxsize=None)
 def _run(name: str, how: str, nproc: int) -> tuple[dict, ...]:
     out = Path(tempfile.mkdtemp(prefix=f"distshape-{name}-{how}{nproc}-"))
+    if name == "trainer_class_ddp":
+        _snapshot(out)
     if how == "original" and SHAPES[name] == "torchrun":
         result = torchrun(SCRIPTS / f"{name}.py", str(out), cwd=out, nproc=nproc, timeout=TIMEOUT)
     elif how == "original":
@@ -90,6 +107,13 @@ def test_spawned_setup_helper_becomes_the_accelerator() -> None:
     assert worker.index("accelerator = Accelerator()") < worker.index("torch.manual_seed(0)")
 
 
+def test_trainer_class_wrapper_goes_with_its_readers() -> None:
+    text = _migrated("trainer_class_ddp").read_text()
+    assert "DDP(self.model" not in text and "self.model.module" not in text
+    assert "self.accelerator.unwrap_model(self.model).load_state_dict(" in text
+    assert "self.accelerator.unwrap_model(self.model).parameters()" in text
+
+
 def test_spawn_and_direct_call_become_one_call() -> None:
     text = _migrated("spawn_or_direct_call").read_text()
     assert "mp.spawn(" not in text and "init_process_group" not in text and "else:" not in text
@@ -98,7 +122,7 @@ def test_spawn_and_direct_call_become_one_call() -> None:
 
 @pytest.mark.parametrize(("name", "how"), [
     ("setup_helper_device", "migrated"), ("spawn_or_direct_call", "migrated"), ("spawn_or_direct_call", "python"),
-    ("spawn_setup_helper", "python"),
+    ("spawn_setup_helper", "python"), ("trainer_class_ddp", "migrated"),
 ])
 def test_one_process_trains_like_the_original(name: str, how: str) -> None:
     (original,), (migrated,) = _run(name, "original", 1), _run(name, how, 1)
@@ -106,6 +130,7 @@ def test_one_process_trains_like_the_original(name: str, how: str) -> None:
     assert migrated["seen"] == original["seen"] and len(original["seen"]) == 3 * 64
     assert migrated["losses"] == pytest.approx(original["losses"], abs=1e-6)
     assert migrated["weights"] == pytest.approx(original["weights"], abs=1e-6)
+    assert migrated.get("start") == original.get("start")
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
