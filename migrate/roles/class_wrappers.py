@@ -57,6 +57,13 @@ def class_wrapper(methods: list[Scope], constructor: Scope, call: cst.Call) -> C
     attribute = instance_attribute(target, receiver=receiver)
     if attribute is None:
         return "the wrapper is not bound to an attribute of the instance"
+    if not call.args:
+        return "the wrapper is given no model"
+    inner = call.args[0].value
+    inner_attribute = instance_attribute(inner, receiver=receiver)
+    if not (inner_attribute == attribute or (inner_attribute is None and isinstance(inner, cst.Name))):
+        # `self.ddp_model = DDP(self.model)`: `self.model` stayed the bare module the class reads
+        return f"it binds `{attribute}`, another attribute than the model it wraps"
     position = body.index(stmt)
     by_name = {m.name: m for m in methods}
     before = _called_methods(body[:position], receiver, by_name)

@@ -306,7 +306,7 @@ class Roles:
         return found
 
     def _reach(self, scope: Scope, target: Scope, _pending: frozenset[int]) -> bool:
-        if scope is not target and initialises_group(scope):
+        if scope is not target and scope is not self.home and not scope.backwards and initialises_group(scope):
             # The script's own setup helper (`device = setup()`) keeps its process group and runs
             # before the Accelerator, which joins that group after it: it cannot use `accelerator`.
             return False
