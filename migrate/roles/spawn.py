@@ -143,11 +143,10 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
     code = facts.module.code_for_node
     world_size_args = {i for i, a in enumerate(args) if code(a) == code(nprocs)}
     fallback = _direct_fallback(facts, site.where, worker, args, world_size_args)
-    if isinstance(fallback, cst.Call):
+    if isinstance(fallback, tuple):
+        direct, why = fallback
         return spawn_refusal(
-            fallback, f"`{worker.name}` is also called directly here, in the other branch of the spawn's `if`, with "
-            "other arguments than the spawn's `args`: pass the same ones after the index (the process count may "
-            "differ where the spawn passes `nprocs`), so that both paths become one call"
+            direct, f"`{worker.name}` is also called directly here, in the other branch of the spawn's `if`; {why}"
         )
     for other in facts.scopes:
         for direct in other.calls:
@@ -193,31 +192,44 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
 
 def _direct_fallback(
     facts: Facts, where: StmtRef, worker: Scope, args: list[cst.BaseExpression], world_size_args: set[int]
-) -> DirectFallback | cst.Call | None:
+) -> DirectFallback | tuple[cst.Call, str] | None:
     """The `else` (or `if`) branch beside the spawn that calls the worker directly (`DirectFallback`);
-    the direct call alone when it passes other arguments than the spawn."""
+    the direct call and why not, when it passes other arguments than the spawn or the spawn's
+    branch does more than spawn."""
     parent = where.path[-1].stmt if where.path else None
     if type(parent) is not cst.If or type(parent.orelse) is not cst.Else:
         return None
     branches = [parent.body, parent.orelse.body]
-    if not all(type(b) is cst.IndentedBlock and len(b.body) == 1 for b in branches):
+    if not all(type(b) is cst.IndentedBlock for b in branches):
         return None
-    others = [b.body[0] for b in branches if b.body[0] is not where.stmt]
-    if len(others) != 1:
+    mine = next((b for b in branches if any(stmt is where.stmt for stmt in b.body)), None)
+    others = [b for b in branches if b is not mine]
+    if mine is None or len(others) != 1 or len(others[0].body) != 1:
         return None
-    other = others[0]
+    other = others[0].body[0]
     small = other.body[0] if type(other) is cst.SimpleStatementLine and len(other.body) == 1 else None
     direct = small.value if type(small) is cst.Expr else None
     if not (type(direct) is cst.Call and type(direct.func) is cst.Name and direct.func.value == worker.name):
         return None
     if facts.function_called(direct) is not worker:
         return None
+    if len(mine.body) != 1:
+        extra = next(stmt for stmt in mine.body if stmt is not where.stmt)
+        return direct, (
+            f"the spawn's branch also runs `{facts.module.code_for_node(extra.with_changes(leading_lines=())).strip()}`, "
+            "which the direct "
+            "path does not, so the two paths are not one call"
+        )
+    other_arguments = (
+        "it passes other arguments than the spawn's `args`: pass the same ones after the index (the process count "
+        "may differ where the spawn passes `nprocs`), so that both paths become one call"
+    )
     if len(direct.args) != 1 + len(args) or any(a.star or a.keyword is not None for a in direct.args):
-        return direct
+        return direct, other_arguments
     code = facts.module.code_for_node
     for index, (passed, spawned) in enumerate(zip(direct.args[1:], args)):
         if index not in world_size_args and code(passed.value) != code(spawned):
-            return direct
+            return direct, other_arguments
     return DirectFallback(parent, direct, direct.args[0].value)
 
 
