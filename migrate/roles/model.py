@@ -28,8 +28,10 @@ from migrate.analysis import (
 from migrate.hand_sharding import HandSharding
 from migrate.names import call_argument, instance_attribute
 from migrate.roles.calls import is_accelerator_device, is_move_call, is_self_move
+from migrate.roles.setup_device import binds_setup_device, initialises_group
 
 if TYPE_CHECKING:
+    from migrate.roles.class_wrappers import ClassWrapper
     from migrate.roles.spawn import SpawnLaunch
 
 
@@ -100,6 +102,9 @@ class Roles:
     accelerator_exists: bool = False
     device_binding: DeviceBinding | None = None  # replaced by `accelerator.device` (AM001)
     later_device_bindings: list[DeviceBinding] = field(default_factory=list)  # same name, rebound too
+    # `device = setup()`: the device binding is a call of the script's own process-group setup
+    # helper (`migrate.roles.setup_device`); the call stays, the Accelerator is created after it
+    device_from_setup: bool = False
     create_before: cst.BaseStatement | None = None  # where `accelerator = Accelerator()` goes otherwise
     prepare_after: StmtRef | None = None
     # alias -> model: a second name the model is wrapped into by hand after prepare_after
@@ -117,6 +122,8 @@ class Roles:
     unprepared: bool = False  # a training object was found that cannot be prepared (reported by `cannot_prepare`)
     spawn: "SpawnLaunch | None" = None  # an understood `mp.spawn` launcher (AM007 converts it)
     sharding: "HandSharding | None" = None  # hand-written FSDP / fully_shard / ZeRO that AM007 converts
+    # `self.model = DDP(self.model)` in a trainer class handed the prepared model: AM007 removes it
+    class_wrappers: list["ClassWrapper"] = field(default_factory=list)
     _training_functions: set[Scope] = field(default_factory=set)
     _called_objects: dict[tuple[int, str], "Scope | None"] = field(default_factory=dict)
     # `can_reach` per (scope, accelerator scope), by ids: every rule asks it of every scope.
@@ -300,7 +307,7 @@ class Roles:
         found = self.origins(scope, name)
         if not found:
             return False
-        return all(_binds_device(s, n) for s, n in found)
+        return all(_binds_device(s, n) or binds_setup_device(self.facts, s, n) for s, n in found)
 
     def _held_device(self, scope: Scope, expr: cst.BaseExpression) -> bool:
         """`args.device` where `args` is the namespace on which some function stored the device
@@ -335,6 +342,10 @@ class Roles:
         return found
 
     def _reach(self, scope: Scope, target: Scope, _pending: frozenset[int]) -> bool:
+        if scope is not target and scope is not self.home and not scope.backwards and initialises_group(scope):
+            # The script's own setup helper (`device = setup()`) keeps its process group and runs
+            # before the Accelerator, which joins that group after it: it cannot use `accelerator`.
+            return False
         if nested_in(scope, target):
             return True
         if target is self.facts.module_scope and not self._of_another_module(scope):

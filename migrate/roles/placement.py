@@ -14,6 +14,7 @@ from migrate.imports import is_docstring
 from migrate.names import instance_attribute
 from migrate.roles.calls import HAND_WRAPPERS, is_expression_statement
 from migrate.roles.model import PREPARE, Finding, Roles
+from migrate.roles.setup_device import setup_device_choices
 
 
 def place_accelerator(roles: Roles) -> None:
@@ -22,12 +23,17 @@ def place_accelerator(roles: Roles) -> None:
     home = roles.home
     assert home is not None
     module = roles.facts.module_scope
-    local = [d for d in home.devices if not d.where.in_loop]
+    setups = {id(d.where.stmt) for s in (home, _sole_caller(roles, home)) if s is not None
+              for d in setup_device_choices(roles.facts, s)}
+    local = _by_order([d for d in home.devices if not d.where.in_loop], setup_device_choices(roles.facts, home))
     globals_ = [d for d in module.devices if not d.where.in_loop and not (home is not module and home.binds(d.name))]
     caller = _sole_caller(roles, home)
     # Only a choice made in the caller's own body, not in one branch of its setup (where an
     # Accelerator created in the branch would be unbound in the other).
-    upstream = [d for d in caller.devices if not d.where.path] if caller is not None else []
+    upstream = (
+        _by_order([d for d in caller.devices if not d.where.path], setup_device_choices(roles.facts, caller))
+        if caller is not None else []
+    )
     constructor, held = _constructor_device(roles, home)
     for scope, candidates in ((home, local), (constructor, held), (caller, upstream), (module, globals_)):
         if candidates and scope is not None:
@@ -37,6 +43,10 @@ def place_accelerator(roles: Roles) -> None:
             # `DEVICE = "cpu"` ... `if __name__ == "__main__": DEVICE = torch.device("cuda")`: every
             # later choice of the same name must become `accelerator.device` too.
             roles.later_device_bindings = [d for d in candidates[first + 1:] if d.name == candidates[first].name]
+            roles.device_from_setup = id(candidates[first].where.stmt) in setups
+            if roles.device_from_setup or any(id(d.where.stmt) in setups for d in roles.later_device_bindings):
+                # the setup call stays where it is; chosen again later, the same name is rebound
+                roles.later_device_bindings = [d for d in roles.later_device_bindings if id(d.where.stmt) not in setups]
             return
     roles.accelerator_scope = home
     roles.create_before = first_code_statement(roles.facts, home)
@@ -58,6 +68,11 @@ def _constructor_device(roles: Roles, home: Scope) -> tuple[Scope | None, list[D
     held = [d for d in constructor.devices if d.name.startswith("self.") and not d.where.path]
     calls = [site.where.order for site in constructor.calls if site.callee == f"self.{home.name}"]
     return constructor, [d for d in held if d.where.order < min(calls, default=1 << 60)]
+
+
+def _by_order(choices: list[DeviceBinding], setups: list[DeviceBinding]) -> list[DeviceBinding]:
+    """The scope's device choices and its `device = setup()` calls, in document order."""
+    return sorted([*choices, *setups], key=lambda d: d.where.order)
 
 
 def _deciding_choice(candidates: list[DeviceBinding]) -> int:

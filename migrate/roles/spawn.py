@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate.analysis import Binding, Facts, Scope
+from migrate.analysis import Binding, Facts, Scope, StmtRef
 from migrate.roles import spawn_namespace
+from migrate.imports import is_docstring
 from migrate.roles.calls import is_expression_statement
 from migrate.roles.model import DISTRIBUTED, Finding, Roles
 from migrate.roles.spawn_namespace import NamespaceRank
@@ -55,6 +56,39 @@ class SpawnLaunch:
     master_env: list[cst.BaseStatement]  # `os.environ["MASTER_PORT"] = ...`: torchrun sets them
     environ: str | None  # how this file spells `os.environ` (None: it imports neither `os` nor `environ`)
     namespace: NamespaceRank | None = None  # rank and world size computed into `args` (`spawn_namespace`)
+    fallback: DirectFallback | None = None  # `else: worker(args.gpu, ...)`: replaced with the spawn
+    setup: SetupHelper | None = None  # `ddp_setup(rank, world_size)` in the worker: becomes the Accelerator
+
+
+@dataclass(eq=False)
+class DirectFallback:
+    """`if ngpus > 1: mp.spawn(worker, nprocs=ngpus, args=(ngpus, args)) else: worker(0, 1, args)`
+    (the ImageNet example's lineage): the other branch calls the worker directly, once, as one
+    process. Both paths become the one direct call AM007 writes for the spawn, which runs as one
+    process without a launcher and as one of N under `accel launch`; the whole `if` goes.
+
+    Understood only when the `if` has exactly these two branches (no `elif`), each holding only its
+    call, and the direct call passes the spawn's `args` as written except where the spawn passes
+    the process count (`1` there, say)."""
+
+    stmt: cst.If  # the `if` holding both launch paths: replaced by the one call
+    call: cst.Call  # the direct call
+    rank: cst.BaseExpression  # what the direct call passed as the worker's index (`args.gpu`, `0`)
+
+
+@dataclass(eq=False)
+class SetupHelper:
+    """`ddp_setup(rank, world_size)`, a statement of the worker's body, calling a function of this
+    file that only sets `MASTER_ADDR` / `MASTER_PORT`, pins the GPU (`torch.cuda.set_device`) and
+    initialises the process group from the spawn index and the process count: the call becomes
+    `accelerator = Accelerator()`, and the function, called nowhere else, goes."""
+
+    scope: Scope  # the helper
+    call_stmt: cst.BaseStatement  # its call in the worker
+    order: int  # document order of that call
+
+
+_SETUP_CALLS = frozenset({_INIT_PROCESS_GROUP, "torch.cuda.set_device", "torch.accelerator.set_device_index"})
 
 
 def spawn_refusal(node: cst.CSTNode, why: str) -> Finding:
@@ -105,23 +139,32 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
         return spawn_refusal(
             call, f"`{worker.name}` does not take exactly the spawn index and the {len(args)} `args` as plain parameters"
         )
-    for other in facts.scopes:
-        for direct in other.calls:
-            if direct.callee == worker.name:
-                return spawn_refusal(
-                    direct.call, f"`{worker.name}` is also called directly here, a second launch path next to the spawn"
-                )
     nprocs = given.get("nprocs") or cst.Integer("1")
     code = facts.module.code_for_node
     world_size_args = {i for i, a in enumerate(args) if code(a) == code(nprocs)}
+    fallback = _direct_fallback(facts, site.where, worker, args, world_size_args)
+    if isinstance(fallback, tuple):
+        direct, why = fallback
+        return spawn_refusal(
+            direct, f"`{worker.name}` is also called directly here, in the other branch of the spawn's `if`; {why}"
+        )
+    for other in facts.scopes:
+        for direct in other.calls:
+            if direct.callee == worker.name and (fallback is None or direct.call is not fallback.call):
+                return spawn_refusal(
+                    direct.call, f"`{worker.name}` is also called directly here, a second launch path next to the spawn"
+                )
     init = _spawn_worker_init(facts, worker, world_size_args, nprocs, scope, stmt, args)
     if isinstance(init, Finding):
         return init
+    setup = init if isinstance(init, SetupHelper) else None
+    namespace = init if isinstance(init, NamespaceRank) else None
     nprocs_binding: cst.BaseStatement | None = None
     if isinstance(nprocs, cst.Name):
         bindings = scope.bindings.get(nprocs.value, [])
         reads = _own_name_count(scope.node, nprocs.value) - len(bindings)
-        in_call = _own_name_count(call, nprocs.value)
+        # with a direct fallback, the `if ngpus > 1:` test and the direct call go with the spawn
+        in_call = _own_name_count(fallback.stmt if fallback is not None else call, nprocs.value)
         if reads != in_call:
             return spawn_refusal(call, f"`{nprocs.value}` (the number of processes) is also used for other things")
         others = sum(_own_name_count(a, nprocs.value) for i, a in enumerate(args) if i not in world_size_args)
@@ -129,21 +172,74 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
             nprocs_binding = bindings[0].where.stmt
     worker_node = worker.node
     assert isinstance(worker_node, cst.FunctionDef) and isinstance(worker_node.body, cst.IndentedBlock)
-    master_env = _master_env_statements(facts, (worker_node.body.body, site.where.block.body))
+    spawning = (site.where.block.body, site.where.path[-1].block.body) if fallback is not None else (site.where.block.body,)
+    helper_body: tuple[Sequence[cst.BaseStatement], ...] = ()
+    if setup is not None:
+        helper_node = setup.scope.node
+        assert isinstance(helper_node, cst.FunctionDef) and isinstance(helper_node.body, cst.IndentedBlock)
+        helper_body = (helper_node.body.body,)  # goes with the helper
+    master_env = _master_env_statements(facts, (worker_node.body.body, *spawning, *helper_body))
     if isinstance(master_env, Finding):
         return master_env
     os_names = facts.aliases.local_names_for("os")
     environ_names = facts.aliases.local_names_for("os.environ")
     environ = f"{os_names[0]}.environ" if os_names else (environ_names[0] if environ_names else None)
-    return SpawnLaunch(call, stmt, worker, args, world_size_args, nprocs, nprocs_binding, master_env, environ, init)
+    return SpawnLaunch(
+        call, stmt, worker, args, world_size_args, nprocs, nprocs_binding, master_env, environ, namespace, fallback,
+        setup,
+    )
+
+
+def _direct_fallback(
+    facts: Facts, where: StmtRef, worker: Scope, args: list[cst.BaseExpression], world_size_args: set[int]
+) -> DirectFallback | tuple[cst.Call, str] | None:
+    """The `else` (or `if`) branch beside the spawn that calls the worker directly (`DirectFallback`);
+    the direct call and why not, when it passes other arguments than the spawn or the spawn's
+    branch does more than spawn."""
+    parent = where.path[-1].stmt if where.path else None
+    if type(parent) is not cst.If or type(parent.orelse) is not cst.Else:
+        return None
+    branches = [parent.body, parent.orelse.body]
+    if not all(type(b) is cst.IndentedBlock for b in branches):
+        return None
+    mine = next((b for b in branches if any(stmt is where.stmt for stmt in b.body)), None)
+    others = [b for b in branches if b is not mine]
+    if mine is None or len(others) != 1 or len(others[0].body) != 1:
+        return None
+    other = others[0].body[0]
+    small = other.body[0] if type(other) is cst.SimpleStatementLine and len(other.body) == 1 else None
+    direct = small.value if type(small) is cst.Expr else None
+    if not (type(direct) is cst.Call and type(direct.func) is cst.Name and direct.func.value == worker.name):
+        return None
+    if facts.function_called(direct) is not worker:
+        return None
+    if len(mine.body) != 1:
+        extra = next(stmt for stmt in mine.body if stmt is not where.stmt)
+        return direct, (
+            f"the spawn's branch also runs `{facts.module.code_for_node(extra.with_changes(leading_lines=())).strip()}`, "
+            "which the direct "
+            "path does not, so the two paths are not one call"
+        )
+    other_arguments = (
+        "it passes other arguments than the spawn's `args`: pass the same ones after the index (the process count "
+        "may differ where the spawn passes `nprocs`), so that both paths become one call"
+    )
+    if len(direct.args) != 1 + len(args) or any(a.star or a.keyword is not None for a in direct.args):
+        return direct, other_arguments
+    code = facts.module.code_for_node
+    for index, (passed, spawned) in enumerate(zip(direct.args[1:], args)):
+        if index not in world_size_args and code(passed.value) != code(spawned):
+            return direct, other_arguments
+    return DirectFallback(parent, direct, direct.args[0].value)
 
 
 def _spawn_worker_init(
     facts: Facts, worker: Scope, world_size_args: set[int], nprocs: cst.BaseExpression,
     spawn_scope: Scope, spawn_stmt: cst.BaseStatement, args: list[cst.BaseExpression],
-) -> Finding | NamespaceRank | None:
+) -> Finding | NamespaceRank | SetupHelper | None:
     """The one `init_process_group`: a statement of the worker's body whose rank is the spawn index,
-    or the namespace the spawning function computed the rank and the world size into."""
+    the namespace the spawning function computed the rank and the world size into, or a statement
+    of the worker's setup helper (`SetupHelper`)."""
     inits = [(s, c) for s in facts.scopes for c in s.library_calls if c.qualified == _INIT_PROCESS_GROUP]
     node = worker.node
     assert isinstance(node, cst.FunctionDef)
@@ -153,6 +249,14 @@ def _spawn_worker_init(
     if len(inits) > 1:
         return spawn_refusal(inits[1][1].call, "the process group is initialised in more than one place")
     scope, init = inits[0]
+    setup: SetupHelper | None = None
+    if scope is not worker:
+        found = _setup_helper(facts, worker, scope)
+        if isinstance(found, SetupHelper):
+            setup = found
+            expected = _expected_through(facts, worker, setup, world_size_args)
+            checked = _check_init_arguments(facts, init.call, expected, nprocs)
+            return checked if checked is not None else setup
     if scope is not worker or init.where.block is not node.body or not is_expression_statement(init.where.stmt, init.call):
         return spawn_refusal(
             init.call,
@@ -167,7 +271,14 @@ def _spawn_worker_init(
         if found is not None:
             return found
     expected = {"rank": {worker.params[0]}, "world_size": {worker.params[1 + i] for i in world_size_args}}
-    for index, arg in enumerate(init.call.args):
+    return _check_init_arguments(facts, init.call, expected, nprocs)
+
+
+def _check_init_arguments(
+    facts: Facts, call: cst.Call, expected: dict[str, set[str]], nprocs: cst.BaseExpression
+) -> Finding | None:
+    """`rank=` must be the spawn index and `world_size=` the process count (names in `expected`)."""
+    for index, arg in enumerate(call.args):
         keyword = arg.keyword.value if arg.keyword is not None else ("backend" if index == 0 else None)
         matches = isinstance(arg.value, cst.Name) and arg.value.value in expected.get(keyword or "", set())
         if keyword == "world_size" and facts.module.code_for_node(arg.value) == facts.module.code_for_node(nprocs):
@@ -175,12 +286,71 @@ def _spawn_worker_init(
         if keyword in expected and not matches:
             what = "the spawn index" if keyword == "rank" else "the number of spawned processes"
             return spawn_refusal(
-                init.call, f"`{keyword}={facts.module.code_for_node(arg.value)}` is not {what}; the Accelerator's "
+                call, f"`{keyword}={facts.module.code_for_node(arg.value)}` is not {what}; the Accelerator's "
                 f"{keyword} comes from the launcher"
             )
         if keyword is None:
-            return spawn_refusal(init.call, "`init_process_group` takes positional arguments after the backend")
+            return spawn_refusal(call, "`init_process_group` takes positional arguments after the backend")
     return None
+
+
+def _setup_helper(facts: Facts, worker: Scope, helper: Scope) -> SetupHelper | None:
+    """`helper` as the worker's `SetupHelper`, or None when it is not one."""
+    node = helper.node
+    if not (helper.is_function and not helper.is_method and helper.parent is facts.module_scope):
+        return None
+    if not (isinstance(node, cst.FunctionDef) and isinstance(node.body, cst.IndentedBlock) and helper.simple_signature):
+        return None
+    sites = [(scope, site) for scope in facts.scopes for site in scope.calls if facts.resolve(site.callee, scope) is helper]
+    if len(sites) != 1 or sites[0][0] is not worker:
+        return None
+    site = sites[0][1]
+    worker_node = worker.node
+    assert isinstance(worker_node, cst.FunctionDef)
+    if site.where.block is not worker_node.body or not is_expression_statement(site.where.stmt, site.call):
+        return None
+    if len(site.call.args) != len(helper.params) or any(a.star or a.keyword is not None for a in site.call.args):
+        return None
+    for index, stmt in enumerate(node.body.body):
+        if index == 0 and is_docstring(stmt):
+            continue
+        if not _setup_statement(facts, stmt):
+            return None
+    return SetupHelper(helper, site.where.stmt, site.where.order)
+
+
+def _setup_statement(facts: Facts, stmt: cst.BaseStatement) -> bool:
+    """`os.environ["MASTER_PORT"] = ...`, `torch.cuda.set_device(...)` or `init_process_group(...)`."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return False
+    small = stmt.body[0]
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        return facts.aliases.qualify(small.value.func) in _SETUP_CALLS
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+        if isinstance(target, cst.Subscript) and facts.aliases.qualify(target.value) == "os.environ":
+            element = target.slice[0].slice
+            key = element.value if isinstance(element, cst.Index) else None
+            return isinstance(key, cst.SimpleString) and key.evaluated_value in _MASTER_VARIABLES
+    return False
+
+
+def _expected_through(
+    facts: Facts, worker: Scope, setup: SetupHelper, world_size_args: set[int]
+) -> dict[str, set[str]]:
+    """The helper's parameters that receive the spawn index and the process count."""
+    stmt = setup.call_stmt
+    assert isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr)
+    call = stmt.body[0].value
+    assert isinstance(call, cst.Call)
+    counts = {worker.params[1 + i] for i in world_size_args}
+    expected: dict[str, set[str]] = {"rank": set(), "world_size": set()}
+    for param, arg in zip(setup.scope.params, call.args):
+        if isinstance(arg.value, cst.Name) and arg.value.value == worker.params[0]:
+            expected["rank"].add(param)
+        elif isinstance(arg.value, cst.Name) and arg.value.value in counts:
+            expected["world_size"].add(param)
+    return expected
 
 
 def _master_env_statements(

@@ -13,6 +13,7 @@ import libcst as cst
 from migrate.analysis import Binding, Scope
 from migrate.names import call_argument, instance_attribute
 from migrate.roles.calls import HAND_WRAPPERS
+from migrate.roles.class_wrappers import ClassWrapper, class_wrapper
 from migrate.roles.model import BACKWARD, DISTRIBUTED, MIXED_PRECISION, PREPARE, Finding, Roles
 
 
@@ -74,9 +75,10 @@ def _compiles_a_model(roles: Roles, scope: Scope, call: cst.Call) -> bool:
 def refuse_rewrapped_models(roles: Roles) -> None:
     """`self.model = DDP(self.model, device_ids=[...])` in a class the prepared model reaches through
     a constructor argument (`dataset, model, optimizer = load_train_objs()`, then
-    `Trainer(model, ...)`): AM007 removes hand wrappers only where the model is prepared, so this one
-    would stay and wrap the prepared model (DistributedDataParallel itself on N processes) in a
-    second DDP. The file is refused with the line."""
+    `Trainer(model, ...)`): in the class's constructor, AM007 removes it with its readers
+    (`migrate.roles.class_wrappers`, kept in `roles.class_wrappers`); anywhere else it would stay and
+    wrap the prepared model (DistributedDataParallel itself on N processes) in a second DDP, so the
+    file is refused with the line and the reason."""
     home = roles.home
     if home is None or not roles.models or roles.refused or roles.accelerator_exists:
         return
@@ -93,6 +95,14 @@ def refuse_rewrapped_models(roles: Roles) -> None:
             model = _prepared_model(roles, scope, ref)
             if model is None:
                 continue
+            constructor = roles.constructor_of(scope) if scope.is_method else None
+            why = "the wrapper is outside the function that prepares the model"
+            if constructor is scope:
+                found = class_wrapper(roles.methods_of(scope) or [], scope, call.call)
+                if isinstance(found, ClassWrapper):
+                    roles.class_wrappers.append(found)  # AM007 removes it, and unwraps its readers
+                    continue
+                why = found
             if call.qualified.endswith(".DataParallel"):
                 kind, harm = "DataParallel", ("DataParallel around the prepared model (each process would split its "
                                               "batches over every visible GPU, beside DDP's one GPU per process")
@@ -102,9 +112,8 @@ def refuse_rewrapped_models(roles: Roles) -> None:
             roles.findings = [Finding(DISTRIBUTED, call.call, (
                 f"`{ref}` in `{scope.qualname}` is the model `{model}` that `accelerator.prepare(...)` would wrap in "
                 f"`{home.qualname}`, and this line wraps it again in {kind}: {harm}; `.module.state_dict()` "
-                "would save another `module.` prefix that the original's checkpoints do not have). The wrapper is "
-                "outside the function that prepares the model, so it "
-                "cannot be removed with it, and the file was left as it is: remove this wrapper by hand (prepare "
+                "would save another `module.` prefix that the original's checkpoints do not have). It cannot be "
+                f"removed here ({why}), and the file was left as it is: remove this wrapper by hand (prepare "
                 "wraps the model), read the bare module with `accelerator.unwrap_model(...)` instead of `.module`, "
                 "and run again"
             ), unconverted=True)]

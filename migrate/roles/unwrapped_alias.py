@@ -8,7 +8,9 @@ to prepare is `model`: prepare wraps it once (the hand DDP goes, `model.module` 
 is what the script saves and loads. Preparing the alias instead would leave the hand DDP in place
 and wrap the module a second time. nanoGPT's `raw_model = model.module if ddp else model` (one
 binding, both branches aliases of `model`) is the same alias, and `raw_model.configure_optimizers()`
-builds the optimizer over `model`.
+builds the optimizer over `model`. After a migration, `model` is bound by `accelerator.prepare(...)`
+instead of the hand DDP (`model_without_ddp = model` on both paths): the same alias, so a second run
+changes nothing.
 """
 
 from __future__ import annotations
@@ -38,14 +40,26 @@ def wrapped_model(home: Scope, name: str, aliases: ImportAliases) -> str:
                 plain = True
             elif isinstance(branch, cst.Attribute) and branch.attr.value == "module" and isinstance(branch.value, cst.Name):
                 origins.add(branch.value.value)
+            elif _unwrapped(branch) is not None:
+                origins.add(_unwrapped(branch))  # type: ignore[arg-type]
             else:
                 return name
     if not plain or len(origins) != 1:
         return name
     (model,) = origins
+    if model in home.prepared:
+        return model  # migrated already: `model, optimizer = accelerator.prepare(model, ...)` replaced the hand DDP
     for binding in home.bindings.get(model, []):
         value = binding.value
         if (isinstance(value, cst.Call) and aliases.qualify(value.func) in _WRAPPERS and value.args
                 and isinstance(value.args[0].value, cst.Name) and value.args[0].value.value == model):
             return model
     return name
+
+
+def _unwrapped(value: cst.BaseExpression | None) -> str | None:
+    """`model` of `accelerator.unwrap_model(model)` (what a migration made of `model.module`)."""
+    if (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "unwrap_model"
+            and len(value.args) == 1 and isinstance(value.args[0].value, cst.Name)):
+        return value.args[0].value.value
+    return None

@@ -32,7 +32,11 @@ What it does:
       Accelerator is created right after it and joins the group it made (the runtime, like HF
       Accelerate, reuses an initialised default group). When `accelerator` is needed before that
       call, the placement is reported (the output then fails the accelerator-bound check and is
-      not written) rather than initialising the group twice.
+      not written) rather than initialising the group twice. When that helper also returns the
+      device (`device = setup()`, a torchrun script's `init_process_group` + `LOCAL_RANK` +
+      `set_device` + `return torch.device("cuda", local_rank)`), the call stays as `setup()`, and
+      `accelerator = Accelerator()` + `device = accelerator.device` follow it; the helper itself
+      runs before the Accelerator exists and is left as it is.
     A device chosen as a string (`"cuda" if ... else "cpu"`) that the script also uses as a string
     (`"cuda" in device`, `device == "cuda"`, `pin_memory=device == "cuda"`,
     `torch.autocast(device_type=device)`, formatting, dictionary keys; there or in a helper it is
@@ -244,7 +248,9 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
             plan.insert_after[block[-1]] = [*plan.insert_after.get(block[-1], []), create]
         if plan.create_at is not None:
             plan.replace_stmt[plan.create_at] = []  # the Accelerator joins the group elsewhere
-        if binding is not None and binding.where.stmt is not plan.create_at and shared is not None:
+        if binding is not None and roles.device_from_setup:
+            _keep_setup_call(plan, binding, device_value, block, index)
+        elif binding is not None and binding.where.stmt is not plan.create_at and shared is not None:
             plan.replace_small[shared] = _rebind_small(binding.name, device_value)
         elif binding is not None and binding.where.stmt is not plan.create_at:
             rebind = _rebind(binding.name, device_value, binding.where.stmt, keep_leading=True)
@@ -307,6 +313,23 @@ def _report_visible_devices(roles: Roles, plan: EditPlan) -> None:
             "`accel launch --nproc-per-node N` every process sets the same list and then takes GPU `LOCAL_RANK` among "
             "them: with fewer GPUs listed than processes the others fail. Set it outside the script instead "
             "(`CUDA_VISIBLE_DEVICES=0,1 accel launch --nproc-per-node 2 script.py`) and remove this line"))
+
+
+def _keep_setup_call(
+    plan: EditPlan, binding: DeviceBinding, device_value: str, block: Sequence[cst.BaseStatement], index: int
+) -> None:
+    """`device = setup()` (`migrate.roles.setup_device`): the call stays for its process-group setup,
+    and the name is bound to `accelerator.device` right after the Accelerator created after it."""
+    stmt = binding.where.stmt
+    assert type(stmt) is cst.SimpleStatementLine and type(binding.value) is cst.Call
+    plan.replace_stmt[stmt] = [stmt.with_changes(body=[cst.Expr(binding.value)])]
+    rebind = _rebind(binding.name, device_value, stmt)
+    plan.rebound[rebind] = binding.name
+    if index < len(block):
+        plan.insert_before[block[index]] = [*plan.insert_before[block[index]], rebind]
+    else:
+        plan.insert_after[block[-1]] = [*plan.insert_after[block[-1]], rebind]
+    plan.change(CODE, stmt, f"`{binding.name}` from the setup helper is now `{device_value}`, created after the setup")
 
 
 _RANK = re.compile(r"rank", re.IGNORECASE)
@@ -703,6 +726,8 @@ def _placement(
     if inits:
         last = inits[-1]
         device = roles.device_binding.where.stmt if roles.device_binding is not None else None
+        if roles.device_from_setup:
+            device = None  # `device = setup()` is the setup itself: rebound after the Accelerator
         if any(_uses(block[i], roles, plan, users, default, edited) or (device is not None and _contains(block[i], device))
                for i in range(index, last + 1)):
             plan.report(CODE, block[last], (

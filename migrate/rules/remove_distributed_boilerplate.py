@@ -21,6 +21,13 @@ What it does:
       (`self.ddp_model = DDP(self.model)`, and `self.ddp_model = self.model` without CUDA): prepare
       binds that name, and `self.model` stays the bare module the class saves;
       `model.module` becomes `accelerator.unwrap_model(model)`.
+      A trainer class handed the model that `main` prepares, which wraps it again in its
+      constructor (`self.model = DDP(self.model, device_ids=[gpu])`, the DDP tutorial's shape):
+      the wrapper goes (`self.module = DataParallel(module)` becomes `self.module = module`),
+      `self.model.module` anywhere in the class (also handed to helpers) becomes
+      `accelerator.unwrap_model(self.model)`, and so do the reads of `self.model` that ran before
+      the wrap on the bare module (a snapshot loaded by a method the constructor calls first:
+      `self.model.load_state_dict(...)`), since the prepared model's own keys carry `module.`.
       `DDP(model, device_ids=[rank])` and `DataParallel(model)` also moved the model's inputs to
       its GPU inside forward; the prepared model does not on one process (it is then the bare
       module on `accelerator.device`, and only N processes wrap it in DDP). An input of a later
@@ -56,6 +63,16 @@ What it does:
       rather than from the Accelerator inside the worker: it is then the same value spawn passed (the
       process index on its node, which is also a device index) from the worker's first statement on,
       before the Accelerator exists, and the worker's signature stays as it is.
+      A setup helper the worker calls first (`ddp_setup(rank, world_size)`, a function of the file
+      called only there, that only sets `MASTER_ADDR` / `MASTER_PORT`, pins the GPU and initialises
+      the group from the spawn index and the process count) goes, its call becoming
+      `accelerator = Accelerator()`.
+      A spawn beside a direct call of the worker (`if ngpus > 1: mp.spawn(worker, nprocs=ngpus,
+      args=(ngpus, args)) else: worker(0, 1, args)`, the ImageNet example's launcher) becomes that
+      one call in place of the whole `if`: one process without a launcher, N under `accel launch`.
+      The direct call must pass the spawn's `args` (the process count may differ); a test other
+      than the removed process count (`if args.multiprocessing_distributed:`), and an index other
+      than 0 (`worker(args.gpu, ...)`: the GPU it picked), are reported: the launcher decides now.
       When the spawning function computes the rank, the world size and the rendezvous address into
       the namespace it passes (`args.rank = node * ngpus`, `args.world_size = ...`,
       `args.dist_url = ...`, on SLURM or one node) and the worker joins the group from them
@@ -86,10 +103,11 @@ Example:
 
 Leaves alone:
     `mp.spawn` launchers of another shape (`migrate.roles.SpawnLaunch`): the process group set up
-    in a helper rather than in the worker's body, `rank=` / `world_size=` computed in other ways
+    in a helper that does more than the setup above, `rank=` / `world_size=` computed in other ways
     than the spawn index and the process count or the namespace shape above (the namespace's rank
     read by the spawning function itself or in the worker before its process group exists), the
-    worker also called directly (a second launch path), the optimizer built outside the worker,
+    worker also called directly (a second launch path) other than as the spawn's `else` above or
+    with other arguments, the optimizer built outside the worker,
     `nprocs` used for other things, `args` not a written-out tuple, `join=False`: the whole file
     is refused with the reason (make the worker the entry point, or reshape it so, and run
     again). Hand-written sharding with options that change the training (mixed precision or
@@ -98,13 +116,11 @@ Leaves alone:
     other uses of FSDP (`FSDP.state_dict_type(...)`, `model.clip_grad_norm_()`, `model.reshard()`):
     the whole file is refused with the reason and the fix.
     A `DDP(...)` / `DataParallel(...)` outside the function that prepares the model, around that
-    model (a trainer class given it through its constructor: `dataset, model, optimizer =
-    load_train_objs()`, then `Trainer(model, ...)` and `self.model = DDP(self.model, ...)` in its
-    `__init__`; `prepare` then goes in `main`, after `train_data = prepare_dataloader(...)`):
-    AM007 removes wrappers only where the model is prepared, and removed there the class's
-    `.module` reads and the snapshot it loads into the bare model before wrapping would need
-    rewriting too; kept, it would wrap the prepared model in a second DDP (gradients all-reduced
-    twice, `module.module.` checkpoint keys). The whole file is refused with the line.
+    model, other than the trainer-class constructor above (in another method or function, under
+    a branch, or in a constructor one of whose methods runs both before the wrap, on the bare
+    model, and after it): kept, it would wrap the prepared model in a second DDP (gradients
+    all-reduced twice, `module.module.` checkpoint keys). The whole file is refused with the line
+    and the reason.
     Also a process group initialised in another function than the one that
     builds the optimizer (kept: the Accelerator reuses an existing group; the report says how the
     migrated script is launched: where the call runs only when the launcher's variables are set,
@@ -137,7 +153,7 @@ from migrate.analysis import Loop, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate import local_rank_flag
 from migrate.hand_sharding import HandSharding
-from migrate.names import root_name
+from migrate.names import instance_attribute, root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
 from migrate.roles.model import nested_in
 from migrate.roles.placement import alias_removal
@@ -183,7 +199,10 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     creation_order = _place_creation(roles, plan)
     rank_names: dict[tuple[int, str], str] = {}  # (scope id, name) -> accelerator property
     deferred: list[tuple[Scope, str, cst.Call, StmtRef]] = []  # rank reads of other modules
+    removed = roles.spawn.setup.scope if roles.spawn is not None and roles.spawn.setup is not None else None
     for scope in roles.facts.scopes:
+        if scope is removed:
+            continue
         reach = roles.can_reach(scope)
         _env_rank_bindings(roles, plan, scope, reach, creation_order, rank_names)
         for call in scope.library_calls:
@@ -194,6 +213,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             _module_accesses(roles, plan, scope)
     _local_rank_flag(roles, plan)
     removed = _remove_wrappers(roles, plan)
+    _remove_class_wrappers(roles, plan)
     _remove_samplers(roles, plan)
     _other_modules_rank_reads(roles, plan, deferred)
     for name, wrapper, where in removed:  # once the loaders that get prepared are known
@@ -206,6 +226,19 @@ def _place_creation(roles: Roles, plan: EditPlan) -> int:
     """Create the Accelerator where the process group was initialised; return its order."""
     target = roles.accelerator_scope
     assert target is not None
+    setup = roles.spawn.setup if roles.spawn is not None else None
+    if setup is not None:
+        # `ddp_setup(rank, world_size)` in the spawned worker: the call becomes the Accelerator and
+        # the helper goes (its environment, device and process group are the launcher's and the
+        # Accelerator's now).
+        plan.create_at = setup.call_stmt
+        plan.create_at_order = setup.order
+        helper = setup.scope.node
+        assert isinstance(helper, cst.FunctionDef)
+        plan.replace_stmt[helper] = []
+        plan.change(CODE, setup.call_stmt, f"`{setup.scope.name}(...)` -> `accelerator = Accelerator()`: the "
+                    f"launcher sets the address, the Accelerator the device and the process group (`{setup.scope.name}` removed)")
+        return setup.order
     for call in target.library_calls:
         if call.qualified != _INIT or not _standalone(call.where, call.call) or call.where.in_loop:
             continue
@@ -357,8 +390,32 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
     args = [cst.Arg(rank), *(cst.Arg(size if i in spawn.world_size_args else a) for i, a in enumerate(spawn.args))]
     stmt = spawn.stmt
     assert type(stmt) is cst.SimpleStatementLine
-    plan.replace_stmt[stmt] = [stmt.with_changes(body=[cst.Expr(cst.Call(cst.Name(spawn.worker.name), args))])]
+    direct = stmt.with_changes(body=[cst.Expr(cst.Call(cst.Name(spawn.worker.name), args))])
     count = spawn.nprocs.value if type(spawn.nprocs) is cst.Integer else "N"
+    fallback = spawn.fallback
+    if fallback is None:
+        plan.replace_stmt[stmt] = [direct]
+    else:
+        # `if ngpus > 1: mp.spawn(...) else: worker(0, ...)`: both paths are the one call, which
+        # runs as one process without a launcher and as one of N under `accel launch`.
+        plan.replace_stmt[fallback.stmt] = [direct.with_changes(leading_lines=fallback.stmt.leading_lines)]
+        plan.change(CODE, fallback.call, f"the direct call of `{spawn.worker.name}` and the spawn are now one call: "
+                    f"one process without a launcher, N under `accel launch --nproc-per-node {count}`")
+        if spawn.nprocs_binding is None or not any(
+            type(n) is cst.Name and n.value == cst.Module([]).code_for_node(spawn.nprocs)
+            for n in _names_in(fallback.stmt.test)
+        ):
+            test = cst.Module([]).code_for_node(fallback.stmt.test)
+            plan.report(CODE, fallback.stmt, (
+                f"`if {test}:` chose between spawning processes and one direct call; the launcher decides now: "
+                f"`python script.py` runs one process, `accel launch --nproc-per-node N script.py` runs N, "
+                f"whatever `{test}` is"))
+        rank = fallback.rank
+        if not (type(rank) is cst.Integer and rank.value == "0"):
+            text = cst.Module([]).code_for_node(rank)
+            plan.report(CODE, fallback.call, (
+                f"the direct call passed `{text}` as the worker's index; it now gets `LOCAL_RANK` (0 on one "
+                f"process), so `{text}` no longer picks the GPU: pick it with `CUDA_VISIBLE_DEVICES=N`"))
     plan.change(CODE, spawn.call, f"`mp.spawn` -> `{spawn.worker.name}(...)` called directly, its rank from "
                 f"`LOCAL_RANK`: launch the script with `accel launch --nproc-per-node {count}`")
     if spawn.nprocs_binding is not None:
@@ -377,10 +434,33 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
         plan.change(CODE, namespace.init, f"{names} from the accelerator, for the reads after it")
 
 
+def _keeps_group(plan: EditPlan, scope: Scope) -> bool:
+    """`scope` initialises the process group the migration keeps (the script's own setup helper,
+    `device = setup()`): it runs before the Accelerator exists, which joins that group after it,
+    so its rank reads (`int(os.environ["LOCAL_RANK"])`, `dist.get_rank()`) stay as they are."""
+    return any(
+        c.qualified == _INIT and c.where.stmt is not plan.create_at and c.where.stmt not in plan.replace_stmt
+        for c in scope.library_calls
+    )
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+    walk(node, Names())
+    return found
+
+
 def _env_rank_bindings(
     roles: Roles, plan: EditPlan, scope: Scope, reach: bool, creation_order: int, rank_names: dict[tuple[int, str], str]
 ) -> None:
     """`local_rank = int(os.environ["LOCAL_RANK"])` and `rank = dist.get_rank()`."""
+    if _keeps_group(plan, scope):
+        return  # runs before the Accelerator exists: its reads keep the environment
     for name, bindings in scope.bindings.items():
         for binding in bindings:
             value = binding.value
@@ -503,6 +583,31 @@ def _module_accesses(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         )
         plan.use_accelerator(scope)
         plan.change(CODE, attribute, f"`{model}.module` -> `accelerator.unwrap_model({model})`")
+
+
+def _remove_class_wrappers(roles: Roles, plan: EditPlan) -> None:
+    """`self.model = DDP(self.model, ...)` in a trainer class handed the prepared model
+    (`migrate.roles.class_wrappers`): the statement goes, `self.model.module` and the reads of
+    `self.model` that ran before the wrap (on the bare module) become `accelerator.unwrap_model(self.model)`."""
+    for wrapper in roles.class_wrappers:
+        inner = wrapper.call.args[0].value
+        if instance_attribute(inner) == wrapper.attribute:
+            plan.replace_stmt[wrapper.stmt] = []  # `self.model = DDP(self.model)`
+        else:
+            # `self.module = DataParallel(module)`: the attribute is bound here only, to what it wrapped
+            plan.calls[wrapper.call] = lambda updated: updated.args[0].value
+        plan.change(CODE, wrapper.call, f"`{wrapper.attribute}` no longer wrapped by hand: `accelerator.prepare` "
+                    "wraps the model it is given")
+        for method, node in wrapper.module_reads:
+            inner = node.value
+            plan.attributes[node] = lambda updated, inner=inner: accelerator_call("unwrap_model", [cst.Arg(inner)])
+            plan.use_accelerator(method)
+            plan.change(CODE, node, f"`{wrapper.attribute}.module` -> `accelerator.unwrap_model({wrapper.attribute})`")
+        for method, node in wrapper.bare_reads:
+            plan.attributes[node] = lambda updated, node=node: accelerator_call("unwrap_model", [cst.Arg(node)])
+            plan.use_accelerator(method)
+            plan.change(CODE, node, f"`{wrapper.attribute}` before the removed wrapper was the bare module: "
+                        f"`accelerator.unwrap_model({wrapper.attribute})`")
 
 
 def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, StmtRef]]:

@@ -1,0 +1,65 @@
+"""DDP training started by `mp.spawn`, the worker's process group set up by a helper of its own
+(the DDP tutorial's `ddp_setup(rank, world_size)`), on CPU with gloo.
+
+Arguments: the output directory, then the number of processes. Each rank writes `rank<i>.json`:
+rank, world size, per-step losses, the ids of the samples it trained on and the final weights.
+"""
+
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ddp_setup(rank, world_size):
+    """Join the group of `world_size` processes as `rank`."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = os.environ.get("SHAPE_PORT", "29533")
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def worker(rank, world_size, out_dir):
+    ddp_setup(rank, world_size)
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4, generator=generator)
+    y = x @ torch.tensor([[0.1], [-0.2], [0.05], [0.3]]) + 0.01
+    data = TensorDataset(x, y, torch.arange(64))
+    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=False)
+    loader = DataLoader(data, batch_size=8, sampler=sampler)
+    model = DDP(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses, seen = [], []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        for xb, yb, ids in loader:
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            seen.extend(ids.tolist())
+    weights = [w for p in model.parameters() for w in p.detach().flatten().tolist()]
+    record = {"rank": rank, "world_size": world_size, "losses": losses, "seen": seen, "weights": weights}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
+        json.dump(record, handle)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ["SHAPE_PORT"] = str(free_port())
+    nprocs = int(sys.argv[2])
+    mp.spawn(worker, args=(nprocs, sys.argv[1]), nprocs=nprocs)
