@@ -44,7 +44,7 @@ for step in range(4):
     sgd.step()
 """
 # an `mp.spawn` launcher the tool cannot convert: left as it is (AM007)
-REFUSED = (FIXTURES / "remove_distributed_boilerplate" / "leave_spawn_setup_helper.in.py").read_text()
+REFUSED = (FIXTURES / "remove_distributed_boilerplate" / "leave_spawn_setup_helper_also_seeds.in.py").read_text()
 # a test module: its training code is a test of training, left alone with advice (not a refusal)
 TEST_MODULE = (FIXTURES / "whole_file" / "refused_ddp_test_case.in.py").read_text()
 NO_TRAINING = "print('no torch here')\n"
