@@ -36,7 +36,8 @@ What it does:
       the file neither builds on the CPU nor shows on the device (a batch of a prepared loader, a
       tensor moved with `.to(...)` / `.cuda()`) is reported at the call. A wrapper under an `if`
       is not followed: the script also ran the model unwrapped, so it moves its inputs itself.
-    - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader, `sampler.set_epoch(...)`
+    - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader (replacing the `shuffle=False`
+      that DataLoader required beside a sampler), `sampler.set_epoch(...)`
       and `loader.sampler.set_epoch(...)` go (prepared loaders reshuffle each epoch themselves),
       and the loader is prepared. A `print` of the removed sampler goes with it; a sampler read
       in any other way keeps its binding (no longer given to the loader). Also when a helper of the same file builds the loader
@@ -1002,9 +1003,15 @@ def _only_prints(stmt: cst.BaseStatement) -> bool:
 def _swap_sampler(call: cst.Call, index: int, shuffle: cst.BaseExpression, has_shuffle: bool) -> cst.Call:
     args = list(call.args)
     if has_shuffle:
-        del args[index]
-        if args and index == len(args):
-            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        # `shuffle=False` stood beside the sampler because DataLoader refuses both: the order was the
+        # sampler's (DistributedSampler shuffles by default), so its shuffle replaces the loader's
+        args = [
+            a.with_changes(value=shuffle) if a.keyword is not None and a.keyword.value == "shuffle" else a
+            for a in args
+        ]
+        removed = args.pop(index)
+        if args and index == len(args):  # the last argument takes the removed one's comma and line break
+            args[-1] = args[-1].with_changes(comma=removed.comma)
     else:
         args[index] = args[index].with_changes(keyword=cst.Name("shuffle"), value=shuffle)
     return call.with_changes(args=args)

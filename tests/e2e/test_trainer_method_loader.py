@@ -20,16 +20,14 @@ import ast
 import re
 import subprocess
 import sys
-import textwrap
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # the shared torchrun helpers
-from rt_helpers import run_cmd, torchrun  # noqa: E402
+from original_and_migrated import migrate_into, run_copy  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
 SAMPLES, BATCH, EPOCHS = 64, 8, 3
 LINE = re.compile(r"^epoch (\d+) loss ([0-9.]+) lr ([0-9.e-]+)$", re.M)
@@ -95,15 +93,7 @@ SCRIPT = '''
 
 @lru_cache(maxsize=None)
 def _workdir(tmp_root: str) -> Path:
-    folder = Path(tmp_root)
-    (folder / "original").mkdir(parents=True)
-    (folder / "original" / "trainer.py").write_text(textwrap.dedent(SCRIPT).lstrip())
-    result = subprocess.run(
-        [sys.executable, "-m", "migrate", "--output-dir", str(folder / "migrated"), str(folder / "original")],
-        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return folder
+    return migrate_into(Path(tmp_root), "trainer.py", SCRIPT, TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -112,15 +102,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(folder: Path, which: str, nproc: int) -> tuple[subprocess.CompletedProcess[str], Path]:
-    run_dir = folder / f"{which}-{nproc}"
-    run_dir.mkdir(exist_ok=True)
-    script = folder / which / "trainer.py"
-    if nproc == 1:
-        proc = run_cmd([sys.executable, str(script)], cwd=run_dir, timeout=TIMEOUT)
-    else:
-        proc = torchrun(script, cwd=run_dir, nproc=nproc, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"{which} on {nproc} process(es):\n{proc.stdout}\n{proc.stderr}"
-    return proc, run_dir
+    return run_copy(folder, which, "trainer.py", nproc, TIMEOUT)
 
 
 def _seen(run_dir: Path, rank: int) -> tuple[list[int], float]:

@@ -20,16 +20,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import textwrap
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # the shared torchrun helpers
-from rt_helpers import run_cmd, torchrun  # noqa: E402
+from original_and_migrated import migrate_into, run_copy  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180
 LOSS = re.compile(r"^epoch (\d+) step (\d+) loss ([0-9.]+)$", re.M)
 STEPS = re.compile(r"^rank (\d) steps (\d+) weights ([0-9.e+-]+)$", re.M)
@@ -121,15 +119,7 @@ SCRIPT = '''
 
 @lru_cache(maxsize=None)
 def _workdir(tmp_root: str) -> Path:
-    folder = Path(tmp_root)
-    (folder / "original").mkdir(parents=True)
-    (folder / "original" / "single_gpu.py").write_text(textwrap.dedent(SCRIPT).lstrip())
-    result = subprocess.run(
-        [sys.executable, "-m", "migrate", "--output-dir", str(folder / "migrated"), str(folder / "original")],
-        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return folder
+    return migrate_into(Path(tmp_root), "single_gpu.py", SCRIPT, TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -138,15 +128,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(folder: Path, which: str, nproc: int) -> tuple[subprocess.CompletedProcess[str], Path]:
-    run_dir = folder / f"{which}-{nproc}"
-    run_dir.mkdir(exist_ok=True)
-    script = folder / which / "single_gpu.py"
-    if nproc == 1:
-        proc = run_cmd([sys.executable, str(script)], cwd=run_dir, timeout=TIMEOUT)
-    else:
-        proc = torchrun(script, cwd=run_dir, nproc=nproc, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"{which} on {nproc} process(es):\n{proc.stdout}\n{proc.stderr}"
-    return proc, run_dir
+    return run_copy(folder, which, "single_gpu.py", nproc, TIMEOUT)
 
 
 def _ranks(run_dir: Path) -> dict[int, tuple[int, float]]:
