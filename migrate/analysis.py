@@ -699,7 +699,7 @@ def _is_gpu_index(name: str, value: cst.BaseExpression) -> bool:
 
 def is_device_choice(expr: cst.BaseExpression, aliases: ImportAliases) -> bool:
     """`torch.device(...)`, `"cuda" if torch.cuda.is_available() else "cpu"`, `"cuda:0"`,
-    `torch.accelerator.current_accelerator()` (optionally `.type`)."""
+    `f"cuda:{local_rank}"`, `torch.accelerator.current_accelerator()` (optionally `.type`)."""
     if type(expr) is cst.Call:
         qualified = aliases.qualify(expr.func)
         return qualified in ("torch.device", "torch.accelerator.current_accelerator")
@@ -710,6 +710,11 @@ def is_device_choice(expr: cst.BaseExpression, aliases: ImportAliases) -> bool:
     if type(expr) is cst.SimpleString:
         text = expr.evaluated_value
         return isinstance(text, str) and text.split(":", 1)[0] in _DEVICE_STRINGS
+    if type(expr) is cst.FormattedString:
+        # `f"cuda:{local_rank}"`: a device type and an index formatted in
+        parts = expr.parts
+        return (len(parts) == 2 and type(parts[0]) is cst.FormattedStringText
+                and parts[0].value in ("cuda:", "xpu:") and type(parts[1]) is cst.FormattedStringExpression)
     return False
 
 

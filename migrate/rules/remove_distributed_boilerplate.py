@@ -243,6 +243,7 @@ def _place_creation(roles: Roles, plan: EditPlan) -> int:
     for call in target.library_calls:
         if call.qualified != _INIT or not _standalone(call.where, call.call) or call.where.in_loop:
             continue
+        _drop_cuda_assert(roles, plan, call.where)
         device = roles.device_binding
         if device is not None and device.where.order < call.where.order:
             plan.replace_stmt[call.where.stmt] = []
@@ -256,6 +257,24 @@ def _place_creation(roles: Roles, plan: EditPlan) -> int:
     if roles.device_binding is not None:
         return roles.device_binding.where.order
     return 0  # created at the top of its scope
+
+
+def _drop_cuda_assert(roles: Roles, plan: EditPlan, init: StmtRef) -> None:
+    """`assert torch.cuda.is_available(), "DDP needs CUDA"` in the block that initialises the process
+    group (nanoGPT's `if ddp:` branch, taken whenever the launcher sets RANK): the script's own group
+    was NCCL's, which needs CUDA; the Accelerator picks the backend (gloo on CPUs), so under `accel
+    launch` on CPUs the kept assert would stop a migration that runs. It goes with the group."""
+    aliases = roles.facts.aliases
+    for stmt in init.block.body:
+        if stmt is init.stmt:
+            return
+        if not (type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 and type(stmt.body[0]) is cst.Assert):
+            continue
+        test = stmt.body[0].test
+        if type(test) is cst.Call and not test.args and aliases.qualify(test.func) == "torch.cuda.is_available":
+            plan.replace_stmt[stmt] = []
+            plan.change(CODE, stmt, "`assert torch.cuda.is_available()` beside the process group's setup removed: "
+                        "the Accelerator picks the backend for the device (gloo on CPUs), so the group no longer needs CUDA")
 
 
 def _forget_init_arguments(scope: Scope, call: cst.Call, plan: EditPlan) -> None:

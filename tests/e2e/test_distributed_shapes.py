@@ -10,6 +10,14 @@ Each script in `distributed_shape_scripts/` is a shape of its own, hand-written 
   worker once); the migrated copy runs as plain `python` on one process.
 - `spawn_setup_helper.py`: the spawned worker calls its own `ddp_setup(rank, world_size)` (address,
   process group): the call becomes the Accelerator and the helper goes.
+- `launcher_env_branch.py`: a module-level script (no `main()`, no `__main__` guard) whose `if ddp:`
+  branch, taken when the launcher sets RANK, asserts CUDA, joins an NCCL group and pins
+  `f"cuda:{local_rank}"`; the batches are sharded by hand, the gradient accumulated with the DDP
+  sync skipped but on the last micro-step, the loss averaged over the ranks. The migrated branch is
+  device-neutral (the assert goes with the group, the device is `accelerator.device.type` as in
+  the other branch), so it trains under `accel launch` on CPUs. The original cannot run its DDP
+  branch on a CPU: the migrated copy at 1 and 2 processes is compared with the original as plain
+  `python` (its single-process branch).
 - `trainer_class_ddp.py`: a trainer class handed the model by `main` resumes from a snapshot into
   the bare model, then wraps it in DDP, and reads `.module`: the wrapper goes (prepare wraps the
   model once) and both reads become `unwrap_model`. Every run resumes from the same snapshot
@@ -75,7 +83,7 @@ def _run(name: str, how: str, nproc: int) -> tuple[dict, ...]:
     out = Path(tempfile.mkdtemp(prefix=f"distshape-{name}-{how}{nproc}-"))
     if name == "trainer_class_ddp":
         _snapshot(out)
-    if how == "original" and SHAPES[name] == "torchrun":
+    if how == "original" and SHAPES.get(name) == "torchrun":  # else by itself (`launcher_env_branch`: one process)
         result = torchrun(SCRIPTS / f"{name}.py", str(out), cwd=out, nproc=nproc, timeout=TIMEOUT)
     elif how == "original":
         result = run_cmd([sys.executable, str(SCRIPTS / f"{name}.py"), str(out), str(nproc)], cwd=out, timeout=TIMEOUT)
@@ -153,3 +161,40 @@ def test_two_processes_train_like_the_original(name: str) -> None:
 
     assert len(step_losses(original)) == 3 * 4
     assert step_losses(migrated) == pytest.approx(step_losses(original), abs=1e-6)
+
+
+def test_launcher_branch_is_device_neutral() -> None:
+    text = _migrated("launcher_env_branch").read_text()
+    text = text[text.index("out_dir = "):]  # the code, not the docstring
+    assert "torch.cuda.is_available()" not in text and "cuda:" not in text and "set_device" not in text
+    branch = text[text.index("if ddp:\n"):text.index("else:\n")]
+    assert "    device = accelerator.device.type\n" in branch
+    assert text.count("device = accelerator.device.type\n") == 2
+    assert text.index("accelerator = Accelerator()") < text.index("if ddp:\n")
+
+
+@pytest.mark.parametrize("how", ["python", "migrated"])
+def test_launcher_branch_one_process_trains_like_the_original(how: str) -> None:
+    """`python` takes the script's single-process branch, `accel launch --nproc-per-node 1` (RANK
+    set) its DDP branch: both train as the original's single-process branch."""
+    (original,), (migrated,) = _run("launcher_env_branch", "original", 1), _run("launcher_env_branch", how, 1)
+    assert (migrated["rank"], migrated["world_size"]) == (original["rank"], original["world_size"]) == (0, 1)
+    assert migrated["seen"] == original["seen"] and len(original["seen"]) == 8 * 16
+    assert migrated["losses"] == pytest.approx(original["losses"], abs=1e-6)
+    assert migrated["weights"] == pytest.approx(original["weights"], abs=1e-6)
+
+
+def test_launcher_branch_two_processes_train_like_one() -> None:
+    """Each rank reads its own micro-batches (half of each step's 16 samples); the gradient and the
+    loss averaged over the ranks are the single-process ones."""
+    (original,) = _run("launcher_env_branch", "original", 1)
+    migrated = _run("launcher_env_branch", "migrated", 2)
+    assert [(r["rank"], r["world_size"]) for r in migrated] == [(0, 2), (1, 2)]
+    first, second = (r["seen"] for r in migrated)
+    assert len(first) == len(second) == 8 * 8
+    for step in range(8):
+        both = first[step * 8:(step + 1) * 8] + second[step * 8:(step + 1) * 8]
+        assert sorted(both) == sorted(original["seen"][step * 16:(step + 1) * 16])
+    for rank in migrated:
+        assert rank["losses"] == pytest.approx(original["losses"], abs=1e-6)
+        assert rank["weights"] == pytest.approx(original["weights"], abs=1e-6)
