@@ -5,7 +5,11 @@ What it does:
       joins the process group itself; on one process it needs none); a device chosen from the
       rank (`torch.device("cuda", local_rank)`) becomes `accelerator.device`;
       `torch.cuda.set_device(...)` goes; `dist.destroy_process_group()` becomes
-      `accelerator.end_training()`.
+      `accelerator.end_training()`. An `assert torch.cuda.is_available()` in the block that
+      initialises the group (a module-level script's `if ddp:` branch, taken whenever the launcher
+      sets RANK, which asserted CUDA for its NCCL group) goes with the group: the Accelerator picks
+      the backend for the device (gloo on CPUs), and the branch's `f"cuda:{local_rank}"` becomes
+      the Accelerator's device (AM001), so `accel launch` runs the branch on CPUs as well.
     - `RANK` / `LOCAL_RANK` / `WORLD_SIZE` read from the environment, `dist.get_rank()` and
       `dist.get_world_size()` become `accelerator.process_index` / `local_process_index` /
       `num_processes` (in a function of another module of a unit, AM013, which would take
