@@ -40,6 +40,12 @@ What it does:
       the file neither builds on the CPU nor shows on the device (a batch of a prepared loader, a
       tensor moved with `.to(...)` / `.cuda()`) is reported at the call. A wrapper under an `if`
       is not followed: the script also ran the model unwrapped, so it moves its inputs itself.
+    - The functional `nn.parallel.data_parallel(self.main, input, range(self.ngpu))` in a model's
+      `forward` (DCGAN's shape) becomes `self.main(input)` (a written-out tuple of inputs is
+      unpacked): each process runs the module on its own device, as the prepared model does,
+      instead of scattering its batch over every GPU of the machine. Under `if input.is_cuda and
+      self.ngpu > 1: <that> else: <the same direct call>` the `if` becomes that one call. With
+      `output_device=` or `module_kwargs=` it is kept and reported (call the module directly).
     - A `DistributedSampler` goes: its `shuffle` moves to the DataLoader (replacing the `shuffle=False`
       that DataLoader required beside a sampler), `sampler.set_epoch(...)`
       and `loader.sampler.set_epoch(...)` go (prepared loaders reshuffle each epoch themselves),
@@ -185,6 +191,7 @@ _WRAPPERS = frozenset({
     # the defining modules, as `from torch.nn.parallel.distributed import DistributedDataParallel` names them
     "torch.nn.parallel.distributed.DistributedDataParallel", "torch.nn.parallel.data_parallel.DataParallel",
 })
+_DATA_PARALLEL = frozenset({"torch.nn.parallel.data_parallel", "torch.nn.parallel.data_parallel.data_parallel"})
 _SAMPLERS = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
 _RANK_PROPERTY = {
     "torch.distributed.get_rank": "process_index",
@@ -281,6 +288,76 @@ def _drop_cuda_assert(roles: Roles, plan: EditPlan, init: StmtRef) -> None:
                         "the Accelerator picks the backend for the device (gloo on CPUs), so the group no longer needs CUDA")
 
 
+def _functional_data_parallel(plan: EditPlan, call: cst.Call, where: StmtRef) -> None:
+    """`nn.parallel.data_parallel(self.main, input, range(self.ngpu))` (in a model's `forward`, DCGAN's
+    shape) -> `self.main(input)`: each process runs its module on its own device, as the prepared
+    model does, instead of scattering its batch over every GPU of the machine (N processes would
+    each use them all). Under `if input.is_cuda and self.ngpu > 1: <that> else: <the direct call>`
+    both branches are then the same call: the `if` becomes it. With `output_device=` (the result
+    gathered elsewhere) or `module_kwargs=` it is reported instead."""
+    positional = [a for a in call.args if a.keyword is None]
+    named = {a.keyword.value: a for a in call.args if a.keyword is not None}
+    module = named["module"].value if "module" in named else positional[0].value if positional else None
+    inputs = named["inputs"].value if "inputs" in named else positional[1].value if len(positional) > 1 else None
+    odd = sorted(set(named) - {"module", "inputs", "device_ids", "dim"}) + (["output_device"] if len(positional) > 3 else [])
+    if module is None or inputs is None or any(a.star for a in call.args) or odd:
+        why = f" with `{'`, `'.join(odd)}`" if odd else ""
+        plan.report(CODE, call, (
+            f"`data_parallel(...)`{why} was kept: it splits each batch over this machine's GPUs inside one process, "
+            "so under `accel launch` every process would use them all. Call the module directly (`module(inputs)`: "
+            "each process then runs it on its own device"
+            + ("; move the output yourself where `output_device` put it" if "output_device" in odd or len(positional) > 3 else "")
+            + ") and launch N processes with `accel launch --nproc-per-node N`"), unconverted=True)
+        return
+    if type(inputs) is cst.Tuple:
+        args = [cst.Arg(e.value, star="*" if type(e) is cst.StarredElement else "") for e in inputs.elements]
+    else:
+        args = [cst.Arg(inputs)]
+    direct = cst.Call(module, args)
+    stmt = where.stmt
+    parent = where.path[-1].stmt if where.path else None
+    if type(parent) is cst.If and _same_branches_after(parent, stmt, call, direct):
+        assert type(parent.orelse) is cst.Else and type(parent.orelse.body) is cst.IndentedBlock
+        kept = parent.orelse.body.body[0]
+        plan.replace_stmt[parent] = [kept.with_changes(leading_lines=parent.leading_lines)]
+        test = cst.Module([]).code_for_node(parent.test)
+        plan.change(CODE, call, (
+            f"`data_parallel(...)` -> the module called directly, and `if {test}:` with it (both branches were then "
+            "the same call): each process runs its module on its own device; run N processes with `accel launch "
+            "--nproc-per-node N` instead of splitting each batch over the GPUs"))
+        return
+    plan.calls[call] = lambda updated, direct=direct: direct
+    plan.change(CODE, call, (
+        "`data_parallel(...)` -> the module called directly: each process runs it on its own device; run N "
+        "processes with `accel launch --nproc-per-node N` instead of splitting each batch over the GPUs"))
+
+
+def _same_branches_after(node: cst.If, stmt: cst.BaseStatement, call: cst.Call, direct: cst.Call) -> bool:
+    """`if <test without calls>: <stmt> else: <one statement>`, the else's statement the code of `stmt`
+    with `call` replaced by `direct`."""
+    orelse = node.orelse
+    if not (type(node.body) is cst.IndentedBlock and len(node.body.body) == 1 and node.body.body[0] is stmt
+            and type(orelse) is cst.Else and type(orelse.body) is cst.IndentedBlock and len(orelse.body.body) == 1):
+        return False
+    if any(type(n) is cst.Call for n in _nodes(node.test)):
+        return False
+    other = orelse.body.body[0]
+    if not (type(stmt) is cst.SimpleStatementLine and type(other) is cst.SimpleStatementLine):
+        return False
+    empty = cst.Module([])
+    replaced = stmt.deep_replace(call, direct)
+    assert isinstance(replaced, cst.SimpleStatementLine)
+    code = [empty.code_for_node(small) for small in replaced.body]
+    return code == [empty.code_for_node(small) for small in other.body]
+
+
+def _nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found = [node]
+    for child in node.children:
+        found.extend(_nodes(child))
+    return found
+
+
 def _forget_init_arguments(scope: Scope, call: cst.Call, plan: EditPlan) -> None:
     """`backend = "nccl" if ... else "gloo"` fed only the removed `init_process_group(backend)`
     (or `policy = partial(...)` only the removed `FSDP(model, auto_wrap_policy=policy)`)."""
@@ -304,6 +381,9 @@ def _library_call(
 ) -> None:
     if qualified in _SPAWN:
         return  # converted by `_convert_spawn` (the roles refuse the shapes it cannot convert)
+    if qualified in _DATA_PARALLEL:
+        _functional_data_parallel(plan, call, where)
+        return
     if qualified in _IDENTITY_AT_ONE and _standalone(where, call) and type(call.func) is cst.Attribute:
         if not _guarded(where):
             _guard_collective(plan, where.stmt, call, call.func)
