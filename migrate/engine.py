@@ -12,10 +12,11 @@ diagnostic coded by the check says what was dropped (`migrate/safety/fallback.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
+from migrate import already_distributed
 from migrate.analysis import analyze
 from migrate.cleanup import remove_unused
 from migrate.edits import EditPlan
@@ -117,7 +118,8 @@ def run_rules(
     are not located, unless skip comments need the lines.
     """
     attempt = Attempt()
-    plan = plan_edits(find_roles(analyze(module, text)), options)
+    roles = find_roles(analyze(module, text))
+    plan = plan_edits(roles, options)
 
     if (plan.changes or plan.findings) and (report or skipped):
         # Skip comments and annotations look up other nodes' lines; otherwise only the reported ones.
@@ -138,6 +140,8 @@ def run_rules(
     elif plan.changes:
         attempt.changes = [Change(r.code, 0, r.message) for r in plan.changes]
     if plan.empty:
+        if report:
+            _say_already_distributed(attempt, roles, path)
         return attempt
 
     rewriter = Rewriter(plan, with_ancestors(module, plan.targets()))
@@ -160,6 +164,17 @@ def run_rules(
     attempt.new_text = new_text
     attempt.new_module = new_module
     return attempt
+
+
+def _say_already_distributed(attempt: Attempt, roles: Roles, path: str) -> None:
+    """A refused script that already trains distributed as it is: its first refusal says so and how
+    it is started (`migrate.already_distributed`)."""
+    first = next((d for d in attempt.diagnostics if d.unconverted), None)
+    if first is None:
+        return
+    said = already_distributed.note([roles.facts], path)
+    if said is not None:
+        attempt.diagnostics = [replace(d, message=f"{d.message}. {said}") if d is first else d for d in attempt.diagnostics]
 
 
 def plan_edits(roles: Roles, options: Options) -> EditPlan:

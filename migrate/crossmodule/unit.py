@@ -34,6 +34,7 @@ import libcst as cst
 from migrate.analysis import Facts, analyze
 from migrate.cleanup import remove_unused
 from migrate.crossmodule import CODE
+from migrate import already_distributed
 from migrate.crossmodule.merge import Conflict, merged_facts
 from migrate.imports import add_imports
 from migrate.positions import start_lines
@@ -152,8 +153,13 @@ def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[Fil
                     results[path].changes = []
             result = results[entry]
             result.parsed = True
+            message = _not_followed(outcome.reason)
+            if outcome.unconverted:
+                read = [item.facts for item in (parsed.items.get(p) for p in members) if item is not None and item.facts]
+                said = already_distributed.note(read, str(entry)) if read and read[0] is parsed.items[entry].facts else None
+                message = message if said is None else f"{message}. {said}"
             result.diagnostics = sorted(
-                {*result.diagnostics, Diagnostic(CODE, outcome.line, _not_followed(outcome.reason), unconverted=outcome.unconverted)},
+                {*result.diagnostics, Diagnostic(CODE, outcome.line, message, unconverted=outcome.unconverted)},
                 key=lambda d: (d.line, d.code, d.message),
             )
             _tell_callees(results, members, entry, by_path, index)
