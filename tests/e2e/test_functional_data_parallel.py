@@ -52,7 +52,7 @@ def _run(script: Path, nproc: int, launch: bool) -> list[dict]:
 
 def test_forward_calls_the_module_directly(migrated: Path) -> None:
     text = migrated.read_text()
-    assert "data_parallel" not in text and "self.gpus > 1" not in text
+    assert "data_parallel(" not in text and "self.gpus > 1" not in text
     forward = text[text.index("def forward("):text.index("def main(")]
     assert "out = self.layers(x)" in forward and "if " not in forward
 
