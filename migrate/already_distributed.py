@@ -16,7 +16,8 @@ and how it is started, read from the code (never from its names):
   process group up outside the modules read: the note says so, for the case that setup reads
   torchrun's variables.
 
-Nothing is said for a script that is not distributed, or whose group takes values of its own that
+Nothing is said for a module without an entry point (a trainer class others import), a notebook,
+a script that is not distributed, or one whose group takes values of its own that
 no launcher sets (that case has its own report in AM007)."""
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ _DDP = frozenset({"torch.nn.parallel.DistributedDataParallel", "torch.nn.paralle
 def note(modules: Sequence[Facts], path: str) -> str | None:
     """The sentence a refusal of the script at `path` (its modules: the script first) ends with,
     or None when it does not already run distributed as it is."""
-    if not modules or path.endswith(".ipynb"):
-        return None
+    if not modules or path.endswith(".ipynb") or not _is_script(modules[0]):
+        return None  # a module others import (a trainer class) is not started by itself
     script = PurePath(path).name
     entry = modules[0]
     spawn = _first_call(entry, _SPAWNERS)
@@ -75,6 +76,16 @@ def note(modules: Sequence[Facts], path: str) -> str | None:
             "the code read here: where that setup reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK), it "
             f"runs unchanged under `torchrun --nproc-per-node N {script}` (or `accel launch --nproc-per-node N "
             f"{script}`, which sets the same variables)")
+
+
+def _is_script(facts: Facts) -> bool:
+    """The module is started itself: an `if __name__ == "__main__":` guard, a module-level training
+    step, or module-level calls of its own functions."""
+    from migrate.roles.entry import _has_main_guard
+
+    module = facts.module_scope
+    return (_has_main_guard(facts.module) or bool(module.backwards)
+            or any(facts.resolve(site.callee, module) is not None for site in module.calls))
 
 
 def _environ_read(init) -> str | None:  # type: ignore[no-untyped-def]
