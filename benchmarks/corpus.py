@@ -265,7 +265,8 @@ def verify_unit(unit: Unit, report: UnitReport, *, nproc: int, steps: int, timeo
             copy = root / script.name
             shutil.copy2(script, copy)
         try:
-            result = verify(copy, [], steps=steps, synthetic=True, nproc=nproc, timeout=timeout)
+            result = verify(copy, [], steps=steps, synthetic=True, nproc=nproc, timeout=timeout,
+                            unit=root if unit.is_dir else None)
         except Exception as error:  # noqa: BLE001 - one unit's crash must not stop the report
             report.verify, report.verify_error = COULD_NOT_RUN, f"verify crashed: {error!r}"
             return

@@ -94,6 +94,11 @@ def verify_command(
         help="Replace the script's data, pretrained weights and CUDA by generated data of the same structure, "
         "on CPU (see docs/verify.md); compare the 1-process runs, then run the migrated copy on --nproc-per-node processes.",
     ),
+    unit: Optional[Path] = typer.Option(
+        None, "--unit", metavar="DIR",
+        help="With --synthetic: the repository folder holding SCRIPT; it is migrated whole (as `accel-migrate DIR`) "
+        "into the temporary folder and SCRIPT runs from that copy.",
+    ),
 ) -> None:
     from migrate.config import TARGETS
     from migrate.verify import verify
@@ -108,6 +113,10 @@ def verify_command(
 
     if steps is None:
         steps = DEFAULT_SYNTHETIC_STEPS if synthetic else DEFAULT_STEPS
+    if unit is not None and not synthetic:
+        _fail_usage("--unit needs --synthetic")
+    if unit is not None and not unit.is_dir():
+        _fail_usage(f"--unit {unit}: not a folder")
     if synthetic and steps == 0:
         _fail_usage("--synthetic needs --steps N > 0 (every DataLoader pass yields N batches)")
     where = "" if nproc == 1 else f" on {nproc} processes"
@@ -118,6 +127,7 @@ def verify_command(
     result = verify(
         script, list(args or []), steps=steps, rtol=rtol, atol=atol, target=target, python=python,
         timeout=timeout, keep=keep, nproc=nproc, seed=seed, synthetic=synthetic,
+        unit=unit,
     )
     if result.exit_code == 2:
         typer.echo(f"accel-migrate verify: error: {result.message}", err=True)

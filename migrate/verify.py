@@ -513,6 +513,29 @@ class VerifyResult:
     first_error: str = ""
 
 
+def migrate_unit(script: Path, unit: Path, folder: Path, target: str) -> tuple[Path | None, str]:
+    """Copy the folder `unit` (a repository holding `script`) to `folder` and migrate the copy in
+    place, as `accel-migrate UNIT` would. Returns (the copy of script, diagnostics) or (None, why not)."""
+    import shutil
+
+    from migrate import runner
+    from migrate.engine import Options
+
+    copy = folder / unit.name
+    shutil.copytree(unit, copy, ignore_dangling_symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    report = runner.run([copy], Options(target=target), write=True, jobs=1)
+    diagnostics, changed = "", False
+    for result in report.results:
+        shown = Path(result.path).relative_to(copy) if Path(result.path).is_relative_to(copy) else Path(result.path)
+        if result.traceback is not None:
+            return None, f"{unit / shown}: internal error while migrating:\n{result.traceback}"
+        changed = changed or result.changed
+        diagnostics += "".join(f"\n  {shown}:{d.line}: {d.code}: {d.message}" for d in result.diagnostics)
+    if not changed:
+        return None, f"{unit}: nothing to migrate (no rule changed it), so there is nothing to verify{diagnostics}"
+    return copy / script.relative_to(unit), diagnostics
+
+
 def migrate_copy(script: Path, folder: Path, target: str, mixed_precision: str = "no") -> tuple[Path | None, str]:
     """Migrate `script` into `folder` (same file name). Returns (path, "") or (None, why not)."""
     from migrate import runner
@@ -554,10 +577,13 @@ def verify(
     nproc: int = 1,
     seed: int | None = DEFAULT_SEED,
     synthetic: bool = False,
+    unit: Path | None = None,
 ) -> VerifyResult:
     """Migrate `script`, run the original on one process and the migrated copy on `nproc`, compare.
 
     synthetic: see verify_synthetic (the data, weights and CUDA replaced; three runs).
+    unit: a folder holding `script` (its repository), migrated whole as `accel-migrate UNIT`
+    would; the script then runs from the migrated copy of the folder (--synthetic only).
 
     nproc == 1: both as `python SCRIPT ARGS`; the losses of every backward call are compared.
     nproc > 1: the migrated copy under `python -m torch.distributed.run --nproc-per-node N` on CPU
@@ -584,7 +610,7 @@ def verify(
     if synthetic:
         try:
             return verify_synthetic(script, args, folder, steps=steps, rtol=rtol, atol=atol, target=target,
-                                    python=python, timeout=timeout, nproc=nproc, seed=seed)
+                                    python=python, timeout=timeout, nproc=nproc, seed=seed, unit=unit)
         finally:
             if keep is None:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -774,7 +800,7 @@ def print_report(run: Run, nproc: int) -> list[str]:
 
 def verify_synthetic(
     script: Path, args: list[str], folder: Path, *, steps: int, rtol: float, atol: float, target: str,
-    python: str, timeout: float, nproc: int, seed: int | None,
+    python: str, timeout: float, nproc: int, seed: int | None, unit: Path | None = None,
 ) -> VerifyResult:
     """`--synthetic`: the original and the migrated copy on 1 process, then the migrated copy on
     `nproc`, each with its data, pretrained weights and CUDA replaced (migrate/verify_synthetic.txt)
@@ -785,7 +811,14 @@ def verify_synthetic(
     processes (a rank crashes or hangs, ranks step differently, replicas end out of sync, a rank
     trains on another rank's samples, or a file is written by several ranks), verified."""
     limit = steps or DEFAULT_SYNTHETIC_STEPS
-    migrated, notes = migrate_copy(script, folder / "migrated", target)
+    if unit is not None:
+        unit = unit.resolve()
+        if not script.is_relative_to(unit):
+            return VerifyResult(EXIT_ERROR, f"{script} is not in --unit {unit}", status=COULD_NOT_RUN,
+                                first_error=f"{script} is not in --unit {unit}")
+        migrated, notes = migrate_unit(script, unit, folder / "migrated", target)
+    else:
+        migrated, notes = migrate_copy(script, folder / "migrated", target)
     if migrated is None:
         return VerifyResult(EXIT_ERROR, notes, status=COULD_NOT_RUN, first_error=_first_line(notes))
     bootstrap = write_bootstrap(folder)

@@ -133,3 +133,23 @@ def test_data_it_cannot_replace_is_named(scripts: Path) -> None:
     assert "make the data exist, or pass the script an argument that points at data that exists" in result.first_error
     assert result.migrated is None  # the migrated copy was not run
     assert VERIFIED != result.status
+
+
+def test_repository_unit_migrated_whole(tmp_path: Path) -> None:
+    """--unit: main.py builds, engine.py trains; the folder is migrated whole (engine.py's backward
+    becomes accelerator.backward) and main.py runs from the migrated copy, at 1 and 2 processes.
+    Without --unit only main.py would be migrated, and engine.py's plain backward would run."""
+    unit = tmp_path / "repo"
+    shutil.copytree(SCRIPTS / "repo_unit", unit)
+    env = dict(os.environ, OMP_NUM_THREADS="1", NO_COLOR="1")
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "migrate", "verify", str(unit / "main.py"), "--synthetic", "--unit", str(unit),
+         "--nproc-per-node", "2", "--timeout", "150"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "synthetic: np.load('data/train.npy'): the file is absent" in result.stdout
+    assert "writes: each file by one rank (1 files)" in result.stdout
+    assert result.stdout.rstrip().endswith("verdict: verified")
+    assert sorted(p.name for p in unit.iterdir()) == ["engine.py", "main.py"]
