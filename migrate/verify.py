@@ -710,7 +710,9 @@ def why_not_run(run: Run, script: Path) -> str:
         if run.timed_out:
             return "the original script did not finish within --timeout"
         if 0 in run.ends and not run.losses():
-            return "the original script called no .backward() with synthetic data: nothing to compare"
+            said = run.stdout.strip().splitlines()
+            last = f" (its last line: {said[-1].strip()[:200]!r})" if said else ""
+            return f"the original script called no .backward() with synthetic data: nothing to compare{last}"
         tail = (run.stderr.strip() or run.stdout.strip()).splitlines()
         return f"the original script exited with {run.returncode}: {tail[-1] if tail else '(no output)'}"
     where = error.get("where")
