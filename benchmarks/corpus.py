@@ -251,9 +251,8 @@ def verify_unit(unit: Unit, report: UnitReport, *, nproc: int, steps: int, timeo
         return
     start = time.perf_counter()
     script = entry_script(unit, report)
-    if script is None or script.suffix != ".py":
-        report.verify = COULD_NOT_RUN
-        report.verify_error = "a notebook (verify runs .py scripts)" if script is not None else "no script with a __main__ guard"
+    if script is None:
+        report.verify, report.verify_error = COULD_NOT_RUN, "no script with a __main__ guard"
         return
     with tempfile.TemporaryDirectory(prefix="accel-migrate-corpus-verify-") as scratch:
         root = Path(scratch) / "unit"

@@ -800,6 +800,23 @@ def print_report(run: Run, nproc: int) -> list[str]:
     return []
 
 
+def notebook_script(notebook: Path, folder: Path) -> Path:
+    """A notebook's code cells joined into one script (notebooks.load: IPython lines and cell
+    magics become calls of a no-op marker, so shell lines like `!pip install` are not run), written
+    to `folder` as NAME.py; ValueError when it is not a Python notebook."""
+    from migrate import notebooks
+
+    try:
+        loaded = notebooks.load(notebook.read_text(encoding="utf-8"))
+    except notebooks.NotebookError as error:
+        raise ValueError(f"{notebook}: {error}") from None
+    prelude = "".join(f"def {name}(index):\n    pass\n" for name in (notebooks.CELL_MARKER, notebooks.MAGIC_MARKER))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{notebook.stem}.py"
+    path.write_text(prelude + loaded.script, encoding="utf-8")
+    return path
+
+
 def verify_synthetic(
     script: Path, args: list[str], folder: Path, *, steps: int, rtol: float, atol: float, target: str,
     python: str, timeout: float, nproc: int, seed: int | None, unit: Path | None = None,
@@ -823,6 +840,14 @@ def verify_synthetic(
         migrated, notes = migrate_copy(script, folder / "migrated", target)
     if migrated is None:
         return VerifyResult(EXIT_ERROR, notes, status=COULD_NOT_RUN, first_error=_first_line(notes))
+    original_path, original_extra = script, None
+    if script.suffix == ".ipynb":  # both notebooks run as their joined code cells (magics skipped)
+        try:
+            original_path = notebook_script(script, folder / "original")
+            migrated = notebook_script(migrated, migrated.parent)
+        except ValueError as error:
+            return VerifyResult(EXIT_ERROR, str(error), status=COULD_NOT_RUN, first_error=str(error))
+        original_extra = script.parent
     bootstrap = write_bootstrap(folder)
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
     environment.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -837,11 +862,11 @@ def verify_synthetic(
                                 extra_path=extra, timeout=timeout, seed=seed, synthetic=limit)
 
     text = migrated.read_text(encoding="utf-8")
-    original = run("original", script, 1, None)
+    original = run("original", original_path, 1, original_extra)
     replaced = original.synthetic(0).get("replaced") or []
     lines = [f"synthetic: {r}" for r in replaced] or ["synthetic: nothing replaced (the script makes its own data)"]
     if original.returncode != 0 or 0 not in original.ends or not original.losses():
-        why = why_not_run(original, script)
+        why = why_not_run(original, original_path)
         message = "\n".join([f"could not run: {why}", *lines])
         return VerifyResult(EXIT_ERROR, message, None, original, None, text, COULD_NOT_RUN, why)
     after = run("migrated", migrated, 1, script.parent)

@@ -153,3 +153,27 @@ def test_repository_unit_migrated_whole(tmp_path: Path) -> None:
     assert "writes: each file by one rank (1 files)" in result.stdout
     assert result.stdout.rstrip().endswith("verdict: verified")
     assert sorted(p.name for p in unit.iterdir()) == ["engine.py", "main.py"]
+
+
+def test_notebook_runs_as_its_code_cells(tmp_path: Path) -> None:
+    """A notebook: the original's and the migrated notebook's code cells run as scripts (the
+    `!pip` line is not run), the model built in one cell and trained in another."""
+    import json
+
+    cells = [
+        "!pip install nothing-at-all\nimport torch\nfrom torch import nn\ntorch.manual_seed(0)\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(64, 3), torch.randn(64, 1))\n"
+        "loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "model = nn.Linear(3, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        "for epoch in range(2):\n    for x, y in loader:\n        loss = nn.functional.mse_loss(model(x), y)\n"
+        "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n",
+    ]
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                           "source": text.splitlines(keepends=True)} for text in cells],
+                "metadata": {"language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "train.ipynb"
+    path.write_text(json.dumps(notebook, indent=1))
+    result = verify(path, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == VERIFIED, result.message
+    assert "verdict: identical (4 losses over 3 optimizer steps, bit for bit)" in result.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.ipynb"]
