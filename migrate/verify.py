@@ -848,6 +848,9 @@ def verify_synthetic(
         except ValueError as error:
             return VerifyResult(EXIT_ERROR, str(error), status=COULD_NOT_RUN, first_error=str(error))
         original_extra = script.parent
+    migrated_extra = script.parent
+    if unit is not None:  # the unit's root importable from a script in a subfolder, as `pip install -e .` makes it
+        original_extra, migrated_extra = unit, folder / "migrated" / unit.name
     bootstrap = write_bootstrap(folder)
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
     environment.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -867,9 +870,9 @@ def verify_synthetic(
     lines = [f"synthetic: {r}" for r in replaced] or ["synthetic: nothing replaced (the script makes its own data)"]
     if original.returncode != 0 or 0 not in original.ends or not original.losses():
         why = why_not_run(original, original_path)
-        message = "\n".join([f"could not run: {why}", *lines])
+        message = "\n".join([f"could not run: {why}", *(f"synthetic (before it stopped): {r}" for r in replaced)])
         return VerifyResult(EXIT_ERROR, message, None, original, None, text, COULD_NOT_RUN, why)
-    after = run("migrated", migrated, 1, script.parent)
+    after = run("migrated", migrated, 1, migrated_extra)
     if notes:
         lines.insert(0, f"migration diagnostics:{notes}\n")
     if after.returncode != 0 or 0 not in after.ends:
@@ -885,7 +888,7 @@ def verify_synthetic(
         return VerifyResult(EXIT_DIVERGED, "\n".join([*lines, f"differs at 1 process: {first}"]), comparison,
                             original, after, text, DIFFERS, first)
     if nproc > 1:
-        many = run(f"migrated-{nproc}", migrated, nproc, script.parent)
+        many = run(f"migrated-{nproc}", migrated, nproc, migrated_extra)
         report = failure_report(many, nproc, migrated, "migrated", timeout)
         if report is not None:
             first = _error_line(many, migrated, nproc)
