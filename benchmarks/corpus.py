@@ -33,8 +33,15 @@ What it does:
     file); each folder in DIR/repos, and each other folder directly in DIR, is one unit (the tool is
     run on the folder, as a user would on a repository).
 
+    With `--verify` (opt-in: minutes, it runs the scripts), each migrated or partial unit's entry
+    script (the file; in a folder, the file with a `__main__` guard, changed ones and main.py /
+    train.py / run.py first) is run by `accel-migrate verify --synthetic --nproc-per-node N` from a
+    scratch copy of the unit, and a column gives its verdict: verified, differs at 1 process, fails
+    at N processes, or could not run; under the table, the counts and each unit's first error or
+    reason.
+
 Usage:
-    python -m benchmarks corpus DIR [--json PATH] [--markdown PATH] [--details]
+    python -m benchmarks corpus DIR [--json PATH] [--markdown PATH] [--details] [--verify]
     python -m benchmarks.corpus DIR ...
 
     Prints a Markdown table, a summary line and, for each refused, partial or failed unit, why (its
@@ -88,6 +95,10 @@ class UnitReport:
     file_status: dict[str, str] = field(default_factory=dict)  # path -> changed/unchanged/skipped/failed
     file_outcomes: dict[str, str] = field(default_factory=dict)  # path -> migrated/partial/refused/... (the CLI's)
     silent_files: list[str] = field(default_factory=list)  # parsed, nothing changed, nothing said
+    verify: str = ""  # --verify: verified / differs at 1 process / fails at N processes / could not run
+    verify_script: str = ""  # the script verify ran
+    verify_error: str = ""  # its first error, or why it could not run
+    verify_s: float = 0.0
 
     @property
     def safety(self) -> str:
@@ -213,9 +224,78 @@ def measure(unit: Unit, scratch: Path) -> UnitReport:
     return report
 
 
-def run(directory: Path) -> list[UnitReport]:
+_MAIN = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.MULTILINE)
+_ENTRY_NAMES = ("main.py", "train.py", "run.py")
+
+
+def entry_script(unit: Unit, report: UnitReport) -> Path | None:
+    """The script `--verify` runs for a unit: the file itself; in a folder, a file with a
+    `__main__` guard, changed ones first, then main.py / train.py / run.py, then by path."""
+    if not unit.is_dir:
+        return unit.source
+    candidates = []
+    for path in sorted(unit.source.rglob("*.py")):
+        shown = str(path.relative_to(unit.source))
+        if _MAIN.search(path.read_text(encoding="utf-8", errors="replace")):
+            candidates.append((report.file_status.get(shown) != "changed", path.name not in _ENTRY_NAMES,
+                               shown.count("/"), shown, path))
+    return min(candidates)[-1] if candidates else None
+
+
+def verify_unit(unit: Unit, report: UnitReport, *, nproc: int, steps: int, timeout: float) -> None:
+    """`accel-migrate verify --synthetic` on a migrated (or partial) unit's entry script, run from a
+    scratch copy of the unit; fills report.verify*."""
+    from migrate.verify import COULD_NOT_RUN, verify
+
+    if report.status not in ("migrated", "partial"):
+        return
+    start = time.perf_counter()
+    script = entry_script(unit, report)
+    if script is None:
+        report.verify, report.verify_error = COULD_NOT_RUN, "no script with a __main__ guard"
+        return
+    with tempfile.TemporaryDirectory(prefix="accel-migrate-corpus-verify-") as scratch:
+        root = Path(scratch) / "unit"
+        if unit.is_dir:
+            shutil.copytree(unit.source, root, ignore_dangling_symlinks=True)
+            copy = root / script.relative_to(unit.source)
+        else:
+            root.mkdir()
+            copy = root / script.name
+            shutil.copy2(script, copy)
+        try:
+            result = verify(copy, [], steps=steps, synthetic=True, nproc=nproc, timeout=timeout,
+                            unit=root if unit.is_dir else None)
+        except Exception as error:  # noqa: BLE001 - one unit's crash must not stop the report
+            report.verify, report.verify_error = COULD_NOT_RUN, f"verify crashed: {error!r}"
+            return
+    report.verify, report.verify_error = result.status, result.first_error
+    report.verify_script = str(script.relative_to(unit.source)) if unit.is_dir else script.name
+    report.verify_s = time.perf_counter() - start
+
+
+def run(directory: Path, verify: dict | None = None) -> list[UnitReport]:
     with tempfile.TemporaryDirectory(prefix="accel-migrate-corpus-") as scratch:
-        return [measure(unit, Path(scratch)) for unit in units(directory)]
+        reports = []
+        for unit in units(directory):
+            report = measure(unit, Path(scratch))
+            if verify is not None:
+                verify_unit(unit, report, **verify)
+            reports.append(report)
+        return reports
+
+
+def verify_lines(reports: list[UnitReport]) -> list[str]:
+    """--verify: the counts of each verdict, then the first error of every unit that did not verify."""
+    ran = [r for r in reports if r.verify]
+    counts = Counter(r.verify for r in ran)
+    reached = sum(n for verdict, n in counts.items() if verdict != "could not run")
+    lines = [f"verify --synthetic on {len(ran)} migrated units: " + ", ".join(f"{n} {v}" for v, n in counts.most_common())
+             + f"; a verdict on {reached}/{len(ran)}; {sum(r.verify_s for r in ran):.0f} s."]
+    for r in ran:
+        if r.verify != "verified":
+            lines.append(f"- `{r.unit}` ({r.verify_script or '-'}): {r.verify}: {_cut(r.verify_error, 300)}")
+    return lines
 
 
 def _codes(counts: dict[str, int]) -> str:
@@ -224,11 +304,16 @@ def _codes(counts: dict[str, int]) -> str:
 
 def table_lines(reports: list[UnitReport]) -> list[str]:
     header = ["unit", "status", "changed/files", "diagnostics by code", "safety re-check", "idempotent", "ms"]
+    verified = any(r.verify for r in reports)
+    if verified:
+        header.append("verify --synthetic")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in reports:
         idempotent = "-" if r.idempotent is None else ("yes" if r.idempotent else "NO")
         cells = [r.unit, r.status, f"{r.changed}/{r.files}", _codes(r.diagnostics), r.safety, idempotent,
                  f"{r.ms:.0f}"]
+        if verified:
+            cells.append(r.verify or "-")
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return lines
 
@@ -297,11 +382,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write every unit's report as JSON to this file")
     parser.add_argument("--markdown", help="also write the table and summary as Markdown to this file")
     parser.add_argument("--details", action="store_true", help="also print every diagnostic and failure per unit")
+    parser.add_argument("--verify", action="store_true",
+                        help="also run `accel-migrate verify --synthetic` on each migrated or partial unit (slow: "
+                        "minutes) and add its verdict as a column")
+    parser.add_argument("--verify-nproc", type=int, default=2, metavar="N", help="processes of --verify's N-process run")
+    parser.add_argument("--verify-steps", type=int, default=3, metavar="K", help="--verify's --steps (batches per loader pass)")
+    parser.add_argument("--verify-timeout", type=float, default=90.0, metavar="SECONDS",
+                        help="--verify's --timeout for each process")
     args = parser.parse_args(argv)
     if not args.directory.is_dir():
         parser.error(f"{args.directory}: not a folder")
-    reports = run(args.directory)
+    verify = dict(nproc=args.verify_nproc, steps=args.verify_steps, timeout=args.verify_timeout) if args.verify else None
+    reports = run(args.directory, verify)
     lines = table_lines(reports) + ["", summary(reports)]
+    if args.verify:
+        lines += ["", *verify_lines(reports)]
     reasons = reason_lines(reports)
     if reasons:
         lines += ["", "Not (fully) migrated, and why:", *reasons]

@@ -71,7 +71,11 @@ def _verify_help() -> str:
 def verify_command(
     script: Path = typer.Argument(..., help="The training script to check (it is run).", metavar="SCRIPT"),
     args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script, after `--`.", metavar="[-- ARGS]"),
-    steps: int = typer.Option(10, "--steps", min=0, metavar="N", help="Optimizer steps to run each version for (0: the whole script)."),
+    steps: Optional[int] = typer.Option(
+        None, "--steps", min=0, metavar="N",
+        help="Optimizer steps to run each version for (0: the whole script; default 10, with --synthetic 3, "
+        "which also cuts every DataLoader pass to N batches).",
+    ),
     rtol: float = typer.Option(1e-5, "--rtol", min=0.0, metavar="TOL", help="Relative tolerance for 'within tolerance'."),
     atol: float = typer.Option(1e-7, "--atol", min=0.0, metavar="TOL", help="Absolute tolerance for 'within tolerance'."),
     target: str = typer.Option("runtime", "--target", metavar="[runtime|accelerate]", help="Migrate for runtime (bundled) or accelerate (HF)."),
@@ -85,6 +89,16 @@ def verify_command(
         help="Run the migrated copy on N gloo CPU processes (torch.distributed.run, split_batches) against the original on 1.",
     ),
     seed: int = typer.Option(0, "--seed", metavar="N", help="Seed for Python's, torch's and numpy's RNGs before each run."),
+    synthetic: bool = typer.Option(
+        False, "--synthetic",
+        help="Replace the script's data, pretrained weights and CUDA by generated data of the same structure, "
+        "on CPU (see docs/verify.md); compare the 1-process runs, then run the migrated copy on --nproc-per-node processes.",
+    ),
+    unit: Optional[Path] = typer.Option(
+        None, "--unit", metavar="DIR",
+        help="With --synthetic: the repository folder holding SCRIPT; it is migrated whole (as `accel-migrate DIR`) "
+        "into the temporary folder and SCRIPT runs from that copy.",
+    ),
 ) -> None:
     from migrate.config import TARGETS
     from migrate.verify import verify
@@ -95,6 +109,16 @@ def verify_command(
         _fail_usage(f"--keep {keep} exists and is not an empty folder")
     if nproc > 1 and target != "runtime":
         _fail_usage(f"--nproc-per-node {nproc} needs --target runtime (HF Accelerate runs several CPU processes only through MPI)")
+    from migrate.verify import DEFAULT_STEPS, DEFAULT_SYNTHETIC_STEPS
+
+    if steps is None:
+        steps = DEFAULT_SYNTHETIC_STEPS if synthetic else DEFAULT_STEPS
+    if unit is not None and not synthetic:
+        _fail_usage("--unit needs --synthetic")
+    if unit is not None and not unit.is_dir():
+        _fail_usage(f"--unit {unit}: not a folder")
+    if synthetic and steps == 0:
+        _fail_usage("--synthetic needs --steps N > 0 (every DataLoader pass yields N batches)")
     where = "" if nproc == 1 else f" on {nproc} processes"
     typer.echo(
         f"accel-migrate verify: running {script} and its migrated copy{where} ({steps or 'all'} optimizer steps each)",
@@ -102,7 +126,8 @@ def verify_command(
     )
     result = verify(
         script, list(args or []), steps=steps, rtol=rtol, atol=atol, target=target, python=python,
-        timeout=timeout, keep=keep, nproc=nproc, seed=seed,
+        timeout=timeout, keep=keep, nproc=nproc, seed=seed, synthetic=synthetic,
+        unit=unit,
     )
     if result.exit_code == 2:
         typer.echo(f"accel-migrate verify: error: {result.message}", err=True)

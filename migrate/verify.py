@@ -57,6 +57,8 @@ ENV_EXTRA_PATH = "ACCEL_VERIFY_EXTRA_PATH"  # appended to sys.path (the original
 ENV_SEED = "ACCEL_VERIFY_SEED"  # seed random, torch and numpy before the script runs
 ENV_DEADLINE = "ACCEL_VERIFY_DEADLINE"  # seconds; past it a process dumps its stacks and exits 1
 ENV_CALL = "ACCEL_VERIFY_CALL"  # a function the script defines but never calls, called after it
+ENV_SYNTHETIC = "ACCEL_VERIFY_SYNTHETIC"  # --synthetic: K, the batches each DataLoader pass yields
+DEFAULT_SYNTHETIC_STEPS = 3
 LAUNCHER_GRACE = 30.0  # seconds the launcher gets past the processes' deadline to report and exit
 
 # The code that runs inside the child processes (it imports torch, so it is kept out of this
@@ -87,14 +89,24 @@ class Run:
     def steps(self, rank: int = 0) -> list[int]:
         return [r["step"] for r in self.records.get(rank, [])]
 
+    def synthetic(self, rank: int = 0) -> dict:
+        """The --synthetic report of a rank (replacements, writes, samples, printed lines)."""
+        record = self.ends.get(rank) or self.errors.get(rank) or {}
+        return record.get("synthetic") or {}
+
     def deadline_ranks(self) -> list[int]:
         """Ranks that were still running at the deadline (their stacks start with `Timeout`)."""
         return sorted(r for r, text in self.stacks.items() if text.lstrip().startswith("Timeout"))
 
 
 def write_bootstrap(folder: Path) -> Path:
+    """Write the bootstrap, and beside it the --synthetic interception module it imports."""
+    from importlib import resources
+
     path = folder / "_accel_verify_bootstrap.py"
     path.write_text(bootstrap_code(), encoding="utf-8")
+    synthetic = (resources.files("migrate") / "verify_synthetic.txt").read_text(encoding="utf-8")
+    (folder / "_accel_verify_synthetic.py").write_text(synthetic, encoding="utf-8")
     return path
 
 
@@ -116,6 +128,7 @@ def run_instrumented(
     timeout: float = DEFAULT_TIMEOUT,
     seed: int | None = None,
     call: str | None = None,
+    synthetic: int = 0,
 ) -> Run:
     """Run `launcher bootstrap script args` in `workdir` and read the per-rank records.
 
@@ -142,6 +155,8 @@ def run_instrumented(
         environment[ENV_SEED] = str(seed)
     if call is not None:
         environment[ENV_CALL] = call
+    if synthetic:
+        environment[ENV_SYNTHETIC] = str(synthetic)
     command = [*launcher, str(bootstrap), str(script), *args]
     out_path, err_path = workdir / ".accel_verify_stdout", workdir / ".accel_verify_stderr"
     timed_out = False
@@ -492,6 +507,33 @@ class VerifyResult:
     original: Run | None = None
     migrated: Run | None = None
     migrated_text: str | None = None
+    # --synthetic: "verified", "differs at 1 process", "fails at N processes" or "could not run",
+    # and the first error (or the reason it could not run) in one line.
+    status: str = ""
+    first_error: str = ""
+
+
+def migrate_unit(script: Path, unit: Path, folder: Path, target: str) -> tuple[Path | None, str]:
+    """Copy the folder `unit` (a repository holding `script`) to `folder` and migrate the copy in
+    place, as `accel-migrate UNIT` would. Returns (the copy of script, diagnostics) or (None, why not)."""
+    import shutil
+
+    from migrate import runner
+    from migrate.engine import Options
+
+    copy = folder / unit.name
+    shutil.copytree(unit, copy, ignore_dangling_symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    report = runner.run([copy], Options(target=target), write=True, jobs=1)
+    diagnostics, changed = "", False
+    for result in report.results:
+        shown = Path(result.path).relative_to(copy) if Path(result.path).is_relative_to(copy) else Path(result.path)
+        if result.traceback is not None:
+            return None, f"{unit / shown}: internal error while migrating:\n{result.traceback}"
+        changed = changed or result.changed
+        diagnostics += "".join(f"\n  {shown}:{d.line}: {d.code}: {d.message}" for d in result.diagnostics)
+    if not changed:
+        return None, f"{unit}: nothing to migrate (no rule changed it), so there is nothing to verify{diagnostics}"
+    return copy / script.relative_to(unit), diagnostics
 
 
 def migrate_copy(script: Path, folder: Path, target: str, mixed_precision: str = "no") -> tuple[Path | None, str]:
@@ -534,8 +576,14 @@ def verify(
     keep: Path | None = None,
     nproc: int = 1,
     seed: int | None = DEFAULT_SEED,
+    synthetic: bool = False,
+    unit: Path | None = None,
 ) -> VerifyResult:
     """Migrate `script`, run the original on one process and the migrated copy on `nproc`, compare.
+
+    synthetic: see verify_synthetic (the data, weights and CUDA replaced; three runs).
+    unit: a folder holding `script` (its repository), migrated whole as `accel-migrate UNIT`
+    would; the script then runs from the migrated copy of the folder (--synthetic only).
 
     nproc == 1: both as `python SCRIPT ARGS`; the losses of every backward call are compared.
     nproc > 1: the migrated copy under `python -m torch.distributed.run --nproc-per-node N` on CPU
@@ -559,6 +607,13 @@ def verify(
     python = python or sys.executable
     folder = Path(tempfile.mkdtemp(prefix="accel-verify-")) if keep is None else keep.resolve()
     folder.mkdir(parents=True, exist_ok=True)
+    if synthetic:
+        try:
+            return verify_synthetic(script, args, folder, steps=steps, rtol=rtol, atol=atol, target=target,
+                                    python=python, timeout=timeout, nproc=nproc, seed=seed, unit=unit)
+        finally:
+            if keep is None:
+                shutil.rmtree(folder, ignore_errors=True)
     try:
         migrated, notes = migrate_copy(script, folder / "migrated", target)
         if migrated is None:
@@ -635,6 +690,228 @@ def verify(
             shutil.rmtree(folder, ignore_errors=True)
 
 
+# -- --synthetic -------------------------------------------------------------------------------
+
+VERIFIED, DIFFERS, FAILS, COULD_NOT_RUN = "verified", "differs at 1 process", "fails at N processes", "could not run"
+REPLACED_SOURCES = (
+    "torchvision datasets, datasets.load_dataset, np.load / np.memmap / np.fromfile / torch.load of absent "
+    "files, and pretrained weights"
+)
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.strip().splitlines() if line.strip()), "")
+
+
+def why_not_run(run: Run, script: Path) -> str:
+    """Why the original could not run with synthetic data, with advice (one paragraph)."""
+    error = run.errors.get(0)
+    if error is None:
+        if run.timed_out:
+            return "the original script did not finish within --timeout"
+        if 0 in run.ends and not run.losses():
+            said = run.stdout.strip().splitlines()
+            last = f" (its last line: {said[-1].strip()[:200]!r})" if said else ""
+            return f"the original script called no .backward() with synthetic data: nothing to compare{last}"
+        tail = (run.stderr.strip() or run.stdout.strip()).splitlines()
+        return f"the original script exited with {run.returncode}: {tail[-1] if tail else '(no output)'}"
+    where = error.get("where")
+    at = f"{script.name}:{where['line']}" if where else script.name
+    kind, message = error.get("type", "Error"), _first_line(error.get("message", ""))
+    if kind == "SystemExit":
+        usage = _first_line("\n".join(run.stderr.strip().splitlines()[-1:]))
+        return (f"the original script exited with status {message} ({usage or 'its arguments'}): give it the "
+                f"arguments it needs after `--`")
+    if kind in ("ModuleNotFoundError", "ImportError"):
+        return (f"{at}: {kind}: {message}: install it (--synthetic replaces data, weights and CUDA, not "
+                f"libraries), or add its folder to PYTHONPATH")
+    if kind in ("FileNotFoundError", "IsADirectoryError", "NotADirectoryError", "PermissionError") or (
+        kind in ("OSError", "RuntimeError") and ("No such file" in message or "not found" in message.lower())
+    ):
+        return (f"{at}: reads data through a loader --synthetic does not replace ({kind}: {message}); it "
+                f"replaces {REPLACED_SOURCES}: make the data exist, or pass the script an argument that "
+                f"points at data that exists (after `--`)")
+    return f"{at}: {kind}: {message} (the original script, with synthetic data)"
+
+
+def _error_line(run: Run, script: Path, nproc: int) -> str:
+    if run.errors:
+        rank = min(run.errors, key=lambda r: run.errors[r].get("time", 0.0))
+        error = run.errors[rank]
+        where = error.get("where")
+        at = f"{script.name}:{where['line']}: " if where else ""
+        on = f"rank {rank}: " if nproc > 1 else ""
+        return f"{on}{at}{error.get('type')}: {_first_line(error.get('message', ''))}"
+    if run.timed_out:
+        return "timed out (a hang): " + ", ".join(
+            f"rank {r} at {stack_location(run.stacks[r], script)}" for r in sorted(run.stacks)
+        )
+    tail = (run.stderr.strip() or run.stdout.strip()).splitlines()
+    return f"exited with {run.returncode}: {tail[-1] if tail else '(no output)'}"
+
+
+def sample_report(run: Run, nproc: int) -> tuple[list[str], bool]:
+    """Whether each sample went to one rank: per dataset, the indices each rank drew in its first
+    pass that fed a backward. A rank that drew more than half of its samples also on rank 0 trains
+    on a copy of rank 0's data (an unsharded loader); a few shared samples are padding."""
+    reference = run.synthetic(0).get("samples") or {}
+    lines, ok = [], True
+    for key, indices in sorted(reference.items()):
+        mine = set(indices)
+        for rank in range(1, nproc):
+            theirs = set((run.synthetic(rank).get("samples") or {}).get(key) or [])
+            if not theirs:
+                continue
+            shared = mine & theirs
+            if len(shared) * 2 > len(theirs):
+                ok = False
+                lines.append(
+                    f"samples: rank 0 and rank {rank} both trained on {len(shared)} of the same {len(theirs)} samples "
+                    f"of {key} (first pass that fed a backward): its loader is not sharded"
+                )
+            elif shared:
+                lines.append(f"samples: rank 0 and rank {rank} share {len(shared)} samples of {key} (padding)")
+    if ok and reference:
+        lines.append(f"samples: each training sample on one rank ({', '.join(sorted(reference))})")
+    return lines, ok
+
+
+def write_report(run: Run, nproc: int) -> tuple[list[str], bool]:
+    """Whether every file was written by one rank only (all ranks share the working directory)."""
+    writers: dict[str, list[tuple[int, str]]] = {}
+    for rank in range(nproc):
+        for path, op in (run.synthetic(rank).get("writes") or {}).items():
+            writers.setdefault(path, []).append((rank, op))
+    twice = {path: who for path, who in writers.items() if len(who) > 1}
+    if not twice:
+        return ([f"writes: each file by one rank ({len(writers)} files)"] if writers else []), True
+    lines = [
+        f"writes: {path} written by ranks {', '.join(str(r) for r, _ in who)} ({who[0][1]}): on N processes "
+        f"every rank writes it (at once, or one over another's)"
+        for path, who in sorted(twice.items())[:6]
+    ]
+    return lines, False
+
+
+def print_report(run: Run, nproc: int) -> list[str]:
+    counts = [run.synthetic(rank).get("printed", 0) for rank in range(nproc)]
+    if nproc > 1 and any(counts[1:]):
+        return [f"note: lines printed per rank {counts}: prints that run on every process"]
+    return []
+
+
+def notebook_script(notebook: Path, folder: Path) -> Path:
+    """A notebook's code cells joined into one script (notebooks.load: IPython lines and cell
+    magics become calls of a no-op marker, so shell lines like `!pip install` are not run), written
+    to `folder` as NAME.py; ValueError when it is not a Python notebook."""
+    from migrate import notebooks
+
+    try:
+        loaded = notebooks.load(notebook.read_text(encoding="utf-8"))
+    except notebooks.NotebookError as error:
+        raise ValueError(f"{notebook}: {error}") from None
+    prelude = "".join(f"def {name}(index):\n    pass\n" for name in (notebooks.CELL_MARKER, notebooks.MAGIC_MARKER))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{notebook.stem}.py"
+    path.write_text(prelude + loaded.script, encoding="utf-8")
+    return path
+
+
+def verify_synthetic(
+    script: Path, args: list[str], folder: Path, *, steps: int, rtol: float, atol: float, target: str,
+    python: str, timeout: float, nproc: int, seed: int | None, unit: Path | None = None,
+) -> VerifyResult:
+    """`--synthetic`: the original and the migrated copy on 1 process, then the migrated copy on
+    `nproc`, each with its data, pretrained weights and CUDA replaced (migrate/verify_synthetic.txt)
+    and every DataLoader pass cut to `steps` batches.
+
+    Verdicts: could not run (the original does not run with synthetic data: why, and what to do),
+    differs at 1 process (the migrated copy crashes, or a loss differs beyond tolerance), fails at N
+    processes (a rank crashes or hangs, ranks step differently, replicas end out of sync, a rank
+    trains on another rank's samples, or a file is written by several ranks), verified."""
+    limit = steps or DEFAULT_SYNTHETIC_STEPS
+    if unit is not None:
+        unit = unit.resolve()
+        if not script.is_relative_to(unit):
+            return VerifyResult(EXIT_ERROR, f"{script} is not in --unit {unit}", status=COULD_NOT_RUN,
+                                first_error=f"{script} is not in --unit {unit}")
+        migrated, notes = migrate_unit(script, unit, folder / "migrated", target)
+    else:
+        migrated, notes = migrate_copy(script, folder / "migrated", target)
+    if migrated is None:
+        return VerifyResult(EXIT_ERROR, notes, status=COULD_NOT_RUN, first_error=_first_line(notes))
+    original_path, original_extra = script, None
+    if script.suffix == ".ipynb":  # both notebooks run as their joined code cells (magics skipped)
+        try:
+            original_path = notebook_script(script, folder / "original")
+            migrated = notebook_script(migrated, migrated.parent)
+        except ValueError as error:
+            return VerifyResult(EXIT_ERROR, str(error), status=COULD_NOT_RUN, first_error=str(error))
+        original_extra = script.parent
+    migrated_extra = script.parent
+    if unit is not None:  # the unit's root importable from a script in a subfolder, as `pip install -e .` makes it
+        original_extra, migrated_extra = unit, folder / "migrated" / unit.name
+    bootstrap = write_bootstrap(folder)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
+    environment.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+    def run(label: str, path: Path, nprocs: int, extra: Path | None) -> Run:
+        env = dict(environment)
+        launcher = [python]
+        if nprocs > 1:
+            env.update(CUDA_VISIBLE_DEVICES="", ACCEL_CPU="1")
+            launcher = torchrun_launcher(python, nprocs)
+        return run_instrumented(launcher, bootstrap, path, args, folder / f"run-{label}", steps=limit, env=env,
+                                extra_path=extra, timeout=timeout, seed=seed, synthetic=limit)
+
+    text = migrated.read_text(encoding="utf-8")
+    original = run("original", original_path, 1, original_extra)
+    replaced = original.synthetic(0).get("replaced") or []
+    lines = [f"synthetic: {r}" for r in replaced] or ["synthetic: nothing replaced (the script makes its own data)"]
+    if original.returncode != 0 or 0 not in original.ends or not original.losses():
+        why = why_not_run(original, original_path)
+        message = "\n".join([f"could not run: {why}", *(f"synthetic (before it stopped): {r}" for r in replaced)])
+        return VerifyResult(EXIT_ERROR, message, None, original, None, text, COULD_NOT_RUN, why)
+    after = run("migrated", migrated, 1, migrated_extra)
+    if notes:
+        lines.insert(0, f"migration diagnostics:{notes}\n")
+    if after.returncode != 0 or 0 not in after.ends:
+        first = _error_line(after, migrated, 1)
+        tail = (after.stderr.strip() or after.stdout.strip())[-3000:]
+        message = "\n".join([*lines, f"differs at 1 process: the migrated copy failed where the original ran: {first}",
+                             "", tail])
+        return VerifyResult(EXIT_DIVERGED, message, None, original, after, text, DIFFERS, first)
+    comparison = compare(original.losses(), after.losses(), original.steps(), rtol=rtol, atol=atol)
+    lines += [format_table(comparison), verdict_line(comparison, limit)]
+    if not comparison.ok:
+        first = verdict_line(comparison, limit).removeprefix("verdict: ")
+        return VerifyResult(EXIT_DIVERGED, "\n".join([*lines, f"differs at 1 process: {first}"]), comparison,
+                            original, after, text, DIFFERS, first)
+    if nproc > 1:
+        many = run(f"migrated-{nproc}", migrated, nproc, migrated_extra)
+        report = failure_report(many, nproc, migrated, "migrated", timeout)
+        if report is not None:
+            first = _error_line(many, migrated, nproc)
+            return VerifyResult(EXIT_DIVERGED, "\n".join([*lines, f"fails at {nproc} processes: {report}"]),
+                                comparison, original, many, text, FAILS.replace("N", str(nproc)), first)
+        checks: list[tuple[list[str], bool]] = []
+        problem = step_mismatch(many, nproc)
+        if problem:
+            checks.append(([f"ranks: {problem}"], False))
+        checks += [replica_report(many, nproc), sample_report(many, nproc), write_report(many, nproc)]
+        failed = [line for found, ok in checks if not ok for line in found if "(padding)" not in line]
+        for found, _ in checks:
+            lines += found
+        lines += print_report(many, nproc)
+        if failed:
+            first = failed[0]
+            return VerifyResult(EXIT_DIVERGED, "\n".join([*lines, f"verdict: fails at {nproc} processes: {first}"]),
+                                comparison, original, many, text, FAILS.replace("N", str(nproc)), first)
+        lines.append(f"the migrated copy ran on {nproc} processes (gloo, CPU): exit 0, every check passed")
+    lines.append("verdict: verified")
+    return VerifyResult(EXIT_OK, "\n".join(lines), comparison, original, after, text, VERIFIED)
+
+
 HELP = (
     "Check that migrating SCRIPT preserves its training: migrate it into a temporary folder, run the "
     "original on one process and the migrated copy on --nproc-per-node processes for --steps optimizer "
@@ -666,6 +943,15 @@ HELP = (
     "a loss reduced by sum rather than mean (DDP averages gradients, so it is reported as a "
     "divergence, truthfully); the short last batch of an epoch that N does not divide (padded by "
     "even_batches: a divergence there is real but expected).\n\n"
+    "With --synthetic, the script's data, pretrained weights and CUDA are replaced in the child processes "
+    "(torchvision datasets by FakeData-like datasets of the same structure, datasets.load_dataset, np.load / "
+    "np.memmap / np.fromfile / torch.load of absent files, pretrained weights by a random initialisation, "
+    ".cuda() by the CPU) and every DataLoader pass yields at most --steps batches (default 3): the original "
+    "and the migrated copy are compared on one process, then the migrated copy runs on --nproc-per-node "
+    "processes with the runtime's defaults and must exit 0, keep its replicas in sync, give each training "
+    "sample to one rank and write each file from one rank. Verdict: verified (exit 0), differs at 1 process "
+    "or fails at N processes (exit 1, with the first error), could not run (exit 2, with why and what to do). "
+    "See docs/verify.md.\n\n"
     "Prints a table (step, original loss, migrated loss, absolute and relative difference, and each "
     "rank's loss on N processes) and a verdict: identical, within tolerance (|a - b| <= atol + rtol * "
     "|a|), or diverged at step k; on N processes also whether the replicas are in sync.\n\n"

@@ -125,3 +125,34 @@ def test_units_of_a_flat_folder(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
     found = [(u.name, u.is_dir) for u in units(tmp_path)]
     assert found == [("a.py", False), ("b.ipynb", False), ("proj", True)]
+
+
+def test_corpus_report_verify_column(tmp_path: Path) -> None:
+    """`--verify` (opt-in) runs `accel-migrate verify --synthetic` on each migrated unit: one that
+    verifies, one whose data it cannot replace; the corpus itself is never written."""
+    corpus = tmp_path / "corpus"
+    (corpus / "files").mkdir(parents=True)
+    (corpus / "files" / "train.py").write_text(TRAIN)
+    reader = TRAIN.replace("data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))",
+                           "values = open('data/x.bin', 'rb').read()\n"
+                           "data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))")
+    (corpus / "files" / "reader.py").write_text(reader)
+    before = _tree_digest(corpus)
+    out = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "corpus", str(corpus), "--verify", "--verify-timeout", "120",
+         "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| verify --synthetic |" in result.stdout
+    assert "| files/train.py | migrated | 1/1 | - | pass | yes |" in result.stdout
+    summary = next(line for line in result.stdout.splitlines() if line.startswith("verify --synthetic on "))
+    assert summary.startswith("verify --synthetic on 2 migrated units: ") and "a verdict on 1/2" in summary
+    assert "1 verified" in summary and "1 could not run" in summary
+    assert "- `files/reader.py` (reader.py): could not run: reader.py:6: reads data through a loader" in result.stdout
+    by_unit = {u["unit"]: u for u in json.loads(out.read_text())["units"]}
+    assert by_unit["files/train.py"]["verify"] == "verified"
+    assert by_unit["files/reader.py"]["verify"] == "could not run"
+    assert "data/x.bin" in by_unit["files/reader.py"]["verify_error"]
+    assert _tree_digest(corpus) == before
