@@ -19,7 +19,11 @@ What it does:
     loop keeps this process's tensors: rebound in place, they would hold N processes' samples.
     The training loader is evaluated the same way (`evaluate(model, train_loader)` for a training
     accuracy), when the loop runs with autograd off (`with torch.no_grad():`, or a function
-    decorated `@torch.no_grad()`): prepared for training, it is sharded in any case. One function
+    decorated `@torch.no_grad()`), or when it calls the model only inside `with torch.no_grad():`
+    blocks of its body and nothing in it can train (no `backward`, `step` or `zero_grad`, no
+    optimizer, no function of the script, no other call handed the model): prepared for
+    training, it is sharded in any case. A function's `model = model.eval()` (or `.train()`)
+    still names the model it was handed. One function
     called with several loaders (the training loader and a test loader) is converted once, for all.
     A prepared model called under a rank check (`if args.rank == 0:`, `if
     accelerator.is_main_process:`, either branch), with autograd off (`with torch.no_grad():` or a
