@@ -172,9 +172,11 @@ def _main_process_classes(roles: Roles) -> set[int]:
     accelerator.is_main_process:`). Their methods run on the main process only, whatever they log.
     A subclass, a reference passed on, a call in an `else` branch or outside any such `if`
     leaves the class out."""
-    classes = {name: scope for name, scope in roles.facts.classes.items()}
+    logging = {id(scope.parent) for scope in roles.facts.scopes
+               if scope.is_method and any(_is_logging(c.qualified) for c in scope.library_calls)}
+    classes = {name: scope for name, scope in roles.facts.classes.items() if id(scope) in logging}
     if not classes:
-        return set()
+        return set()  # no method logs (nested functions of methods are not looked for: left as before)
     modules = [scope.node for scope in roles.facts.scopes if isinstance(scope.node, cst.Module)]
     mentions = _ClassMentions(set(classes))
     for module in modules:
