@@ -76,8 +76,9 @@ What it does:
     same noise at every step and train on N copies of one batch of it. Right after the prepare
     call the processes other than the main one are seeded apart:
     `if accelerator.process_index: torch.manual_seed(torch.initial_seed() + accelerator.process_index)`.
-    What must stay alike was drawn before it (a `random_split`, the models' initial weights, a
-    fixed preview noise); the main process keeps the script's own stream, so one process runs
+    The script's seeds (above the prepare call, at the module level, or in a function of the file
+    called only so: `seed_all(args.seed)`) run before it, and so does what must stay alike (a
+    `random_split`, the models' initial weights, a fixed preview noise); the main process keeps the script's own stream, so one process runs
     exactly as before; prepared loaders shuffle from the main process's seed whatever each
     process's RNG holds (`tests/e2e/test_gan_noise_per_rank.py` checks all three on 1 and 2
     processes).
@@ -114,8 +115,8 @@ Leaves alone:
     process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
     it is, since the local rank repeats on every node).
     Noise of a GAN drawn in the training loop is seeded apart after the prepare call (see above);
-    when a seed of the file may run after that point (in a loop, in another function,
-    after the prepare call), which would seed the processes alike again, the draw is reported
+    when a seed of the file may run after that point (in a loop, after the prepare call, or in a
+    function not called only before it), which would seed the processes alike again, the draw is reported
     instead, naming that seed and saying to seed with `seed + accelerator.process_index` once what
     must stay alike is done (without a DataLoader, the report of a training step no DataLoader
     feeds says it instead). Noise added to the batch
@@ -284,13 +285,7 @@ def _seed_draws_per_rank(
         return
     home = roles.home
     torch_names = roles.facts.aliases.local_names_for("torch")
-    late = [
-        call for scope, call in seeds
-        if call.loops or not (
-            (scope is home and where is not None and call.where.order < where.order)
-            or (scope is roles.facts.module_scope and scope is not home)
-        )
-    ]
+    late = [(scope, call) for scope, call in seeds if not _runs_before(roles, scope, call.where, call.loops, where)]
     if torch_names and not late:
         torch_name = torch_names[0]
         stmt = cst.parse_statement(
@@ -308,9 +303,16 @@ def _seed_draws_per_rank(
     seeded = cst.Module([]).code_for_node(seeds[0][1].call) if seeds else None
     why = ""
     if late:
-        why = (f"It was not seeded apart after the prepare call, since `{cst.Module([]).code_for_node(late[0].call)}` "
-               "may run after that point (in a loop, another function, or later in the same one) and seed the "
-               "processes alike again. ")
+        scope, call = late[0]
+        if call.loops:
+            where_seed = "runs in a loop"
+        elif scope is home:
+            where_seed = "runs after the prepare call"
+        else:
+            where_seed = (f"is in `{scope.qualname}`, not beside the prepare call, so whether it runs before that "
+                          "call cannot be told")
+        why = (f"It was not seeded apart after the prepare call, since `{cst.Module([]).code_for_node(call.call)}` "
+               f"{where_seed}: a seed run after that point would seed the processes alike again. ")
     for draw, model in drawn:
         shown = cst.Module([]).code_for_node(draw)
         origin = (f"`{seeded}` seeds every process alike when each gets the same value" if seeded is not None
@@ -324,6 +326,28 @@ def _seed_draws_per_rank(
             f"different ones. {why}Seed each process differently once what must stay alike is done (a `random_split` "
             f"or other draw that picks the data; prepared loaders shuffle alike whatever the seed): {fix}"
         ), unconverted=True)
+
+
+def _runs_before(
+    roles: Roles, scope: Scope, at: StmtRef, loops: tuple[object, ...], prepare: StmtRef | None, depth: int = 0,
+) -> bool:
+    """The statement `at` of `scope` runs once, before the prepare call `prepare` of home: beside it
+    and above it, at the module level of a script whose home is a function, or in a plain function
+    of the file (`def set_seed(s): torch.manual_seed(s)`) every call of which runs so."""
+    home = roles.home
+    if loops or depth > 3:
+        return False
+    if scope is home:
+        return prepare is not None and at.order < prepare.order
+    if scope is roles.facts.module_scope:
+        return True  # home is a function: the module's statements run when the script starts
+    if not scope.is_function or scope.is_method:
+        return False
+    sites = [(caller, site) for caller in roles.facts.scopes for site in caller.calls
+             if site.callee == scope.name and roles.facts.resolve(site.callee, caller) is scope]
+    return bool(sites) and all(
+        _runs_before(roles, caller, site.where, site.loops, prepare, depth + 1) for caller, site in sites
+    )
 
 
 def _reads_rank(call: cst.Call) -> bool:
