@@ -271,6 +271,8 @@ def _without_grad(roles: Roles, scope: Scope, loop: Loop) -> bool:
 
 
 _TRAINING_METHODS = frozenset({"backward", "step", "zero_grad"})
+# Methods of a model that train nothing (any other method of it may: `model.fit_step(x)`).
+_MODEL_METHODS = frozenset({"eval", "train", "forward", "parameters", "named_parameters", "state_dict", "to", "cuda", "cpu"})
 
 
 def _trains_nothing(roles: Roles, scope: Scope, loop: Loop, within: Callable[[cst.CSTNode], bool]) -> bool:
@@ -311,6 +313,8 @@ def _trains_nothing(roles: Roles, scope: Scope, loop: Loop, within: Callable[[cs
                 found["unsafe"] = found["unsafe"] or self.depth == 0
             elif isinstance(func, cst.Attribute) and func.attr.value in _TRAINING_METHODS:
                 found["unsafe"] = True
+            elif isinstance(func, cst.Attribute) and func.attr.value not in _MODEL_METHODS and _is_model_root(func.value):
+                found["unsafe"] = True  # a method of the model (`model.fit_step(x)`) may train it
             elif roles.facts.function_called(node) is not None:
                 found["unsafe"] = True
             else:
@@ -319,6 +323,10 @@ def _trains_nothing(roles: Roles, scope: Scope, loop: Loop, within: Callable[[cs
                     root = root_name(arg.value)
                     if root is not None and roles.all_in(scope, root, roles.models):
                         found["unsafe"] = True
+
+    def _is_model_root(expr: cst.BaseExpression) -> bool:
+        root = root_name(expr)
+        return root is not None and roles.all_in(scope, root, roles.models)
 
     walk(loop.node.body, Visitor())
     return not found["unsafe"]
