@@ -116,7 +116,8 @@ Leaves alone:
     it is, since the local rank repeats on every node).
     Noise of a GAN drawn in the training loop is seeded apart after the prepare call (see above);
     when a seed of the file may run after that point (in a loop, after the prepare call, or in a
-    function not called only before it), which would seed the processes alike again, the draw is reported
+    function not called only before it), which would seed the processes alike again, or a
+    `random_split` may (seeded apart, the processes would split the data differently), the draw is reported
     instead, naming that seed and saying to seed with `seed + accelerator.process_index` once what
     must stay alike is done (without a DataLoader, the report of a training step no DataLoader
     feeds says it instead). Noise added to the batch
@@ -286,7 +287,9 @@ def _seed_draws_per_rank(
     home = roles.home
     torch_names = roles.facts.aliases.local_names_for("torch")
     late = [(scope, call) for scope, call in seeds if not _runs_before(roles, scope, call.where, call.loops, where)]
-    if torch_names and not late:
+    splits = [(scope, call) for scope in roles.facts.scopes for call in scope.library_calls
+              if call.qualified in _SPLITS and not _runs_before(roles, scope, call.where, call.loops, where)]
+    if torch_names and not late and not splits:
         torch_name = torch_names[0]
         stmt = cst.parse_statement(
             "if accelerator.process_index:\n"
@@ -313,6 +316,9 @@ def _seed_draws_per_rank(
                           "call cannot be told")
         why = (f"It was not seeded apart after the prepare call, since `{cst.Module([]).code_for_node(call.call)}` "
                f"{where_seed}: a seed run after that point would seed the processes alike again. ")
+    elif splits:
+        why = (f"It was not seeded apart after the prepare call, since `{cst.Module([]).code_for_node(splits[0][1].call)}` "
+               "may run after that point, and seeded apart the processes would split the data differently. ")
     for draw, model in drawn:
         shown = cst.Module([]).code_for_node(draw)
         origin = (f"`{seeded}` seeds every process alike when each gets the same value" if seeded is not None
@@ -326,6 +332,10 @@ def _seed_draws_per_rank(
             f"different ones. {why}Seed each process differently once what must stay alike is done (a `random_split` "
             f"or other draw that picks the data; prepared loaders shuffle alike whatever the seed): {fix}"
         ), unconverted=True)
+
+
+# Draws from torch's global RNG that pick the data: they must give every process the same result.
+_SPLITS = frozenset({"torch.utils.data.random_split", "torch.utils.data.dataset.random_split"})
 
 
 def _runs_before(
