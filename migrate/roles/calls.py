@@ -56,12 +56,13 @@ def is_move_call(value: cst.BaseExpression | None) -> bool:
 
 
 def is_self_move(binding: Binding) -> bool:
-    """`model = model.to(device)` or `model = DDP(model, ...)` rebinds a name to (a wrapper of)
-    itself: it adds no origin of its own."""
+    """`model = model.to(device)`, `model = model.eval()` (a module's `eval` and `train` return the
+    module) or `model = DDP(model, ...)` rebinds a name to (a wrapper of) itself: it adds no origin
+    of its own."""
     value = binding.value
     if type(value) is not cst.Call:
         return False
-    if type(value.func) is cst.Attribute and value.func.attr.value in ("to", "cuda"):
+    if type(value.func) is cst.Attribute and value.func.attr.value in ("to", "cuda", "eval", "train"):
         return root_name(value.func.value) == binding.name
     name = value.func.attr.value if type(value.func) is cst.Attribute else getattr(value.func, "value", "")
     return (

@@ -19,7 +19,11 @@ What it does:
     loop keeps this process's tensors: rebound in place, they would hold N processes' samples.
     The training loader is evaluated the same way (`evaluate(model, train_loader)` for a training
     accuracy), when the loop runs with autograd off (`with torch.no_grad():`, or a function
-    decorated `@torch.no_grad()`): prepared for training, it is sharded in any case. One function
+    decorated `@torch.no_grad()`), or when it calls the model only inside `with torch.no_grad():`
+    blocks of its body and nothing in it can train (no `backward`, `step` or `zero_grad`, no
+    optimizer, no function of the script, no other call handed the model): prepared for
+    training, it is sharded in any case. A function's `model = model.eval()` (or `.train()`)
+    still names the model it was handed. One function
     called with several loaders (the training loader and a test loader) is converted once, for all.
     A prepared model called under a rank check (`if args.rank == 0:`, `if
     accelerator.is_main_process:`, either branch), with autograd off (`with torch.no_grad():` or a
@@ -101,7 +105,7 @@ import libcst as cst
 
 from migrate.analysis import Loop, Scope
 from migrate.edits import EditPlan
-from migrate.names import call_argument, target_names
+from migrate.names import call_argument, root_name, target_names
 from migrate.roles import Roles
 from migrate.rules.base import accelerator_call, assignment, reference
 from migrate.walk import walk
@@ -261,7 +265,71 @@ def _without_grad(roles: Roles, scope: Scope, loop: Loop) -> bool:
     if any(within(ref.stmt) for ref in loop.where.path) or (len(body) == 1 and within(body[0])):
         return True
     function = scope.node
-    return isinstance(function, cst.FunctionDef) and any(no_grad(d.decorator) for d in function.decorators)
+    if isinstance(function, cst.FunctionDef) and any(no_grad(d.decorator) for d in function.decorators):
+        return True
+    return _trains_nothing(roles, scope, loop, within)
+
+
+_TRAINING_METHODS = frozenset({"backward", "step", "zero_grad"})
+# Methods of a model that train nothing (any other method of it may: `model.fit_step(x)`).
+_MODEL_METHODS = frozenset({"eval", "train", "forward", "parameters", "named_parameters", "state_dict", "to", "cuda", "cpu"})
+
+
+def _trains_nothing(roles: Roles, scope: Scope, loop: Loop, within: Callable[[cst.CSTNode], bool]) -> bool:
+    """The loop calls the model only inside `with torch.no_grad():` blocks of its own body
+    (`with torch.no_grad(): logits = model(x)`, then the metric from `logits`), and nothing in it
+    can train: no `backward`, `step` or `zero_grad`, no optimizer, no function of this script
+    (which may train through names the loop does not show), and no other call handed the model."""
+    found = {"unsafe": False}
+    optimizers = set(roles.optimizers)
+
+    class Visitor(cst.CSTVisitor):
+        depth = 0
+
+        def visit_With(self, node: cst.With) -> None:
+            if within(node):
+                self.depth += 1
+
+        def leave_With(self, original_node: cst.With) -> None:
+            if within(original_node):
+                self.depth -= 1
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            found["unsafe"] = True
+            return False
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            found["unsafe"] = True
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value in optimizers:
+                found["unsafe"] = True
+
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            ref = reference(func)
+            if ref is not None and roles.all_in(scope, ref, roles.models):
+                found["unsafe"] = found["unsafe"] or self.depth == 0
+            elif isinstance(func, cst.Attribute) and func.attr.value in _TRAINING_METHODS:
+                found["unsafe"] = True
+            elif isinstance(func, cst.Attribute) and func.attr.value not in _MODEL_METHODS and _is_model_root(func.value):
+                found["unsafe"] = True  # a method of the model (`model.fit_step(x)`) may train it
+            elif roles.facts.function_called(node) is not None:
+                found["unsafe"] = True
+            else:
+                # another library's function or a loss object: handed the model, it may train it
+                for arg in node.args:
+                    root = root_name(arg.value)
+                    if root is not None and roles.all_in(scope, root, roles.models):
+                        found["unsafe"] = True
+
+    def _is_model_root(expr: cst.BaseExpression) -> bool:
+        root = root_name(expr)
+        return root is not None and roles.all_in(scope, root, roles.models)
+
+    walk(loop.node.body, Visitor())
+    return not found["unsafe"]
 
 
 def _on_rank_zero(loop: Loop) -> bool:

@@ -49,7 +49,12 @@ Example:
 Leaves alone:
     Statements already under a main-process or rank check (`if accelerator.is_main_process:`,
     `if rank == 0:`), files it does not otherwise migrate, and `logging` set up through handlers
-    (`logger.addHandler(...)`). Not converted, guarded instead: a writer whose directory is
+    (`logger.addHandler(...)`). A class whose every mention, in every module the script reaches,
+    builds an instance in the body of a main-process check (`if global_rank == 0 and
+    args.log_dir: log_writer = utils.TensorboardLogger(...) else: log_writer = None`, or the
+    `else` of `if rank != 0:`): its methods run on the main process only, so the logging in them
+    (a SummaryWriter made in `__init__`, written in `update`) is neither guarded nor reported; a
+    subclass, the class passed on, or an instance built anywhere else keeps them in. Not converted, guarded instead: a writer whose directory is
     computed (`SummaryWriter(args.log_dir)`: which project_dir and run name it splits into is
     not known before it runs) or missing (`SummaryWriter()` picks a dated directory), created in
     a loop, one of two writers, or written with anything but `add_scalar` (`add_histogram`,
@@ -110,7 +115,11 @@ _RANK_TEST = re.compile(r"main_process|rank|primary|master|is_main", re.IGNORECA
 def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models or roles.refused or roles.accelerator_scope is None:
         return
-    found = [_Found(scope) for scope in roles.facts.scopes if not isinstance(scope.node, cst.ClassDef)]
+    main_only = _main_process_classes(roles)
+    found = [
+        _Found(scope) for scope in roles.facts.scopes
+        if not isinstance(scope.node, cst.ClassDef) and not _within(scope, main_only)
+    ]
     for item in found:
         _collect(item)
     # `wandb.log` on a process without `wandb.init` raises: a family (wandb, mlflow) with a call that
@@ -143,6 +152,136 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 plan.change(CODE, stmt, "experiment logging on the main process only")
         if guarded:
             plan.use_accelerator(scope)
+
+
+def _within(scope: Scope, classes: set[int]) -> bool:
+    """`scope` is (nested in) a method of one of `classes` (by the id of their scopes)."""
+    current: Scope | None = scope.parent
+    while current is not None:
+        if id(current) in classes:
+            return True
+        current = current.parent
+    return False
+
+
+def _main_process_classes(roles: Roles) -> set[int]:
+    """The classes (ids of their scopes) whose instances exist on the main process only: every
+    mention of the class's name, in every module the unit reaches (`utils.TensorboardLogger` in
+    `main.py` as well as `TensorboardLogger` in `utils.py`), is a call that builds one in the body
+    of an `if` true on the main process only (`if global_rank == 0 and args.log_dir:`, `if
+    accelerator.is_main_process:`). Their methods run on the main process only, whatever they log.
+    A subclass, a reference passed on, a call in an `else` branch or outside any such `if`
+    leaves the class out."""
+    logging = {id(scope.parent) for scope in roles.facts.scopes
+               if scope.is_method and any(_is_logging(c.qualified) for c in scope.library_calls)}
+    classes = {name: scope for name, scope in roles.facts.classes.items() if id(scope) in logging}
+    if not classes:
+        return set()  # no method logs (nested functions of methods are not looked for: left as before)
+    modules = [scope.node for scope in roles.facts.scopes if isinstance(scope.node, cst.Module)]
+    mentions = _ClassMentions(set(classes))
+    for module in modules:
+        walk(module, mentions)
+    found: set[int] = set()
+    for name, scope in classes.items():
+        sites = mentions.found.get(name)
+        if sites and all(guarded for guarded in sites):
+            found.add(id(scope))
+    return found
+
+
+class _ClassMentions(cst.CSTVisitor):
+    """For each of `names`: whether each mention (a `Name`, or the attribute of `module.Name`) is
+    the callee of a call made in the body of an `if` true on the main process only (True) or
+    anything else (False). The names defined by `class` statements are not mentions."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.found: dict[str, list[bool]] = {}
+        self._main = 0
+        self._callees: set[int] = set()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        for part in (*node.bases, *node.keywords, *node.decorators):
+            walk(part, self)
+        walk(node.body, self)
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        # a function body runs where it is called, not where it is defined
+        main, self._main = self._main, 0
+        for part in (node.params, *node.decorators):
+            walk(part, self)
+        walk(node.body, self)
+        self._main = main
+        return False
+
+    def visit_If(self, node: cst.If) -> bool:
+        walk(node.test, self)
+        main_only = _main_process_test(node.test)
+        self._main += main_only
+        walk(node.body, self)
+        self._main -= main_only
+        if node.orelse is not None:
+            # `else` / `elif`: where the test is false (main only after `if rank != 0:`)
+            main, self._main = self._main, int(_main_process_test(node.test, negated=True))
+            walk(node.orelse, self)
+            self._main = main
+        return False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self._main:
+            self._callees.add(id(node.func))
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        # `from utils import Logger` names the class without using it; `... import Logger as L`
+        # hides its uses under another name: not followed
+        if not isinstance(node.names, cst.ImportStar):
+            for alias in node.names:
+                if isinstance(alias.name, cst.Name) and alias.name.value in self.names and alias.asname is not None:
+                    self.found.setdefault(alias.name.value, []).append(False)
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in self.names:
+            self.found.setdefault(node.value, []).append(id(node) in self._callees)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        if node.attr.value in self.names:
+            self.found.setdefault(node.attr.value, []).append(id(node) in self._callees)
+        walk(node.value, self)
+        return False
+
+
+_MAIN_FLAG = re.compile(r"(^|[._])(is_main_process|is_local_main_process|is_master|master_process|is_main)(\(\))?$")
+
+
+def _main_process_test(test: cst.BaseExpression, negated: bool = False) -> bool:
+    """True only on the main process: `rank == 0` (any name ending in `rank`), `is_main_process`
+    (a flag or a call), or an `and` with one such side. `negated`: false only on the main process
+    (`rank != 0`, `not is_main_process`), so that its `else` runs there only."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _main_process_test(test.expression, not negated)
+    if isinstance(test, cst.BooleanOperation):
+        either = isinstance(test.operator, cst.Or) if negated else isinstance(test.operator, cst.And)
+        if either:
+            return _main_process_test(test.left, negated) or _main_process_test(test.right, negated)
+        return _main_process_test(test.left, negated) and _main_process_test(test.right, negated)
+    if negated and not isinstance(test, cst.Comparison):
+        return False
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        return (
+            isinstance(target.operator, cst.NotEqual if negated else cst.Equal)
+            and isinstance(target.comparator, cst.Integer)
+            and target.comparator.value == "0"
+            and re.search(r"(^|[._])rank(\(\))?$", _EMPTY.code_for_node(test.left).strip()) is not None
+        )
+    if isinstance(test, (cst.Name, cst.Attribute, cst.Call)):
+        return _MAIN_FLAG.search(_EMPTY.code_for_node(test).strip()) is not None
+    return False
 
 
 @dataclass(eq=False)

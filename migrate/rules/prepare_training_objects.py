@@ -69,6 +69,19 @@ What it does:
     loader each epoch would restart its shuffling), it is reported on the line that binds it,
     naming the loop it feeds and where the model is prepared, with the change that lets it be
     prepared there (hand it to the constructor, kept as an attribute).
+    A prepared model whose whole input is drawn in the training loop from torch's global RNG (a
+    GAN's noise, `fake = netG(torch.randn(b, nz, 1, 1, device=device))`, inline or through a name)
+    while no seed of the file reads the rank: every process starts that RNG alike (the script's
+    `torch.manual_seed(seed)`, or torch's fixed default seed), so the N processes would draw the
+    same noise at every step and train on N copies of one batch of it. Right after the prepare
+    call the processes other than the main one are seeded apart:
+    `if accelerator.process_index: torch.manual_seed(torch.initial_seed() + accelerator.process_index)`.
+    The script's seeds (above the prepare call, at the module level, or in a function of the file
+    called only so: `seed_all(args.seed)`) run before it, and so does what must stay alike (a
+    `random_split`, the models' initial weights, a fixed preview noise); the main process keeps the script's own stream, so one process runs
+    exactly as before; prepared loaders shuffle from the main process's seed whatever each
+    process's RNG holds (`tests/e2e/test_gan_noise_per_rank.py` checks all three on 1 and 2
+    processes).
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
@@ -100,17 +113,14 @@ Leaves alone:
     train_loader.next_batch()`, the report names it as the one that must draw this process's
     share; an object built with torchrun's global rank, nanoGPT's `DataLoaderLite(...,
     process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
-    it is, since the local rank repeats on every node). Also reported, at the draw: a prepared model
-    whose whole input is drawn in the training loop from torch's global RNG (a GAN's noise,
-    `fake = netG(torch.randn(b, nz, 1, 1, device=device))`, inline or through a name) while no seed
-    of the file reads the rank: every process starts that RNG alike (the script's
-    `torch.manual_seed(seed)`, or torch's fixed default seed), so the N processes draw the same
-    noise at every step and train on N copies of one batch of it (without a DataLoader, the report
-    of a training step no DataLoader feeds says it instead). The seed is not rewritten: a
-    per-rank seed changes whatever the global RNG draws after it, and a `random_split` must stay
-    alike on every process; the report says to seed with `seed + accelerator.process_index` once
-    that is done (prepared loaders shuffle from rank 0's seed whatever each process's RNG holds;
-    `tests/e2e/test_gan_noise_per_rank.py` checks both on 2 processes). Noise added to the batch
+    it is, since the local rank repeats on every node).
+    Noise of a GAN drawn in the training loop is seeded apart after the prepare call (see above);
+    when a seed of the file may run after that point (in a loop, after the prepare call, or in a
+    function not called only before it), which would seed the processes alike again, or a
+    `random_split` may (seeded apart, the processes would split the data differently), the draw is reported
+    instead, naming that seed and saying to seed with `seed + accelerator.process_index` once what
+    must stay alike is done (without a DataLoader, the report of a training step no DataLoader
+    feeds says it instead). Noise added to the batch
     (`model(x + noise)`) pairs the same noise with each process's own samples, as dropout does,
     and is not reported. An optimizer factory whose model cannot be told is reported and the file left as it is
     (prepared alone, the optimizer would step a model that is neither placed nor synchronised).
@@ -144,14 +154,15 @@ Leaves alone:
     file left as it is: that section's model would train unprepared.
 
 Fix safety:
-    Safe on one process: the prepared loader yields the same batches in the same order.
+    Safe on one process: the prepared loader yields the same batches in the same order, and the
+    per-rank seed runs only on processes other than the main one.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Scope
+from migrate.analysis import Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import WrappedOptimizer
@@ -214,7 +225,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     plan.use_accelerator(home)
     plan.change(CODE, anchor, f"prepare {', '.join(names)}")
     _prepare_received(roles, plan)
-    _report_same_draws(roles, plan)
+    _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
 
 
 def _prepare_received(roles: Roles, plan: EditPlan) -> None:
@@ -247,37 +258,106 @@ _SEEDS = frozenset({
 })
 
 
-def _report_same_draws(roles: Roles, plan: EditPlan) -> None:
+def _seed_draws_per_rank(
+    roles: Roles, plan: EditPlan, where: StmtRef | None, anchor: cst.BaseStatement, after: bool,
+) -> None:
     """A training loop whose prepared model takes, as its whole input, a tensor drawn there from
     torch's global RNG (a GAN's noise, `fake = netG(torch.randn(b, nz, 1, 1, device=device))`):
     the global RNG starts alike on every process (the script's own `torch.manual_seed(seed)`, or
     torch's fixed default seed), so every process draws the same values at every step, and the N
     processes train on N copies of one batch of noise where one process with an N-times batch
-    would draw N different ones. Reported at the draw, unless a seed already reads the rank; not
-    rewritten: a per-rank seed placed too early changes what must stay alike (a `random_split` of
-    the global RNG would pick other data on each process)."""
+    would draw N different ones. Unless a seed already reads the rank, right after the prepare
+    call the processes other than the main one seed torch's RNG apart,
+    `if accelerator.process_index: torch.manual_seed(torch.initial_seed() + accelerator.process_index)`:
+    what must stay alike (a `random_split`, the models' initial weights, a fixed noise drawn for
+    previews) was drawn before it, the main process keeps the script's own stream (one process
+    runs exactly as before), and prepared loaders shuffle from the main process's seed whatever
+    each process's RNG holds. Reported at the draw instead when a seed of the file may run after
+    that point (in a loop, in another function, after the prepare call), which would make the
+    processes alike again or reseed them where it is not known to be safe."""
     if not roles.loaders:
         return  # no DataLoader feeds the training: its own report says every process trains alike
     seeds = [(scope, call) for scope in roles.facts.scopes for call in scope.library_calls if call.qualified in _SEEDS]
     if any(_reads_rank(call.call) for _, call in seeds):
         return
-    seeded = cst.Module([]).code_for_node(seeds[0][1].call) if seeds else None
-    for scope in roles.facts.scopes:
-        if not roles.can_reach(scope):
-            continue
-        for draw, model in _drawn_inputs(roles, scope):
+    drawn = [(draw, model) for scope in roles.facts.scopes if roles.can_reach(scope)
+             for draw, model in _drawn_inputs(roles, scope)]
+    if not drawn:
+        return
+    home = roles.home
+    torch_names = roles.facts.aliases.local_names_for("torch")
+    late = [(scope, call) for scope, call in seeds if not _runs_before(roles, scope, call.where, call.loops, where)]
+    splits = [(scope, call) for scope in roles.facts.scopes for call in scope.library_calls
+              if call.qualified in _SPLITS and not _runs_before(roles, scope, call.where, call.loops, where)]
+    if torch_names and not late and not splits:
+        torch_name = torch_names[0]
+        stmt = cst.parse_statement(
+            "if accelerator.process_index:\n"
+            f"    {torch_name}.manual_seed({torch_name}.initial_seed() + accelerator.process_index)\n"
+        )
+        (plan.insert_after if after else plan.insert_before).setdefault(anchor, []).append(stmt)
+        for draw, model in drawn:
             shown = cst.Module([]).code_for_node(draw)
-            origin = (f"`{seeded}` seeds every process alike when each gets the same value" if seeded is not None
-                      else "the file seeds nothing, and torch's default seed is the same on every process")
-            fix = ("`accelerate.utils.set_seed(seed, device_specific=True)`" if plan.target == "accelerate"
-                   else "`torch.manual_seed(seed + accelerator.process_index)`")
-            plan.report(CODE, draw, (
-                f"`{shown}` is the whole input of `{model}(...)` in the training loop, drawn from torch's global RNG, "
-                f"which starts alike on every process ({origin}): the processes draw the same values at every step, "
-                "so N processes train on N copies of one batch of it, where one process with an N-times batch draws N different ones. Seed "
-                "each process differently once what must stay alike is done (a `random_split` or other draw that "
-                f"picks the data; prepared loaders shuffle alike whatever the seed): {fix}"
-            ), unconverted=True)
+            plan.change(CODE, draw, (
+                f"`{shown}`, the whole input of `{model}(...)` in the training loop, is drawn apart on each process: "
+                "after the prepare call the processes other than the main one seed torch's RNG with "
+                "`torch.initial_seed() + accelerator.process_index`"))
+        return
+    seeded = cst.Module([]).code_for_node(seeds[0][1].call) if seeds else None
+    why = ""
+    if late:
+        scope, call = late[0]
+        if call.loops:
+            where_seed = "runs in a loop"
+        elif scope is home:
+            where_seed = "runs after the prepare call"
+        else:
+            where_seed = (f"is in `{scope.qualname}`, not beside the prepare call, so whether it runs before that "
+                          "call cannot be told")
+        why = (f"It was not seeded apart after the prepare call, since `{cst.Module([]).code_for_node(call.call)}` "
+               f"{where_seed}: a seed run after that point would seed the processes alike again. ")
+    elif splits:
+        why = (f"It was not seeded apart after the prepare call, since `{cst.Module([]).code_for_node(splits[0][1].call)}` "
+               "may run after that point, and seeded apart the processes would split the data differently. ")
+    for draw, model in drawn:
+        shown = cst.Module([]).code_for_node(draw)
+        origin = (f"`{seeded}` seeds every process alike when each gets the same value" if seeded is not None
+                  else "the file seeds nothing, and torch's default seed is the same on every process")
+        fix = ("`accelerate.utils.set_seed(seed, device_specific=True)`" if plan.target == "accelerate"
+               else "`torch.manual_seed(seed + accelerator.process_index)`")
+        plan.report(CODE, draw, (
+            f"`{shown}` is the whole input of `{model}(...)` in the training loop, drawn from torch's global RNG, "
+            f"which starts alike on every process ({origin}): the processes draw the same values at every step, "
+            "so N processes train on N copies of one batch of it, where one process with an N-times batch draws N "
+            f"different ones. {why}Seed each process differently once what must stay alike is done (a `random_split` "
+            f"or other draw that picks the data; prepared loaders shuffle alike whatever the seed): {fix}"
+        ), unconverted=True)
+
+
+# Draws from torch's global RNG that pick the data: they must give every process the same result.
+_SPLITS = frozenset({"torch.utils.data.random_split", "torch.utils.data.dataset.random_split"})
+
+
+def _runs_before(
+    roles: Roles, scope: Scope, at: StmtRef, loops: tuple[object, ...], prepare: StmtRef | None, depth: int = 0,
+) -> bool:
+    """The statement `at` of `scope` runs once, before the prepare call `prepare` of home: beside it
+    and above it, at the module level of a script whose home is a function, or in a plain function
+    of the file (`def set_seed(s): torch.manual_seed(s)`) every call of which runs so."""
+    home = roles.home
+    if loops or depth > 3:
+        return False
+    if scope is home:
+        return prepare is not None and at.order < prepare.order
+    if scope is roles.facts.module_scope:
+        return True  # home is a function: the module's statements run when the script starts
+    if not scope.is_function or scope.is_method:
+        return False
+    sites = [(caller, site) for caller in roles.facts.scopes for site in caller.calls
+             if site.callee == scope.name and roles.facts.resolve(site.callee, caller) is scope]
+    return bool(sites) and all(
+        _runs_before(roles, caller, site.where, site.loops, prepare, depth + 1) for caller, site in sites
+    )
 
 
 def _reads_rank(call: cst.Call) -> bool:

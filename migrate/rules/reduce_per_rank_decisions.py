@@ -49,7 +49,9 @@ Fix safety:
     batches (the prepared loader evens them out). A sum reduced before its division by the dataset
     size is the one-process sum over the epoch's samples (the model's path aside) when the dataset
     divides into whole rounds of N batches; otherwise it also counts the samples the prepared loader
-    repeats to even out the last round (fewer than N batches' worth).
+    repeats to even out the last round (fewer than N batches' worth): reported with the reduction
+    (the exact value needs per-sample values gathered with `gather_for_metrics`, which drops them),
+    unless the loader drops its last partial batch (`drop_last=True`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from migrate.analysis import Scope
 from migrate.edits import EditPlan
 from migrate.names import target_names
 from migrate.roles import Roles
+from migrate.roles.loaders import loader_calls
 from migrate.rules.base import names_read, prepared_loaders
 from migrate.walk import walk
 
@@ -199,7 +202,32 @@ def _over_the_dataset(
     plan.insert_after.setdefault(loop, []).append(cst.parse_statement(line + "\n"))
     plan.use_accelerator(scope)
     plan.change(CODE, loop, f"`{name}` summed across processes before it is divided by the dataset size")
+    if not _drops_last(roles, scope, loader):
+        plan.report(
+            CODE,
+            divisions[0],
+            f"`{name}` is summed across processes before `{_code(divisions[0])}`; on N processes, when the dataset "
+            "does not divide into whole rounds of N batches, the prepared loader repeats some of the epoch's first "
+            "samples to even out the last round (as HF Accelerate does: every process then steps equally often), "
+            "and the sum holds their values too (up to N times the batch size minus one more samples than the "
+            "dataset has), so it is not the one-process average over the dataset; training is not affected. For "
+            "the exact value, add up per-sample values gathered with `accelerator.gather_for_metrics(...)`, which "
+            "drops the repeated samples, or give the loader `drop_last=True`",
+        )
     return True
+
+
+def _drops_last(roles: Roles, scope: Scope, loader: str) -> bool:
+    """Every DataLoader call `loader` may come from passes `drop_last=True`: no padded last round."""
+    origins = roles.origins(scope, loader)
+    if not origins:
+        return False
+    calls = [call for home, name in origins for _, call in loader_calls(roles, home, name)]
+    return bool(calls) and all(
+        any(a.keyword is not None and a.keyword.value == "drop_last" and isinstance(a.value, cst.Name)
+            and a.value.value == "True" for a in call.args)
+        for call in calls
+    )
 
 
 def _not_reducible(

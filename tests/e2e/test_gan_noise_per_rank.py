@@ -1,12 +1,16 @@
-"""AM004's report on noise drawn in the training loop from a seed every process shares, checked on
-2 real processes (`nprocess_scripts/gan_noise.py`, migrated with the CLI, run under `accel launch`).
+"""AM004 on noise drawn in the training loop from a seed every process shares, checked on real
+processes (`nprocess_scripts/gan_noise.py`, migrated with the CLI; 2 processes under `accel
+launch`).
 
-- The report is printed at the draw, and what it says holds: migrated as it is, both processes
-  draw the same noise at every step (N copies of one batch of noise).
-- What it tells to do works: with `torch.manual_seed(SEED + accelerator.process_index)` added
-  after the prepare call, the processes draw different noise, the `random_split` drawn before it is
-  the same on both, and the prepared loader still gives each process its own half of every epoch
-  (it shuffles from rank 0's seed, whatever each process's global RNG holds).
+- The migration seeds the processes apart right after the prepare call (`if
+  accelerator.process_index: torch.manual_seed(torch.initial_seed() + accelerator.process_index)`),
+  with no report left.
+- On 1 process the migrated script gives exactly what the original gives: the main process keeps
+  the script's own stream.
+- On 2 processes the processes draw different noise at every step, the `random_split` drawn
+  before the prepare call is the same on both, and the prepared loader still gives each process
+  its own half of every epoch (it shuffles from rank 0's seed, whatever each process's global
+  RNG holds).
 
 Every run has a timeout.
 """
@@ -27,7 +31,10 @@ from rt_helpers import run_cmd  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "nprocess_scripts" / "gan_noise.py"
 TIMEOUT = 180
-PER_RANK_SEED = "    torch.manual_seed(SEED + accelerator.process_index)\n"
+PER_RANK_SEED = (
+    "    if accelerator.process_index:\n"
+    "        torch.manual_seed(torch.initial_seed() + accelerator.process_index)\n"
+)
 
 
 def _accel() -> str:
@@ -48,43 +55,40 @@ def _migrated() -> tuple[Path, str]:
 
 
 @lru_cache(maxsize=None)
-def _two_processes(per_rank_seed: bool) -> list[dict]:
+def _run(how: str) -> list[dict]:
     migrated, _ = _migrated()
-    script = migrated
-    if per_rank_seed:
-        lines = migrated.read_text().splitlines(keepends=True)
-        prepare = next(i for i, line in enumerate(lines) if "= accelerator.prepare(" in line)
-        end = next(i for i in range(prepare, len(lines)) if lines[i].rstrip().endswith(")"))
-        script = migrated.with_name("gan_noise_seeded.py")
-        script.write_text("".join(lines[: end + 1] + [PER_RANK_SEED] + lines[end + 1:]))
-    out = migrated.parent / ("seeded" if per_rank_seed else "as_migrated")
+    out = migrated.parent.parent / how
     out.mkdir()
-    cmd = [_accel(), "launch", "--nproc-per-node", "2", str(script), str(out)]
+    if how == "original":
+        cmd = [sys.executable, str(SCRIPT), str(out)]
+    elif how == "one":
+        cmd = [sys.executable, str(migrated), str(out)]
+    else:
+        cmd = [_accel(), "launch", "--nproc-per-node", "2", str(migrated), str(out)]
     result = run_cmd(cmd, cwd=out, timeout=TIMEOUT)
     assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
-    assert len(ranks) == 2
-    return ranks
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
 
 
-def test_the_draw_is_reported() -> None:
-    _, output = _migrated()
-    line = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if "noise = torch.randn(" in text)
-    assert f"{SCRIPT.name}:{line}: AM004 warning: `torch.randn(real.size(0), LATENT, device=device)` is the whole " \
-           "input of `generator(...)`" in output
-    assert "`torch.manual_seed(seed + accelerator.process_index)`" in output
+def test_the_processes_are_seeded_apart_after_the_prepare_call() -> None:
+    migrated, output = _migrated()
+    text = migrated.read_text()
+    prepare = text.index("= accelerator.prepare(")
+    assert text.index(PER_RANK_SEED) > prepare
+    assert text.index("random_split(") < prepare
+    assert "AM004 warning" not in output and "0 diagnostics" in output
 
 
-def test_as_migrated_both_processes_draw_the_same_noise() -> None:
-    first, second = _two_processes(per_rank_seed=False)
-    assert len(first["noise"]) == 10  # 2 epochs of 5 batches: half of the 40 training points each
-    assert first["noise"] == second["noise"]
+def test_one_process_identical_to_original() -> None:
+    assert _run("one") == _run("original")
 
 
-def test_a_per_rank_seed_after_prepare_draws_apart_and_keeps_the_split_and_the_shards() -> None:
-    first, second = _two_processes(per_rank_seed=True)
+def test_two_processes_draw_apart_and_keep_the_split_and_the_shards() -> None:
+    first, second = _run("two")
+    assert len(first["noise"]) == len(second["noise"]) == 10  # 2 epochs of 5 batches: half of 40 points each
     assert all(a != b for a, b in zip(first["noise"], second["noise"], strict=True))
-    assert first["val"] == second["val"]  # drawn before the per-rank seed
+    (single,) = _run("one")
+    assert first["val"] == second["val"] == single["val"]  # drawn before the per-rank seed
     train = set(range(48)) - set(first["val"])
     for epoch in range(2):
         halves = [set(rank["seen"][epoch * 20:(epoch + 1) * 20]) for rank in (first, second)]

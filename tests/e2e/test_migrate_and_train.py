@@ -71,7 +71,7 @@ SPECS: dict[str, Spec] = {
     "gan_two_optimizers": Spec(
         split_rtol=None,
         split_reason="the noise is drawn inside the loop with torch.randn(real.size(0)): on 2 processes "
-        "each rank draws its own 16 values from the same seeded RNG (the same noise on both ranks) "
+        "each rank draws its own 16 values (rank 1 from a seed of its own, set after the prepare call) "
         "instead of the 1-process 32, so the generator sees other inputs; only training is checked",
     ),
     "torchrun_ddp": Spec(kind="ddp"),
