@@ -13,8 +13,9 @@ What it does:
     `accelerator.unwrap_model(model)` (the wrapped model's keys carry a `module.` prefix, and it
     would refuse the single-device script's checkpoint). Only in code that can reach the
     accelerator: the function that creates it, nested functions, and functions that receive it
-    (a function of the script that only prints, `test(model, loader)`, is handed it as well; a
-    helper of another module of a unit only when it uses it for something else).
+    (a function of the script that only prints or draws a progress bar, `test(model, loader)` or
+    `eval_epoch(...)` over `tqdm(loader)`, is handed it as well; a helper of another module of a
+    unit only when it uses it for something else).
     File removals (`os.remove`, `os.unlink`, `shutil.rmtree`), renames and copies (`os.rename`,
     `os.replace`, `shutil.move`, `shutil.copy*`) in the block that saves such a checkpoint, guards
     a file write or a download (the snapshot block: `torch.save(model, path)` then
@@ -83,6 +84,23 @@ What it does:
     cache)`, outside loops) runs as a whole under `with accelerator.main_process_first():`, its
     write on the main process: the main process computes (or downloads, `vocab.load_vectors(...)`)
     and writes it, the others then find the file and load it instead of reading it half written.
+    A function the migration cannot read (imported from a module it does not have, `from utils
+    import save_checkpoint`, `import utils`, or a name bound by no statement under a star import;
+    not the standard library's) is known by its name alone, its last name split at `_`: one that
+    saves or writes (`save_checkpoint`, `save_config_file`, `write_summary`, `dump_results`: the
+    name starts with save, write or dump) or draws a progress bar (`progress_bar`), called as a
+    statement of its own, runs under `if accelerator.is_main_process:` like the writers above (a
+    prepared model handed to a saving one is handed as `accelerator.unwrap_model(model)`, a state
+    dict as `accelerator.unwrap_model(model).state_dict()`: it saves what the single-device script
+    saved); one whose name says it downloads (a part starting with download or fetch:
+    `download_and_load_gpt2`, `maybe_download`, `fetch_data`, `hf_hub_download`) is a download:
+    called as a statement of its own, on the main process followed by
+    `accelerator.wait_for_everyone()`; its result used (`settings, params =
+    download_and_load_gpt2(model_size, models_dir="gpt2")`), under `with
+    accelerator.main_process_first():` (the main process downloads, the others then run it over the
+    files already there and load them). A save or progress bar whose result is used, or where the
+    accelerator cannot reach, is left alone (its name is all the migration knows of it); a download
+    whose result is used where the accelerator cannot reach is reported.
 
 Why:
     Every process runs the script: without this, each of N processes writes the same checkpoint
@@ -162,7 +180,11 @@ from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import nested_in
 from migrate.rules.base import accelerator_call, names_read, reference
-from migrate.rules.download_main_process_first import _downloading_datasets, _implicit_downloads
+from migrate.rules.download_main_process_first import (
+    _downloading_datasets,
+    _implicit_downloads,
+    _unreadable_downloads,
+)
 from migrate.rules.guard_file_operations import (
     _RANK_NAME,
     _RANK_TEST,
@@ -198,8 +220,6 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 if call.qualified == "torch.save":
                     if _checkpoint(roles, plan, scope, call.call):
                         saves.append(call.where)
-                elif call.qualified in _TQDM and _reached(roles, plan, scope) and id(scope) not in whole:
-                    _quiet_progress_bar(plan, scope, call.call)
         if id(scope) in whole:
             # it runs on the main process only: its checkpoints still save the unwrapped model, but
             # nothing in it is guarded again, and no barrier goes inside it (the others never come)
@@ -212,18 +232,22 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _folders_made_once(roles, plan, scope)
         _downloading_datasets(roles, plan, scope)
         _implicit_downloads(roles, plan, scope)
+        _unreadable_downloads(roles, plan, scope)
         if not can_reach:
             continue
         reachable.append(scope)
         _unwrapped_state_dicts(roles, plan, scope)
         _wait_before_reload(plan, scope, saves)
         _removals(roles, plan, scope, saves, guarded, barriers)
-    # Prints last: a method whose class now holds `self.accelerator` for its checkpoint or its
-    # backward (another method's) prints through it at no cost; a function of the script that only
-    # prints is handed the accelerator too (not one of another module of a unit: its helpers keep
-    # their signatures).
+    # Progress bars and prints last: a method whose class now holds `self.accelerator` for its
+    # checkpoint or its backward (another method's) prints through it at no cost; a function of the
+    # script that only prints or draws a progress bar (`eval_epoch` over `tqdm(loader)`) is handed
+    # the accelerator too (not one of another module of a unit: its helpers keep their signatures).
     for scope in reachable:
         if _reached(roles, plan, scope) or nested_in(scope, roles.facts.module_scope):
+            for call in scope.library_calls:
+                if call.qualified in _TQDM:
+                    _quiet_progress_bar(plan, scope, call.call)
             _prints(roles, plan, scope)
 
 

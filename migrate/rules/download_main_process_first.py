@@ -17,11 +17,14 @@ from migrate.analysis import Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.guard_file_operations import (
+    _DOWNLOADS_BY_NAME,
     CODE,
+    _alone,
     _goes_first,
     _hazard,
     _rank_guarded,
     _unreachable_method,
+    _unreadable_function,
 )
 
 # Implicit downloads: torchtext's legacy data sets fetch and unpack their files when missing.
@@ -43,6 +46,33 @@ def _implicit_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
                 f"{what}, in `{scope.qualname}`, where the accelerator cannot reach: every process would download "
                 "it into the same folder at once; build it under `with accelerator.main_process_first():` (or "
                 "download it once before launching)"), unconverted=True)
+
+
+def _unreadable_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """A call of a function the migration cannot read whose name says it downloads, its result used
+    (`settings, params = download_and_load_gpt2(model_size, models_dir="gpt2")`): the statement runs
+    under `with accelerator.main_process_first():`, where the accelerator is at hand (the main
+    process downloads, the others then find the files and load them), else it is reported. Called
+    as a statement of its own, it is a guarded download instead (main process, then a barrier)."""
+    if type(scope.node) is cst.ClassDef:
+        return
+    seen: set[int] = set()
+    for site in (*scope.library_calls, *scope.calls):
+        call, where = site.call, site.where
+        if id(call) in seen or _alone(call, where):
+            continue
+        seen.add(id(call))
+        name = _unreadable_function(roles, scope, call)
+        if name is None or not _DOWNLOADS_BY_NAME.search(name) or _rank_guarded(where) or _goes_first(where):
+            continue
+        what = f"`{name}(...)` (which the migration cannot read; its name says it downloads) returns what it fetched"
+        if roles.can_reach(scope) and not roles.needs_parameter(scope) and _unreachable_method(roles, scope) is None:
+            _first_on_main_process(roles, plan, scope, call, where.stmt, what)
+        elif roles.facts.module_scope is scope or scope.is_function:
+            plan.report(CODE, call, (
+                f"{what}, in `{scope.qualname}`, where the accelerator cannot reach: every process would download "
+                "into the same folder at once; call it under `with accelerator.main_process_first():` (or download "
+                "once before launching)"), unconverted=True)
 
 
 def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:

@@ -12,12 +12,14 @@ statement, a path naming the process's rank, what in a statement every process m
 
 from __future__ import annotations
 
+import builtins
 import re
+import sys
 from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate.analysis import Scope, StmtRef
+from migrate.analysis import LibraryCall, Scope, StmtRef
 from migrate.names import dotted_name, target_names
 from migrate.edits import EditPlan
 from migrate.roles import Roles
@@ -57,7 +59,7 @@ def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
     for function in roles.facts.scopes:
         if not function.is_function or function.is_method or not nested_in(function, module):
             continue
-        writes = _find_writes(plan, function, module)
+        writes = _find_writes(roles, plan, function, module)
         fetches = any(w.fetch for w in writes)
         moves = any(c.qualified in _MOVERS | _REMOVERS for c in function.library_calls)
         if not (fetches or (writes and moves)) or _has_outside_effects(function):
@@ -260,6 +262,8 @@ _FETCH_METHODS = frozenset({"extractall"})
 _WRITE_METHODS = frozenset({"to_csv", "to_json", "to_parquet", "to_pickle"})
 # Console output that is not `print`: a status line written on every process would repeat N times.
 _CONSOLE = frozenset({"sys.stdout.write"})
+# Writers recognised by their qualified name (and `torch.save`, a checkpoint or a cache).
+_KNOWN_WRITES = _FILE_WRITERS | _FETCHERS | _CONSOLE | {"torch.save"}
 # Where the written path sits among a writer's arguments: (position, keyword).
 _PATH_ARG = {
     "torchvision.utils.save_image": (1, "fp"),
@@ -290,6 +294,7 @@ class _Write:
     path: cst.BaseExpression | None
     removal: bool = False  # `os.remove(...)`: its unit may be a `for` or an `if`
     console: bool = False  # `sys.stdout.write(...)`: no file, output on the main process only
+    helper: bool = False  # a function the migration cannot read, known by its name only
 
 
 def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtRef], dict[cst.BaseStatement, cst.BaseStatement]]:
@@ -304,15 +309,16 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
     # Left as they are: writes already under a rank check (a second run sees our own `if`), and
     # `open(f"rank{rank}.json", "w")`: each process writes its own file.
     writes = [
-        w for w in _find_writes(plan, scope, roles.facts.module_scope)
+        w for w in _find_writes(roles, plan, scope, roles.facts.module_scope)
         if not _rank_guarded(_fetch_unit(w.where) if w.fetch else _unit(w.where))
         and not (w.path is not None and _per_process_path(scope, w.path))
     ]
     guarded: list[StmtRef] = []
     method = _unreachable_method(roles, scope)
     if not roles.can_reach(scope) or method is not None:
-        # a status line where the accelerator cannot reach is left as a print there would be
-        writes = [w for w in writes if not w.console]
+        # a status line where the accelerator cannot reach is left as a print there would be, and
+        # so is a function the migration cannot read (its name is all it knows of it)
+        writes = [w for w in writes if not w.console and not w.helper]
         if not writes or not nested_in(scope, roles.facts.module_scope):
             return guarded, barriers  # another module of a unit (a logger's files): not the script's own writes
         first = writes[0]
@@ -364,9 +370,39 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only (a status line, like `print`)")
         else:
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only")
+            if write.helper:
+                _unwrapped_arguments(roles, plan, scope, write.call)
             _report_share_written(roles, plan, scope, write)
     _barriers_after(plan, read_back, barriers)
     return guarded, barriers
+
+
+def _unwrapped_arguments(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> None:
+    """A prepared model handed to a saving function the migration cannot read
+    (`save_checkpoint(epoch, encoder, decoder, ...)`) is handed unwrapped, and so are the state
+    dicts it is handed (`save_checkpoint({"state_dict": model.state_dict()}, ...)`): it saves the
+    module (the keys) the single-device script saved, not the DistributedDataParallel around it."""
+    from migrate.rules.checkpoints_and_output import _unwrap_state_dicts  # it imports this module
+
+    for arg in call.args:
+        _unwrap_state_dicts(roles, plan, scope, arg.value)
+    models = [arg.value for arg in call.args
+              if not arg.star and (ref := reference(arg.value)) is not None and roles.all_in(scope, ref, roles.models)]
+    if not models or call in plan.calls:
+        return
+
+    def unwrapped(updated: cst.Call) -> cst.Call:
+        args = []
+        for original, arg in zip(call.args, updated.args):
+            if any(original.value is m for m in models):
+                arg = arg.with_changes(value=cst.Call(
+                    func=cst.Attribute(cst.Name("accelerator"), cst.Name("unwrap_model")), args=[cst.Arg(arg.value)]))
+            args.append(arg)
+        return updated.with_changes(args=args)
+
+    plan.calls[call] = unwrapped
+    names = ", ".join(f"`{cst.Module([]).code_for_node(m)}`" for m in models)
+    plan.change(CODE, call, f"{names} handed to it unwrapped: it saves the module the single-device script saved")
 
 
 def _report_share_written(roles: Roles, plan: EditPlan, scope: Scope, write: _Write) -> None:
@@ -687,8 +723,84 @@ def _rank_key(key: cst.BaseExpression) -> bool:
     return isinstance(value, str) and bool(_RANK_NAME.search(value))
 
 
-def _find_writes(plan: EditPlan, scope: Scope, module_scope: Scope) -> list[_Write]:
+# Functions the migration cannot read (of a module it does not have: `from utils import
+# save_checkpoint`, a star import, a package), known by their name alone: the last name, split at
+# `_`, says it saves or writes files (`save_checkpoint`, `save_config_file`, `write_results`,
+# `dump_predictions`), downloads (`download_and_load_gpt2`, `maybe_download`, `fetch_data`,
+# `hf_hub_download`) or draws a progress bar (`progress_bar`).
+_SAVES_BY_NAME = re.compile(r"^(save|write|dump)(_|$)", re.IGNORECASE)
+_DOWNLOADS_BY_NAME = re.compile(r"(^|_)(download|fetch)", re.IGNORECASE)
+_PROGRESS_BY_NAME = re.compile(r"(^|_)progress(_|$)", re.IGNORECASE)
+
+
+def _unreadable_function(roles: Roles, scope: Scope, call: cst.Call) -> str | None:
+    """The name of the function `call` runs when the migration cannot read it: imported from a
+    module that is not the standard library's (`from utils import save_checkpoint`,
+    `utils.save_checkpoint(...)`), or a name no statement of the file binds under a star import
+    (`from utils import *`). None for the file's own functions (and those of the unit it reads),
+    methods of objects, builtins and the standard library."""
+    if roles.facts.function_called(call) is not None:
+        return None
+    func = call.func
+    aliases = roles.facts.aliases
+    qualified = aliases.qualify(func)
+    if qualified is not None:
+        root = qualified.split(".", 1)[0]
+        if root in sys.stdlib_module_names or qualified == "torch.save":
+            return None
+        return qualified.rsplit(".", 1)[-1]
+    if type(func) is not cst.Name or not aliases.star:
+        return None
+    name = func.value
+    if hasattr(builtins, name) or name in roles.facts.classes:
+        return None
+    level: Scope | None = scope
+    while level is not None:
+        if level.binds(name):
+            return None
+        level = level.parent
+    return name
+
+
+def _helper_write(roles: Roles, scope: Scope, call: cst.Call, where: StmtRef) -> _Write | None:
+    """A call of a function the migration cannot read whose name says it saves files, draws a
+    progress bar, or downloads, as a statement of its own (its result unused: the others lack
+    nothing; a download whose result is used runs under `main_process_first()` instead, see
+    download_main_process_first.py)."""
+    name = _unreadable_function(roles, scope, call)
+    if name is None:
+        return None
+    if _SAVES_BY_NAME.search(name) and _alone(call, where):
+        return _Write(f"`{name}(...)` (which the migration cannot read; its name says it saves files)", call, where,
+                      False, None, helper=True)
+    if _PROGRESS_BY_NAME.search(name) and _alone(call, where):
+        return _Write(f"`{name}(...)` (which the migration cannot read; its name says it draws a progress bar)",
+                      call, where, False, None, console=True, helper=True)
+    if _DOWNLOADS_BY_NAME.search(name) and _alone(call, where):
+        return _Write(f"`{name}(...)` (which the migration cannot read; its name says it downloads)", call, where,
+                      True, None, helper=True)
+    return None
+
+
+def _alone(call: cst.Call, where: StmtRef) -> bool:
+    """The call is a statement of its own: its result is not used."""
+    stmt = where.stmt
+    return (type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 and type(stmt.body[0]) is cst.Expr
+            and stmt.body[0].value is call)
+
+
+def _find_writes(roles: Roles, plan: EditPlan, scope: Scope, module_scope: Scope) -> list[_Write]:
     found: list[_Write] = []
+    seen: set[int] = set()
+    for site in (*scope.library_calls, *scope.calls):
+        if id(site.call) in seen:
+            continue
+        seen.add(id(site.call))
+        if site.call in plan.calls or (type(site) is LibraryCall and site.qualified in _KNOWN_WRITES):
+            continue
+        helper = _helper_write(roles, scope, site.call, site.where)
+        if helper is not None:
+            found.append(helper)
     for call in scope.library_calls:
         if call.qualified == "torch.save" and call.call.args and call.call not in plan.calls \
                 and nested_in(scope, module_scope):
