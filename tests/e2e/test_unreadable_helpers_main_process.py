@@ -1,0 +1,134 @@
+"""Functions the migration cannot read, known by their names, on 2 processes (AM009).
+
+The script imports its helpers from a module the migration does not have (a fake written by the
+test into a folder put on PYTHONPATH only when the script runs): `fetch_weights(models_dir=...)`
+downloads when its files are missing and returns what it loaded (its result used),
+`save_config_file(...)`, `save_checkpoint(state, model, filename=...)` and `progress_bar(...)`
+write files or draw a bar. Each records the rank that called it. Launched as it is on 2
+processes, both ranks download into the same folder, save, and draw the bar. Migrated with the CLI
+and launched with `accel launch --nproc-per-node 2`: rank 0 downloads (rank 1 then finds the files
+and loads them, under `main_process_first()`), and only rank 0 saves the config, the checkpoints
+(handed the user's module, not the DistributedDataParallel around it) and draws the bar; both
+ranks train and finish.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from rt_helpers import run_cmd  # noqa: E402
+
+from call_recording import RECORD_CALLS, accel_executable, migrated_script, recorded_calls  # noqa: E402
+
+TIMEOUT = 180
+
+FAKE_HELPERS = RECORD_CALLS + '''
+import time
+
+import torch
+
+
+def fetch_weights(models_dir):
+    marker = os.path.join(models_dir, "done")
+    if not os.path.exists(marker):
+        _record("download")
+        os.makedirs(models_dir, exist_ok=True)
+        torch.save(torch.full((1, 4), 0.5), os.path.join(models_dir, "weights.pt"))
+        time.sleep(1.0)
+        with open(marker, "w") as f:
+            f.write("ok")
+    else:
+        _record("found")
+    return torch.load(os.path.join(models_dir, "weights.pt"))
+
+
+def save_config_file(folder, config):
+    _record("config")
+    with open(os.path.join(folder, "config.txt"), "w") as f:
+        f.write(repr(config))
+
+
+def save_checkpoint(state, model, filename):
+    _record(f"save {type(model).__name__}")
+    torch.save(state, filename)
+
+
+def progress_bar(current, total, message):
+    _record("progress")
+'''
+
+SCRIPT = """
+import sys
+
+import torch
+from torch.utils.data import DataLoader
+from train_helpers import fetch_weights, progress_bar, save_checkpoint, save_config_file
+
+
+def main(out):
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    weights = fetch_weights(models_dir=out + "/weights")
+    model = torch.nn.Linear(4, 1)
+    with torch.no_grad():
+        model.weight.copy_(weights)
+    model = model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(torch.randn(16, 4), batch_size=4)
+    save_config_file(out, {"lr": 0.1})
+    for epoch in range(2):
+        for i, x in enumerate(loader):
+            x = x.to(device)
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            progress_bar(i, len(loader), "loss %.3f" % loss.item())
+        save_checkpoint({"epoch": epoch, "state_dict": model.state_dict()}, model,
+                        filename=out + "/last.pt")
+    print("done", loss.item())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+"""
+
+
+def _run(fakes: Path, script: Path, out: Path, nproc: int | None):
+    out.mkdir()
+    env = ["env", f"PYTHONPATH={fakes}", f"LOG_CALLS_DIR={out}"]
+    launch = [accel_executable(), "launch", "--nproc-per-node", str(nproc)] if nproc else [sys.executable]
+    return run_cmd([*env, *launch, str(script), str(out)], cwd=out, timeout=TIMEOUT), recorded_calls(out)
+
+
+def test_helpers_known_by_name_run_on_the_main_process(tmp_path: Path) -> None:
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    (fakes / "train_helpers.py").write_text(FAKE_HELPERS)
+    original, migrated = migrated_script(tmp_path, SCRIPT, TIMEOUT)
+    text = migrated.read_text()
+    assert ("    with accelerator.main_process_first():\n"
+            "        weights = fetch_weights(models_dir=out + \"/weights\")\n") in text, text
+    assert "accelerator.unwrap_model(model)" in text, text
+
+    # The original on 2 processes: both ranks save and draw the bar (and may both download).
+    result, calls = _run(fakes, original, tmp_path / "original", 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "config" in calls["calls_rank1"] and "progress" in calls["calls_rank1"], calls
+
+    # Migrated, on 1 process: as the original on 1 process.
+    result, calls = _run(fakes, migrated, tmp_path / "one", None)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert calls == {"calls_rank0": ["download", "config", *["progress"] * 4, "save Linear", *["progress"] * 4,
+                                     "save Linear"]}, calls
+    assert (tmp_path / "one" / "last.pt").exists()
+
+    # Migrated, on 2 processes: rank 0 downloads and writes; rank 1 only loads what it found.
+    result, calls = _run(fakes, migrated, tmp_path / "two", 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert calls["calls_rank1"] == ["found"], calls
+    assert calls["calls_rank0"] == ["download", "config", *["progress"] * 2, "save Linear", *["progress"] * 2,
+                                    "save Linear"], calls
+    assert result.stdout.count("done") == 1, result.stdout
