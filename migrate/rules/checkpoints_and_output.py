@@ -131,10 +131,16 @@ Leaves alone:
     File writes already under a rank check stay as they are, and so do writes whose path names the
     process's rank (`open(f"rank{rank}.json", "w")`, a rank read by key as in
     `f"rank{results['rank']}.json"` or `os.environ["RANK"]`, directly or through a name bound to
-    such a path in the same function): each process writes its own file. A status line written
+    such a path in the same function): each process writes its own file; so do writes whose path
+    is chosen by `accelerator.is_main_process` (`open(path if accelerator.is_main_process else
+    os.devnull, "w")`, the fix the report below advises: only the main process's file is kept). A status line written
     where the accelerator cannot reach is left alone. Reported (with the line and the fix)
-    and left on every process, a write whose statement also calls the prepared model (a
-    distributed model's forward may synchronise buffers with the other processes), an
+    and left on every process, a write whose statement also calls the prepared model
+    (DistributedDataParallel's forward broadcasts the model's buffers from the main process in the
+    first forward after a training step, even under `torch.no_grad()`: sampling with the model on
+    the main process alone would wait there for the others; the report advises computing on every
+    process and writing from the main process, or `open(path if accelerator.is_main_process else
+    os.devnull, "w")`), an
     `accelerator` method, `torch.distributed`, `.backward()` or `.step()` (directly or in a
     function of this file it calls): every process must run those; one that binds a name other
     statements read (`n = f.write(...)`); one whose path is read back in the same function under

@@ -700,13 +700,15 @@ def _mentions_rank(node: cst.CSTNode) -> bool:
 
 
 class _RankReads(Visitor):
-    """A rank read by name (`rank`, `args.local_rank`, `get_rank()`), or by key: `results["rank"]`,
-    `os.environ["RANK"]`, `os.environ.get("LOCAL_RANK")`, `os.getenv("RANK")`."""
+    """A rank read by name (`rank`, `args.local_rank`, `get_rank()`, `accelerator.is_main_process`),
+    or by key: `results["rank"]`, `os.environ["RANK"]`, `os.environ.get("LOCAL_RANK")`,
+    `os.getenv("RANK")`."""
 
     found = False
 
     def visit_Name(self, node: cst.Name) -> None:
-        self.found = self.found or bool(_RANK_NAME.search(node.value))
+        # `path if accelerator.is_main_process else os.devnull`: the main process's file only
+        self.found = self.found or bool(_RANK_NAME.search(node.value) or _MAIN_NAME.match(node.value))
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         if len(node.slice) == 1 and type(node.slice[0].slice) is cst.Index:
@@ -716,6 +718,9 @@ class _RankReads(Visitor):
         name = node.func.attr.value if type(node.func) is cst.Attribute else getattr(node.func, "value", None)
         if name in ("get", "getenv") and node.args:
             self.found = self.found or _rank_key(node.args[0].value)
+
+
+_MAIN_NAME = re.compile(r"^is_(local_)?main_process$")
 
 
 def _rank_key(key: cst.BaseExpression) -> bool:
@@ -910,8 +915,9 @@ def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef, r
                 "that on every process and remove the files in a statement of its own under "
                 "`if accelerator.is_main_process:`")
     if hazard is not None:
-        return (f"the statement also {hazard}, which may wait for the other processes (a collective; a "
-                "distributed model's forward may synchronise buffers), so every process must run it: keep "
+        return (f"the statement also {hazard}, which may wait for the other processes (a collective; "
+                "DistributedDataParallel's forward broadcasts the model's buffers after a training step, even "
+                "under `torch.no_grad()`), so every process must run it: keep "
                 "that on every process and write from the main process only (compute first, then "
                 "`if accelerator.is_main_process:` around the write, or "
                 "`open(path if accelerator.is_main_process else os.devnull, ...)`)")
