@@ -20,6 +20,12 @@ What it does:
       `writer.add_scalar(...)` / `writer.flush()` / `writer.close()` statement on that writer;
       the same for `self.writer = SummaryWriter(...)` in a method and `self.writer.<method>(...)`
       statements in the methods of that class, when those are its only uses in the file;
+    - the same for an object of a logger class of the project that the migration cannot read
+      (imported from a module it does not have, also inside a method: `from logger import Logger;
+      self.logger = Logger(self.log_dir)` and `self.logger.scalar_summary(tag, value, step)`), known
+      by its name alone: a CamelCase name ending in `Logger` or `Writer` (`Logger`, `TBLogger`,
+      `ExperimentLogger`); such a class usually opens an event file or a run when built, so it is
+      built on the main process only, with its writes;
     - `wandb.init(...)`, `wandb.log(...)`, `wandb.finish()` (and `run = wandb.init(...)` with
       `run.log(...)`), `mlflow.start_run()`, `mlflow.log_metric(...)`, `mlflow.log_params(...)`;
     - `logging.basicConfig(...)`. The logger calls themselves stay as they are: on the other
@@ -88,6 +94,7 @@ from migrate.analysis import LibraryCall, Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import MAX_LINE
+from migrate.rules.guard_file_operations import _unreadable_function
 from migrate.walk import walk
 
 CODE = "AM012"
@@ -103,6 +110,9 @@ _WRITERS = frozenset({
 })
 _LOG_MODULES = ("wandb.", "mlflow.")
 _LOGGING_SETUP = frozenset({"logging.basicConfig"})
+# A logger class of the project that the migration cannot read (`from logger import Logger`, of a
+# module it does not have), known by its name: a CamelCase name ending in Logger or Writer.
+_USER_LOGGER = re.compile(r"^([A-Z]\w*)?(Logger|Writer)$")
 # An enclosing `if` that already restricts to one process (ours, or the script's own rank check).
 _RANK_TEST = re.compile(r"main_process|rank|primary|master|is_main", re.IGNORECASE)
 
@@ -111,8 +121,9 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models or roles.refused or roles.accelerator_scope is None:
         return
     found = [_Found(scope) for scope in roles.facts.scopes if not isinstance(scope.node, cst.ClassDef)]
+    writers = _WRITERS | _user_loggers(roles)
     for item in found:
-        _collect(item)
+        _collect(item, writers)
     # `wandb.log` on a process without `wandb.init` raises: a family (wandb, mlflow) with a call that
     # cannot be guarded anywhere in the file stays on every process, everywhere.
     broken = {family for item in found for family, _, _ in item.problems if family}
@@ -156,25 +167,42 @@ class _Found:
     attribute_writers: list[tuple[str, LibraryCall]] = field(default_factory=list)  # `self.<attr> = SummaryWriter()`
 
 
+def _user_loggers(roles: Roles) -> frozenset[str]:
+    """Logger classes the migration cannot read, by qualified name (`logger.Logger`): a CamelCase
+    class ending in Logger or Writer, imported from a module that is neither the standard library's
+    nor one of the unit's (no class of that name in the files read). Its object is a log writer like
+    a SummaryWriter: created and written to on the main process only, or reported."""
+    classes = {s.name for s in roles.facts.scopes if isinstance(s.node, cst.ClassDef)}
+    found: set[str] = set()
+    for scope in roles.facts.scopes:
+        for call in scope.library_calls:
+            last = call.qualified.rsplit(".", 1)[-1]
+            if call.qualified in found or call.qualified in _WRITERS or last in classes or not _USER_LOGGER.match(last):
+                continue
+            if _unreadable_function(roles, scope, call.call) is not None:
+                found.add(call.qualified)
+    return frozenset(found)
+
+
 def _family(qualified: str) -> str:
     """Calls that must all be guarded or none: a module API with its own global run state."""
     head = qualified.split(".", 1)[0]
     return head if head in ("wandb", "mlflow") else ""
 
 
-def _collect(item: _Found) -> None:
+def _collect(item: _Found, known_writers: frozenset[str]) -> None:
     scope = item.scope
     writers: dict[str, LibraryCall] = {}  # name -> the call that created it
     logging_stmts: set[int] = set()
-    calls = [c for c in scope.library_calls if _is_logging(c.qualified)]
+    calls = [c for c in scope.library_calls if _is_logging(c.qualified) or c.qualified in known_writers]
     for call in calls:
         kind = _statement_kind(call.where.stmt, call.call)
-        attribute = _attribute_target(scope, call)
+        attribute = _attribute_target(scope, call, known_writers)
         if attribute is not None:
             logging_stmts.add(id(call.where.stmt))
             item.attribute_writers.append((attribute, call))  # its uses are in other methods too
             continue
-        if kind == "expression" or (kind is not None and call.qualified in _WRITERS):
+        if kind == "expression" or (kind is not None and call.qualified in known_writers):
             logging_stmts.add(id(call.where.stmt))
             if kind != "expression":
                 writers.setdefault(kind, call)
@@ -201,10 +229,10 @@ def _collect(item: _Found) -> None:
         item.writers.append((name, creation, sites))
 
 
-def _attribute_target(scope: Scope, call: LibraryCall) -> str | None:
+def _attribute_target(scope: Scope, call: LibraryCall, writers: frozenset[str]) -> str | None:
     """`attr` for `self.attr = SummaryWriter(...)` (or `= wandb.init(...)`) in a method, else None."""
     stmt = call.where.stmt
-    if not (scope.is_method and scope.params and call.qualified in _WRITERS):
+    if not (scope.is_method and scope.params and call.qualified in writers):
         return None
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
         return None
@@ -450,7 +478,8 @@ def _unguardable_call(qualified: str, stmt: cst.BaseStatement) -> str:
 
 
 def _unguardable_writer(name: str, created_by: str) -> str:
-    short = created_by.rsplit(".", 1)[-1] if created_by.endswith("SummaryWriter") else created_by
+    last = created_by.rsplit(".", 1)[-1]
+    short = last if created_by.endswith("SummaryWriter") or _USER_LOGGER.match(last) else created_by
     return (
         f"`{name}` (from `{short}(...)`) is used here other than by a logging statement (passed on, stored "
         f"or in an expression), so its logging stays on every process (N event files or runs): create it "

@@ -1,4 +1,4 @@
-"""Functions the migration cannot read, known by their names, on 2 processes (AM009).
+"""Functions and a logger class the migration cannot read, known by their names, on 2 processes (AM009, AM012).
 
 The script imports its helpers from a module the migration does not have (a fake written by the
 test into a folder put on PYTHONPATH only when the script runs): `fetch_weights(models_dir=...)`
@@ -10,6 +10,10 @@ and launched with `accel launch --nproc-per-node 2`: rank 0 downloads (rank 1 th
 and loads them, under `main_process_first()`), and only rank 0 saves the config, the checkpoints
 (handed the user's module, not the DistributedDataParallel around it) and draws the bar; both
 ranks train and finish.
+
+A `Logger` class of the project (a fake that opens an event file when built), imported in a method
+from a module the migration does not have and written to from the training method, is built and
+written on every process as it is (two event files); migrated, only rank 0 builds it and writes.
 """
 
 from __future__ import annotations
@@ -131,4 +135,80 @@ def test_helpers_known_by_name_run_on_the_main_process(tmp_path: Path) -> None:
     assert calls["calls_rank1"] == ["found"], calls
     assert calls["calls_rank0"] == ["download", "config", *["progress"] * 2, "save Linear", *["progress"] * 2,
                                     "save Linear"], calls
+    assert result.stdout.count("done") == 1, result.stdout
+
+
+FAKE_LOGGER = RECORD_CALLS + '''
+
+class Logger:
+    """A TensorBoard logger of the project: on creation it would open an event file in log_dir."""
+
+    def __init__(self, log_dir):
+        _record("logger created")
+        os.makedirs(log_dir, exist_ok=True)
+        open(os.path.join(log_dir, f"events.{os.getpid()}"), "w").close()
+
+    def scalar_summary(self, tag, value, step):
+        _record(f"scalar {tag} {step}")
+'''
+
+LOGGER_SCRIPT = """
+import sys
+
+import torch
+from torch.utils.data import DataLoader
+
+
+class Solver:
+    def __init__(self, loader, log_dir):
+        self.loader = loader
+        self.log_dir = log_dir
+        self.model = torch.nn.Linear(4, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.build_tensorboard()
+
+    def build_tensorboard(self):
+        from tb_logger import Logger
+        self.logger = Logger(self.log_dir)
+
+    def train(self):
+        for i, x in enumerate(self.loader):
+            loss = self.model(x).pow(2).mean()
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            self.logger.scalar_summary("loss", loss.item(), i + 1)
+        print("done", loss.item())
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    Solver(DataLoader(torch.randn(16, 4), batch_size=4), sys.argv[1] + "/logs").train()
+"""
+
+
+def test_a_logger_class_it_cannot_read_is_built_and_written_on_the_main_process(tmp_path: Path) -> None:
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    (fakes / "tb_logger.py").write_text(FAKE_LOGGER)
+    original, migrated = migrated_script(tmp_path, LOGGER_SCRIPT, TIMEOUT)
+    text = migrated.read_text()
+    assert ("        if self.accelerator.is_main_process:\n"
+            "            self.logger = Logger(self.log_dir)\n") in text, text
+
+    # The original on 2 processes: two event files, each rank logging its own losses.
+    result, calls = _run(fakes, original, tmp_path / "original", 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert calls["calls_rank1"][0] == "logger created", calls
+    assert len(list((tmp_path / "original" / "logs").iterdir())) == 2
+
+    result, calls = _run(fakes, migrated, tmp_path / "one", None)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert calls == {"calls_rank0": ["logger created", *[f"scalar loss {i}" for i in range(1, 5)]]}, calls
+
+    # Migrated, on 2 processes: one event file; rank 1 neither builds the logger nor writes.
+    result, calls = _run(fakes, migrated, tmp_path / "two", 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert calls == {"calls_rank0": ["logger created", "scalar loss 1", "scalar loss 2"]}, calls
+    assert len(list((tmp_path / "two" / "logs").iterdir())) == 1
     assert result.stdout.count("done") == 1, result.stdout
