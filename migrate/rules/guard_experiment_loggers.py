@@ -19,7 +19,11 @@ What it does:
     - `writer = SummaryWriter(...)` (`torch.utils.tensorboard`, `tensorboardX`) and every
       `writer.add_scalar(...)` / `writer.flush()` / `writer.close()` statement on that writer;
       the same for `self.writer = SummaryWriter(...)` in a method and `self.writer.<method>(...)`
-      statements in the methods of that class, when those are its only uses in the file;
+      statements in the methods of that class, when those are its only uses in the file (a read in
+      a statement that runs on the main process only anyway, `save_config_file(self.writer.log_dir,
+      cfg)` under checkpoints-and-output's guard or `logging.basicConfig(filename=...)` under this
+      rule's, is no other use; nor is a `logging` line reading it, `logging.info(f"saved in
+      {self.writer.log_dir}")`, which then runs on the main process only too);
     - the same for an object of a logger class of the project that the migration cannot read
       (imported from a module it does not have, also inside a method: `from logger import Logger;
       self.logger = Logger(self.log_dir)` and `self.logger.scalar_summary(tag, value, step)`), known
@@ -130,7 +134,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     for item in found:
         if (item.guarded or item.problems) and not roles.can_reach(item.scope):
             broken.update(family for family, _ in item.guarded if family)  # logs on every process there
-    _collect_attribute_writers(roles, found)
+    _collect_attribute_writers(roles, plan, found)
     converted = _convert(roles, plan, found)
     for item in found:
         scope = item.scope
@@ -245,12 +249,19 @@ def _attribute_target(scope: Scope, call: LibraryCall, writers: frozenset[str]) 
     return None
 
 
-def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
+def _collect_attribute_writers(roles: Roles, plan: EditPlan, found: list[_Found]) -> None:
     """A writer kept as `self.writer` is guarded like a local one when every use of it, in every
     method of the class, is a `self.writer.method(...)` statement: those run on the main process
-    only, with its creation. Any other use (passed on, read in an expression, rebound, used by a
-    nested function) leaves all of them on every process, reported."""
+    only, with its creation. So is a read in a statement that runs on the main process only anyway
+    (`save_config_file(self.writer.log_dir, ...)` guarded by checkpoints-and-output,
+    `logging.basicConfig(filename=os.path.join(self.writer.log_dir, ...))` guarded here), and a
+    `logging` call reading it (`logging.info(f"saved at {self.writer.log_dir}")`), which then runs on
+    the main process only too (on the others the root logger, left unconfigured, drops info lines
+    anyway). Any other use (passed on, read in an expression, rebound, used by a nested function)
+    leaves all of them on every process, reported."""
     items = {id(item.scope): item for item in found}
+    main_only = {id(stmt) for stmt in plan.main_process_only}
+    main_only.update(id(stmt) for item in found for _, stmt in item.guarded)
     for item in found:
         for attribute, creation in item.attribute_writers:
             owner = item.scope.parent
@@ -259,7 +270,8 @@ def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
             uses: list[tuple[_Found, cst.BaseStatement]] = []
             bad: cst.CSTNode | None = None
             for method in methods:
-                finder = _AttributeUses(method.params[0], attribute, creation.where.stmt)
+                finder = _AttributeUses(method.params[0], attribute, creation.where.stmt, main_only,
+                                        roles.facts.aliases.qualify)
                 walk(method.node, finder)
                 if finder.bad is not None:
                     bad = finder.bad
@@ -269,6 +281,7 @@ def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
                     bad = method.node
                     break
                 uses.extend((method_item, stmt) for stmt in finder.statements)
+                uses.extend((method_item, stmt) for stmt in finder.log_lines)
             if bad is None:
                 # `trainer.writer` outside the class, or a subclass's `self.writer`: not followed.
                 counts = {id(m.node): _attribute_count(m.node, attribute, {}) for m in methods}
@@ -313,11 +326,15 @@ class _AttributeUses(cst.CSTVisitor):
     """In one method: the statements `self.<attr>.method(...)` not already under a rank check
     (`statements`), and the first other read of `self.<attr>` (`bad`)."""
 
-    def __init__(self, instance: str, attribute: str, creation: cst.BaseStatement) -> None:
+    def __init__(self, instance: str, attribute: str, creation: cst.BaseStatement, main_only: set[int],
+                 qualify: Callable[[cst.BaseExpression], str | None]) -> None:
         self.instance = instance
         self.attribute = attribute
         self.creation = creation
+        self.main_only = main_only  # statements that run on the main process only anyway
+        self.qualify = qualify
         self.statements: list[cst.BaseStatement] = []
+        self.log_lines: list[cst.BaseStatement] = []  # `logging.info(...)` statements reading it
         self.bad: cst.CSTNode | None = None
         self._guards = 0
         self._depth = 0
@@ -345,7 +362,15 @@ class _AttributeUses(cst.CSTVisitor):
         if _RANK_TEST.search(_EMPTY.code_for_node(original_node.test)):
             self._guards -= 1
 
+    def visit_With(self, node: cst.With) -> bool:
+        return id(node) not in self.main_only
+
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        if id(node) in self.main_only:
+            return False  # on the main process only, where the writer exists
+        if self._guards == 0 and self._depth <= 1 and self._log_line(node) and self._reads_writer(node):
+            self.log_lines.append(node)
+            return False
         if node is self.creation:
             small = node.body[0]
             assert isinstance(small, cst.Assign)
@@ -366,10 +391,30 @@ class _AttributeUses(cst.CSTVisitor):
             return False
         return True
 
+    def _log_line(self, node: cst.SimpleStatementLine) -> bool:
+        """`logging.info(...)` (any `logging` function) as a whole statement."""
+        small = node.body[0] if len(node.body) == 1 else None
+        return (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+                and (self.qualify(small.value.func) or "").startswith("logging."))
+
+    def _reads_writer(self, node: cst.SimpleStatementLine) -> bool:
+        reads = _WriterReads(self)
+        walk(node, reads)
+        return reads.found
+
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         if self._is_writer(node) and self.bad is None:
             self.bad = node
         return True
+
+
+class _WriterReads(cst.CSTVisitor):
+    def __init__(self, uses: _AttributeUses) -> None:
+        self.uses = uses
+        self.found = False
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.found = self.found or self.uses._is_writer(node)
 
 
 def _is_logging(qualified: str) -> bool:
