@@ -70,7 +70,9 @@ Leaves alone:
     or run that is also used other than as the receiver of a logging statement (passed to a
     helper, stored, used in an expression or a `with`: on the other processes it would not
     exist; for `self.writer`, also a read outside its class's methods), a logging call that is part
-    of an expression, and logging in a function that cannot reach the accelerator (the fix for a
+    of an expression, and logging in a function that cannot reach the accelerator (also a method of
+    a class that never holds it: an nn.Module, or a class of a script that creates the Accelerator
+    at module level) (the fix for a
     writer passed on: `writer = SummaryWriter(...) if accelerator.is_main_process else None`, and
     write through it under `if writer is not None:`). When one wandb
     (or mlflow) call cannot be guarded, none of that library's calls in the file is: `wandb.log`
@@ -98,7 +100,7 @@ from migrate.analysis import LibraryCall, Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import MAX_LINE
-from migrate.rules.guard_file_operations import _unreadable_function
+from migrate.rules.guard_file_operations import _unreachable_method, _unreadable_function
 from migrate.walk import walk
 
 CODE = "AM012"
@@ -132,7 +134,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     # cannot be guarded anywhere in the file stays on every process, everywhere.
     broken = {family for item in found for family, _, _ in item.problems if family}
     for item in found:
-        if (item.guarded or item.problems) and not roles.can_reach(item.scope):
+        if (item.guarded or item.problems) and (not roles.can_reach(item.scope)
+                                                or _unreachable_method(roles, item.scope) is not None):
             broken.update(family for family, _ in item.guarded if family)  # logs on every process there
     _collect_attribute_writers(roles, plan, found)
     converted = _convert(roles, plan, found)
@@ -140,7 +143,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         scope = item.scope
         if not item.guarded and not item.problems:
             continue
-        if not roles.can_reach(scope):
+        if not roles.can_reach(scope) or _unreachable_method(roles, scope) is not None:
             first = item.guarded[0][1] if item.guarded else item.problems[0][1]
             plan.report(
                 CODE, first,
@@ -289,6 +292,17 @@ def _collect_attribute_writers(roles: Roles, plan: EditPlan, found: list[_Found]
                     bad = creation.call
             if bad is not None:
                 item.problems.append((family, bad, _unguardable_writer(f"self.{attribute}", creation.qualified)))
+                item.unconvertible.add(_tracker_kind(creation.qualified))
+                continue
+            what = _unreachable_method(roles, item.scope)
+            if what is not None:
+                # its methods cannot read `self.accelerator`: the guard would raise AttributeError
+                short = creation.qualified.rsplit(".", 1)[-1]
+                item.problems.append((family, creation.call, (
+                    f"`self.{attribute}` (from `{short}(...)`) is created in `{item.scope.qualname}`, a method of "
+                    f"{what}, which cannot reach the accelerator: its logging runs on every process (N event files "
+                    "or runs); hand the class the accelerator and create it under "
+                    "`if accelerator.is_main_process:`, with its writes")))
                 item.unconvertible.add(_tracker_kind(creation.qualified))
                 continue
             if not _already_guarded(creation.where):

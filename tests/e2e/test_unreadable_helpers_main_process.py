@@ -14,6 +14,8 @@ ranks train and finish.
 A `Logger` class of the project (a fake that opens an event file when built), imported in a method
 from a module the migration does not have and written to from the training method, is built and
 written on every process as it is (two event files); migrated, only rank 0 builds it and writes.
+So is a SummaryWriter kept as `self.writer` whose `log_dir` is read only by statements that run
+on the main process (the config and checkpoint saved into it, the log file's setup, a log line).
 """
 
 from __future__ import annotations
@@ -211,4 +213,92 @@ def test_a_logger_class_it_cannot_read_is_built_and_written_on_the_main_process(
     assert result.returncode == 0, result.stderr[-3000:]
     assert calls == {"calls_rank0": ["logger created", "scalar loss 1", "scalar loss 2"]}, calls
     assert len(list((tmp_path / "two" / "logs").iterdir())) == 1
+    assert result.stdout.count("done") == 1, result.stdout
+
+
+FAKE_TENSORBOARDX = RECORD_CALLS + '''
+
+class SummaryWriter:
+    """Opens an event file in a folder of its own when built, as tensorboardX does."""
+
+    def __init__(self, log_dir=None):
+        _record("SummaryWriter")
+        self.log_dir = log_dir or os.path.join(os.environ["LOG_CALLS_DIR"], "runs", str(os.getpid()))
+        os.makedirs(self.log_dir, exist_ok=True)
+        open(os.path.join(self.log_dir, "events"), "w").close()
+
+    def add_scalar(self, tag, value, global_step=None):
+        _record(f"add_scalar {tag} {global_step}")
+'''
+
+WRITER_SCRIPT = """
+import logging
+import os
+import sys
+
+import torch
+from torch.utils.data import DataLoader
+from tensorboardX import SummaryWriter
+from train_helpers import save_checkpoint, save_config_file
+
+
+class Trainer:
+    def __init__(self, model, optimizer):
+        self.model = model
+        self.optimizer = optimizer
+        self.writer = SummaryWriter()
+        logging.basicConfig(filename=os.path.join(self.writer.log_dir, "train.log"), level=logging.INFO)
+
+    def fit(self, loader):
+        save_config_file(self.writer.log_dir, {"lr": 0.1})
+        for step, x in enumerate(loader):
+            loss = self.model(x).pow(2).mean()
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            self.writer.add_scalar("loss", loss.item(), global_step=step)
+        save_checkpoint({"state_dict": self.model.state_dict()}, self.model,
+                        filename=os.path.join(self.writer.log_dir, "last.pt"))
+        logging.info(f"saved in {self.writer.log_dir}")
+        print("done", loss.item())
+
+
+def main():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(torch.randn(16, 4), batch_size=4)
+    trainer = Trainer(model, optimizer)
+    trainer.fit(loader)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_writer_read_by_main_process_statements_is_built_on_the_main_process(tmp_path: Path) -> None:
+    fakes = tmp_path / "fakes"
+    (fakes / "tensorboardX").mkdir(parents=True)
+    (fakes / "tensorboardX" / "__init__.py").write_text(FAKE_TENSORBOARDX)
+    (fakes / "train_helpers.py").write_text(FAKE_HELPERS)
+    original, migrated = migrated_script(tmp_path, WRITER_SCRIPT, TIMEOUT)
+    text = migrated.read_text()
+    assert ("        if self.accelerator.is_main_process:\n"
+            "            self.writer = SummaryWriter()\n") in text, text
+
+    # The original on 2 processes: two writers, two event folders, both ranks save.
+    result, calls = _run(fakes, original, tmp_path / "original", 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert calls["calls_rank1"][:2] == ["SummaryWriter", "config"], calls
+    assert len(list((tmp_path / "original" / "runs").iterdir())) == 2
+
+    # Migrated, on 2 processes: rank 0 alone builds the writer, writes through it and saves into
+    # its folder; rank 1 trains its half and finishes.
+    result, calls = _run(fakes, migrated, tmp_path / "two", 2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert calls == {"calls_rank0": ["SummaryWriter", "config", "add_scalar loss 0", "add_scalar loss 1",
+                                     "save Linear"]}, calls
+    (folder,) = (tmp_path / "two" / "runs").iterdir()
+    assert (folder / "last.pt").exists() and "saved in" in (folder / "train.log").read_text()
     assert result.stdout.count("done") == 1, result.stdout
