@@ -28,8 +28,10 @@ What it does:
       (imported from a module it does not have, also inside a method: `from logger import Logger;
       self.logger = Logger(self.log_dir)` and `self.logger.scalar_summary(tag, value, step)`), known
       by its name alone: a CamelCase name ending in `Logger` or `Writer` (`Logger`, `TBLogger`,
-      `ExperimentLogger`); such a class usually opens an event file or a run when built, so it is
-      built on the main process only, with its writes;
+      `ExperimentLogger`), handed a folder or a path (an argument naming a dir, path, folder, root,
+      runs or log, or a literal path; not `MetricLogger(delimiter="  ")`), where the accelerator
+      reaches (elsewhere it is left alone); such a class usually opens an event file or a run when
+      built, so it is built on the main process only, with its writes;
     - `wandb.init(...)`, `wandb.log(...)`, `wandb.finish()` (and `run = wandb.init(...)` with
       `run.log(...)`), `mlflow.start_run()`, `mlflow.log_metric(...)`, `mlflow.log_params(...)`;
     - `logging.basicConfig(...)`. The logger calls themselves stay as they are: on the other
@@ -119,6 +121,8 @@ _LOGGING_SETUP = frozenset({"logging.basicConfig"})
 # A logger class of the project that the migration cannot read (`from logger import Logger`, of a
 # module it does not have), known by its name: a CamelCase name ending in Logger or Writer.
 _USER_LOGGER = re.compile(r"^([A-Z]\w*)?(Logger|Writer)$")
+# An argument naming where it writes: a folder or path expression, or a literal path.
+_LOG_FOLDER = re.compile(r"dir|path|folder|root|runs|logs?\b|/", re.IGNORECASE)
 # An enclosing `if` that already restricts to one process (ours, or the script's own rank check).
 _RANK_TEST = re.compile(r"main_process|rank|primary|master|is_main", re.IGNORECASE)
 
@@ -177,8 +181,11 @@ class _Found:
 def _user_loggers(roles: Roles) -> frozenset[str]:
     """Logger classes the migration cannot read, by qualified name (`logger.Logger`): a CamelCase
     class ending in Logger or Writer, imported from a module that is neither the standard library's
-    nor one of the unit's (no class of that name in the files read). Its object is a log writer like
-    a SummaryWriter: created and written to on the main process only, or reported."""
+    nor one of the unit's (no class of that name in the files read), built where the accelerator
+    can reach and handed a folder or a path (`Logger(self.log_dir)`, `TBLogger(args.log_dir)`,
+    `ExperimentLogger("runs/exp")`; not `MetricLogger(delimiter="  ")`, which only prints). Its
+    object is a log writer like a SummaryWriter: created and written to on the main process only,
+    or reported."""
     classes = {s.name for s in roles.facts.scopes if isinstance(s.node, cst.ClassDef)}
     found: set[str] = set()
     for scope in roles.facts.scopes:
@@ -186,7 +193,10 @@ def _user_loggers(roles: Roles) -> frozenset[str]:
             last = call.qualified.rsplit(".", 1)[-1]
             if call.qualified in found or call.qualified in _WRITERS or last in classes or not _USER_LOGGER.match(last):
                 continue
-            if _unreadable_function(roles, scope, call.call) is not None:
+            if not (roles.can_reach(scope) and _unreachable_method(roles, scope) is None):
+                continue  # its name is all the migration knows of it: where no guard can go, left alone
+            if _unreadable_function(roles, scope, call.call) is not None and any(
+                    _LOG_FOLDER.search(_EMPTY.code_for_node(arg.value)) for arg in call.call.args):
                 found.add(call.qualified)
     return frozenset(found)
 

@@ -743,10 +743,14 @@ def _unreadable_function(roles: Roles, scope: Scope, call: cst.Call) -> str | No
     module that is not the standard library's (`from utils import save_checkpoint`,
     `utils.save_checkpoint(...)`), or a name no statement of the file binds under a star import
     (`from utils import *`). None for the file's own functions (and those of the unit it reads),
-    methods of objects, builtins and the standard library."""
+    methods of objects, builtins and the standard library, and any name a function or class of the
+    files read (the unit's modules) has."""
     if roles.facts.function_called(call) is not None:
         return None
     func = call.func
+    last = (dotted_name(func) or "").rsplit(".", 1)[-1]
+    if any(s.name == last and (s.is_function or type(s.node) is cst.ClassDef) for s in roles.facts.scopes):
+        return None  # a function (or class) of that name in the files read: not known by its name only
     aliases = roles.facts.aliases
     qualified = aliases.qualify(func)
     if qualified is not None:
