@@ -335,8 +335,8 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
         if unit.stmt in done:
             continue
         done.add(unit.stmt)
-        if unit.stmt in plan.main_process_only:
-            continue
+        if unit.stmt in plan.main_process_only or any(outer.stmt in plan.main_process_only for outer in unit.path):
+            continue  # inside a statement already on the main process (`with open(p, "w") as f: yaml.dump(c, f)`)
         problem = _why_not_guarded(roles, scope, write, unit, reads=False)
         reader = _reads_back(roles, scope, unit, write.path) if problem is None and write.path is not None else None
         if reader is not None and not _barrier_fits(unit):
