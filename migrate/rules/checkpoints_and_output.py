@@ -93,7 +93,9 @@ What it does:
     prepared model handed to a saving one is handed as `accelerator.unwrap_model(model)`, a state
     dict as `accelerator.unwrap_model(model).state_dict()`: it saves what the single-device script
     saved); one whose name says it downloads (a part starting with download or fetch:
-    `download_and_load_gpt2`, `maybe_download`, `fetch_data`, `hf_hub_download`) is a download:
+    `download_and_load_gpt2`, `maybe_download`, `fetch_data`, `hf_hub_download`), called outside
+    loops in a simple statement (not `for batch in fetch_batches(...)`, nor a fetch per batch), is a
+    download:
     called as a statement of its own, on the main process followed by
     `accelerator.wait_for_everyone()`; its result used (`settings, params =
     download_and_load_gpt2(model_size, models_dir="gpt2")`), under `with

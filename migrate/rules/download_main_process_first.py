@@ -59,8 +59,8 @@ def _unreadable_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     seen: set[int] = set()
     for site in (*scope.library_calls, *scope.calls):
         call, where = site.call, site.where
-        if id(call) in seen or _alone(call, where):
-            continue
+        if id(call) in seen or _alone(call, where) or where.in_loop or type(where.stmt) is not cst.SimpleStatementLine:
+            continue  # a download runs once, in a statement of its own (`for b in fetch_batches(...)`: data)
         seen.add(id(call))
         name = _unreadable_function(roles, scope, call)
         if name is None or not _DOWNLOADS_BY_NAME.search(name) or _rank_guarded(where) or _goes_first(where):

@@ -785,7 +785,7 @@ def _helper_write(roles: Roles, scope: Scope, call: cst.Call, where: StmtRef) ->
     if _PROGRESS_BY_NAME.search(name) and _alone(call, where):
         return _Write(f"`{name}(...)` (which the migration cannot read; its name says it draws a progress bar)",
                       call, where, False, None, console=True, helper=True)
-    if _DOWNLOADS_BY_NAME.search(name) and _alone(call, where):
+    if _DOWNLOADS_BY_NAME.search(name) and _alone(call, where) and not where.in_loop:
         return _Write(f"`{name}(...)` (which the migration cannot read; its name says it downloads)", call, where,
                       True, None, helper=True)
     return None
