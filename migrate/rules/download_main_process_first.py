@@ -15,6 +15,7 @@ import libcst as cst
 
 from migrate.analysis import Scope, StmtRef
 from migrate.edits import EditPlan
+from migrate.names import dotted_name
 from migrate.roles import Roles
 from migrate.rules.guard_file_operations import (
     _DOWNLOADS_BY_NAME,
@@ -62,6 +63,9 @@ def _unreadable_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         if id(call) in seen or _alone(call, where) or where.in_loop or type(where.stmt) is not cst.SimpleStatementLine:
             continue  # a download runs once, in a statement of its own (`for b in fetch_batches(...)`: data)
         seen.add(id(call))
+        qualified = roles.facts.aliases.qualify(call.func) or dotted_name(call.func) or ""
+        if not _DOWNLOADS_BY_NAME.search(qualified.rsplit(".", 1)[-1]):
+            continue
         name = _unreadable_function(roles, scope, call)
         if name is None or not _DOWNLOADS_BY_NAME.search(name) or _rank_guarded(where) or _goes_first(where):
             continue

@@ -776,6 +776,9 @@ def _helper_write(roles: Roles, scope: Scope, call: cst.Call, where: StmtRef) ->
     progress bar, or downloads, as a statement of its own (its result unused: the others lack
     nothing; a download whose result is used runs under `main_process_first()` instead, see
     download_main_process_first.py)."""
+    last = (roles.facts.aliases.qualify(call.func) or dotted_name(call.func) or "").rsplit(".", 1)[-1]
+    if not (_SAVES_BY_NAME.search(last) or _PROGRESS_BY_NAME.search(last) or _DOWNLOADS_BY_NAME.search(last)):
+        return None  # the cheap test first: most calls say nothing of files
     name = _unreadable_function(roles, scope, call)
     if name is None:
         return None
