@@ -67,6 +67,11 @@ class ImportAliases:
             return None
         return f"{target}.{rest}" if rest else target
 
+    @property
+    def star(self) -> bool:
+        """The module star-imports a module other than the standard ones (`from utils import *`)."""
+        return self._star
+
     def local_names_for(self, qualified: str) -> list[str]:
         """Local names bound directly to `qualified` (e.g. every alias of `torch`)."""
         return [local for local, target in self._aliases.items() if target == qualified]

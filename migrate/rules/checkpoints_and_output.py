@@ -13,8 +13,9 @@ What it does:
     `accelerator.unwrap_model(model)` (the wrapped model's keys carry a `module.` prefix, and it
     would refuse the single-device script's checkpoint). Only in code that can reach the
     accelerator: the function that creates it, nested functions, and functions that receive it
-    (a function of the script that only prints, `test(model, loader)`, is handed it as well; a
-    helper of another module of a unit only when it uses it for something else).
+    (a function of the script that only prints or draws a progress bar, `test(model, loader)` or
+    `eval_epoch(...)` over `tqdm(loader)`, is handed it as well; a helper of another module of a
+    unit only when it uses it for something else).
     File removals (`os.remove`, `os.unlink`, `shutil.rmtree`), renames and copies (`os.rename`,
     `os.replace`, `shutil.move`, `shutil.copy*`) in the block that saves such a checkpoint, guards
     a file write or a download (the snapshot block: `torch.save(model, path)` then
@@ -83,6 +84,25 @@ What it does:
     cache)`, outside loops) runs as a whole under `with accelerator.main_process_first():`, its
     write on the main process: the main process computes (or downloads, `vocab.load_vectors(...)`)
     and writes it, the others then find the file and load it instead of reading it half written.
+    A function the migration cannot read (imported from a module it does not have, `from utils
+    import save_checkpoint`, `import utils`, or a name bound by no statement under a star import;
+    not the standard library's) is known by its name alone, its last name split at `_`: one that
+    saves or writes (`save_checkpoint`, `save_config_file`, `write_summary`, `dump_results`: the
+    name starts with save, write or dump) or draws a progress bar (`progress_bar`), called as a
+    statement of its own, runs under `if accelerator.is_main_process:` like the writers above (a
+    prepared model handed to a saving one is handed as `accelerator.unwrap_model(model)`, a state
+    dict as `accelerator.unwrap_model(model).state_dict()`: it saves what the single-device script
+    saved); one whose name says it downloads (a part starting with download or fetch:
+    `download_and_load_gpt2`, `maybe_download`, `fetch_data`, `hf_hub_download`), called outside
+    loops in a simple statement (not `for batch in fetch_batches(...)`, nor a fetch per batch), is a
+    download:
+    called as a statement of its own, on the main process followed by
+    `accelerator.wait_for_everyone()`; its result used (`settings, params =
+    download_and_load_gpt2(model_size, models_dir="gpt2")`), under `with
+    accelerator.main_process_first():` (the main process downloads, the others then run it over the
+    files already there and load them). A save or progress bar whose result is used, or where the
+    accelerator cannot reach, is left alone (its name is all the migration knows of it); a download
+    whose result is used where the accelerator cannot reach is reported.
 
 Why:
     Every process runs the script: without this, each of N processes writes the same checkpoint
@@ -113,10 +133,16 @@ Leaves alone:
     File writes already under a rank check stay as they are, and so do writes whose path names the
     process's rank (`open(f"rank{rank}.json", "w")`, a rank read by key as in
     `f"rank{results['rank']}.json"` or `os.environ["RANK"]`, directly or through a name bound to
-    such a path in the same function): each process writes its own file. A status line written
+    such a path in the same function): each process writes its own file; so do writes whose path
+    is chosen by `accelerator.is_main_process` (`open(path if accelerator.is_main_process else
+    os.devnull, "w")`, the fix the report below advises: only the main process's file is kept). A status line written
     where the accelerator cannot reach is left alone. Reported (with the line and the fix)
-    and left on every process, a write whose statement also calls the prepared model (a
-    distributed model's forward may synchronise buffers with the other processes), an
+    and left on every process, a write whose statement also calls the prepared model
+    (DistributedDataParallel's forward broadcasts the model's buffers from the main process in the
+    first forward after a training step, even under `torch.no_grad()`: sampling with the model on
+    the main process alone would wait there for the others; the report advises computing on every
+    process and writing from the main process, or `open(path if accelerator.is_main_process else
+    os.devnull, "w")`), an
     `accelerator` method, `torch.distributed`, `.backward()` or `.step()` (directly or in a
     function of this file it calls): every process must run those; one that binds a name other
     statements read (`n = f.write(...)`); one whose path is read back in the same function under
@@ -155,25 +181,35 @@ Fix safety:
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 import libcst as cst
 
 from migrate.analysis import Scope, Site, StmtRef
-from migrate.names import dotted_name, target_names
 from migrate.edits import EditPlan
 from migrate.roles import Roles
-from migrate.roles.loaders import held_by_the_class
 from migrate.roles.model import nested_in
 from migrate.rules.base import accelerator_call, names_read, reference
+from migrate.rules.download_main_process_first import (
+    _downloading_datasets,
+    _implicit_downloads,
+    _unreadable_downloads,
+)
+from migrate.rules.guard_file_operations import (
+    _RANK_NAME,
+    _RANK_TEST,
+    _file_writes,
+    _folders_made_once,
+    _path_of,
+    _per_process_path,
+    _rank_guarded,
+    _removals,
+    _unreachable_method,
+    _whole_file_operations,
+)
 from migrate.walk import Visitor, walk
 
 CODE = "AM009"
 NAME = "checkpoints-and-output"
 
-# An `if` only some processes pass (a rank check, ours or the script's own).
-_RANK_TEST = re.compile(r"main_process|rank|primary|master", re.IGNORECASE)
 _TQDM = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.trange", "tqdm.auto.trange"})
 
 
@@ -192,8 +228,6 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 if call.qualified == "torch.save":
                     if _checkpoint(roles, plan, scope, call.call):
                         saves.append(call.where)
-                elif call.qualified in _TQDM and _reached(roles, plan, scope) and id(scope) not in whole:
-                    _quiet_progress_bar(plan, scope, call.call)
         if id(scope) in whole:
             # it runs on the main process only: its checkpoints still save the unwrapped model, but
             # nothing in it is guarded again, and no barrier goes inside it (the others never come)
@@ -206,210 +240,24 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _folders_made_once(roles, plan, scope)
         _downloading_datasets(roles, plan, scope)
         _implicit_downloads(roles, plan, scope)
+        _unreadable_downloads(roles, plan, scope)
         if not can_reach:
             continue
         reachable.append(scope)
         _unwrapped_state_dicts(roles, plan, scope)
         _wait_before_reload(plan, scope, saves)
         _removals(roles, plan, scope, saves, guarded, barriers)
-    # Prints last: a method whose class now holds `self.accelerator` for its checkpoint or its
-    # backward (another method's) prints through it at no cost; a function of the script that only
-    # prints is handed the accelerator too (not one of another module of a unit: its helpers keep
-    # their signatures).
+    # Progress bars and prints last: a method whose class now holds `self.accelerator` for its
+    # checkpoint or its backward (another method's) prints through it at no cost; a function of the
+    # script that only prints or draws a progress bar (`eval_epoch` over `tqdm(loader)`) is handed
+    # the accelerator too (not one of another module of a unit: its helpers keep their signatures).
     for scope in reachable:
         if _reached(roles, plan, scope) or nested_in(scope, roles.facts.module_scope):
+            for call in scope.library_calls:
+                if call.qualified in _TQDM:
+                    _quiet_progress_bar(plan, scope, call.call)
             _prints(roles, plan, scope)
 
-
-def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
-    """The functions of the script that are one file operation, run whole on the main process.
-
-    A function that downloads or unpacks (`extractall`, `urlretrieve`), or writes a file and then
-    renames, copies or removes files, is one operation from its `if path.exists(): return` to its
-    last `os.rename`: guarding its statements one by one leaves the rest on every process (a
-    rename after the barrier: every process but one fails with FileNotFoundError), and a return
-    before a barrier inside it would hang. So each statement calling it (a call of its own, the
-    result unused) runs under `if accelerator.is_main_process:`, followed, for a download, by
-    `accelerator.wait_for_everyone()`: the others wait for the data, and a function that skips
-    files already there returns early on the main process alone. Not `main_process_first()`: the
-    others would then run it again, downloading over the files the main process is reading when
-    it does not skip them. Only when the function holds no collective, no model call and no
-    `global`, and each call is a statement of its own; else its statements are guarded one by one,
-    as any function's. A call where the accelerator cannot reach (at module level before the
-    Accelerator exists) is reported, and the function left whole. Calls under a rank check (a
-    second run), or inside a function run whole, are on the main process already: callers are
-    decided first. Returns the ids of the functions run whole, and of the script's functions
-    called only from them."""
-    module = roles.facts.module_scope
-    candidates: list[tuple[Scope, bool]] = []  # (function, downloads)
-    for function in roles.facts.scopes:
-        if not function.is_function or function.is_method or not nested_in(function, module):
-            continue
-        writes = _find_writes(plan, function, module)
-        fetches = any(w.fetch for w in writes)
-        moves = any(c.qualified in _MOVERS | _REMOVERS for c in function.library_calls)
-        if not (fetches or (writes and moves)) or _has_outside_effects(function):
-            continue
-        if _named_elsewhere(roles, function):
-            continue  # passed as a callback too: calls nobody sees would lose its own guards
-        if roles.call_sites(function) and _hazard(roles, function, function.node, set()) is None:
-            candidates.append((function, fetches))
-    # Callers first: a call inside a function that itself runs whole is on the main process
-    # already (a barrier there would wait for processes that never come).
-    whole: set[int] = set()
-    undecided = {id(function) for function, _ in candidates}
-    while undecided:
-        ready = [(f, d) for f, d in candidates if id(f) in undecided and not any(
-            id(caller) in undecided and caller is not f for caller, _ in roles.call_sites(f))]
-        for function, fetches in ready or [c for c in candidates if id(c[0]) in undecided]:  # a cycle: as they are
-            undecided.discard(id(function))
-            if _run_whole(roles, plan, function, fetches, whole):
-                whole.add(id(function))
-    # The script's functions called only from those run on the main process too: nothing in them
-    # is guarded again either.
-    grown = True
-    while grown:
-        grown = False
-        for scope in roles.facts.scopes:
-            if id(scope) in whole or not scope.is_function or scope.is_method or not nested_in(scope, module):
-                continue
-            callers = roles.call_sites(scope)
-            if callers and all(id(caller) in whole for caller, _ in callers):
-                whole.add(id(scope))
-                grown = True
-    return whole
-
-
-def _run_whole(roles: Roles, plan: EditPlan, function: Scope, fetches: bool, whole: set[int]) -> bool:
-    """Put each call of `function` under `if accelerator.is_main_process:` (a download's followed by
-    a barrier); False, with no edit, when some call cannot be (its result used, a collective in the
-    statement); True with a report when a call cannot reach the accelerator (the function is then
-    left whole)."""
-    guard: list[tuple[Scope, StmtRef]] = []
-    for caller, call in roles.call_sites(function):
-        site = next((s for s in caller.calls if s.call is call), None)
-        if site is None:
-            return False
-        where = site.where
-        if id(caller) in whole or _rank_guarded(where) or _goes_first(where):
-            continue  # on the main process already (a second run sees our own `if`)
-        stmt = where.stmt
-        if not (type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 and type(stmt.body[0]) is cst.Expr
-                and stmt.body[0].value is call):
-            return False  # its result is used: the others need it
-        if not roles.can_reach(caller) or _unreachable_method(roles, caller) is not None:
-            # the function is left whole, and the call reported: guarded one by one inside,
-            # its rename would still run on every process
-            _report_unreachable_call(roles, plan, function, caller, call, fetches)
-            return True
-        # a download's call with the `if not os.path.exists(...)` / `with` around it: the barrier
-        # after it is then outside any test a process could see otherwise
-        unit = _fetch_unit(where) if fetches else where
-        if _why_not_guarded(roles, caller, _Write("", call, where, fetches, None), unit) is not None:
-            return False
-        if unit.stmt in plan.replace_stmt or unit.stmt in plan.main_process_first:
-            return False
-        guard.append((caller, unit))
-    for caller, unit in guard:
-        if unit.stmt in plan.main_process_only:
-            continue
-        plan.main_process_only.add(unit.stmt)
-        plan.use_accelerator(caller)
-        if fetches:
-            plan.insert_after[unit.stmt] = [*plan.insert_after.get(unit.stmt, []),
-                                            cst.parse_statement("accelerator.wait_for_everyone()\n")]
-            plan.change(CODE, unit.stmt, (
-                f"`{function.name}(...)` downloads and unpacks files as a whole: it runs on the main process "
-                "only, and the others wait for it (`accelerator.wait_for_everyone()`) before reading them"))
-        else:
-            plan.change(CODE, unit.stmt, (
-                f"`{function.name}(...)` writes files and then renames, copies or removes them: it runs "
-                "on the main process only, as a whole"))
-    return True
-
-
-def _report_unreachable_call(roles: Roles, plan: EditPlan, function: Scope, caller: Scope, call: cst.Call,
-                             fetches: bool) -> None:
-    """A call of a file-operation function where the accelerator cannot reach (at module level
-    before the Accelerator exists, a function nothing hands it to): every process runs it at once."""
-    made = roles.accelerator_scope
-    if caller is roles.facts.module_scope and made is not None and made is not caller:
-        place = f"at module level, before the Accelerator (created in `{made.qualname}`) exists"
-    else:
-        place = f"in `{caller.qualname}`, where the accelerator cannot reach"
-    what = "downloads and unpacks files" if fetches else "writes files and then renames, copies or removes them"
-    where = f" in `{made.qualname}`" if made is not None and made is not roles.facts.module_scope else ""
-    plan.report(CODE, call, (
-        f"`{function.name}(...)` {what}, and it is called {place}: every process runs it at once, on the same "
-        f"files (a file another process already moved is not found). Call it after the Accelerator is "
-        f"created{where}, where its call runs on the main process only and the others wait for it, or fetch the "
-        "data once before launching"), unconverted=True)
-
-
-# Methods that change the object they are called on (`paths.append(p)` on a parameter).
-_MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "setdefault", "pop", "remove", "clear"})
-
-
-def _has_outside_effects(function: Scope) -> bool:
-    """The function changes something its callers see besides files: `global x` / `nonlocal x`, an
-    attribute or item of a parameter or a global set (`cfg.path = target`), or a parameter changed
-    in place (`found.append(path)`). Run on the main process only, the others would lack it."""
-    params = set(function.params)
-
-    def outside(target: cst.BaseExpression) -> bool:
-        while type(target) in (cst.Attribute, cst.Subscript):
-            target = target.value  # type: ignore[attr-defined]
-        return type(target) is cst.Name and (target.value in params or not function.binds(target.value))
-
-    class Finder(Visitor):
-        found = False
-
-        def visit_Global(self, node: cst.Global) -> None:
-            self.found = True
-
-        def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
-            self.found = True
-
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            self._target(node.target)
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            self._target(node.target)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            self._target(node.target)
-
-        def _target(self, target: cst.BaseExpression) -> None:
-            if type(target) in (cst.Attribute, cst.Subscript) and outside(target):
-                self.found = True
-
-        def visit_Call(self, node: cst.Call) -> None:
-            func = node.func
-            if type(func) is cst.Attribute and func.attr.value in _MUTATORS and type(func.value) is cst.Name \
-                    and func.value.value in params:
-                self.found = True
-
-    finder = Finder()
-    walk(function.node, finder)
-    return finder.found
-
-
-def _named_elsewhere(roles: Roles, function: Scope) -> bool:
-    """The function's name is read other than in the calls found (`pool.map(fetch, urls)`,
-    `callbacks=[fetch]`, an attribute of the same name): some of its runs are not seen."""
-    name = function.name
-
-    class Count(Visitor):
-        count = 0
-
-        def visit_Name(self, node: cst.Name) -> None:
-            if node.value == name:
-                self.count += 1
-
-    counter = Count()
-    walk(roles.facts.module, counter)
-    # each call names it once, and so does its `def`
-    return counter.count > len(roles.call_sites(function)) + 1
 
 
 def _reached(roles: Roles, plan: EditPlan, scope: Scope) -> bool:
@@ -622,25 +470,6 @@ def _quiet_progress_bar(plan: EditPlan, scope: Scope, call: cst.Call) -> None:
     plan.change(CODE, call, "progress bar shown by the local main process only")
 
 
-def _unreachable_method(roles: Roles, scope: Scope) -> str | None:
-    """What a method is when its class never holds the accelerator ("an nn.Module": built before
-    the Accelerator and never handed one; "a class of the script": the Accelerator is created at
-    module level, and nothing threads it into the class), else None."""
-    owner = scope.parent
-    if not scope.is_method or owner is None or type(owner.node) is not cst.ClassDef:
-        return None
-    if roles.accelerator_scope in (roles.methods_of(scope) or []):
-        return None
-    bases = [roles.facts.aliases.qualify(base.value) or "" for base in owner.node.bases]
-    if any(base.rsplit(".", 1)[-1] == "Module" for base in bases):
-        return "an nn.Module"
-    if roles.accelerator_scope is roles.facts.module_scope and not roles.needs_parameter(scope):
-        return "a class of the script"
-    return None
-
-
-_RANK_NAME = re.compile(r"(^|_)rank$|^process_index$|^get_rank$", re.IGNORECASE)
-
 
 def _says_its_rank(call: cst.Call) -> bool:
     """`print(f"rank {ddp_rank} sample {i}: {text}")`: a line each process prints about itself on
@@ -657,12 +486,6 @@ class _RankNames(Visitor):
     def visit_Name(self, node: cst.Name) -> None:
         self.found = self.found or bool(_RANK_NAME.search(node.value))
 
-
-def _rank_guarded(where: StmtRef) -> bool:
-    """Inside an `if` whose test is a rank check (`if master_process:`, `if rank == 0:`)."""
-    empty = cst.Module([])
-    return any(type(outer.stmt) is cst.If and _RANK_TEST.search(empty.code_for_node(outer.stmt.test))
-               for outer in where.path)
 
 
 def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
@@ -698,865 +521,3 @@ def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         )
         plan.change(CODE, site.call, "`print` -> `accelerator.print` (main process only)")
     plan.use_accelerator(scope)
-
-
-# -- other file writes -------------------------------------------------------------------------
-
-# Library calls that write a file (the statement holding one runs on the main process only).
-_FILE_WRITERS = frozenset({"torchvision.utils.save_image", "matplotlib.pyplot.savefig", "numpy.save"})
-# Library calls that download or unpack data every process then reads (main process only, then a
-# barrier); `.extractall(...)` (tarfile, zipfile) is recognised as a method.
-_FETCHERS = frozenset({"urllib.request.urlretrieve", "shutil.unpack_archive"})
-_FETCH_METHODS = frozenset({"extractall"})
-# Methods that write a table or an array to the path they are given (pandas' writers).
-_WRITE_METHODS = frozenset({"to_csv", "to_json", "to_parquet", "to_pickle"})
-# Console output that is not `print`: a status line written on every process would repeat N times.
-_CONSOLE = frozenset({"sys.stdout.write"})
-# Where the written path sits among a writer's arguments: (position, keyword).
-_PATH_ARG = {
-    "torchvision.utils.save_image": (1, "fp"),
-    "matplotlib.pyplot.savefig": (0, "fname"),
-    "numpy.save": (0, "file"),
-    "open": (0, "file"),
-    "torch.save": (1, "f"),
-    "to_csv": (0, "path_or_buf"),
-    "to_json": (0, "path_or_buf"),
-    "to_parquet": (0, "path"),
-    "to_pickle": (0, "path"),
-}
-# Methods of a model that only read it (no forward): `model.parameters()` in a guarded write is fine.
-_READS_MODEL_ONLY = frozenset({
-    "state_dict", "parameters", "named_parameters", "buffers", "named_buffers", "modules",
-    "named_modules", "children", "named_children",
-})
-# A call reading a file back: its function's last name.
-_READS_BACK = re.compile(r"load|read|^open$", re.IGNORECASE)
-
-
-@dataclass(eq=False)
-class _Write:
-    what: str  # "`plt.savefig(...)`", for messages
-    call: cst.Call
-    where: StmtRef
-    fetch: bool  # a download or unpack every process then reads
-    path: cst.BaseExpression | None
-    removal: bool = False  # `os.remove(...)`: its unit may be a `for` or an `if`
-    console: bool = False  # `sys.stdout.write(...)`: no file, output on the main process only
-
-
-def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtRef], dict[cst.BaseStatement, cst.BaseStatement]]:
-    """Run the script's own file writes (`save_image`, `plt.savefig`, `with open(path, "w")`, a
-    `torch.save` of something else than the model, `df.to_csv(path)`, `np.save`), status lines
-    (`sys.stdout.write`) and downloads (`.extractall(...)`, `urlretrieve`) on the main process
-    only, or report them. Returns the statements guarded, and the barrier put after each guarded
-    download (a removal or rename of what it unpacked, guarded later, takes the barrier after it)."""
-    barriers: dict[cst.BaseStatement, cst.BaseStatement] = {}
-    if type(scope.node) is cst.ClassDef:
-        return [], barriers
-    # Left as they are: writes already under a rank check (a second run sees our own `if`), and
-    # `open(f"rank{rank}.json", "w")`: each process writes its own file.
-    writes = [
-        w for w in _find_writes(plan, scope, roles.facts.module_scope)
-        if not _rank_guarded(_fetch_unit(w.where) if w.fetch else _unit(w.where))
-        and not (w.path is not None and _per_process_path(scope, w.path))
-    ]
-    guarded: list[StmtRef] = []
-    method = _unreachable_method(roles, scope)
-    if not roles.can_reach(scope) or method is not None:
-        # a status line where the accelerator cannot reach is left as a print there would be
-        writes = [w for w in writes if not w.console]
-        if not writes or not nested_in(scope, roles.facts.module_scope):
-            return guarded, barriers  # another module of a unit (a logger's files): not the script's own writes
-        first = writes[0]
-        kind = f", a method of {method}," if method is not None else ""
-        plan.report(CODE, first.call, (
-            f"{first.what} in `{scope.qualname}`{kind} which cannot reach the accelerator, runs on every process "
-            "(each writes the same file at once): run it on the main process only "
-            "(`if accelerator.is_main_process:`, passing `accelerator` in)"), unconverted=True)
-        return guarded, barriers
-    done: set[cst.BaseStatement] = set()
-    read_back: list[StmtRef] = []
-    for write in writes:
-        unit = _fetch_unit(write.where) if write.fetch else _unit(write.where)
-        if unit.stmt in done:
-            continue
-        done.add(unit.stmt)
-        if unit.stmt in plan.main_process_only:
-            continue
-        problem = _why_not_guarded(roles, scope, write, unit, reads=False)
-        reader = _reads_back(roles, scope, unit, write.path) if problem is None and write.path is not None else None
-        if reader is not None and not _barrier_fits(unit):
-            problem = (f"`{reader}` reads the file back on every process (a process other than the main one "
-                       "would read a file not yet written), and the write is under an `if` or `while` whose test "
-                       "may differ between processes, where a barrier could hang: write it under "
-                       "`if accelerator.is_main_process:` and call `accelerator.wait_for_everyone()` where "
-                       "every process passes, before reading it")
-        if problem is not None:
-            plan.report(CODE, write.call, f"{write.what} runs on every process (each writes the same file at once) "
-                        f"and cannot run on the main process only: {problem}", unconverted=True)
-            continue
-        if unit.stmt in plan.replace_stmt:
-            continue
-        plan.main_process_only.add(unit.stmt)
-        plan.use_accelerator(scope)
-        guarded.append(unit)
-        if not write.fetch and write.path is not None:
-            _cache_first(roles, plan, scope, unit, write.path)
-        if write.fetch:
-            barrier = cst.parse_statement("accelerator.wait_for_everyone()\n")
-            plan.insert_after[unit.stmt] = [*plan.insert_after.get(unit.stmt, []), barrier]
-            barriers[unit.stmt] = barrier
-            plan.change(CODE, unit.stmt, f"{write.what} on the main process only; the others wait for it "
-                        "(`accelerator.wait_for_everyone()`) before reading what it wrote")
-        elif reader is not None:
-            read_back.append(unit)
-            plan.change(CODE, unit.stmt, f"{write.what} on the main process only; `{reader}` reads the file back on "
-                        "every process, so they all wait for it (`accelerator.wait_for_everyone()`) first")
-        elif write.console:
-            plan.change(CODE, unit.stmt, f"{write.what} on the main process only (a status line, like `print`)")
-        else:
-            plan.change(CODE, unit.stmt, f"{write.what} on the main process only")
-            _report_share_written(roles, plan, scope, write)
-    _barriers_after(plan, read_back, barriers)
-    return guarded, barriers
-
-
-def _report_share_written(roles: Roles, plan: EditPlan, scope: Scope, write: _Write) -> None:
-    """A file written per batch of a loop that does not train, over a loader `prepare` shards (the
-    training loader, held on the instance and iterated again by `test()`): each process sees its
-    share of the batches, so the main process alone writes only the files of its share (and without
-    the guard the processes would write files numbered alike). Reported, as the guard alone cannot
-    make it whole: the loop needs a loader of its own, left unprepared."""
-    enclosing = {id(ref.stmt) for ref in write.where.path}
-    for loop in scope.loops:
-        if id(loop.node) not in enclosing or loop.source is None or roles.is_training_loop(loop):
-            continue
-        held = held_by_the_class(roles, scope, loop.source) if roles.home is not None else None
-        sources = held if held else [loop.source]
-        prepared = [source for source in sources if source in roles.loaders]
-        if not prepared:
-            continue
-        plan.report(CODE, write.call, (
-            f"{write.what} runs on the main process only, once per batch of `{loop.source}`"
-            + (f" (`{prepared[0]}`)" if prepared[0] != loop.source else "") + ", which is prepared "
-            "for training and so gives each process its share of the batches: on N processes only the main "
-            "process's share is written. Iterate a loader of its own here, left unprepared (each process then "
-            "reads all of it and the main process writes every file)"), unconverted=True)
-        return
-
-
-_MAKE_FOLDER = frozenset({"os.makedirs", "os.mkdir"})
-_IS_THERE = frozenset({"os.path.exists", "os.path.isdir"})
-
-
-def _folders_made_once(roles: Roles, plan: EditPlan, scope: Scope) -> None:
-    """`if not os.path.exists(d): os.makedirs(d)` (or `os.mkdir(d)`, also `... and not
-    os.path.isdir(d)`): N processes may all find the folder missing, and all but the first would
-    then fail with FileExistsError. The call becomes `os.makedirs(d, exist_ok=True)`: on one
-    process the test already made sure the folder is missing, so nothing else changes."""
-    if type(scope.node) is cst.ClassDef or not nested_in(scope, roles.facts.module_scope):
-        return
-    empty = cst.Module([])
-    for site in scope.library_calls:
-        call, where = site.call, site.where
-        if site.qualified not in _MAKE_FOLDER or not call.args or call.args[0].keyword is not None \
-                or any(arg.keyword is not None and arg.keyword.value == "exist_ok" for arg in call.args):
-            continue
-        if site.qualified == "os.mkdir" and (type(call.func) is not cst.Attribute or len(call.args) != 1):
-            continue  # `from os import mkdir`, or a mode given: left as it is
-        outer = where.path[-1] if where.path else None
-        if outer is None or type(outer.stmt) is not cst.If or where.block is not outer.stmt.body \
-                or _rank_guarded(where) or call in plan.calls:
-            continue
-        folder = empty.code_for_node(call.args[0].value)
-        if not _tests_missing(roles, outer.stmt.test, folder):
-            continue
-
-        def made_once(updated: cst.Call) -> cst.Call:
-            func = updated.func
-            if type(func) is cst.Attribute and func.attr.value == "mkdir":
-                func = func.with_changes(attr=cst.Name("makedirs"))
-            args = list(updated.args)
-            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            exist_ok = cst.Arg(keyword=cst.Name("exist_ok"), value=cst.Name("True"),
-                               equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-            return updated.with_changes(func=func, args=[*args, exist_ok])
-
-        plan.calls[call] = made_once
-        plan.change(CODE, call, (
-            f"`{site.qualified}({folder})` under a test that it is missing -> `os.makedirs({folder}, exist_ok=True)`: "
-            "N processes may all find it missing, and all but the first would fail with FileExistsError"))
-
-
-def _tests_missing(roles: Roles, test: cst.BaseExpression, folder: str) -> bool:
-    """`not os.path.exists(folder)` / `not os.path.isdir(folder)`, alone or in an `and` chain."""
-    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
-        return _tests_missing(roles, test.left, folder) or _tests_missing(roles, test.right, folder)
-    if type(test) is not cst.UnaryOperation or type(test.operator) is not cst.Not:
-        return False
-    inner = test.expression
-    while type(inner) is not cst.Call and inner.lpar:  # `not (os.path.exists(d))`
-        inner = inner.with_changes(lpar=[], rpar=[])
-    return (type(inner) is cst.Call and roles.facts.aliases.qualify(inner.func) in _IS_THERE and len(inner.args) == 1
-            and cst.Module([]).code_for_node(inner.args[0].value) == folder)
-
-
-def _barrier_fits(unit: StmtRef) -> bool:
-    """A barrier right after `unit` is reached by every process alike: not under an `if` other than
-    the `__main__` block, nor a `while` (their tests may read per-process values: a loss, a
-    metric). A `for` loop runs as often on every process, as the training loop does."""
-    empty = cst.Module([])
-    return all(type(outer.stmt) not in (cst.If, cst.While) or (
-        type(outer.stmt) is cst.If and "__name__" in empty.code_for_node(outer.stmt.test)) for outer in unit.path)
-
-
-def _barriers_after(plan: EditPlan, units: list[StmtRef], barriers: dict[cst.BaseStatement, cst.BaseStatement]) -> None:
-    """One `accelerator.wait_for_everyone()` after each run of neighbouring main-process statements
-    that holds a file read back (`a.to_csv(p1); b.to_csv(p2)` share one `if` and one barrier)."""
-    done: set[cst.BaseStatement] = set()
-    for unit in units:
-        body = list(unit.block.body)
-        index = next(i for i, stmt in enumerate(body) if stmt is unit.stmt)
-        while index + 1 < len(body) and body[index + 1] in plan.main_process_only \
-                and body[index] not in plan.insert_after:
-            index += 1
-        last = body[index]
-        if last in done or last in barriers:
-            continue  # a download's barrier is there already
-        done.add(last)
-        plan.insert_after[last] = [*plan.insert_after.get(last, []),
-                                   cst.parse_statement("accelerator.wait_for_everyone()\n")]
-
-
-# Calls that remove files (`os.remove(path)`, `shutil.rmtree(folder)`): the path is the first argument.
-_REMOVERS = frozenset({"os.remove", "os.unlink", "shutil.rmtree"})
-# Calls that rename, move or copy files (`os.rename(extracted, data_file)`, `shutil.copyfile(path,
-# best_path)`): part of the file operation whose files they handle.
-_MOVERS = frozenset({"os.rename", "os.replace", "shutil.move", "shutil.copy", "shutil.copyfile", "shutil.copy2",
-                     "shutil.copytree"})
-
-
-def _removals(roles: Roles, plan: EditPlan, scope: Scope, saves: list[StmtRef], guarded: list[StmtRef],
-              barriers: dict[cst.BaseStatement, cst.BaseStatement]) -> None:
-    """File removals, renames and copies in the block of a checkpoint, a download or a file the
-    main process alone now writes (the snapshot block: save, then remove the older snapshots; a
-    best checkpoint copied; an unpacked file renamed) run on the main process only, with the
-    `for`/`if`/`with` statements around them that hold nothing else; the save just before them joins
-    the same `if`, and a download's barrier moves after them. A removal elsewhere in a function that
-    writes from the main process is reported (a rename or copy elsewhere is left alone)."""
-    removals = sorted((c for c in scope.library_calls if c.qualified in _REMOVERS | _MOVERS and c.call.args),
-                      key=lambda c: c.where.order)
-    if not removals or not (saves or guarded):
-        return
-    anchors = [*saves, *guarded]
-    for removal in removals:
-        unit = _removal_unit(removal.where)
-        path = removal.call.args[0].value
-        if _rank_guarded(unit) or _per_process_path(scope, path) or unit.stmt in plan.main_process_only:
-            continue
-        what = f"`{removal.qualified}(...)`"
-        moves = removal.qualified in _MOVERS
-        if not any(anchor.block is unit.block for anchor in anchors):
-            if not moves:
-                plan.report(CODE, removal.call, (
-                    f"{what} runs on every process, in a function whose checkpoints or files the main process "
-                    "alone now writes: N processes removing the same files race (FileNotFoundError); run it "
-                    "under `if accelerator.is_main_process:` if it removes those files"), unconverted=True)
-            continue
-        problem = _why_not_guarded(roles, scope, _Write(what, removal.call, removal.where, False, None, True), unit)
-        if problem is not None:
-            race = "renaming or copying the same files race" if moves else "removing the same files race"
-            plan.report(CODE, removal.call, (
-                f"{what} runs on every process (N processes {race}: FileNotFoundError) "
-                f"and cannot run on the main process only: {problem}"), unconverted=True)
-            continue
-        if unit.stmt in plan.replace_stmt:
-            continue
-        plan.main_process_only.add(unit.stmt)
-        plan.use_accelerator(scope)
-        body = list(unit.block.body)
-        index = next(i for i, stmt in enumerate(body) if stmt is unit.stmt)
-        moved = _move_barrier(roles, scope, plan, barriers, body, index)
-        if moves:
-            plan.change(CODE, unit.stmt, f"{what} on the main process only, which alone writes the files it handles"
-                        + ("; the others wait for it after" if moved else ""))
-        else:
-            plan.change(CODE, unit.stmt, f"{what} on the main process only, which alone writes the files it removes"
-                        + ("; the others wait for it after" if moved else ""))
-        # The save right before it (`accelerator.save(...)`, main process only already) joins its `if`.
-        for save in saves:
-            if index and save.block is unit.block and save.stmt is body[index - 1] \
-                    and type(save.stmt) is cst.SimpleStatementLine and save.stmt not in plan.replace_stmt \
-                    and _why_not_guarded(roles, scope, _Write("", removal.call, save, False, None), save) is None:
-                plan.main_process_only.add(save.stmt)
-
-
-def _move_barrier(roles: Roles, scope: Scope, plan: EditPlan, barriers: dict[cst.BaseStatement, cst.BaseStatement],
-                  body: list[cst.BaseStatement], index: int) -> bool:
-    """A download earlier in the block (`extractall(...)`, then `os.rename(extracted, data_file)`):
-    its barrier moves after the rename, so the others wait for the whole file operation. Not when a
-    statement between them reads a file (it would then read before the main process is done)."""
-    for before in range(index - 1, -1, -1):
-        barrier = barriers.get(body[before])
-        if barrier is None:
-            continue
-        for between in body[before + 1:index]:
-            if _reads_files(roles, scope, between):
-                return False
-        kept = [s for s in plan.insert_after.get(body[before], []) if s is not barrier]
-        if kept:
-            plan.insert_after[body[before]] = kept
-        else:
-            del plan.insert_after[body[before]]
-        plan.insert_after[body[index]] = [*plan.insert_after.get(body[index], []), barrier]
-        del barriers[body[before]]
-        barriers[body[index]] = barrier
-        return True
-    return False
-
-
-def _reads_files(roles: Roles, scope: Scope, stmt: cst.BaseStatement) -> bool:
-    """`stmt` calls something that may read a file: `*load*`, `*read*`, `open`, or the script's own code."""
-    finder = _Calls()
-    walk(stmt, finder)
-    return any(_READS_BACK.search((dotted_name(c.func) or "").rsplit(".", 1)[-1]) or _script_code(roles, scope, c)
-               for c in finder.calls)
-
-
-def _removal_unit(where: StmtRef) -> StmtRef:
-    """The statement to guard for a removal: the one holding the call, with the `for`, `if` (without
-    `else`) and `with` statements around it that hold nothing else (`for f in glob.glob(prefix +
-    "*"): if f != path: os.remove(f)`). Not the `__main__` block nor a rank check."""
-    unit = where
-    empty = cst.Module([])
-    while unit.path:
-        outer = unit.path[-1]
-        stmt = outer.stmt
-        if type(stmt) not in (cst.For, cst.If, cst.With) or type(stmt.body) is not cst.IndentedBlock:
-            break
-        if len(stmt.body.body) != 1 or stmt.body.body[0] is not unit.stmt:
-            break
-        if type(stmt) in (cst.For, cst.If) and stmt.orelse is not None:
-            break
-        if type(stmt) is cst.If and ("__name__" in empty.code_for_node(stmt.test)
-                                     or _RANK_TEST.search(empty.code_for_node(stmt.test))):
-            break
-        unit = outer
-    return unit
-
-
-_EXISTS = frozenset({"os.path.isfile", "os.path.exists"})
-
-
-def _cache_first(roles: Roles, plan: EditPlan, scope: Scope, unit: StmtRef, path: cst.BaseExpression) -> None:
-    """A cache (`if os.path.isfile(cache): v = torch.load(cache) else: v = compute(); torch.save(v,
-    cache)`): the whole `if` runs under `with accelerator.main_process_first():`, so the main process
-    computes (or downloads) and writes it, and the others then find the file and load it instead
-    of computing it again (or reading it half written). Outside loops and rank checks, without a
-    collective or a model call in the `if`."""
-    empty = cst.Module([])
-    text = empty.code_for_node(path)
-    chain = [*unit.path, unit]
-    for outer, inner in zip(reversed(chain[:-1]), reversed(chain[1:])):
-        node = outer.stmt
-        if type(node) is not cst.If:
-            continue
-        if outer.in_loop or _rank_guarded(outer) or _goes_first(outer) or type(node.orelse) is not cst.Else:
-            return
-        test = node.test
-        negated = type(test) is cst.UnaryOperation and type(test.operator) is cst.Not
-        if negated:
-            assert type(test) is cst.UnaryOperation
-            test = test.expression
-        if not (type(test) is cst.Call and roles.facts.aliases.qualify(test.func) in _EXISTS and test.args
-                and empty.code_for_node(test.args[0].value) == text):
-            continue
-        written_in = node.body if negated else node.orelse.body
-        if inner.block is not written_in:
-            return
-        if node in plan.main_process_first or node in plan.replace_stmt or _hazard(roles, scope, node, set()):
-            return
-        plan.main_process_first.add(node)
-        plan.change(CODE, node, (
-            "the cache is made under `with accelerator.main_process_first():`: the main process computes and "
-            "writes it, the others then load it"))
-        return
-
-
-# Implicit downloads: torchtext's legacy data sets fetch and unpack their files when missing.
-_IMPLICIT_DOWNLOAD = re.compile(r"^torchtext\.(legacy\.)?datasets\.\w+\.(splits|iters)$")
-
-
-def _implicit_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
-    """`datasets.SNLI.splits(text, label)` (torchtext's legacy API downloads the data set when it
-    is missing): under `with accelerator.main_process_first():` where the accelerator is at hand,
-    else reported."""
-    for site in scope.library_calls:
-        if not _IMPLICIT_DOWNLOAD.match(site.qualified) or _rank_guarded(site.where) or _goes_first(site.where):
-            continue
-        what = f"`{cst.Module([]).code_for_node(site.call.func)}(...)` downloads the data set when it is missing"
-        if roles.can_reach(scope) and not roles.needs_parameter(scope) and _unreachable_method(roles, scope) is None:
-            _first_on_main_process(roles, plan, scope, site.call, site.where.stmt, what)
-        else:
-            plan.report(CODE, site.call, (
-                f"{what}, in `{scope.qualname}`, where the accelerator cannot reach: every process would download "
-                "it into the same folder at once; build it under `with accelerator.main_process_first():` (or "
-                "download it once before launching)"), unconverted=True)
-
-
-def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
-    """A dataset built with `download=` (`datasets.MNIST(root, download=True)`, the script's own
-    class taking it, also inside `DataLoader(...)`): the statement runs under
-    `with accelerator.main_process_first():` (neighbours share one `with`); in a function that does
-    not hold the accelerator, the statements calling it do (`build_dataset(args)` of another module,
-    a Dataset class's constructor); otherwise it is reported."""
-    if type(scope.node) is cst.ClassDef:
-        return
-    seen: set[cst.Call] = set()
-    found: list[tuple[cst.Call, StmtRef]] = []
-    for site in (*scope.library_calls, *scope.calls, *scope.method_calls):
-        if site.call not in seen and _downloads(scope, site.call):
-            seen.add(site.call)
-            found.append((site.call, site.where))
-    for call, where in sorted(found, key=lambda f: f[1].order):
-        if _rank_guarded(where) or _goes_first(where):
-            continue  # the script lets one process go first itself (or a second run)
-        if not _first_where_called(roles, plan, scope, call, where, frozenset()):
-            place = f"in `{scope.qualname}`, where the accelerator cannot reach"
-            if scope is roles.facts.module_scope and roles.accelerator_scope is not None:
-                place = f"at module level, before the Accelerator (created in `{roles.accelerator_scope.qualname}`) exists"
-            plan.report(CODE, call, (
-                f"this dataset is built with `download=` {place}, so every process downloads and unpacks it into the same folder at once: build it "
-                "under `with accelerator.main_process_first():` (or download it once before launching)"), unconverted=True)
-
-
-def _first_where_called(
-    roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call, where: StmtRef, seen: frozenset[int]
-) -> bool:
-    """Put the statement holding `call` under `with accelerator.main_process_first():` where the
-    accelerator is at hand, or else the statements that call `scope` (recursively); False when some
-    path cannot be wrapped (no caller in the files migrated, a caller that cannot reach it)."""
-    if roles.can_reach(scope) and not roles.needs_parameter(scope) and _unreachable_method(roles, scope) is None:
-        what = "this dataset is built with `download=`" if not seen else \
-            f"`{cst.Module([]).code_for_node(call.func)}(...)` builds a dataset with `download=`"
-        _first_on_main_process(roles, plan, scope, call, where.stmt, what)
-        return True
-    if not scope.is_function or id(scope) in seen or len(seen) > 4:
-        return False
-    callers = roles.call_sites(scope)
-    if not callers:
-        return False
-    ok = True
-    for caller, outer in callers:
-        site = next((s for s in (*caller.calls, *caller.library_calls, *caller.method_calls) if s.call is outer), None)
-        if site is None:
-            ok = False
-        elif not (_rank_guarded(site.where) or _goes_first(site.where)):
-            ok = _first_where_called(roles, plan, caller, outer, site.where, seen | {id(scope)}) and ok
-    return ok
-
-
-def _first_on_main_process(
-    roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call, stmt: cst.BaseStatement, what: str
-) -> None:
-    """Run `stmt` under `with accelerator.main_process_first():`, or report why it cannot."""
-    if stmt in plan.main_process_first or stmt in plan.main_process_only:
-        return
-    problem: str | None = None
-    if type(stmt) is not cst.SimpleStatementLine:
-        problem = ("the call is part of the header of a compound statement; build it in a statement of its "
-                   "own under `with accelerator.main_process_first():`")
-    elif stmt in plan.replace_stmt:
-        problem = "another rule rewrites this statement; put it under `with accelerator.main_process_first():`"
-    else:
-        hazard = _hazard(roles, scope, stmt, set())
-        if hazard is not None:
-            problem = (f"the statement also {hazard}, which may wait for the other processes while they "
-                       "wait for the main process; build the dataset in a statement of its own under "
-                       "`with accelerator.main_process_first():`")
-    if problem is not None:
-        plan.report(CODE, call, (
-            f"{what}: every process downloads and unpacks it into the same folder at once, and it cannot "
-            f"be built by the main process first: {problem}"), unconverted=True)
-        return
-    plan.main_process_first.add(stmt)
-    plan.use_accelerator(scope)
-    plan.change(CODE, stmt, (
-        f"{what}: built under `with accelerator.main_process_first():` (the main process downloads, "
-        "the others then find the files)"))
-
-
-def _downloads(scope: Scope, call: cst.Call) -> bool:
-    """`download=True` (or any value but a literal False/None) among the call's keywords. Not a
-    parameter of the function passed on (`download=download`): its callers decide."""
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "download":
-            value = arg.value
-            return not (type(value) is cst.Name and (value.value in ("False", "None") or value.value in scope.params))
-    return False
-
-
-def _goes_first(where: StmtRef) -> bool:
-    """Inside a `with` that already lets one process go first (`accelerator.main_process_first()`,
-    a script's own `torch_distributed_zero_first(rank)`)."""
-    empty = cst.Module([])
-    return any(
-        type(outer.stmt) is cst.With
-        and any(_FIRST_CONTEXT.search(empty.code_for_node(item.item)) for item in outer.stmt.items)
-        for outer in where.path
-    )
-
-
-_FIRST_CONTEXT = re.compile(r"_first\b|main_process|rank|master|primary", re.IGNORECASE)
-
-
-def _per_process_path(scope: Scope, path: cst.BaseExpression) -> bool:
-    """The path names the process's rank (`f"rank{rank}.json"`, `args.local_rank`,
-    `accelerator.process_index`), directly or through a name bound to such a value in this scope:
-    each process writes a file of its own."""
-    values = [path]
-    if type(path) is cst.Name:
-        values.extend(b.value for b in scope.bindings.get(path.value, []) if b.value is not None)
-    return any(_mentions_rank(value) for value in values)
-
-
-def _mentions_rank(node: cst.CSTNode) -> bool:
-    finder = _RankReads()
-    walk(node, finder)
-    return finder.found
-
-
-class _RankReads(Visitor):
-    """A rank read by name (`rank`, `args.local_rank`, `get_rank()`), or by key: `results["rank"]`,
-    `os.environ["RANK"]`, `os.environ.get("LOCAL_RANK")`, `os.getenv("RANK")`."""
-
-    found = False
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.found = self.found or bool(_RANK_NAME.search(node.value))
-
-    def visit_Subscript(self, node: cst.Subscript) -> None:
-        if len(node.slice) == 1 and type(node.slice[0].slice) is cst.Index:
-            self.found = self.found or _rank_key(node.slice[0].slice.value)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        name = node.func.attr.value if type(node.func) is cst.Attribute else getattr(node.func, "value", None)
-        if name in ("get", "getenv") and node.args:
-            self.found = self.found or _rank_key(node.args[0].value)
-
-
-def _rank_key(key: cst.BaseExpression) -> bool:
-    value = key.evaluated_value if type(key) is cst.SimpleString else None
-    return isinstance(value, str) and bool(_RANK_NAME.search(value))
-
-
-def _find_writes(plan: EditPlan, scope: Scope, module_scope: Scope) -> list[_Write]:
-    found: list[_Write] = []
-    for call in scope.library_calls:
-        if call.qualified == "torch.save" and call.call.args and call.call not in plan.calls \
-                and nested_in(scope, module_scope):
-            # not a checkpoint of the model (those are `accelerator.save` now): a cache, an
-            # optimizer's state
-            found.append(_Write("`torch.save(...)`", call.call, call.where, False, _path_of(call.call, call.qualified)))
-        elif call.qualified in _FILE_WRITERS:
-            short = call.qualified.rsplit(".", 1)[-1]
-            found.append(_Write(f"`{short}(...)`", call.call, call.where, False, _path_of(call.call, call.qualified)))
-        elif call.qualified in _FETCHERS:
-            short = call.qualified.rsplit(".", 1)[-1]
-            found.append(_Write(f"`{short}(...)`", call.call, call.where, True, None))
-        elif call.qualified in _CONSOLE:
-            found.append(_Write(f"`{call.qualified}(...)`", call.call, call.where, False, None, console=True))
-    for site in scope.method_calls:
-        func = site.call.func
-        assert type(func) is cst.Attribute
-        if func.attr.value in _FETCH_METHODS:
-            found.append(_Write(f"`.{func.attr.value}(...)`", site.call, site.where, True, None))
-        elif func.attr.value in _WRITE_METHODS and site.call.args:
-            found.append(_Write(f"`.{func.attr.value}(...)`", site.call, site.where, False,
-                                _path_of(site.call, func.attr.value)))
-    if not scope.binds("open"):
-        for site in scope.calls:
-            if site.callee == "open" and _writes_mode(site.call):
-                mode = _mode(site.call)
-                found.append(_Write(f"`open(..., {mode})`", site.call, site.where, False, _path_of(site.call, "open")))
-    return sorted(found, key=lambda w: w.where.order)
-
-
-def _mode(call: cst.Call) -> str | None:
-    """The mode of `open(path, mode)` as written (`'w'`), when it is given."""
-    for index, arg in enumerate(call.args):
-        keyword = arg.keyword.value if arg.keyword is not None else None
-        if keyword == "mode" or (keyword is None and index == 1 and not arg.star):
-            return cst.Module([]).code_for_node(arg.value)
-    return None
-
-
-def _writes_mode(call: cst.Call) -> bool:
-    """`open(path, "w")` (also "a", "x", "wb", `mode="w"`): a mode given as a literal that writes."""
-    for index, arg in enumerate(call.args):
-        keyword = arg.keyword.value if arg.keyword is not None else None
-        if keyword == "mode" or (keyword is None and index == 1 and not arg.star):
-            value = arg.value
-            return (type(value) is cst.SimpleString and isinstance(value.evaluated_value, str)
-                    and bool(set(value.evaluated_value) & set("wax")))
-    return False
-
-
-def _path_of(call: cst.Call, qualified: str) -> cst.BaseExpression | None:
-    position, keyword = _PATH_ARG[qualified]
-    for index, arg in enumerate(call.args):
-        if (arg.keyword is None and not arg.star and index == position) or (
-                arg.keyword is not None and arg.keyword.value == keyword):
-            return arg.value
-    return None
-
-
-def _unit(where: StmtRef) -> StmtRef:
-    """The statement to guard: the one holding the call, or the `with` blocks around it that hold
-    nothing else (`with requests.get(url) as r: with tarfile.open(fileobj=r.raw) as t:
-    t.extractall()` downloads once, not only unpacks once)."""
-    unit = where
-    while unit.path:
-        outer = unit.path[-1]
-        if type(outer.stmt) is not cst.With or type(outer.stmt.body) is not cst.IndentedBlock:
-            break
-        if len(outer.stmt.body.body) != 1 or outer.stmt.body.body[0] is not unit.stmt:
-            break
-        unit = outer
-    return unit
-
-
-def _fetch_unit(where: StmtRef) -> StmtRef:
-    """For a download or unpack: the statement with the `with` and `if` statements around it
-    (`if not os.path.exists(archive): urlretrieve(url, archive)`), so that only the main process
-    tests and fetches, and the barrier after it is outside any test a process could see otherwise
-    (another process would find the archive the main process is writing, skip a barrier inside the
-    `if`, and the processes' barriers would no longer pair). Not above a loop, nor the
-    `if __name__ == "__main__":` block."""
-    unit = where
-    empty = cst.Module([])
-    while unit.path:
-        outer = unit.path[-1]
-        if type(outer.stmt) is cst.If and (
-                "__name__" in empty.code_for_node(outer.stmt.test) or _RANK_TEST.search(empty.code_for_node(outer.stmt.test))):
-            break  # the `__main__` block, or a rank check (ours, on a second run): stays around it
-        if type(outer.stmt) not in (cst.With, cst.If) or not any(s is outer.stmt for s in outer.block.body):
-            break
-        unit = outer
-    return unit
-
-
-def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef, reads: bool = True) -> str | None:
-    """Why the statement cannot run on the main process only (None: it can); `reads=False` leaves
-    out the file being read back (the caller puts a barrier before the reads instead)."""
-    stmt = unit.stmt
-    if type(stmt) not in (cst.SimpleStatementLine, cst.With) and not ((write.fetch or write.removal) and type(stmt) is cst.If) \
-            and not (write.removal and type(stmt) is cst.For):
-        return ("the call is part of the header of a compound statement; write the file in a statement of "
-                "its own under `if accelerator.is_main_process:`")
-    hazard = _hazard(roles, scope, stmt, set())
-    if hazard is not None and write.removal:
-        return (f"the statement also {hazard}, which may wait for the other processes (a collective; a "
-                "distributed model's forward may synchronise buffers), so every process must run it: keep "
-                "that on every process and remove the files in a statement of its own under "
-                "`if accelerator.is_main_process:`")
-    if hazard is not None:
-        return (f"the statement also {hazard}, which may wait for the other processes (a collective; a "
-                "distributed model's forward may synchronise buffers), so every process must run it: keep "
-                "that on every process and write from the main process only (compute first, then "
-                "`if accelerator.is_main_process:` around the write, or "
-                "`open(path if accelerator.is_main_process else os.devnull, ...)`)")
-    bound = _bound_and_read_elsewhere(scope, stmt)
-    if bound is not None:
-        return (f"it binds `{bound}`, which other statements read on every process; bind it on every "
-                "process and write the file under `if accelerator.is_main_process:`")
-    if reads and write.path is not None:
-        reader = _reads_back(roles, scope, unit, write.path)
-        if reader is not None:
-            return (f"`{reader}` reads the file back on every process (a process other than the main one "
-                    "would read a file not yet written): write it under `if accelerator.is_main_process:` "
-                    "and call `accelerator.wait_for_everyone()` before reading it")
-    return None
-
-
-def _hazard(roles: Roles, scope: Scope, node: cst.CSTNode, seen: set[int]) -> str | None:
-    """What in `node` every process must run: a call of a prepared model (a distributed model's
-    forward may synchronise buffers), an `accelerator` method or `torch.distributed` call (a
-    collective), a backward or optimizer step, or such a thing in a function of this file it calls."""
-    finder = _Calls()
-    walk(node, finder)
-    aliases = roles.facts.aliases
-    for call in finder.calls:
-        func = call.func
-        target = reference(func)
-        if target is None and type(func) is cst.Attribute and func.attr.value not in _READS_MODEL_ONLY:
-            owner = func.value
-            if type(owner) is cst.Attribute and owner.attr.value == "module":
-                owner = owner.value  # `model.module.decode(...)`
-            target = reference(owner)  # `model.generate(...)`, `accelerator.gather(...)`
-        if target is not None and (target in roles.models or roles.all_in(scope, target, roles.models)):
-            return f"runs the prepared model `{target}`"
-        if target in ("accelerator", "self.accelerator") and type(func) is cst.Attribute \
-                and func.attr.value not in ("print", "save"):
-            return f"calls `{target}.{func.attr.value}`"
-        qualified = aliases.qualify(func) or ""
-        if qualified.startswith("torch.distributed."):
-            return f"calls `{qualified}`"
-        if type(func) is cst.Attribute and func.attr.value in ("backward", "step"):
-            return f"calls `.{func.attr.value}()`"
-        callee = roles.facts.function_called(call)
-        if callee is not None and id(callee) not in seen:
-            seen.add(id(callee))
-            inner = _hazard(roles, callee, callee.node, seen)
-            if inner is not None:
-                return f"calls `{callee.qualname}`, which {inner}"
-    return None
-
-
-class _Calls(Visitor):
-    def __init__(self) -> None:
-        self.calls: list[cst.Call] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
-
-
-class _Names(Visitor):
-    """Names bound in a statement, and every name read."""
-
-    def __init__(self) -> None:
-        self.bound: list[str] = []
-        self.read: list[cst.Name] = []
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self.bound.extend(target_names(node.target))
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self.bound.extend(target_names(node.target))
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self.bound.extend(target_names(node.target))
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self.bound.extend(target_names(node.name))
-
-    def visit_For(self, node: cst.For) -> None:
-        self.bound.extend(target_names(node.target))
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self.bound.extend(target_names(node.target))
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.read.append(node)
-
-
-def _bound_and_read_elsewhere(scope: Scope, stmt: cst.BaseStatement) -> str | None:
-    """A name the statement binds that a statement outside it reads (on the other processes it
-    would never be bound). Reads inside another `with ... as <name>` that binds it anew do not count
-    (`with open(a, "w") as f:` then `with open(b, "w") as f:`)."""
-    inside = _Names()
-    walk(stmt, inside)
-    bound = set(inside.bound)
-    if not bound:
-        return None
-    own = {id(n) for n in inside.read}
-
-    class Reads(Visitor):
-        found: str | None = None
-        shadowed: list[set[str]] = []
-
-        def visit_With(self, node: cst.With) -> bool:
-            if node is stmt:
-                return False
-            names = {n for item in node.items if item.asname is not None for n in target_names(item.asname.name)}
-            self.shadowed.append(names)
-            return True
-
-        def leave_With(self, node: cst.With) -> None:
-            if node is not stmt:
-                self.shadowed.pop()
-
-        def visit_For(self, node: cst.For) -> bool:
-            # `for f in ...:` binds `f` anew: reads in its body are of that binding
-            self.shadowed.append(set(target_names(node.target)) if node is not stmt else set())
-            return True
-
-        def leave_For(self, node: cst.For) -> None:
-            self.shadowed.pop()
-
-        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-            return node is not stmt
-
-        def visit_Name(self, node: cst.Name) -> None:
-            if self.found is None and node.value in bound and id(node) not in own \
-                    and not any(node.value in names for names in self.shadowed):
-                self.found = node.value
-
-    reads = Reads()
-    reads.shadowed = []
-    walk(scope.node, reads)
-    return reads.found
-
-
-def _reads_back(roles: Roles, scope: Scope, unit: StmtRef, path: cst.BaseExpression) -> str | None:
-    """A call outside the statement, in the same scope, that reads a file at the same path
-    expression (`torch.load`, `np.load`, `Image.open`, `open(path)`, `pd.read_csv(path)`, or a
-    class or function of the script given the path: `CsvDataset(csv_file=path)`): the written
-    file read back.
-    Not a read in the other branch of an `if` around the write outside any loop (`if
-    os.path.isfile(cache): v = torch.load(cache) else: ...; torch.save(v, cache)`): a process
-    that writes never reads it in this run."""
-    stmt = unit.stmt
-    empty = cst.Module([])
-    text = empty.code_for_node(path)
-    found: list[str] = []
-    # `if` statements around the write (outside loops) -> the branch holding it
-    branches: dict[int, cst.CSTNode] = {}
-    chain = [*unit.path, unit]
-    for outer, inner in zip(chain, chain[1:]):
-        node = outer.stmt
-        if type(node) is not cst.If or outer.in_loop:
-            continue
-        if inner.block is node.body:
-            branches[id(node)] = node.body
-        elif type(node.orelse) is cst.Else and inner.block is node.orelse.body:
-            branches[id(node)] = node.orelse
-
-    class Reads(Visitor):
-        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-            return node is not stmt
-
-        def visit_With(self, node: cst.With) -> bool:
-            return node is not stmt
-
-        def visit_If(self, node: cst.If) -> bool:
-            branch = branches.get(id(node))
-            if branch is None:
-                return True
-            walk(node.test, self)
-            walk(branch, self)
-            return False
-
-        def visit_Call(self, node: cst.Call) -> None:
-            name = dotted_name(node.func) or ""
-            if found or not (_READS_BACK.search(name.rsplit(".", 1)[-1]) or _script_code(roles, scope, node)):
-                return
-            if name == "open" and _writes_mode(node):
-                return  # `open(log_file, "a")` after `open(log_file, "w")`: written again, not read
-            if any(empty.code_for_node(arg.value) == text for arg in node.args):
-                found.append(name)
-
-    walk(scope.node, Reads())
-    return found[0] if found else None
-
-
-def _script_code(roles: Roles, scope: Scope, call: cst.Call) -> bool:
-    """`call` runs a function or builds a class of the script's own (`SpamDataset(csv_file=p)`):
-    handed the path just written, it reads it (a writer of the script's own is a write, found as one)."""
-    if roles.facts.function_called(call) is not None:
-        return True
-    name = call.func.value if type(call.func) is cst.Name else None
-    if name is None or name not in roles.facts.classes:
-        return False
-    # at module level the class statement is the name's binding; in a function, a local binding shadows it
-    return scope is roles.facts.module_scope or not scope.binds(name)

@@ -19,7 +19,19 @@ What it does:
     - `writer = SummaryWriter(...)` (`torch.utils.tensorboard`, `tensorboardX`) and every
       `writer.add_scalar(...)` / `writer.flush()` / `writer.close()` statement on that writer;
       the same for `self.writer = SummaryWriter(...)` in a method and `self.writer.<method>(...)`
-      statements in the methods of that class, when those are its only uses in the file;
+      statements in the methods of that class, when those are its only uses in the file (a read in
+      a statement that runs on the main process only anyway, `save_config_file(self.writer.log_dir,
+      cfg)` under checkpoints-and-output's guard or `logging.basicConfig(filename=...)` under this
+      rule's, is no other use; nor is a `logging` line reading it, `logging.info(f"saved in
+      {self.writer.log_dir}")`, which then runs on the main process only too);
+    - the same for an object of a logger class of the project that the migration cannot read
+      (imported from a module it does not have, also inside a method: `from logger import Logger;
+      self.logger = Logger(self.log_dir)` and `self.logger.scalar_summary(tag, value, step)`), known
+      by its name alone: a CamelCase name ending in `Logger` or `Writer` (`Logger`, `TBLogger`,
+      `ExperimentLogger`), handed a folder or a path (an argument naming a dir, path, folder, root,
+      runs or log, or a literal path; not `MetricLogger(delimiter="  ")`), where the accelerator
+      reaches (elsewhere it is left alone); such a class usually opens an event file or a run when
+      built, so it is built on the main process only, with its writes;
     - `wandb.init(...)`, `wandb.log(...)`, `wandb.finish()` (and `run = wandb.init(...)` with
       `run.log(...)`), `mlflow.start_run()`, `mlflow.log_metric(...)`, `mlflow.log_params(...)`;
     - `logging.basicConfig(...)`. The logger calls themselves stay as they are: on the other
@@ -65,7 +77,9 @@ Leaves alone:
     or run that is also used other than as the receiver of a logging statement (passed to a
     helper, stored, used in an expression or a `with`: on the other processes it would not
     exist; for `self.writer`, also a read outside its class's methods), a logging call that is part
-    of an expression, and logging in a function that cannot reach the accelerator (the fix for a
+    of an expression, and logging in a function that cannot reach the accelerator (also a method of
+    a class that never holds it: an nn.Module, or a class of a script that creates the Accelerator
+    at module level) (the fix for a
     writer passed on: `writer = SummaryWriter(...) if accelerator.is_main_process else None`, and
     write through it under `if writer is not None:`). When one wandb
     (or mlflow) call cannot be guarded, none of that library's calls in the file is: `wandb.log`
@@ -93,6 +107,7 @@ from migrate.analysis import LibraryCall, Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import MAX_LINE
+from migrate.rules.guard_file_operations import _unreachable_method, _unreadable_function
 from migrate.walk import walk
 
 CODE = "AM012"
@@ -108,6 +123,11 @@ _WRITERS = frozenset({
 })
 _LOG_MODULES = ("wandb.", "mlflow.")
 _LOGGING_SETUP = frozenset({"logging.basicConfig"})
+# A logger class of the project that the migration cannot read (`from logger import Logger`, of a
+# module it does not have), known by its name: a CamelCase name ending in Logger or Writer.
+_USER_LOGGER = re.compile(r"^([A-Z]\w*)?(Logger|Writer)$")
+# An argument naming where it writes: a folder or path expression, or a literal path.
+_LOG_FOLDER = re.compile(r"dir|path|folder|root|runs|logs?\b|/", re.IGNORECASE)
 # An enclosing `if` that already restricts to one process (ours, or the script's own rank check).
 _RANK_TEST = re.compile(r"main_process|rank|primary|master|is_main", re.IGNORECASE)
 
@@ -120,21 +140,23 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _Found(scope) for scope in roles.facts.scopes
         if not isinstance(scope.node, cst.ClassDef) and not _within(scope, main_only)
     ]
+    writers = _WRITERS | _user_loggers(roles)
     for item in found:
-        _collect(item)
+        _collect(item, writers)
     # `wandb.log` on a process without `wandb.init` raises: a family (wandb, mlflow) with a call that
     # cannot be guarded anywhere in the file stays on every process, everywhere.
     broken = {family for item in found for family, _, _ in item.problems if family}
     for item in found:
-        if (item.guarded or item.problems) and not roles.can_reach(item.scope):
+        if (item.guarded or item.problems) and (not roles.can_reach(item.scope)
+                                                or _unreachable_method(roles, item.scope) is not None):
             broken.update(family for family, _ in item.guarded if family)  # logs on every process there
-    _collect_attribute_writers(roles, found)
+    _collect_attribute_writers(roles, plan, found)
     converted = _convert(roles, plan, found)
     for item in found:
         scope = item.scope
         if not item.guarded and not item.problems:
             continue
-        if not roles.can_reach(scope):
+        if not roles.can_reach(scope) or _unreachable_method(roles, scope) is not None:
             first = item.guarded[0][1] if item.guarded else item.problems[0][1]
             plan.report(
                 CODE, first,
@@ -295,25 +317,48 @@ class _Found:
     attribute_writers: list[tuple[str, LibraryCall]] = field(default_factory=list)  # `self.<attr> = SummaryWriter()`
 
 
+def _user_loggers(roles: Roles) -> frozenset[str]:
+    """Logger classes the migration cannot read, by qualified name (`logger.Logger`): a CamelCase
+    class ending in Logger or Writer, imported from a module that is neither the standard library's
+    nor one of the unit's (no class of that name in the files read), built where the accelerator
+    can reach and handed a folder or a path (`Logger(self.log_dir)`, `TBLogger(args.log_dir)`,
+    `ExperimentLogger("runs/exp")`; not `MetricLogger(delimiter="  ")`, which only prints). Its
+    object is a log writer like a SummaryWriter: created and written to on the main process only,
+    or reported."""
+    classes = {s.name for s in roles.facts.scopes if isinstance(s.node, cst.ClassDef)}
+    found: set[str] = set()
+    for scope in roles.facts.scopes:
+        for call in scope.library_calls:
+            last = call.qualified.rsplit(".", 1)[-1]
+            if call.qualified in found or call.qualified in _WRITERS or last in classes or not _USER_LOGGER.match(last):
+                continue
+            if not (roles.can_reach(scope) and _unreachable_method(roles, scope) is None):
+                continue  # its name is all the migration knows of it: where no guard can go, left alone
+            if _unreadable_function(roles, scope, call.call) is not None and any(
+                    _LOG_FOLDER.search(_EMPTY.code_for_node(arg.value)) for arg in call.call.args):
+                found.add(call.qualified)
+    return frozenset(found)
+
+
 def _family(qualified: str) -> str:
     """Calls that must all be guarded or none: a module API with its own global run state."""
     head = qualified.split(".", 1)[0]
     return head if head in ("wandb", "mlflow") else ""
 
 
-def _collect(item: _Found) -> None:
+def _collect(item: _Found, known_writers: frozenset[str]) -> None:
     scope = item.scope
     writers: dict[str, LibraryCall] = {}  # name -> the call that created it
     logging_stmts: set[int] = set()
-    calls = [c for c in scope.library_calls if _is_logging(c.qualified)]
+    calls = [c for c in scope.library_calls if _is_logging(c.qualified) or c.qualified in known_writers]
     for call in calls:
         kind = _statement_kind(call.where.stmt, call.call)
-        attribute = _attribute_target(scope, call)
+        attribute = _attribute_target(scope, call, known_writers)
         if attribute is not None:
             logging_stmts.add(id(call.where.stmt))
             item.attribute_writers.append((attribute, call))  # its uses are in other methods too
             continue
-        if kind == "expression" or (kind is not None and call.qualified in _WRITERS):
+        if kind == "expression" or (kind is not None and call.qualified in known_writers):
             logging_stmts.add(id(call.where.stmt))
             if kind != "expression":
                 writers.setdefault(kind, call)
@@ -340,10 +385,10 @@ def _collect(item: _Found) -> None:
         item.writers.append((name, creation, sites))
 
 
-def _attribute_target(scope: Scope, call: LibraryCall) -> str | None:
+def _attribute_target(scope: Scope, call: LibraryCall, writers: frozenset[str]) -> str | None:
     """`attr` for `self.attr = SummaryWriter(...)` (or `= wandb.init(...)`) in a method, else None."""
     stmt = call.where.stmt
-    if not (scope.is_method and scope.params and call.qualified in _WRITERS):
+    if not (scope.is_method and scope.params and call.qualified in writers):
         return None
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
         return None
@@ -356,12 +401,19 @@ def _attribute_target(scope: Scope, call: LibraryCall) -> str | None:
     return None
 
 
-def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
+def _collect_attribute_writers(roles: Roles, plan: EditPlan, found: list[_Found]) -> None:
     """A writer kept as `self.writer` is guarded like a local one when every use of it, in every
     method of the class, is a `self.writer.method(...)` statement: those run on the main process
-    only, with its creation. Any other use (passed on, read in an expression, rebound, used by a
-    nested function) leaves all of them on every process, reported."""
+    only, with its creation. So is a read in a statement that runs on the main process only anyway
+    (`save_config_file(self.writer.log_dir, ...)` guarded by checkpoints-and-output,
+    `logging.basicConfig(filename=os.path.join(self.writer.log_dir, ...))` guarded here), and a
+    `logging` call reading it (`logging.info(f"saved at {self.writer.log_dir}")`), which then runs on
+    the main process only too (on the others the root logger, left unconfigured, drops info lines
+    anyway). Any other use (passed on, read in an expression, rebound, used by a nested function)
+    leaves all of them on every process, reported."""
     items = {id(item.scope): item for item in found}
+    main_only = {id(stmt) for stmt in plan.main_process_only}
+    main_only.update(id(stmt) for item in found for _, stmt in item.guarded)
     for item in found:
         for attribute, creation in item.attribute_writers:
             owner = item.scope.parent
@@ -370,7 +422,8 @@ def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
             uses: list[tuple[_Found, cst.BaseStatement]] = []
             bad: cst.CSTNode | None = None
             for method in methods:
-                finder = _AttributeUses(method.params[0], attribute, creation.where.stmt)
+                finder = _AttributeUses(method.params[0], attribute, creation.where.stmt, main_only,
+                                        roles.facts.aliases.qualify)
                 walk(method.node, finder)
                 if finder.bad is not None:
                     bad = finder.bad
@@ -380,6 +433,7 @@ def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
                     bad = method.node
                     break
                 uses.extend((method_item, stmt) for stmt in finder.statements)
+                uses.extend((method_item, stmt) for stmt in finder.log_lines)
             if bad is None:
                 # `trainer.writer` outside the class, or a subclass's `self.writer`: not followed.
                 counts = {id(m.node): _attribute_count(m.node, attribute, {}) for m in methods}
@@ -387,6 +441,17 @@ def _collect_attribute_writers(roles: Roles, found: list[_Found]) -> None:
                     bad = creation.call
             if bad is not None:
                 item.problems.append((family, bad, _unguardable_writer(f"self.{attribute}", creation.qualified)))
+                item.unconvertible.add(_tracker_kind(creation.qualified))
+                continue
+            what = _unreachable_method(roles, item.scope)
+            if what is not None:
+                # its methods cannot read `self.accelerator`: the guard would raise AttributeError
+                short = creation.qualified.rsplit(".", 1)[-1]
+                item.problems.append((family, creation.call, (
+                    f"`self.{attribute}` (from `{short}(...)`) is created in `{item.scope.qualname}`, a method of "
+                    f"{what}, which cannot reach the accelerator: its logging runs on every process (N event files "
+                    "or runs); hand the class the accelerator and create it under "
+                    "`if accelerator.is_main_process:`, with its writes")))
                 item.unconvertible.add(_tracker_kind(creation.qualified))
                 continue
             if not _already_guarded(creation.where):
@@ -424,11 +489,15 @@ class _AttributeUses(cst.CSTVisitor):
     """In one method: the statements `self.<attr>.method(...)` not already under a rank check
     (`statements`), and the first other read of `self.<attr>` (`bad`)."""
 
-    def __init__(self, instance: str, attribute: str, creation: cst.BaseStatement) -> None:
+    def __init__(self, instance: str, attribute: str, creation: cst.BaseStatement, main_only: set[int],
+                 qualify: Callable[[cst.BaseExpression], str | None]) -> None:
         self.instance = instance
         self.attribute = attribute
         self.creation = creation
+        self.main_only = main_only  # statements that run on the main process only anyway
+        self.qualify = qualify
         self.statements: list[cst.BaseStatement] = []
+        self.log_lines: list[cst.BaseStatement] = []  # `logging.info(...)` statements reading it
         self.bad: cst.CSTNode | None = None
         self._guards = 0
         self._depth = 0
@@ -456,7 +525,15 @@ class _AttributeUses(cst.CSTVisitor):
         if _RANK_TEST.search(_EMPTY.code_for_node(original_node.test)):
             self._guards -= 1
 
+    def visit_With(self, node: cst.With) -> bool:
+        return id(node) not in self.main_only
+
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        if id(node) in self.main_only:
+            return False  # on the main process only, where the writer exists
+        if self._guards == 0 and self._depth <= 1 and self._log_line(node) and self._reads_writer(node):
+            self.log_lines.append(node)
+            return False
         if node is self.creation:
             small = node.body[0]
             assert isinstance(small, cst.Assign)
@@ -477,10 +554,30 @@ class _AttributeUses(cst.CSTVisitor):
             return False
         return True
 
+    def _log_line(self, node: cst.SimpleStatementLine) -> bool:
+        """`logging.info(...)` (any `logging` function) as a whole statement."""
+        small = node.body[0] if len(node.body) == 1 else None
+        return (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+                and (self.qualify(small.value.func) or "").startswith("logging."))
+
+    def _reads_writer(self, node: cst.SimpleStatementLine) -> bool:
+        reads = _WriterReads(self)
+        walk(node, reads)
+        return reads.found
+
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         if self._is_writer(node) and self.bad is None:
             self.bad = node
         return True
+
+
+class _WriterReads(cst.CSTVisitor):
+    def __init__(self, uses: _AttributeUses) -> None:
+        self.uses = uses
+        self.found = False
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.found = self.found or self.uses._is_writer(node)
 
 
 def _is_logging(qualified: str) -> bool:
@@ -589,7 +686,8 @@ def _unguardable_call(qualified: str, stmt: cst.BaseStatement) -> str:
 
 
 def _unguardable_writer(name: str, created_by: str) -> str:
-    short = created_by.rsplit(".", 1)[-1] if created_by.endswith("SummaryWriter") else created_by
+    last = created_by.rsplit(".", 1)[-1]
+    short = last if created_by.endswith("SummaryWriter") or _USER_LOGGER.match(last) else created_by
     return (
         f"`{name}` (from `{short}(...)`) is used here other than by a logging statement (passed on, stored "
         f"or in an expression), so its logging stays on every process (N event files or runs): create it "

@@ -1,0 +1,171 @@
+"""Downloading datasets built by the main process first (part of checkpoints-and-output, AM009).
+
+A dataset built with `download=` (`datasets.MNIST(root, download=True)`, the script's own class
+taking it, also inside `DataLoader(...)`) and torchtext's legacy data sets that download when
+missing (`.splits`, `.iters`) are built under `with accelerator.main_process_first():`, where the
+accelerator is at hand, else where the function building them is called; otherwise reported. The
+AM009 docstring, in `checkpoints_and_output.py`, documents the behaviour.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from migrate.analysis import Scope, StmtRef
+from migrate.edits import EditPlan
+from migrate.names import dotted_name
+from migrate.roles import Roles
+from migrate.rules.guard_file_operations import (
+    _DOWNLOADS_BY_NAME,
+    CODE,
+    _alone,
+    _goes_first,
+    _hazard,
+    _rank_guarded,
+    _unreachable_method,
+    _unreadable_function,
+)
+
+# Implicit downloads: torchtext's legacy data sets fetch and unpack their files when missing.
+_IMPLICIT_DOWNLOAD = re.compile(r"^torchtext\.(legacy\.)?datasets\.\w+\.(splits|iters)$")
+
+
+def _implicit_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """`datasets.SNLI.splits(text, label)` (torchtext's legacy API downloads the data set when it
+    is missing): under `with accelerator.main_process_first():` where the accelerator is at hand,
+    else reported."""
+    for site in scope.library_calls:
+        if not _IMPLICIT_DOWNLOAD.match(site.qualified) or _rank_guarded(site.where) or _goes_first(site.where):
+            continue
+        what = f"`{cst.Module([]).code_for_node(site.call.func)}(...)` downloads the data set when it is missing"
+        if roles.can_reach(scope) and not roles.needs_parameter(scope) and _unreachable_method(roles, scope) is None:
+            _first_on_main_process(roles, plan, scope, site.call, site.where.stmt, what)
+        else:
+            plan.report(CODE, site.call, (
+                f"{what}, in `{scope.qualname}`, where the accelerator cannot reach: every process would download "
+                "it into the same folder at once; build it under `with accelerator.main_process_first():` (or "
+                "download it once before launching)"), unconverted=True)
+
+
+def _unreadable_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """A call of a function the migration cannot read whose name says it downloads, its result used
+    (`settings, params = download_and_load_gpt2(model_size, models_dir="gpt2")`): the statement runs
+    under `with accelerator.main_process_first():`, where the accelerator is at hand (the main
+    process downloads, the others then find the files and load them), else it is reported. Called
+    as a statement of its own, it is a guarded download instead (main process, then a barrier)."""
+    if type(scope.node) is cst.ClassDef:
+        return
+    seen: set[int] = set()
+    for site in (*scope.library_calls, *scope.calls):
+        call, where = site.call, site.where
+        if id(call) in seen or _alone(call, where) or where.in_loop or type(where.stmt) is not cst.SimpleStatementLine:
+            continue  # a download runs once, in a statement of its own (`for b in fetch_batches(...)`: data)
+        seen.add(id(call))
+        qualified = roles.facts.aliases.qualify(call.func) or dotted_name(call.func) or ""
+        if not _DOWNLOADS_BY_NAME.search(qualified.rsplit(".", 1)[-1]):
+            continue
+        name = _unreadable_function(roles, scope, call)
+        if name is None or not _DOWNLOADS_BY_NAME.search(name) or _rank_guarded(where) or _goes_first(where):
+            continue
+        what = f"`{name}(...)` (which the migration cannot read; its name says it downloads) returns what it fetched"
+        if roles.can_reach(scope) and not roles.needs_parameter(scope) and _unreachable_method(roles, scope) is None:
+            _first_on_main_process(roles, plan, scope, call, where.stmt, what)
+        elif roles.facts.module_scope is scope or scope.is_function:
+            plan.report(CODE, call, (
+                f"{what}, in `{scope.qualname}`, where the accelerator cannot reach: every process would download "
+                "into the same folder at once; call it under `with accelerator.main_process_first():` (or download "
+                "once before launching)"), unconverted=True)
+
+
+def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """A dataset built with `download=` (`datasets.MNIST(root, download=True)`, the script's own
+    class taking it, also inside `DataLoader(...)`): the statement runs under
+    `with accelerator.main_process_first():` (neighbours share one `with`); in a function that does
+    not hold the accelerator, the statements calling it do (`build_dataset(args)` of another module,
+    a Dataset class's constructor); otherwise it is reported."""
+    if type(scope.node) is cst.ClassDef:
+        return
+    seen: set[cst.Call] = set()
+    found: list[tuple[cst.Call, StmtRef]] = []
+    for site in (*scope.library_calls, *scope.calls, *scope.method_calls):
+        if site.call not in seen and _downloads(scope, site.call):
+            seen.add(site.call)
+            found.append((site.call, site.where))
+    for call, where in sorted(found, key=lambda f: f[1].order):
+        if _rank_guarded(where) or _goes_first(where):
+            continue  # the script lets one process go first itself (or a second run)
+        if not _first_where_called(roles, plan, scope, call, where, frozenset()):
+            place = f"in `{scope.qualname}`, where the accelerator cannot reach"
+            if scope is roles.facts.module_scope and roles.accelerator_scope is not None:
+                place = f"at module level, before the Accelerator (created in `{roles.accelerator_scope.qualname}`) exists"
+            plan.report(CODE, call, (
+                f"this dataset is built with `download=` {place}, so every process downloads and unpacks it into the same folder at once: build it "
+                "under `with accelerator.main_process_first():` (or download it once before launching)"), unconverted=True)
+
+
+def _first_where_called(
+    roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call, where: StmtRef, seen: frozenset[int]
+) -> bool:
+    """Put the statement holding `call` under `with accelerator.main_process_first():` where the
+    accelerator is at hand, or else the statements that call `scope` (recursively); False when some
+    path cannot be wrapped (no caller in the files migrated, a caller that cannot reach it)."""
+    if roles.can_reach(scope) and not roles.needs_parameter(scope) and _unreachable_method(roles, scope) is None:
+        what = "this dataset is built with `download=`" if not seen else \
+            f"`{cst.Module([]).code_for_node(call.func)}(...)` builds a dataset with `download=`"
+        _first_on_main_process(roles, plan, scope, call, where.stmt, what)
+        return True
+    if not scope.is_function or id(scope) in seen or len(seen) > 4:
+        return False
+    callers = roles.call_sites(scope)
+    if not callers:
+        return False
+    ok = True
+    for caller, outer in callers:
+        site = next((s for s in (*caller.calls, *caller.library_calls, *caller.method_calls) if s.call is outer), None)
+        if site is None:
+            ok = False
+        elif not (_rank_guarded(site.where) or _goes_first(site.where)):
+            ok = _first_where_called(roles, plan, caller, outer, site.where, seen | {id(scope)}) and ok
+    return ok
+
+
+def _first_on_main_process(
+    roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call, stmt: cst.BaseStatement, what: str
+) -> None:
+    """Run `stmt` under `with accelerator.main_process_first():`, or report why it cannot."""
+    if stmt in plan.main_process_first or stmt in plan.main_process_only:
+        return
+    problem: str | None = None
+    if type(stmt) is not cst.SimpleStatementLine:
+        problem = ("the call is part of the header of a compound statement; build it in a statement of its "
+                   "own under `with accelerator.main_process_first():`")
+    elif stmt in plan.replace_stmt:
+        problem = "another rule rewrites this statement; put it under `with accelerator.main_process_first():`"
+    else:
+        hazard = _hazard(roles, scope, stmt, set())
+        if hazard is not None:
+            problem = (f"the statement also {hazard}, which may wait for the other processes while they "
+                       "wait for the main process; build the dataset in a statement of its own under "
+                       "`with accelerator.main_process_first():`")
+    if problem is not None:
+        plan.report(CODE, call, (
+            f"{what}: every process downloads and unpacks it into the same folder at once, and it cannot "
+            f"be built by the main process first: {problem}"), unconverted=True)
+        return
+    plan.main_process_first.add(stmt)
+    plan.use_accelerator(scope)
+    plan.change(CODE, stmt, (
+        f"{what}: built under `with accelerator.main_process_first():` (the main process downloads, "
+        "the others then find the files)"))
+
+
+def _downloads(scope: Scope, call: cst.Call) -> bool:
+    """`download=True` (or any value but a literal False/None) among the call's keywords. Not a
+    parameter of the function passed on (`download=download`): its callers decide."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "download":
+            value = arg.value
+            return not (type(value) is cst.Name and (value.value in ("False", "None") or value.value in scope.params))
+    return False
