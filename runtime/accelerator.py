@@ -40,6 +40,7 @@ from .data import ActiveLoaders, PreparedDataLoader, prepare_data_loader
 from .errors import GradientSyncError, PrepareError, UnsupportedOptionError
 from .accumulation import GradientState, check_accumulation_steps
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, unwrap_optimizer
+from .pickled import worker_copy
 from .precision import unwrap as unwrap_precision
 from .state import barrier, destroy_process_group
 from .strategy import Strategy
@@ -127,6 +128,19 @@ class Accelerator:
         self._tracking = Tracking(
             log_with, lambda: self.project_configuration.logging_dir, self.state.is_main_process
         )
+
+    # -- pickling (runtime/pickled.py) ----------------------------------------------------------
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled (a Dataset holding it, sent to DataLoader workers under spawn/forkserver), an
+        Accelerator becomes a ``WorkerAccelerator``: this process's identity, no process group."""
+        return worker_copy(self).__reduce__()
+
+    def __copy__(self) -> Accelerator:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Accelerator:
+        return self
 
     # -- who am I -------------------------------------------------------------------------------
 
