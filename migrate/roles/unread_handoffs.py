@@ -2,7 +2,7 @@
 
 After `accelerator.prepare(...)` a model may be wrapped (DistributedDataParallel on N processes):
 its state dict's keys carry a `module.` prefix, while the checkpoints the migrated script saves
-hold the user's module (`accelerator.unwrap_model(model).state_dict()`, AM005). A function of a
+hold the user's module (`accelerator.unwrap_model(model).state_dict()`, AM009). A function of a
 package or of a module outside the run that the setup code hands the prepared model to
 (`utils.restart_from_checkpoint(path, student=student, ...)`) cannot be read: if it loads or saves
 the model's state, it would miss every key on N processes (a `strict=False` load silently loads
