@@ -342,22 +342,26 @@ class Accelerator:
         for model in pending:
             ignored = getattr(model, "parameters_to_ignore", ())
             total = torch.zeros(2, dtype=torch.float64, device=self.device)
-            silent = 0
+            silent = trained = 0
             for name, param in model.module.named_parameters():
                 if not param.requires_grad or name in ignored:
                     continue
                 if param.grad is None:
                     silent += 1
                     continue
+                trained += 1
                 grad = param.grad.detach().to(torch.float64)
                 total += torch.stack((grad.sum(), grad.square().sum()))
             forward_ran = model.__dict__.get(_FORWARD_RAN, False)
-            flags = torch.tensor([silent, float(forward_ran)], dtype=torch.float64, device=self.device)
+            # some parameters without a gradient in a backward that reached the model (a model
+            # this backward did not reach at all is checked as before: nothing differs)
+            partly = float(silent > 0 and trained > 0)
+            flags = torch.tensor([partly, float(forward_ran)], dtype=torch.float64, device=self.device)
             rows.append(torch.cat((total, flags)))
         gathered = self.gather(torch.stack(rows).unsqueeze(0)).cpu()  # (ranks, models, 4)
         for index, model in enumerate(pending):
-            silent_counts, forward_ran = gathered[:, index, 2], gathered[:, index, 3]
-            if bool((silent_counts > 0).any()) and bool((forward_ran > 0).all()):
+            partly, forward_ran = gathered[:, index, 2], gathered[:, index, 3]
+            if bool((partly > 0).any()) and bool((forward_ran > 0).all()):
                 # Trainable parameters without a gradient after model(x): DDP waited for them.
                 self._leave_out_unused(model)
                 self._unverified_ddp.remove(model)
