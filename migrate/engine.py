@@ -185,7 +185,8 @@ def plan_edits(roles: Roles, options: Options) -> EditPlan:
         plan.accelerator_kwargs["mixed_precision"] = f'"{options.mixed_precision}"'
     if options.strategy is not None:
         plan.accelerator_kwargs["strategy"] = f'"{options.strategy}"'
-    plan.findings.extend(f for f in roles.findings if options.enabled(f.code))
+    plan.findings.extend(f for f in roles.findings if options.enabled(f.code)
+                         and (f.targets is None or options.target in f.targets))
     if not options.enabled(remove_distributed_boilerplate.CODE):
         # prepare binds a hand-wrapped model alias only when AM007 removes the alias's own
         # bindings, which would otherwise overwrite the prepared model

@@ -40,6 +40,8 @@ from .data import ActiveLoaders, PreparedDataLoader, prepare_data_loader
 from .errors import GradientSyncError, PrepareError, UnsupportedOptionError
 from .accumulation import GradientState, check_accumulation_steps
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, unwrap_optimizer
+from . import unused_parameters
+from .pickled import worker_copy
 from .precision import unwrap as unwrap_precision
 from .state import barrier, destroy_process_group
 from .strategy import Strategy
@@ -127,6 +129,19 @@ class Accelerator:
         self._tracking = Tracking(
             log_with, lambda: self.project_configuration.logging_dir, self.state.is_main_process
         )
+
+    # -- pickling (runtime/pickled.py) ----------------------------------------------------------
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled (a Dataset holding it, sent to DataLoader workers under spawn/forkserver), an
+        Accelerator becomes a ``WorkerAccelerator``: this process's identity, no process group."""
+        return worker_copy(self).__reduce__()
+
+    def __copy__(self) -> Accelerator:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Accelerator:
+        return self
 
     # -- who am I -------------------------------------------------------------------------------
 
@@ -232,6 +247,7 @@ class Accelerator:
         parameters. Whatever the wrapper, the prepared model's state dict, names, pickling and
         deep copies are the user's module's (runtime/user_module.py).
         """
+        unused_parameters.release(model)  # prepared again: an earlier exclusion no longer holds
         placed = self.strategy.wrap_model(model)
         wrapped = self.precision.wrap_model(placed)
         accept_wrapper_keys(model)
@@ -293,7 +309,9 @@ class Accelerator:
         this is a non-synchronising micro-step of ``accumulate``. The first synchronising
         backward of each prepared DDP model is checked once: gradients that differ between
         processes (a loss computed only through ``model.encoder(x)`` or another call that
-        bypasses DDP's forward) raise ``GradientSyncError`` instead of training apart.
+        bypasses DDP's forward) raise ``GradientSyncError`` instead of training apart; trainable
+        parameters that got no gradient on any process are left out of the synchronisation
+        with a warning (runtime/unused_parameters.py).
         """
         steps = self.gradient_state.num_steps
         if steps > 1:
@@ -310,9 +328,12 @@ class Accelerator:
         DDP synchronises a backward only when some call of the wrapper itself (``model(x)``)
         prepared it; a loss computed only through ``model.encoder(x)`` or
         ``model.compute_loss(x)`` (which the prepared model forwards to the user's module) leaves
-        every gradient local, silently. Each rank sums its gradients (and their squares); one
-        all-gather compares them. Every rank sees the same gathered values, so all raise
-        together (no hang). Checked once per model, never again once verified.
+        every gradient local, silently. Each rank sums its gradients (and their squares) and
+        counts the trainable parameters left without one; one all-gather compares them. Every
+        rank sees the same gathered values, so all raise together (no hang). Parameters that
+        ``model(x)`` left without a gradient (run under ``torch.no_grad()``) on every rank alike
+        are left out of the synchronisation instead (``_leave_out_unused``). Checked once per
+        model, never again once verified.
         """
         pending = [m for m in self._unverified_ddp if m.require_backward_grad_sync]
         if not pending:
@@ -321,24 +342,38 @@ class Accelerator:
         for model in pending:
             ignored = getattr(model, "parameters_to_ignore", ())
             total = torch.zeros(2, dtype=torch.float64, device=self.device)
+            silent = trained = 0
             for name, param in model.module.named_parameters():
-                if param.grad is None or not param.requires_grad or name in ignored:
+                if not param.requires_grad or name in ignored:
                     continue
+                if param.grad is None:
+                    silent += 1
+                    continue
+                trained += 1
                 grad = param.grad.detach().to(torch.float64)
                 total += torch.stack((grad.sum(), grad.square().sum()))
-            rows.append(total)
-        gathered = self.gather(torch.stack(rows).unsqueeze(0)).cpu()  # (ranks, models, 2)
+            forward_ran = model.__dict__.get(_FORWARD_RAN, False)
+            # some parameters without a gradient in a backward that reached the model (a model
+            # this backward did not reach at all is checked as before: nothing differs)
+            partly = float(silent > 0 and trained > 0)
+            flags = torch.tensor([partly, float(forward_ran)], dtype=torch.float64, device=self.device)
+            rows.append(torch.cat((total, flags)))
+        gathered = self.gather(torch.stack(rows).unsqueeze(0)).cpu()  # (ranks, models, 4)
         for index, model in enumerate(pending):
-            values = gathered[:, index]
+            partly, forward_ran = gathered[:, index, 2], gathered[:, index, 3]
+            if bool((partly > 0).any()) and bool((forward_ran > 0).all()):
+                # Trainable parameters without a gradient after model(x): DDP waited for them.
+                self._leave_out_unused(model)
+                self._unverified_ddp.remove(model)
+                self._forward_hooks.pop(model).remove()
+                continue
+            values = gathered[:, index, :2]
             if not torch.isfinite(values).all():
                 continue  # inf/nan gradients (fp16 overflow): check the next backward instead
             spread = (values.max(0).values - values.min(0).values).abs()
             scale = values.abs().max(0).values
             if bool((spread > 1e-6 * scale + 1e-12).any()):
                 name = type(model.module).__name__
-                silent = _without_gradient(model.module, ignored)
-                if silent and model.__dict__.get(_FORWARD_RAN, False):
-                    raise _unused_parameters_error(name, silent, self.num_processes)
                 raise GradientSyncError(
                     f"after accelerator.backward(), the gradients of the prepared {name} differ "
                     f"between the {self.num_processes} processes: DDP did not synchronise them.",
@@ -350,6 +385,24 @@ class Accelerator:
                 )
             self._unverified_ddp.remove(model)
             self._forward_hooks.pop(model).remove()
+
+    def _leave_out_unused(self, model: DistributedDataParallel) -> None:
+        """Trainable parameters of ``model`` got no gradient in its first synchronising backward
+        on some process: leave them out of DDP's synchronisation where that is safe (the same
+        ones on every process; runtime/unused_parameters.py), else raise ``GradientSyncError``.
+        Every process sees the same gathered masks, so all take the same branch (no hang)."""
+        names, mask = unused_parameters.silent_mask(model)
+        masks = self.gather(mask.to(self.device).unsqueeze(0)).cpu()  # (ranks, parameters)
+        silent = [name for name, flag in zip(names, masks[0].tolist()) if flag]
+        consistent = bool((masks == masks[0]).all())
+        if model.find_unused_parameters or model.static_graph:
+            return  # DDP marks them ready itself: nothing was left unsynchronised
+        if consistent and unused_parameters.can_exclude(model):
+            if unused_parameters.exclude(model, silent, self.is_main_process):
+                return
+        if not silent:
+            silent = [n for n, flags in zip(names, masks.T.tolist()) if any(flags)]
+        raise _unused_parameters_error(type(model.module).__name__, silent, self.num_processes)
 
     @contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
@@ -864,24 +917,19 @@ def _mark_forward(model: nn.Module, args: Any) -> None:
     model.__dict__[_FORWARD_RAN] = True
 
 
-def _without_gradient(module: nn.Module, ignored: Iterable[str]) -> list[str]:
-    """Trainable parameters that the backward just run gave no gradient (run under ``no_grad``,
-    or not used by the loss)."""
-    skip = set(ignored)
-    return [name for name, param in module.named_parameters()
-            if param.requires_grad and param.grad is None and name not in skip]
-
-
 def _unused_parameters_error(name: str, silent: list[str], processes: int) -> GradientSyncError:
     """Why DDP left a backward unsynchronised when some trainable parameters got no gradient:
     DDP all-reduces a bucket of gradients only once every parameter in it has one, so a part
     computed under ``torch.no_grad()`` (a frozen backbone whose parameters still require grad)
-    keeps its bucket, and the parameters sharing it, local to each process."""
+    keeps its bucket, and the parameters sharing it, local to each process. Raised where the
+    runtime cannot leave them out by itself (runtime/unused_parameters.py)."""
     shown = ", ".join(silent[:4]) + (f" and {len(silent) - 4} more" if len(silent) > 4 else "")
     return GradientSyncError(
         f"after accelerator.backward(), the gradients of the prepared {name} differ between the "
         f"{processes} processes: {len(silent)} of its trainable parameters got no gradient ({shown}), "
-        "so DDP never synchronised the gradients that share their buckets.",
+        "so DDP never synchronised the gradients that share their buckets. The runtime leaves such "
+        "parameters out of the synchronisation only when they are the same on every process and "
+        "the model uses neither gradient_as_bucket_view nor sparse gradients.",
         "every parameter that requires grad gets a gradient in each backward (DDP waits for all of "
         "them); a part run under torch.no_grad() or left out of the loss still requires grad.",
         "freeze what is not trained before accelerator.prepare (`for p in "

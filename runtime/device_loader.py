@@ -194,6 +194,23 @@ class PreparedDataLoader(DataLoader):
         self.skip_batches = 0  # > 0 only in loaders returned by skip_first_batches
         self._skip_view: _SkipFirst | None = None
 
+    def __copy__(self) -> PreparedDataLoader:
+        # A shallow copy (skip_first_batches' views) shares the epoch counter and the active
+        # loaders: not what __getstate__ gives a pickled copy.
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
+        return view
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a Dataset holding it, sent to spawn/forkserver DataLoader workers): without
+        the running iteration (its workers, the Accelerator's stack of active loaders)."""
+        state = self.__dict__.copy()
+        state["_iterator"] = None
+        state["active_loaders"] = None
+        state["_progress"] = copy.copy(self._progress)
+        state["_progress"].current = None
+        return state
+
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch the next iteration uses (the loader counts epochs by itself otherwise)."""
         self._progress.next_epoch = epoch

@@ -82,6 +82,9 @@ class Finding:
     node: cst.CSTNode
     message: str
     unconverted: bool = False
+    # the `--target`s it applies to (None: every target); e.g. a prepared model's `module.` keys
+    # exist under HF Accelerate's DDP only, the runtime's prepared model has the user's keys
+    targets: tuple[str, ...] | None = None
 
 
 @dataclass(eq=False)

@@ -2,7 +2,7 @@
 
 After `accelerator.prepare(...)` a model may be wrapped (DistributedDataParallel on N processes):
 its state dict's keys carry a `module.` prefix, while the checkpoints the migrated script saves
-hold the user's module (`accelerator.unwrap_model(model).state_dict()`, AM005). A function of a
+hold the user's module (`accelerator.unwrap_model(model).state_dict()`, AM009). A function of a
 package or of a module outside the run that the setup code hands the prepared model to
 (`utils.restart_from_checkpoint(path, student=student, ...)`) cannot be read: if it loads or saves
 the model's state, it would miss every key on N processes (a `strict=False` load silently loads
@@ -11,6 +11,12 @@ that also takes a file path (`os.path.join(...)`, a `Path`, a string naming a ch
 or a name bound to one: what loads or saves state) is reported once (AM004) with the fix: hand it `accelerator.unwrap_model(model)`, the same
 parameters without the wrapper. Calls inside loops (the training step's helpers, which may run the
 forward and must keep the wrapper) are not reported.
+
+Reported for `--target accelerate` only: the runtime's prepared model is the user's module from
+the outside on any number of processes (runtime/user_module.py): its `state_dict()` has the
+user's keys, its `load_state_dict(..., strict=True)` takes them and `module.`-prefixed ones, and
+it pickles as the user's module, so such a helper loads and saves what it did before the
+migration (tests/e2e/test_checkpoint_helper_prepared.py).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ def report_prepared_models_handed_to_unread_code(roles: Roles) -> None:
             f"the model's state (the migrated script saves the unwrapped module), pass "
             f"`accelerator.unwrap_model({model})` instead",
             unconverted=True,  # a resume would silently load nothing on N processes
+            targets=("accelerate",),  # the runtime's prepared model has the user's keys
         ))
 
 

@@ -125,12 +125,14 @@ Leaves alone:
     and is not reported. An optimizer factory whose model cannot be told is reported and the file left as it is
     (prepared alone, the optimizer would step a model that is neither placed nor synchronised).
     A `torch.optim` optimizer whose model is not found is prepared alone and reported; once the
-    model is added to that `prepare` call by hand, the report goes. Also reported, after the
-    prepare call: a prepared model handed to a function the migration cannot read that also takes
-    a file path (`utils.restart_from_checkpoint(os.path.join(...), student=student)`, a resume or
-    save helper of another module): on N processes the model is wrapped and its state dict keys
-    carry `module.`, while the migrated script saves the unwrapped module; the report says to pass
-    `accelerator.unwrap_model(model)` if it loads or saves state.
+    model is added to that `prepare` call by hand, the report goes. Also reported with
+    `--target accelerate`, after the prepare call: a prepared model handed to a function the
+    migration cannot read that also takes a file path (`utils.restart_from_checkpoint(
+    os.path.join(...), student=student)`, a resume or save helper of another module): on N
+    processes Accelerate's model is wrapped in DDP and its state dict keys carry `module.`, while
+    the migrated script saves the unwrapped module; the report says to pass
+    `accelerator.unwrap_model(model)` if it loads or saves state. With `--target runtime` it is
+    not reported: the runtime's prepared model has the user's keys and loads `module.` ones.
     A `torch.optim` optimizer whose model cannot be told (its parameter groups come from a library's
     helper, `AdamW(groups)` after `groups = timm_groups(model, wd)`, or from tensors of no model) is
     prepared without a model and reported at its line, naming what its parameters come from: no
