@@ -94,6 +94,12 @@ class Roles:
     # (method, parameter): a loader bound where home cannot prepare it, handed once to a method of
     # home's class that trains on it (`trainer.fit(loader)`); prepared at the top of that method
     received_loaders: list[tuple[Scope, str]] = field(default_factory=list)
+    # loader -> the call that builds it, a function the migration cannot read (`get_loader(...)` of
+    # a module not given): prepared with the others (the runtime's prepare refuses a non-DataLoader
+    # on N processes), its batches keep their moves; reported instead under --target accelerate
+    unread_loaders: dict[str, str] = field(default_factory=dict)
+    # loader -> the note that its unread factory shards by rank itself (`distributed=...`): not prepared
+    self_sharded: dict[str, cst.CSTNode] = field(default_factory=dict)
     schedulers: list[str] = field(default_factory=list)
     epoch_schedulers: list[str] = field(default_factory=list)  # stepped per epoch: not prepared
     rank_sampled: dict[str, cst.CSTNode] = field(default_factory=dict)  # loaders with a DistributedSampler

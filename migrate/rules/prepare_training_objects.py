@@ -175,6 +175,14 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 "twice, so it was not prepared: drop the sampler (keep its shuffle on the DataLoader) and "
                 "add the loader to `accelerator.prepare(...)`",
             )
+    if plan.target == "accelerate":
+        for name, built in roles.unread_loaders.items():
+            plan.report(CODE, _loader_line(roles, home, name), (
+                f"the training loop iterates `{name}`, built by `{built}(...)`, a function the migration cannot "
+                "read: it may not be a torch DataLoader, and HF Accelerate's `prepare` returns anything else "
+                "unchanged, so every process would see all the data; it was not prepared. If it is a DataLoader, "
+                f"add `{name}` to `accelerator.prepare(...)` by hand; or migrate with `--target runtime`, whose "
+                "`prepare` shards a DataLoader and refuses anything else on N processes"), unconverted=True)
     loaders = prepared_loaders(roles, plan)
     names = [
         n
@@ -215,6 +223,12 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     plan.change(CODE, anchor, f"prepare {', '.join(names)}")
     _prepare_received(roles, plan)
     _report_same_draws(roles, plan)
+
+
+def _loader_line(roles: Roles, home: Scope, name: str) -> cst.CSTNode:
+    """The statement binding `name` in home (its first), else home itself."""
+    bound = home.bindings.get(name, [])
+    return bound[0].where.stmt if bound else home.node
 
 
 def _prepare_received(roles: Roles, plan: EditPlan) -> None:
