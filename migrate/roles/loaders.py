@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate.analysis import Binding, Loop, Scope, Site
+from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name, is_move_call
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
@@ -119,7 +119,9 @@ def training_sources(roles: Roles, scope: Scope) -> list[tuple[cst.CSTNode, str]
     if roles.facts.resolve("next", scope) is not None or roles.facts.resolve("iter", scope) is not None:
         return found  # the script's own `next`/`iter`
     for site in scope.calls:
-        if site.callee != "next" or not site.call.args or not any(roles.is_training_loop(l) for l in site.loops):
+        if site.callee != "next" or not site.call.args:
+            continue
+        if not any(roles.is_training_loop(l) for l in site.loops) and not _in_training_while(roles, scope, site):
             continue
         drawn = site.call.args[0].value
         iterated = [drawn] if _is_iter_call(drawn) else [
@@ -132,6 +134,18 @@ def training_sources(roles: Roles, scope: Scope) -> list[tuple[cst.CSTNode, str]
             if source is not None and all(source != s for _, s in found):
                 found.append((site.where.stmt, source))
     return found
+
+
+def _in_training_while(roles: Roles, scope: Scope, site: CallSite) -> bool:
+    """The call sits in a `while` loop of `scope` that trains: one that holds a `.backward()`, or a
+    call of a function that does (`while True: try: batch = next(data_iter) except StopIteration:
+    data_iter = iter(loader) ...; loss.backward()`)."""
+    whiles = [ref.stmt for ref in site.where.path if isinstance(ref.stmt, cst.While)]
+    if not whiles:
+        return False
+    training = [b.where for b in scope.backwards]
+    training += [c.where for c in scope.calls if roles.calls_training(c, scope)]
+    return any(any(ref.stmt is loop for ref in where.path) for loop in whiles for where in training)
 
 
 def _is_iter_call(value: cst.BaseExpression | None) -> bool:

@@ -362,8 +362,12 @@ class Roles:
             # A method reaches `self.accelerator`: created in a method of its class, or handed to
             # the class's constructor by callers that have it.
             methods = self.methods_of(scope) or []
-            if any(nested_in(target, m) for m in methods):
-                return True
+            holder = next((m for m in methods if nested_in(target, m)), None)
+            if holder is not None:
+                # The constructor runs before any other method: it sees `self.accelerator` only when
+                # it creates it, or calls the method that does (`self.build_model()`).
+                return not self._is_constructor(scope) or holder is scope or any(
+                    site.callee == f"self.{holder.name}" for site in scope.calls)
             constructor = self.constructor_of(scope)
             if constructor is None:
                 return False
