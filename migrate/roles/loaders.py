@@ -1,10 +1,14 @@
 """The training loaders, the evaluation loops, and what is left unsharded.
 
-A loader is a training loader when a training loop iterates it and every name it may refer to is
-bound in home: a `DataLoader(...)`, a same-file helper returning one, a constructor argument, or a
-parameter. A loader built with a DistributedSampler is recorded in `rank_sampled` (AM007 decides
-whether its sampler goes). A loop over anything else, and a training step that no DataLoader feeds,
-are reported (AM004) with what to prepare or which batch function must take the rank."""
+A loader is a training loader when a training loop iterates it (a `for` loop, or `next(...)` on
+its iterator in a `for` or `while` loop that trains) and every name it may refer to is bound in
+home: a `DataLoader(...)`, a same-file helper returning one, a constructor argument, a parameter,
+or a call of a function the migration cannot read (`roles.unread_loaders`: prepared, the runtime
+decides at run time; see `_loader_by_use`). A loader built with a DistributedSampler is recorded in
+`rank_sampled` (AM007 decides whether its sampler goes); one an unread factory is told to shard
+(`distributed=...`) in `self_sharded`. A loop over what the code shows is no DataLoader, and a
+training step that no DataLoader feeds, are reported (AM004) with what to prepare or which batch
+function must take the rank."""
 
 from __future__ import annotations
 

@@ -69,6 +69,18 @@ What it does:
     loader each epoch would restart its shuffling), it is reported on the line that binds it,
     naming the loop it feeds and where the model is prepared, with the change that lets it be
     prepared there (hand it to the constructor, kept as an attribute).
+    The loop, not the constructor, makes the loader: also one a training `while` loop draws from
+    with `next(data_iter)` (`while True: try: batch = next(data_iter) except StopIteration:
+    data_iter = iter(train_loader) ...`), and one built by a function the migration cannot read
+    (`data_loader = get_loader(...)` or `train_dl, valid_dl, ... = get_data(opts)` from a module it
+    was not given). Such a loader is prepared all the same, and its batches keep their moves to the
+    device: the runtime's `prepare` shards it when it is a torch DataLoader (any subclass) and,
+    on N processes, raises PrepareError naming its type when it is not (on one process it returns
+    it as it is; see docs/runtime.md). Under `--target accelerate` it is reported at its binding
+    and not prepared: HF Accelerate's `prepare` would return a non-DataLoader unchanged, silently.
+    A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
+    `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
+    it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
@@ -91,9 +103,13 @@ Leaves alone:
     in a class body (`class Setup: optimizer = SGD(...)`, run once when the class is defined) is
     reported and the file left as it is: no placement of `prepare` there is right for its methods.
     Also reported: `torch.compile(model)` before the prepare call (it would compile the unwrapped
-    model: compile the prepared one), a training loop over something that is not a recognised
-    `DataLoader` or over a loader not bound where the model is prepared (it is not prepared, so
-    every process would see all the data), a loader still sharded by a `DistributedSampler`
+    model: compile the prepared one), a training loop over something the code shows is no
+    `DataLoader` (a torchtext `BucketIterator`, also one a helper of this file returns; a generator
+    function of this file; an instance of a class of this file that does not subclass DataLoader;
+    `zip(...)` or another builtin; a list), named with what builds it, or over a loader not bound
+    where the model is prepared (it is not prepared, so every process would see all the data: the
+    report says to build the batches with a DataLoader, which is then prepared), a loader still
+    sharded by a `DistributedSampler`
     (when AM007 is off: preparing it would shard twice), and a training step that no DataLoader
     feeds (every process would train on the same data; when the batches come from a function of
     this file, `X, Y = get_batch()`, or an object of a class of this file, `x, y =
