@@ -556,6 +556,10 @@ def _loader_by_use(roles: Roles, home: Scope, node: cst.CSTNode, source: str, na
         if name not in roles.loaders:
             roles.loaders.append(name)
         return
+    if sources and len(known) == len(sources):  # every binding builds a DataLoader (`self.build_loader()`)
+        if name not in roles.loaders:
+            roles.loaders.append(name)
+        return
     roles.cannot_prepare(node, (
         f"training loop iterates `{source}`, which is not a recognised DataLoader; it is not prepared, so every "
         "process would see all the data: build it with torch.utils.data.DataLoader (it is then prepared and "
@@ -600,7 +604,7 @@ def _expr_source(
     if helper is not None:
         if yields(helper.node):
             return _Source("not_loader", f"made by `{shown}(...)`, a generator function of this file") if index is None else None
-        if helper.is_method or not helper.returns:
+        if not helper.returns:
             return None
         found_in: list[_Source | None] = []
         for returned in helper.returns:
