@@ -193,6 +193,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             )
     if plan.target == "accelerate":
         for name, built in roles.unread_loaders.items():
+            if name in home.prepared:
+                continue  # prepared by hand, as the report asks
             plan.report(CODE, _loader_line(roles, home, name), (
                 f"the training loop iterates `{name}`, built by `{built}(...)`, a function the migration cannot "
                 "read: it may not be a torch DataLoader, and HF Accelerate's `prepare` returns anything else "
