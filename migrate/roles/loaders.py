@@ -32,6 +32,12 @@ def find_loaders(roles: Roles) -> None:
             held = held_by_the_class(roles, scope, source)
             if held is not None:
                 roles.loaders.extend(a for a in held if a not in roles.loaders)
+                constructor = roles.constructor_of(home)
+                for attribute in held:
+                    for binding in constructor.bindings.get(attribute, []) if constructor is not None else ():
+                        built = unread_factory(roles, constructor, binding)
+                        if built is not None:
+                            roles.unread_loaders.setdefault(attribute, built)
                 continue
             found = roles.origins(scope, source)
             if found is None:
@@ -206,7 +212,7 @@ def held_by_the_class(roles: Roles, scope: Scope, source: str) -> list[str] | No
             return None
         if not all(
             _is_parameter_value(constructor, b.value) or call_name(roles, b.value, DATALOADER)
-            or built_by_helper(roles, b.value)
+            or built_by_helper(roles, b.value) or unread_factory(roles, constructor, b) is not None
             for _, b in bound
         ):
             return None
@@ -570,6 +576,15 @@ def _what(shown: str) -> str:
     """How the report introduces a source: `data.BucketIterator.splits(...)` of torchtext -> "built
     by `data.BucketIterator.splits(...)` of torchtext"; phrases that say it themselves stay."""
     return shown if shown.startswith(("returned by", "an instance", "a `", "made by")) else f"built by {shown}"
+
+
+def unread_factory(roles: Roles, scope: Scope, binding: Binding) -> str | None:
+    """The function the migration cannot read that builds the loader `binding` binds
+    (`self.loader = fetch_loader(...)` of a module not given), when it is not told to shard by rank."""
+    found = _binding_source(roles, scope, binding, _DEPTH)
+    if found is None or found.kind != "unread" or found.call is None or _sharding_keywords(roles, scope, found.call):
+        return None
+    return found.shown
 
 
 def _binding_source(roles: Roles, scope: Scope, binding: Binding, depth: int) -> _Source | None:

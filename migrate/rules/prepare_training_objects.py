@@ -244,9 +244,13 @@ def apply(roles: Roles, plan: EditPlan) -> None:
 
 
 def _loader_line(roles: Roles, home: Scope, name: str) -> cst.CSTNode:
-    """The statement binding `name` in home (its first), else home itself."""
-    bound = home.bindings.get(name, [])
-    return bound[0].where.stmt if bound else home.node
+    """The statement binding `name` in home (its first), else in the other methods of home's class
+    (`self.loader = get_loader(...)` in the constructor), else home itself."""
+    for scope in (home, *(roles.methods_of(home) or [])):
+        bound = scope.bindings.get(name, [])
+        if bound:
+            return bound[0].where.stmt
+    return home.node
 
 
 def _prepare_received(roles: Roles, plan: EditPlan) -> None:
