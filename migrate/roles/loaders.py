@@ -566,10 +566,13 @@ def _loader_by_use(roles: Roles, home: Scope, node: cst.CSTNode, source: str, na
         if name not in roles.loaders:
             roles.loaders.append(name)
         return
+    values = [b.value for b in home.bindings.get(name, []) if b.value is not None]
+    bound = f" (`{name} = {cst.Module([]).code_for_node(values[0])}`)" if values else ""
     roles.cannot_prepare(node, (
-        f"training loop iterates `{source}`, which is not a recognised DataLoader; it is not prepared, so every "
-        "process would see all the data: build it with torch.utils.data.DataLoader (it is then prepared and "
-        "sharded), or give each process its share (`accelerator.process_index` of `accelerator.num_processes`)"))
+        f"training loop iterates `{source}`, which the migration cannot tell to be a DataLoader{bound}; it is not "
+        "prepared, so every process would see all the data: bind the torch.utils.data.DataLoader it iterates to "
+        f"`{name}` itself (`{name} = DataLoader(...)`, or a function that returns one) and run again: it is then "
+        "prepared, and sharded"))
 
 
 def _what(shown: str) -> str:
