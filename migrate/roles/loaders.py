@@ -45,7 +45,9 @@ def find_loaders(roles: Roles) -> None:
                     node,
                     f"training loop iterates `{source}`, but not every caller passes a named loader "
                         "from this file; it is not prepared, so every process would see all the data: "
-                        "prepare the loader where it is built",
+                        f"every call that hands `{source}` in must pass a name bound where the optimizer is built "
+                        f"(`{source.removeprefix('self.')} = DataLoader(...)`, not an expression or an attribute); "
+                        "pass such a name, and run again: it is then prepared with the model and the optimizer",
                 )
             if found and _received_once(roles, scope, source, found):
                 if (scope, source) not in roles.received_loaders:
