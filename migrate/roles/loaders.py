@@ -53,7 +53,7 @@ def find_loaders(roles: Roles) -> None:
                 if (scope, source) not in roles.received_loaders:
                     roles.received_loaders.append((scope, source))
                 continue
-            for origin_scope, name in found or ():
+            for origin_scope, name in sorted(found or (), key=_binding_order):
                 if origin_scope is not home and _hands_back_objects(roles, home):
                     # `model, optimizer = build()` indexed or passed on whole: preparing in `build`
                     # would leave this loader out, and the class using them would never see the
@@ -95,6 +95,12 @@ def find_loaders(roles: Roles) -> None:
                     roles.loaders.append(name)
                 else:
                     _loader_by_use(roles, home, node, source, name)
+
+
+def _binding_order(origin: tuple[Scope, str]) -> tuple[int, str]:
+    """Where a name is first bound, then the name: origins come as a set, the loaders in this order."""
+    scope, name = origin
+    return min((b.where.order for b in scope.bindings.get(name, [])), default=1 << 60), name
 
 
 def _received_once(roles: Roles, scope: Scope, source: str, found: set[tuple[Scope, str]]) -> bool:

@@ -95,7 +95,10 @@ Example:
 Leaves alone:
     Evaluation loaders (their batches keep their `.to(device)`), schedulers stepped once per epoch
     (prepared, they would advance once per optimizer step and process), frozen models that feed
-    no optimizer. Objects created inside a loop or in another function than the optimizer, an
+    no optimizer. A training object first bound after training has started (`train(model, first,
+    optimizer)`, then `loader = DataLoader(...)` and `train(model, loader, optimizer)`) refuses the
+    file, at its binding: the one prepare call, after it, would leave the first training call
+    unprepared. Objects created inside a loop or in another function than the optimizer, an
     attribute the class never sets (`self.model` assigned from outside), and an optimizer over
     `self.parameters()` (the class itself is the model) are reported instead. Test modules (importing unittest or pytest, or defining a
     `...TestCase`) and library modules (no entry point, no DataLoader built or iterated) are
