@@ -222,9 +222,10 @@ class Accelerator:
             return self.prepare_optimizer(obj)
         if isinstance(obj, LRScheduler):
             return self.prepare_scheduler(obj)
-        if isinstance(obj, Iterable) and not isinstance(obj, (str, bytes, Mapping)) and self.state.distributed:
+        batches = isinstance(obj, Iterable) or hasattr(type(obj), "__getitem__")  # `iter(obj)` works: a map-style Dataset too
+        if batches and not isinstance(obj, (str, bytes, Mapping)) and self.state.distributed:
             # A batch source that is not a torch DataLoader (a torchtext iterator, a loader wrapper
-            # of another library, a list of batches): it cannot be sharded, and returned as it is,
+            # of another library, a list of batches, a Dataset): it cannot be sharded, and returned as it is,
             # every process would train on all of its batches. HF Accelerate returns it silently.
             kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
             raise PrepareError(

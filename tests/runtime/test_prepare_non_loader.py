@@ -17,7 +17,8 @@ def _run(tmp_path: Path, nproc: int) -> list[dict]:
 
 def test_one_process_returns_non_loaders_unchanged(tmp_path: Path) -> None:
     (rank0,) = _run(tmp_path, 1)
-    assert rank0["results"] == {"batch_list": "unchanged", "python_list": "unchanged", "none": "unchanged"}
+    assert rank0["results"] == {
+        "batch_list": "unchanged", "python_list": "unchanged", "dataset": "unchanged", "none": "unchanged"}
     for epoch in rank0["epochs"]:
         assert sorted(epoch) == list(range(12))
 
@@ -30,6 +31,7 @@ def test_two_processes_refuse_non_loaders_and_shard_a_subclass(tmp_path: Path) -
         assert "on 2 processes it cannot be sharded" in batch_list
         assert "fix: build the training batches with torch.utils.data.DataLoader" in batch_list
         assert "builtins.list" in rank["results"]["python_list"]
+        assert "torch.utils.data.dataset.TensorDataset" in rank["results"]["dataset"]
         assert rank["results"]["none"] == "unchanged"
     for epoch in range(2):
         first, second = (r["epochs"][epoch] for r in ranks)

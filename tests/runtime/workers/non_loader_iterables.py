@@ -45,6 +45,7 @@ results: dict[str, str] = {}
 sources = {
     "batch_list": BatchList([torch.arange(2), torch.arange(2, 4)]),
     "python_list": [torch.arange(2), torch.arange(2, 4)],
+    "dataset": TensorDataset(torch.arange(4)),  # iterable through __getitem__, no __iter__
 }
 for name, source in sources.items():
     try:
