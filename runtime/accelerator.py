@@ -7,7 +7,7 @@ import enum
 import functools
 import gc
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -207,7 +207,9 @@ class Accelerator:
     def prepare(self, *objs: Any) -> Any:
         """Prepare models, optimizers, data loaders and schedulers; return them in the same order.
 
-        A single argument is returned as itself, several as a tuple (like Accelerate).
+        A single argument is returned as itself, several as a tuple (like Accelerate). An iterable
+        that is not a DataLoader is returned as it is on one process and raises PrepareError on
+        more (Accelerate returns it silently; see docs/runtime.md).
         """
         # Models first (fsdp replaces their parameters, and the optimizers must see the new ones),
         # schedulers last (each looks up its prepared optimizer), whatever their positions.
@@ -235,6 +237,25 @@ class Accelerator:
             return self.prepare_optimizer(obj)
         if isinstance(obj, LRScheduler):
             return self.prepare_scheduler(obj)
+        batches = isinstance(obj, Iterable) or hasattr(type(obj), "__getitem__")  # `iter(obj)` works: a map-style Dataset too
+        if batches and not isinstance(obj, (str, bytes, Mapping)) and self.state.distributed:
+            # A batch source that is not a torch DataLoader (a torchtext iterator, a loader wrapper
+            # of another library, a list of batches, a Dataset): it cannot be sharded, and returned as it is,
+            # every process would train on all of its batches. HF Accelerate returns it silently.
+            kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+            raise PrepareError(
+                f"prepare() was given a {kind}, an iterable that is not a torch.utils.data.DataLoader; on "
+                f"{self.state.world_size} processes it cannot be sharded, and each process would iterate all "
+                "of it.",
+                "a torch.utils.data.DataLoader (or a subclass), which prepare() shards so that every sample "
+                "reaches one process per epoch.",
+                "build the training batches with torch.utils.data.DataLoader over the same dataset (a "
+                "collate_fn doing what the iterator's batching does) and prepare that; or give each process "
+                "its own share of the data (accelerator.process_index of accelerator.num_processes) and do not "
+                "pass the iterable to prepare().",
+            )
+        # Anything else (None, a custom scheduler, an iterable on one process) is returned as it is:
+        # on one process there is nothing to shard, so a non-DataLoader iterable trains as before.
         return obj
 
     def prepare_model(self, model: nn.Module) -> nn.Module:

@@ -1,19 +1,25 @@
 """The training loaders, the evaluation loops, and what is left unsharded.
 
-A loader is a training loader when a training loop iterates it and every name it may refer to is
-bound in home: a `DataLoader(...)`, a same-file helper returning one, a constructor argument, or a
-parameter. A loader built with a DistributedSampler is recorded in `rank_sampled` (AM007 decides
-whether its sampler goes). A loop over anything else, and a training step that no DataLoader feeds,
-are reported (AM004) with what to prepare or which batch function must take the rank."""
+A loader is a training loader when a training loop iterates it (a `for` loop, or `next(...)` on
+its iterator in a `for` or `while` loop that trains) and every name it may refer to is bound in
+home: a `DataLoader(...)`, a same-file helper returning one, a constructor argument, a parameter,
+or a call of a function the migration cannot read (`roles.unread_loaders`: prepared, the runtime
+decides at run time; see `_loader_by_use`). A loader built with a DistributedSampler is recorded in
+`rank_sampled` (AM007 decides whether its sampler goes); one an unread factory is told to shard
+(`distributed=...`) in `self_sharded`. A loop over what the code shows is no DataLoader, and a
+training step that no DataLoader feeds, are reported (AM004) with what to prepare or which batch
+function must take the rank."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
-from migrate.analysis import Binding, Loop, Scope, Site
+from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name, is_move_call
 from migrate.roles.model import PREPARE, Finding, Roles
-from migrate.roles.streams import training_stream
+from migrate.roles.streams import yields, training_stream
 from migrate.names import instance_attribute
 from migrate.walk import walk
 
@@ -26,6 +32,12 @@ def find_loaders(roles: Roles) -> None:
             held = held_by_the_class(roles, scope, source)
             if held is not None:
                 roles.loaders.extend(a for a in held if a not in roles.loaders)
+                constructor = roles.constructor_of(home)
+                for attribute in held:
+                    for binding in constructor.bindings.get(attribute, []) if constructor is not None else ():
+                        built = unread_factory(roles, constructor, binding)
+                        if built is not None:
+                            roles.unread_loaders.setdefault(attribute, built)
                 continue
             found = roles.origins(scope, source)
             if found is None:
@@ -33,13 +45,15 @@ def find_loaders(roles: Roles) -> None:
                     node,
                     f"training loop iterates `{source}`, but not every caller passes a named loader "
                         "from this file; it is not prepared, so every process would see all the data: "
-                        "prepare the loader where it is built",
+                        f"every call that hands `{source}` in must pass a name bound where the optimizer is built "
+                        f"(`{source.removeprefix('self.')} = DataLoader(...)`, not an expression or an attribute); "
+                        "pass such a name, and run again: it is then prepared with the model and the optimizer",
                 )
             if found and _received_once(roles, scope, source, found):
                 if (scope, source) not in roles.received_loaders:
                     roles.received_loaders.append((scope, source))
                 continue
-            for origin_scope, name in found or ():
+            for origin_scope, name in sorted(found or (), key=_binding_order):
                 if origin_scope is not home and _hands_back_objects(roles, home):
                     # `model, optimizer = build()` indexed or passed on whole: preparing in `build`
                     # would leave this loader out, and the class using them would never see the
@@ -80,12 +94,13 @@ def find_loaders(roles: Roles) -> None:
                 ):
                     roles.loaders.append(name)
                 else:
-                    roles.cannot_prepare(
-                        node,
-                        f"training loop iterates `{name}`, which is not a recognised DataLoader; "
-                            "it is not prepared, so every process would see all the data: "
-                            "build it with torch.utils.data.DataLoader or prepare it yourself",
-                    )
+                    _loader_by_use(roles, home, node, source, name)
+
+
+def _binding_order(origin: tuple[Scope, str]) -> tuple[int, str]:
+    """Where a name is first bound, then the name: origins come as a set, the loaders in this order."""
+    scope, name = origin
+    return min((b.where.order for b in scope.bindings.get(name, [])), default=1 << 60), name
 
 
 def _received_once(roles: Roles, scope: Scope, source: str, found: set[tuple[Scope, str]]) -> bool:
@@ -122,7 +137,9 @@ def training_sources(roles: Roles, scope: Scope) -> list[tuple[cst.CSTNode, str]
     if roles.facts.resolve("next", scope) is not None or roles.facts.resolve("iter", scope) is not None:
         return found  # the script's own `next`/`iter`
     for site in scope.calls:
-        if site.callee != "next" or not site.call.args or not any(roles.is_training_loop(l) for l in site.loops):
+        if site.callee != "next" or not site.call.args:
+            continue
+        if not any(roles.is_training_loop(l) for l in site.loops) and not _in_training_while(roles, scope, site):
             continue
         drawn = site.call.args[0].value
         iterated = [drawn] if _is_iter_call(drawn) else [
@@ -135,6 +152,18 @@ def training_sources(roles: Roles, scope: Scope) -> list[tuple[cst.CSTNode, str]
             if source is not None and all(source != s for _, s in found):
                 found.append((site.where.stmt, source))
     return found
+
+
+def _in_training_while(roles: Roles, scope: Scope, site: CallSite) -> bool:
+    """The call sits in a `while` loop of `scope` that trains: one that holds a `.backward()`, or a
+    call of a function that does (`while True: try: batch = next(data_iter) except StopIteration:
+    data_iter = iter(loader) ...; loss.backward()`)."""
+    whiles = [ref.stmt for ref in site.where.path if isinstance(ref.stmt, cst.While)]
+    if not whiles:
+        return False
+    training = [b.where for b in scope.backwards]
+    training += [c.where for c in scope.calls if roles.calls_training(c, scope)]
+    return any(any(ref.stmt is loop for ref in where.path) for loop in whiles for where in training)
 
 
 def _is_iter_call(value: cst.BaseExpression | None) -> bool:
@@ -191,7 +220,7 @@ def held_by_the_class(roles: Roles, scope: Scope, source: str) -> list[str] | No
             return None
         if not all(
             _is_parameter_value(constructor, b.value) or call_name(roles, b.value, DATALOADER)
-            or built_by_helper(roles, b.value)
+            or built_by_helper(roles, b.value) or unread_factory(roles, constructor, b) is not None
             for _, b in bound
         ):
             return None
@@ -336,6 +365,7 @@ def prefer_attributes(roles: Roles) -> None:
         return
     for group in (roles.models, roles.loaders):
         group[:] = [kept_as_attribute(home, name) or name for name in group]
+    roles.unread_loaders = {kept_as_attribute(home, n) or n: shown for n, shown in roles.unread_loaders.items()}
 
 
 def kept_as_attribute(home: Scope, name: str) -> str | None:
@@ -376,7 +406,7 @@ def find_eval_loops(roles: Roles) -> None:
 
 def report_unsharded_training(roles: Roles) -> None:
     """A training step that no DataLoader feeds (tensors, a `get_batch()` helper) is not sharded."""
-    if roles.loaders or roles.received_loaders or roles.unprepared:  # its own report says more
+    if roles.loaders or roles.received_loaders or roles.unprepared or roles.self_sharded:  # its own report says more
         return
     found = [(scope, site) for scope in roles.facts.scopes for site in scope.backwards]
     if not found:
@@ -460,3 +490,196 @@ class _Names(cst.CSTVisitor):
 
 def _bound_in_loop(binding: Binding, loop: Loop) -> bool:
     return binding.where.stmt is loop.node or any(ref.stmt is loop.node for ref in binding.where.path)
+
+
+# -- loaders found from use: what the training loop iterates, whatever built it ------------------
+
+# Keywords by which a loader factory is told to shard by rank itself (timm's `create_loader(...,
+# distributed=args.distributed)`, `rank=args.rank, world_size=args.world_size`).
+_SHARDING_KEYWORDS = frozenset({
+    "distributed", "rank", "world_size", "num_replicas", "num_shards", "shard", "process_rank",
+    "num_processes", "global_rank",
+})
+# Builtins that make batches out of other objects: what they return is no DataLoader.
+_BUILTIN_ITERABLES = frozenset({
+    "zip", "map", "filter", "range", "enumerate", "iter", "list", "tuple", "sorted", "reversed", "chain",
+})
+# Libraries whose calls return no torch DataLoader (a tensor, a dataset, a torchtext iterator).
+_NOT_LOADER_LIBRARIES = ("torch.", "torchtext.", "numpy.", "itertools.", "builtins.")
+_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What a binding of a training loader is, read from the code that builds it.
+
+    kind: "loader" (a torch DataLoader, or a same-file helper returning one), "not_loader" (the code
+    shows it is none: a torchtext iterator, a class of this file, a builtin, a literal), "unread" (a
+    call of a function the migration cannot read: another module's `get_loader(...)`)."""
+
+    kind: str
+    shown: str  # how the report names it
+    call: cst.Call | None = None  # the unread call
+
+
+def _loader_by_use(roles: Roles, home: Scope, node: cst.CSTNode, source: str, name: str) -> None:
+    """`name` of home is what a training loop iterates (as `source`), bound to something that is not
+    a DataLoader call home can see: decide from what builds it. The loop is what makes it the loader
+    (its constructor is evidence, not a requirement):
+
+    - built by a function the migration cannot read (`data_loader = get_loader(...)` of a module not
+      given, `train_dl, valid_dl, ... = get_data(opts)`): prepared (`roles.unread_loaders`); the
+      runtime's `prepare` shards it if it is a DataLoader and raises PrepareError on N processes if it
+      is not; its batches keep their moves to the device. Given the distributed flag or the rank
+      (`create_loader(..., distributed=args.distributed)`), the factory shards by rank itself: kept
+      as it is and not prepared (it would be sharded twice), with a note (`roles.self_sharded`);
+    - shown not to be a DataLoader (a torchtext `BucketIterator`, also returned by a helper of this
+      file; an instance of a class of this file; `zip(...)`; a list): reported, with what it is;
+    - anything else: reported as not a recognised DataLoader."""
+    sources = [_binding_source(roles, home, b, _DEPTH) for b in home.bindings.get(name, [])]
+    known = [s for s in sources if s is not None]
+    refused = [s for s in known if s.kind == "not_loader"]
+    unread = [s for s in known if s.kind == "unread"]
+    if refused:
+        roles.cannot_prepare(node, (
+            f"training loop iterates `{source}`, {_what(refused[0].shown)}, which is not a torch DataLoader: "
+            "`accelerator.prepare` cannot shard it, so it was not prepared and every process would see all "
+            "the data. Build the training batches with torch.utils.data.DataLoader over the same data (a "
+            "`collate_fn` that batches them as it does) and run again: that loader is prepared, and sharded"))
+        return
+    if unread and len(known) == len(sources):
+        sharding = [(s, k) for s in unread if s.call is not None for k in _sharding_keywords(roles, home, s.call)]
+        if sharding:
+            given: dict[str, list[str]] = {}
+            for found, keyword in sharding:
+                keywords = given.setdefault(found.shown, [])
+                if keyword not in keywords:
+                    keywords.append(keyword)
+            factories = " or ".join(
+                f"`{f}(...)` (given {', '.join(f'`{k}=`' for k in keywords)})" for f, keywords in given.items())
+            roles.self_sharded[name] = node
+            roles.findings.append(Finding(PREPARE, node, (
+                f"training loop iterates `{source}`, built by {factories}, which the migration cannot read: a loader "
+                "factory given the distributed flag or the rank and world size shards the data by rank itself, so "
+                "the loader was kept as it is and not prepared (preparing it would shard it twice); each process "
+                "trains on its own share when those arguments say the run is distributed under `accel launch`. "
+                "If the factory does not shard, build the loader without them and add it to `accelerator.prepare(...)`")))
+            return
+        if name not in roles.unread_loaders:
+            roles.unread_loaders[name] = unread[0].shown
+        if name not in roles.loaders:
+            roles.loaders.append(name)
+        return
+    if sources and len(known) == len(sources):  # every binding builds a DataLoader (`self.build_loader()`)
+        if name not in roles.loaders:
+            roles.loaders.append(name)
+        return
+    values = [b.value for b in home.bindings.get(name, []) if b.value is not None]
+    bound = f" (`{name} = {cst.Module([]).code_for_node(values[0])}`)" if values else ""
+    roles.cannot_prepare(node, (
+        f"training loop iterates `{source}`, which the migration cannot tell to be a DataLoader{bound}; it is not "
+        "prepared, so every process would see all the data: bind the torch.utils.data.DataLoader it iterates to "
+        f"`{name}` itself (`{name} = DataLoader(...)`, or a function that returns one) and run again: it is then "
+        "prepared, and sharded"))
+
+
+def _what(shown: str) -> str:
+    """How the report introduces a source: `data.BucketIterator.splits(...)` of torchtext -> "built
+    by `data.BucketIterator.splits(...)` of torchtext"; phrases that say it themselves stay."""
+    return shown if shown.startswith(("returned by", "an instance", "a `", "made by")) else f"built by {shown}"
+
+
+def unread_factory(roles: Roles, scope: Scope, binding: Binding) -> str | None:
+    """The function the migration cannot read that builds the loader `binding` binds
+    (`self.loader = fetch_loader(...)` of a module not given), when it is not told to shard by rank."""
+    found = _binding_source(roles, scope, binding, _DEPTH)
+    if found is None or found.kind != "unread" or found.call is None or _sharding_keywords(roles, scope, found.call):
+        return None
+    return found.shown
+
+
+def _binding_source(roles: Roles, scope: Scope, binding: Binding, depth: int) -> _Source | None:
+    if binding.value is not None:
+        return _expr_source(roles, scope, binding.value, None, depth)
+    unpacked = unpacked_call(binding)
+    if unpacked is None:
+        return None
+    call, index = unpacked
+    return _expr_source(roles, scope, call, index, depth)
+
+
+def _expr_source(
+    roles: Roles, scope: Scope, value: cst.BaseExpression, index: int | None, depth: int
+) -> _Source | None:
+    """What `value` (element `index` of what it returns, when unpacked) is; None when unknown."""
+    if depth <= 0:
+        return None
+    shown = cst.Module([]).code_for_node(value.func) if isinstance(value, cst.Call) else ""
+    if isinstance(value, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp, cst.Dict, cst.DictComp,
+                          cst.SetComp, cst.Set)) and index is None:
+        return _Source("not_loader", f"a `{type(value).__name__}` of this file")
+    if isinstance(value, cst.Name):
+        bound = scope.bindings.get(value.value, [])
+        found = [_binding_source(roles, scope, b, depth - 1) for b in bound]
+        return found[0] if bound and all(f is not None and f == found[0] for f in found) else None
+    if not isinstance(value, cst.Call):
+        return None
+    if call_name(roles, value, DATALOADER):
+        return _Source("loader", "a DataLoader") if index is None else None
+    helper = roles.facts.function_called(value)
+    if helper is not None:
+        if yields(helper.node):
+            return _Source("not_loader", f"made by `{shown}(...)`, a generator function of this file") if index is None else None
+        if not helper.returns:
+            return None
+        found_in: list[_Source | None] = []
+        for returned in helper.returns:
+            element: cst.BaseExpression | None = returned
+            if index is not None:
+                if not isinstance(returned, cst.Tuple) or index >= len(returned.elements):
+                    return None
+                item = returned.elements[index]
+                element = None if isinstance(item, cst.StarredElement) else item.value
+            found_in.append(_expr_source(roles, helper, element, None, depth - 1) if element is not None else None)
+        first = found_in[0]
+        if first is None or any(f != first for f in found_in):
+            return None
+        if first.kind == "not_loader":
+            return _Source("not_loader", f"returned by `{shown}(...)` of this file, which builds it as {first.shown}")
+        return first
+    func = value.func
+    if isinstance(func, cst.Name) and func.value in roles.facts.classes:
+        cls = roles.facts.classes[func.value]
+        assert isinstance(cls.node, cst.ClassDef)
+        if any(roles.facts.aliases.qualify(base.value) in DATALOADER for base in cls.node.bases):
+            return _Source("loader", f"a `{func.value}`") if index is None else None
+        return _Source("not_loader", f"an instance of `{func.value}`, a class of this file") if index is None else None
+    qualified = roles.facts.aliases.qualify(func)
+    if qualified is None and isinstance(func, cst.Name):
+        if func.value in _BUILTIN_ITERABLES and not roles.facts.module_scope.binds(func.value):
+            return _Source("not_loader", f"`{func.value}(...)`") if index is None else None
+        return None
+    if qualified is not None and qualified.startswith(_NOT_LOADER_LIBRARIES):
+        library = qualified.split(".", 1)[0]
+        return _Source("not_loader", f"`{shown}(...)` of {library}")
+    return _Source("unread", shown, value)
+
+
+def _sharding_keywords(roles: Roles, scope: Scope, call: cst.Call) -> list[str]:
+    """The keywords of `call` that tell a factory to shard by rank: given directly
+    (`rank=args.rank`), or in a dict spread into it (`**loader_kwargs` with `loader_kwargs =
+    dict(..., distributed=args.distributed)` or `{"distributed": ...}`)."""
+    found: list[str] = []
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value in _SHARDING_KEYWORDS:
+            found.append(arg.keyword.value)
+        elif arg.star == "**" and isinstance(arg.value, cst.Name):
+            for binding in scope.bindings.get(arg.value.value, []):
+                value = binding.value
+                if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "dict":
+                    found += [a.keyword.value for a in value.args if a.keyword is not None
+                              and a.keyword.value in _SHARDING_KEYWORDS]
+                elif isinstance(value, cst.Dict):
+                    found += [e.key.evaluated_value for e in value.elements if isinstance(e, cst.DictElement)
+                              and isinstance(e.key, cst.SimpleString) and e.key.evaluated_value in _SHARDING_KEYWORDS]
+    return found

@@ -97,6 +97,12 @@ class Roles:
     # (method, parameter): a loader bound where home cannot prepare it, handed once to a method of
     # home's class that trains on it (`trainer.fit(loader)`); prepared at the top of that method
     received_loaders: list[tuple[Scope, str]] = field(default_factory=list)
+    # loader -> the call that builds it, a function the migration cannot read (`get_loader(...)` of
+    # a module not given): prepared with the others (the runtime's prepare refuses a non-DataLoader
+    # on N processes), its batches keep their moves; reported instead under --target accelerate
+    unread_loaders: dict[str, str] = field(default_factory=dict)
+    # loader -> the note that its unread factory shards by rank itself (`distributed=...`): not prepared
+    self_sharded: dict[str, cst.CSTNode] = field(default_factory=dict)
     schedulers: list[str] = field(default_factory=list)
     epoch_schedulers: list[str] = field(default_factory=list)  # stepped per epoch: not prepared
     rank_sampled: dict[str, cst.CSTNode] = field(default_factory=dict)  # loaders with a DistributedSampler
@@ -359,8 +365,12 @@ class Roles:
             # A method reaches `self.accelerator`: created in a method of its class, or handed to
             # the class's constructor by callers that have it.
             methods = self.methods_of(scope) or []
-            if any(nested_in(target, m) for m in methods):
-                return True
+            holder = next((m for m in methods if nested_in(target, m)), None)
+            if holder is not None:
+                # The constructor runs before any other method: it sees `self.accelerator` only when
+                # it creates it, or calls the method that does (`self.build_model()`).
+                return not self._is_constructor(scope) or holder is scope or any(
+                    site.callee == f"self.{holder.name}" for site in scope.calls)
             constructor = self.constructor_of(scope)
             if constructor is None:
                 return False

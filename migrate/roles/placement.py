@@ -3,7 +3,9 @@
 The Accelerator replaces the first device choice outside loops in home (else at module level), or
 goes before home's first statement. `prepare` goes after the last setup binding of every training
 object, evaluation loader and epoch scheduler built before training starts, in the deepest block
-they share; objects built inside a loop are reported (AM004) and not prepared."""
+they share; objects built inside a loop are reported (AM004) and not prepared, and a training object
+first bound after training has started (`train(model, first)` then `loader = DataLoader(...)`)
+refuses the file (AM004): one prepare after it would leave the first training step unprepared."""
 
 from __future__ import annotations
 
@@ -238,6 +240,17 @@ def place_prepare(roles: Roles) -> None:
     if creation is not None and creation.order > point.order:
         # The Accelerator is created after the objects are bound: prepare after it.
         point = _common_insertion_point([*refs, creation])
+    late = [n for n in names if (bound := _setup_bindings(home, n, first_use)) and min(r.order for r in bound) > first_use]
+    if late and point.order > first_use:
+        # `train(model, first, ...)` then `loader = DataLoader(...)` and `train(model, loader, ...)`:
+        # one prepare after `loader` would leave the first training call unprepared.
+        roles.refused = True
+        roles.findings = [Finding(PREPARE, home.bindings[late[0]][0].where.stmt, (
+            f"`{late[0]}` is built after training has started in `{home.qualname}` (a training loop or call comes "
+            "before it), and `accelerator.prepare(...)` must run once, before the first training step, with every "
+            f"training object, so the file was left as it is. Build `{late[0]}` before the first training loop or "
+            "call, and run again"), unconverted=True)]
+        return
     roles.prepare_after = point
     _find_wrapped_aliases(roles)
 

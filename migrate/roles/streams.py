@@ -159,7 +159,7 @@ def _generator_stream(roles: Roles, value: cst.BaseExpression) -> Stream | None:
     if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
         return None
     function = roles.facts.function_called(value)
-    if function is None or not _yields(function.node):
+    if function is None or not yields(function.node):
         return None
     for call in function.library_calls:
         if call.qualified in _TORCH_RANKS:
@@ -169,7 +169,7 @@ def _generator_stream(roles: Roles, value: cst.BaseExpression) -> Stream | None:
     return Stream(function.name, None, None)
 
 
-def _yields(node: cst.CSTNode) -> bool:
+def yields(node: cst.CSTNode) -> bool:
     class Finder(cst.CSTVisitor):
         found = False
 

@@ -101,8 +101,21 @@ def accelerator_call(method: str, args: list[cst.Arg]) -> cst.Call:
 
 
 def prepared_loaders(roles: Roles, plan: EditPlan) -> list[str]:
-    """Training loaders that will be prepared: not those still sharded by a DistributedSampler."""
-    return [n for n in roles.loaders if n not in roles.rank_sampled or n in plan.unsharded_loaders]
+    """Training loaders that will be prepared: not those still sharded by a DistributedSampler, nor,
+    under `--target accelerate` (whose `prepare` returns a non-DataLoader unchanged), those built by
+    a function the migration cannot read."""
+    return [
+        n for n in roles.loaders
+        if (n not in roles.rank_sampled or n in plan.unsharded_loaders)
+        and not (plan.target == "accelerate" and n in roles.unread_loaders)
+    ]
+
+
+def placed_loaders(roles: Roles, plan: EditPlan) -> list[str]:
+    """Prepared training loaders whose batches come out on the device: not those built by a function
+    the migration cannot read (prepared, a non-DataLoader comes back as it is on one process, so
+    its batches keep their moves)."""
+    return [n for n in prepared_loaders(roles, plan) if n not in roles.unread_loaders]
 
 
 def reference(expr: cst.BaseExpression) -> str | None:

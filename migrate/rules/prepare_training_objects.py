@@ -82,6 +82,18 @@ What it does:
     exactly as before; prepared loaders shuffle from the main process's seed whatever each
     process's RNG holds (`tests/e2e/test_gan_noise_per_rank.py` checks all three on 1 and 2
     processes).
+    The loop, not the constructor, makes the loader: also one a training `while` loop draws from
+    with `next(data_iter)` (`while True: try: batch = next(data_iter) except StopIteration:
+    data_iter = iter(train_loader) ...`), and one built by a function the migration cannot read
+    (`data_loader = get_loader(...)` or `train_dl, valid_dl, ... = get_data(opts)` from a module it
+    was not given). Such a loader is prepared all the same, and its batches keep their moves to the
+    device: the runtime's `prepare` shards it when it is a torch DataLoader (any subclass) and,
+    on N processes, raises PrepareError naming its type when it is not (on one process it returns
+    it as it is; see docs/runtime.md). Under `--target accelerate` it is reported at its binding
+    and not prepared: HF Accelerate's `prepare` would return a non-DataLoader unchanged, silently.
+    A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
+    `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
+    it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
@@ -96,7 +108,10 @@ Example:
 Leaves alone:
     Evaluation loaders (their batches keep their `.to(device)`), schedulers stepped once per epoch
     (prepared, they would advance once per optimizer step and process), frozen models that feed
-    no optimizer. Objects created inside a loop or in another function than the optimizer, an
+    no optimizer. A training object first bound after training has started (`train(model, first,
+    optimizer)`, then `loader = DataLoader(...)` and `train(model, loader, optimizer)`) refuses the
+    file, at its binding: the one prepare call, after it, would leave the first training call
+    unprepared. Objects created inside a loop or in another function than the optimizer, an
     attribute the class never sets (`self.model` assigned from outside), and an optimizer over
     `self.parameters()` (the class itself is the model) are reported instead. Test modules (importing unittest or pytest, or defining a
     `...TestCase`) and library modules (no entry point, no DataLoader built or iterated) are
@@ -104,9 +119,13 @@ Leaves alone:
     in a class body (`class Setup: optimizer = SGD(...)`, run once when the class is defined) is
     reported and the file left as it is: no placement of `prepare` there is right for its methods.
     Also reported: `torch.compile(model)` before the prepare call (it would compile the unwrapped
-    model: compile the prepared one), a training loop over something that is not a recognised
-    `DataLoader` or over a loader not bound where the model is prepared (it is not prepared, so
-    every process would see all the data), a loader still sharded by a `DistributedSampler`
+    model: compile the prepared one), a training loop over something the code shows is no
+    `DataLoader` (a torchtext `BucketIterator`, also one a helper of this file returns; a generator
+    function of this file; an instance of a class of this file that does not subclass DataLoader;
+    `zip(...)` or another builtin; a list), named with what builds it, or over a loader not bound
+    where the model is prepared (it is not prepared, so every process would see all the data: the
+    report says to build the batches with a DataLoader, which is then prepared), a loader still
+    sharded by a `DistributedSampler`
     (when AM007 is off: preparing it would shard twice), and a training step that no DataLoader
     feeds (every process would train on the same data; when the batches come from a function of
     this file, `X, Y = get_batch()`, or an object of a class of this file, `x, y =
@@ -188,6 +207,16 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 "twice, so it was not prepared: drop the sampler (keep its shuffle on the DataLoader) and "
                 "add the loader to `accelerator.prepare(...)`",
             )
+    if plan.target == "accelerate":
+        for name, built in roles.unread_loaders.items():
+            if name in home.prepared:
+                continue  # prepared by hand, as the report asks
+            plan.report(CODE, _loader_line(roles, home, name), (
+                f"the training loop iterates `{name}`, built by `{built}(...)`, a function the migration cannot "
+                "read: it may not be a torch DataLoader, and HF Accelerate's `prepare` returns anything else "
+                "unchanged, so every process would see all the data; it was not prepared. If it is a DataLoader, "
+                f"add `{name}` to `accelerator.prepare(...)` by hand; or migrate with `--target runtime`, whose "
+                "`prepare` shards a DataLoader and refuses anything else on N processes"), unconverted=True)
     loaders = prepared_loaders(roles, plan)
     names = [
         n
@@ -228,6 +257,16 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     plan.change(CODE, anchor, f"prepare {', '.join(names)}")
     _prepare_received(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
+
+
+def _loader_line(roles: Roles, home: Scope, name: str) -> cst.CSTNode:
+    """The statement binding `name` in home (its first), else in the other methods of home's class
+    (`self.loader = get_loader(...)` in the constructor), else home itself."""
+    for scope in (home, *(roles.methods_of(home) or [])):
+        bound = scope.bindings.get(name, [])
+        if bound:
+            return bound[0].where.stmt
+    return home.node
 
 
 def _prepare_received(roles: Roles, plan: EditPlan) -> None:

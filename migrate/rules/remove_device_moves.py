@@ -55,7 +55,7 @@ from migrate.analysis import Move, Scope
 from migrate.edits import EditPlan
 from migrate.names import root_name
 from migrate.roles import Roles, kept_as_attribute
-from migrate.rules.base import prepared_loaders, reference, references_in
+from migrate.rules.base import placed_loaders, reference, references_in
 from migrate.walk import Visitor, children, walk
 
 CODE = "AM002"
@@ -69,7 +69,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         for move in scope.moves:
             if move.device_arg is not None and not roles.is_device(scope, move.device_arg):
                 continue
-            what = _moved_object(roles, scope, move, prepared_loaders(roles, plan), plan.eval_loaders)
+            what = _moved_object(roles, scope, move, placed_loaders(roles, plan), plan.eval_loaders)
             if what is None:
                 _retarget_cuda(roles, plan, scope, move)
                 continue
