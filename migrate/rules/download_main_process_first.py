@@ -69,6 +69,8 @@ def _unreadable_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         name = _unreadable_function(roles, scope, call)
         if name is None or not _DOWNLOADS_BY_NAME.search(name) or _rank_guarded(where) or _goes_first(where):
             continue
+        if _binds_loader(roles, where.stmt):
+            continue  # `self.train_loader = fetch_loader(...)`: the training data, prepared, not a download
         what = f"`{name}(...)` (which the migration cannot read; its name says it downloads) returns what it fetched"
         if roles.can_reach(scope) and not roles.needs_parameter(scope) and _unreachable_method(roles, scope) is None:
             _first_on_main_process(roles, plan, scope, call, where.stmt, what)
@@ -77,6 +79,21 @@ def _unreadable_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
                 f"{what}, in `{scope.qualname}`, where the accelerator cannot reach: every process would download "
                 "into the same folder at once; call it under `with accelerator.main_process_first():` (or download "
                 "once before launching)"), unconverted=True)
+
+
+def _binds_loader(roles: Roles, stmt: cst.BaseStatement) -> bool:
+    """The statement binds a loader the training loop iterates (its name says "fetch", its role
+    says data): `loader = fetch_loader(...)`, `self.train_loader = fetch_loader(...)`, unpacked."""
+    loaders = set(roles.loaders) | set(roles.unread_loaders)
+    if not loaders or type(stmt) is not cst.SimpleStatementLine:
+        return False
+    small = stmt.body[0]
+    targets = [t.target for t in small.targets] if type(small) is cst.Assign else []
+    names: list[str] = []
+    for target in targets:
+        parts = target.elements if type(target) in (cst.Tuple, cst.List) else [target]
+        names += [dotted_name(p.value if isinstance(p, cst.BaseElement) else p) or "" for p in parts]
+    return any(n in loaders or n.rsplit(".", 1)[-1] in loaders for n in names if n)
 
 
 def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
