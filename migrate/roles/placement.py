@@ -67,7 +67,10 @@ def _constructor_device(roles: Roles, home: Scope) -> tuple[Scope | None, list[D
     constructor = roles.constructor_of(home)
     if constructor is None or constructor is home:
         return None, []
-    held = [d for d in constructor.devices if d.name.startswith("self.") and not d.where.path]
+    # a choice in the constructor's own body, or in one branch of an `if` there whose other branch
+    # names the device too (`if config.device == "auto": ... else: self.device = config.device`)
+    held = [d for d in constructor.devices if d.name.startswith("self.")
+            and (not d.where.path or (len(d.where.path) == 1 and flag_choice(d, []) is not None))]
     calls = [site.where.order for site in constructor.calls if site.callee == f"self.{home.name}"]
     return constructor, [d for d in held if d.where.order < min(calls, default=1 << 60)]
 
@@ -109,7 +112,12 @@ def flag_choice(first: DeviceBinding, later: list[DeviceBinding]) -> tuple[cst.B
         value = value.args[0].value  # torch.device(<choice>)
     if type(value) is cst.IfExp:
         body, orelse = is_cpu_device(value.body), is_cpu_device(value.orelse)
-        if body == orelse or is_availability(value.test):
+        if body == orelse:
+            return None
+        if is_availability(value.test):
+            parent = first.where.path[-1].stmt if first.where.path else None
+            if type(parent) is cst.If and type(parent.orelse) is cst.Else and not is_availability(parent.test):
+                return _auto_or_named(parent, first, later)
             return None
         return value.test, body
     if not first.where.path:
@@ -123,9 +131,72 @@ def flag_choice(first: DeviceBinding, later: list[DeviceBinding]) -> tuple[cst.B
         for branch, block in branches.items():
             if type(block) is cst.IndentedBlock and any(stmt is binding.where.stmt for stmt in block.body):
                 side[branch] = is_cpu_device(binding.value)
-    if len(side) != 2 or side["body"] == side["orelse"]:
+    if len(side) != 2:
         return None
+    if side["body"] == side["orelse"]:
+        return _auto_or_named(parent, first, later)
     return parent.test, side["body"]
+
+
+def _auto_or_named(parent: cst.If, first: DeviceBinding, later: list[DeviceBinding]) -> tuple[cst.BaseExpression, bool] | None:
+    """`if config.device == "auto": device = "cuda" if torch.cuda.is_available() else "cpu"` /
+    `else: device = config.device`: one branch asks whether a GPU is there (the Accelerator's own
+    default), the other takes a device the user names. The CPU is chosen when the named branch is
+    taken and names the CPU: `not config.device == "auto" and torch.device(config.device).type ==
+    "cpu"`, the test written for `Accelerator(cpu=...)`; the named branch's binding stays as it is."""
+    assert type(parent.orelse) is cst.Else
+    value = first.value
+    inner = value.args[0].value if type(value) is cst.Call and len(value.args) == 1 else value
+    if not (type(inner) is cst.IfExp and is_availability(inner.test)):
+        return None
+    blocks = {"body": parent.body, "orelse": parent.orelse.body}
+    auto = next((b for b, block in blocks.items() if type(block) is cst.IndentedBlock
+                 and any(stmt is first.where.stmt for stmt in block.body)), None)
+    if auto is None:
+        return None
+    branch = "orelse" if auto == "body" else "body"
+    named = _assigned_in(blocks[branch], first.name)
+    if named is None:
+        return None
+    if type(named) is cst.Call and len(named.args) == 1 and not named.args[0].keyword:
+        named = named.args[0].value  # torch.device(config.device)
+    if type(named) not in (cst.Name, cst.Attribute, cst.Subscript):
+        return None
+    cpu = _named_device(cst.Call(func=cst.Attribute(value=cst.Name("torch"), attr=cst.Name("device")),
+                                 args=[cst.Arg(named.deep_clone())]))
+    if cpu is None:
+        return None
+    test = parent.test
+    if type(test) in (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr):
+        test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    taken = test if branch == "body" else _negated(test)
+    return cst.BooleanOperation(left=taken, operator=cst.And(), right=cpu), True
+
+
+def _negated(test: cst.BaseExpression) -> cst.BaseExpression:
+    """`not <test>`, written `a != b` for `a == b` (and the reverse)."""
+    if type(test) is cst.Comparison and len(test.comparisons) == 1 and not test.lpar:
+        op = test.comparisons[0].operator
+        flipped = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal}.get(type(op))
+        if flipped is not None:
+            return test.with_changes(comparisons=[test.comparisons[0].with_changes(
+                operator=flipped(whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after))])
+    return cst.UnaryOperation(operator=cst.Not(), expression=test)
+
+
+def _assigned_in(block: cst.BaseSuite, name: str) -> cst.BaseExpression | None:
+    """The value a statement of the block assigns to `name` alone (`device = config.device`)."""
+    if type(block) is not cst.IndentedBlock:
+        return None
+    empty = cst.Module([])
+    for stmt in block.body:
+        if type(stmt) is not cst.SimpleStatementLine:
+            continue
+        for small in stmt.body:
+            if type(small) is cst.Assign and len(small.targets) == 1 \
+                    and empty.code_for_node(small.targets[0].target) == name:
+                return small.value
+    return None
 
 
 def _named_device(value: cst.BaseExpression | None) -> cst.BaseExpression | None:
