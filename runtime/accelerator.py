@@ -39,7 +39,7 @@ from .sharded_checkpoint import ShardedStates
 from .data import ActiveLoaders, PreparedDataLoader, prepare_data_loader
 from .errors import GradientSyncError, PrepareError, UnsupportedOptionError
 from .accumulation import GradientState, check_accumulation_steps
-from .optim import AcceleratedOptimizer, AcceleratedScheduler, unwrap_optimizer
+from .optim import AcceleratedOptimizer, AcceleratedScheduler, follow_parameters, unwrap_optimizer
 from . import unused_parameters
 from .pickled import worker_copy
 from .precision import unwrap as unwrap_precision
@@ -274,7 +274,10 @@ class Accelerator:
         accept_wrapper_keys(model)
         self._models.append(wrapped)
         for prepared in self._optimizers:  # prepared in an earlier prepare() call
-            prepared.optimizer = self.strategy.prepare_optimizer(prepared.optimizer)
+            before = prepared.optimizer
+            prepared.optimizer = self.strategy.prepare_optimizer(before)
+            if prepared.optimizer is before:
+                follow_parameters(before)
         if isinstance(placed, DistributedDataParallel) and placed not in self._unverified_ddp:
             self._unverified_ddp.append(placed)
             self._forward_hooks[placed] = placed.register_forward_pre_hook(_mark_forward)
@@ -298,6 +301,8 @@ class Accelerator:
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
         inner = self.strategy.prepare_optimizer(optimizer)
+        if inner is optimizer:  # a sharding strategy's optimizer places its own state
+            follow_parameters(inner)
         wrapped = AcceleratedOptimizer(inner, self.gradient_state, self.scaler)
         if inner is not optimizer:
             self._replaced_optimizers[id(optimizer)] = wrapped

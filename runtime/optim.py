@@ -162,6 +162,26 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return f"AcceleratedOptimizer({self.optimizer!r})"
 
 
+def follow_parameters(optimizer: torch.optim.Optimizer) -> None:
+    """Put the optimizer's state where its parameters now are (Accelerate's ``AcceleratedOptimizer``
+    does the same at ``prepare``).
+
+    A script that resumes before ``prepare`` (``optimizer.load_state_dict(checkpoint["optimizer"])``
+    while the model is still on the CPU, its ``.cuda()`` removed by the migration) has its momentum
+    and Adam moments on the CPU, and ``prepare`` then moves only the parameters: the first step
+    would mix devices. When some state tensor is on another device than its parameter, the state is
+    loaded again through ``load_state_dict``, which places each value by torch's own rule (on its
+    parameter's device and dtype; ``step`` where the optimizer keeps it). Nothing is copied when
+    the state already follows its parameters (the usual case: no state before the first step)."""
+    for param, state in optimizer.state.items():
+        if isinstance(param, torch.Tensor) and any(
+            isinstance(value, torch.Tensor) and key != "step" and value.device != param.device
+            for key, value in state.items()
+        ):
+            optimizer.load_state_dict(optimizer.state_dict())
+            return
+
+
 def unwrap_optimizer(optimizer: Any) -> Any:
     """The user's optimizer from inside any ``AcceleratedOptimizer``."""
     while isinstance(optimizer, AcceleratedOptimizer):
