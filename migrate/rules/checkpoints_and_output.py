@@ -122,7 +122,9 @@ Example:
 
 Leaves alone:
     Prints when the script patches
-    `builtins.print` for rank 0 itself (reported), tqdm calls that already pass `disable=`, a model
+    `builtins.print` for rank 0 itself (reported), prints passing a keyword the builtin print does
+    not take (`print(..., force=True)`: a rank-0 print installed by a module the script imports,
+    asked to print on every process), tqdm calls that already pass `disable=`, a model
     built anew after `prepare` (`model = Net()` to reload for inference: it is not wrapped),
     loads after a save inside a rank check or in another branch (a barrier there would hang), and
     prints in methods of a class that never holds the accelerator (an `nn.Module`, or a class of a
@@ -488,6 +490,16 @@ class _RankNames(Visitor):
 
 
 
+_PRINT_KEYWORDS = {"sep", "end", "file", "flush"}
+
+
+def _patched_print_call(call: cst.Call) -> bool:
+    """`print(..., force=True)`: a keyword the builtin print does not take, so `print` here is a
+    replacement installed elsewhere (DINO's and DeiT's `setup_for_distributed` print only on the
+    main process unless `force=True`): the call asks to print on every process, and stays."""
+    return any(a.keyword is not None and a.keyword.value not in _PRINT_KEYWORDS for a in call.args)
+
+
 def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     sites = [site for site in scope.calls if site.callee == "print" and not scope.binds("print")]
     if not sites:
@@ -512,7 +524,7 @@ def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
                 f"`print` in `{scope.parent.name}.{scope.name}`, a method of {what}, which cannot reach "
                 "the accelerator: it prints on every process; put it under the script's main-process check"))
         return
-    sites = [s for s in sites if not _says_its_rank(s.call)]
+    sites = [s for s in sites if not _says_its_rank(s.call) and not _patched_print_call(s.call)]
     if not sites:
         return
     for site in sites:
