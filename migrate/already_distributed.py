@@ -63,7 +63,16 @@ def note(modules: Sequence[Facts], path: str) -> str | None:
         if how is None:
             return None
         where = " on N GPUs (its backend is NCCL, which needs CUDA)" if _nccl(init.call) else ""
-        if _sets_address(facts):
+        sets = _sets_address(facts)
+        if "MASTER_PORT" in sets:
+            # torchrun's agent serves the rendezvous on the port it sets: a port of the script's own
+            # sends the workers to a store nobody serves, and init_process_group waits forever
+            return (f"The script already trains distributed: {how}, but it sets the rendezvous itself "
+                    f"({'; '.join(f'`{code}`' for code in sets.values())}), which overrides the port the launcher "
+                    f"serves, so under `torchrun`/`accel launch` its processes would wait for each other forever: "
+                    f"delete {'those assignments' if len(sets) > 1 else 'that assignment'}, then it runs under "
+                    f"`accel launch --nproc-per-node N {script}`{where}")
+        if sets:
             where += " on one node (it sets MASTER_ADDR itself)"
         return (f"The script already trains distributed as it is: {how}, so it runs unchanged under "
                 f"`torchrun --nproc-per-node N {script}`{where}; `accel launch --nproc-per-node N {script}` sets the "
@@ -100,20 +109,20 @@ def _environ_read(init) -> str | None:  # type: ignore[no-untyped-def]
     return None
 
 
-def _sets_address(facts: Facts) -> bool:
-    """`os.environ["MASTER_ADDR"] = ...` somewhere in the module."""
-    found = False
+def _sets_address(facts: Facts) -> dict[str, str]:
+    """`os.environ["MASTER_ADDR"] = ...` / `["MASTER_PORT"] = ...` in the module: key -> the statement."""
+    found: dict[str, str] = {}
 
     class Sets(Visitor):
         def visit_Assign(self, node: cst.Assign) -> None:
-            nonlocal found
             for target in node.targets:
                 sub = target.target
                 if (type(sub) is cst.Subscript and facts.aliases.qualify(sub.value) == "os.environ"
                         and len(sub.slice) == 1 and type(sub.slice[0].slice) is cst.Index
                         and type(sub.slice[0].slice.value) is cst.SimpleString
-                        and sub.slice[0].slice.value.evaluated_value == "MASTER_ADDR"):
-                    found = True
+                        and sub.slice[0].slice.value.evaluated_value in ("MASTER_ADDR", "MASTER_PORT")):
+                    key = sub.slice[0].slice.value.evaluated_value
+                    found.setdefault(key, " ".join(cst.Module([]).code_for_node(node).split()))
 
     walk(facts.module, Sets())
     return found

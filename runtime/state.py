@@ -43,6 +43,15 @@ from .errors import DistributedEnvironmentError
 from .settings import DEFAULT_TIMEOUT_SECONDS
 
 DEFAULT_TIMEOUT = timedelta(seconds=DEFAULT_TIMEOUT_SECONDS)
+
+# The rendezvous torchrun's agent serves (its own store, on the port it sets), read when the runtime
+# is imported: before the script's code runs, so a script that later sets the variables itself
+# (`os.environ["MASTER_PORT"] = "12345"`, written for its own mp.spawn launch) cannot hide them.
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
+_LAUNCHER_RENDEZVOUS = (
+    {name: os.environ[name] for name in _RENDEZVOUS if name in os.environ}
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else {}
+)
 """Collective timeout: a rank that waits longer than this fails instead of hanging forever."""
 
 
@@ -116,6 +125,8 @@ class ProcessState:
             _install_exit_handler()
             return cls(rank, local_rank, world_size, local_world_size, dist.get_backend(), device)
 
+        if env is os.environ:
+            _restore_launcher_rendezvous(rank)
         missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in env]
         if missing:
             raise DistributedEnvironmentError(
@@ -135,6 +146,37 @@ class ProcessState:
         _created.append(dist.group.WORLD)
         _install_exit_handler()
         return cls(rank, local_rank, world_size, local_world_size, chosen, device)
+
+
+def _restore_launcher_rendezvous(rank: int) -> None:
+    """Give back the rendezvous torchrun set, where the script changed it since (a migrated
+    `mp.spawn` script keeps `os.environ["MASTER_PORT"] = "12345"`): under torchrun the agent serves
+    the store on its own port, workers sent to another port wait for each other forever. HF
+    Accelerate would hang there; the runtime warns once and uses the launcher's values."""
+    changed = {name: value for name, value in _LAUNCHER_RENDEZVOUS.items() if os.environ.get(name) != value}
+    if not changed:
+        return
+    if rank == 0:
+        import warnings
+
+        said = ", ".join(f"{name}={os.environ.get(name)!r}" for name in changed)
+        warnings.warn(
+            f"the script set {said} after the launcher set {', '.join(f'{k}={v!r}' for k, v in changed.items())}; "
+            "under torchrun / accel launch the launcher serves the rendezvous, so its values are used (the "
+            "script's would leave the processes waiting for each other). Remove the script's assignment to "
+            "silence this.",
+            stacklevel=_outside_runtime(),
+        )
+    os.environ.update(changed)
+
+
+def _outside_runtime() -> int:
+    """The warnings stacklevel of the first caller outside this package (the user's line)."""
+    here = os.path.dirname(__file__)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _rendezvous(env: Mapping[str, str], world_size: int, timeout: timedelta) -> dict[str, object]:
