@@ -207,3 +207,29 @@ def test_statement_code_of_a_rewrite_is_module_code_on_every_fixture() -> None:
         rewritten += 1
         assert StatementCode(module, text)(attempt.new_module) == attempt.new_module.code
     assert rewritten > 100
+
+
+def test_a_unit_parses_each_module_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second run of an entry's checks reaches every entry of the unit, also modules that the
+    first run has not parsed yet (another entry's own modules): the two runs share those trees,
+    whichever parses first."""
+    import libcst as cst
+
+    engine2 = ENGINE.replace("import torch\n", "import torch\nimport math\n", 1)
+    files = {"utils.py": UTILS, "engine.py": ENGINE, "engine2.py": engine2,
+             "main.py": MAIN.format(alias="", call="train_one_epoch"),
+             "other.py": MAIN.replace("from engine import", "from engine2 import").format(alias=" as step", call="step")}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    parsed: list[str] = []
+    parse = cst.parse_module
+
+    def counted(text, *args, **kwargs):  # type: ignore[no-untyped-def]
+        parsed.append(text)
+        return parse(text, *args, **kwargs)
+
+    monkeypatch.setattr(cst, "parse_module", counted)
+    report = {Path(r[0]).name: r for r in _report(tmp_path)}
+    assert report["main.py"][1] is not None and report["other.py"][1] is not None  # both entries migrated
+    for name, text in files.items():
+        assert parsed.count(text) == 1, name
