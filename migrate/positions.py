@@ -264,10 +264,16 @@ def statement_texts(module: cst.Module, text: str) -> dict[int, str] | None:
     nothing is indented and every item ends with its newline, so an item's code is the run of
     whole lines of `text` that `_line_count` counts in it, starting where the previous item's
     ends (libcst prints a parsed module back as its source, byte for byte). A slice costs a
-    third of generating the item's code. None when `text` cannot be cut so: no trailing newline
-    (libcst then drops one), a byte-order mark, or counts that do not add up to its lines."""
-    if not module.has_trailing_newline or text.startswith("\ufeff"):
+    third of generating the item's code. Without a trailing newline in `text`, the last item's
+    code ends with the module's default newline, as libcst generates it (and then drops from the
+    module's code). None when `text` cannot be cut so: a byte-order mark, or counts that do not
+    add up to its lines."""
+    if text.startswith("\ufeff"):
         return None
+    if not module.has_trailing_newline:
+        if not text or text.endswith(("\n", "\r")):
+            return None
+        text += module.default_newline
     ends = [match.end() for match in _NEWLINES.finditer(text)]
     if not ends or ends[-1] != len(text):
         return None
