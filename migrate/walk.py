@@ -202,9 +202,9 @@ def _walk_methods(node: cst.CSTNode, visitor: cst.CSTVisitor, dispatch: _Dispatc
 # pattern) holds one of these below it (tests/migrate/test_walk.py checks this on every fixture).
 _STATEMENT_BASES = (cst.BaseStatement, cst.BaseSmallStatement, cst.BaseSuite, cst.Module, cst.Else, cst.Finally,
                     cst.ExceptHandler, cst.ExceptStarHandler, cst.MatchCase)
-STATEMENT_LEVEL = frozenset(
+STATEMENT_LEVEL = frozenset(  # read from the MROs: issubclass against libcst's ABCs costs 0.1 s here
     value for value in vars(cst).values()
-    if isinstance(value, type) and issubclass(value, cst.CSTNode) and issubclass(value, _STATEMENT_BASES)
+    if isinstance(value, type) and cst.CSTNode in value.__mro__ and any(base in value.__mro__ for base in _STATEMENT_BASES)
 )
 _STATEMENT_NAMES = frozenset(kind.__name__ for kind in STATEMENT_LEVEL)
 # Per visitor class `walk` has seen: whether all its `visit_<Type>` / `leave_<Type>` methods are for
