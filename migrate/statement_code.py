@@ -30,13 +30,15 @@ class StatementCode:
     (the same node objects) are not generated at all: their code is cut from the source
     (`migrate.positions.statement_texts`)."""
 
-    def __init__(self, original: cst.Module | None = None, text: str | None = None) -> None:
+    def __init__(self, original: cst.Module | None = None, text: str | None = None,
+                 counts: dict[int, int] | None = None) -> None:
         self._done: dict[int, tuple[cst.CSTNode, str]] = {}  # the node is kept: its id stays its own
         # the code of a module's last item without its last token (a newline), for modules without
         # a trailing newline (libcst drops that token from the module's code)
         self._last: dict[int, tuple[cst.CSTNode, str]] = {}
         self._settings: tuple[str, str] | None = None  # the modules whose code the source gives
-        texts = statement_texts(original, text) if original is not None and text is not None else None
+        # `counts`: line counts of `original`'s top-level items, from `start_lines` (by `id`)
+        texts = statement_texts(original, text, counts) if original is not None and text is not None else None
         if texts is not None and original is not None:
             self._settings = (original.default_indent, original.default_newline)
             items = (*original.header, *original.body, *original.footer)
