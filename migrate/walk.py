@@ -8,7 +8,10 @@ calls `visitor.on_visit(node)` / `visitor.on_leave(node)` like libcst does (so `
 `leave_<Type>` methods work unchanged), and visits children in document order. A visitor that keeps
 libcst's own `on_visit` / `on_leave` has its `visit_<Type>` / `leave_<Type>` methods called
 directly, looked up once per visitor class and node type (libcst's own no-op defaults, which
-every visitor class inherits for every node type, are not called at all).
+every visitor class inherits for every node type, are not called at all). A visitor whose methods
+are all for statement-level node types (`STATEMENT_LEVEL`: statements, blocks, clauses) is walked
+without entering any other node: Python has no statement inside an expression, so its calls are
+the same.
 
 What it does not visit: whitespace, comments, parentheses, brackets, commas, colons and operator
 tokens. No rule reads those through a visitor (a rule that needs a comparison's operator reads it
