@@ -121,10 +121,11 @@ def run_rules(
     roles = find_roles(analyze(module, text))
     plan = plan_edits(roles, options)
 
+    counts: dict[int, int] = {}  # line counts of top-level statements, shared by the two passes below
     if (plan.changes or plan.findings) and (report or skipped):
         # Skip comments and annotations look up other nodes' lines; otherwise only the reported ones.
         line = start_lines(module, None if skipped or options.annotate else
-                           [*(r.node for r in plan.changes), *(f.node for f in plan.findings)])
+                           [*(r.node for r in plan.changes), *(f.node for f in plan.findings)], counts)
         if skipped:
             drop_skipped(plan, line.__getitem__, skipped)
         if options.annotate:
@@ -150,7 +151,7 @@ def run_rules(
         new_module = remove_unused(module, new_module, rewriter.rebound)
     if plan.imports:
         new_module = add_imports(new_module, plan.imports)
-    new_text = StatementCode(module, text)(new_module)
+    new_text = StatementCode(module, text, counts)(new_module)
     try:
         compile(new_text, path, "exec", dont_inherit=True)
     except SyntaxError as error:

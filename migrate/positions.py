@@ -115,9 +115,11 @@ class _HeaderDone(Exception):
     """A compound statement's header pass reached the statement's body."""
 
 
-def start_lines(module: cst.Module, wanted: Iterable[cst.CSTNode] | None = None) -> dict[cst.CSTNode, int]:
+def start_lines(module: cst.Module, wanted: Iterable[cst.CSTNode] | None = None,
+                counts: dict[int, int] | None = None) -> dict[cst.CSTNode, int]:
     """Map every node of `module` to the (1-based) line its code starts on. With `wanted`, only
-    those nodes are guaranteed to be in the map."""
+    those nodes are guaranteed to be in the map. `counts`, when given, receives the newlines in
+    the code of each top-level item the walk went past (by `id`), for `statement_texts`."""
     if wanted is None:
         return _whole_pass(module, None)
     left = set(wanted)
@@ -126,6 +128,7 @@ def start_lines(module: cst.Module, wanted: Iterable[cst.CSTNode] | None = None)
     if any(type(node) is cst.SimpleWhitespace or type(node) is cst.Newline for node in left):
         return _whole_pass(module, left)  # tokens `_line_count` counts without looking them up
     placer = _Placer(module, left)
+    placer.counts = counts
     try:
         placer.place(module, 1)
     except _Done:
@@ -173,6 +176,7 @@ class _Placer:
         self.wanted = wanted  # those not placed yet
         self.ids = frozenset(map(id, wanted))  # id() tests: a node's own __hash__ is Python code
         self.starts: dict[cst.CSTNode, int] = {}
+        self.counts: dict[int, int] | None = None  # newlines of each top-level item passed (`start_lines`)
 
     def record(self, node: cst.CSTNode, line: int) -> None:
         if id(node) in self.ids:
@@ -196,9 +200,13 @@ class _Placer:
             return self.place_block(node, line)  # type: ignore[arg-type]
         if kind is cst.Module:
             self.record(node, line)  # type: ignore[arg-type]
-            line = self.place(node.header, line)  # type: ignore[attr-defined]
-            line = self.place(node.body, line)  # type: ignore[attr-defined]
-            return self.place(node.footer, line)  # type: ignore[attr-defined]
+            counts = self.counts
+            for item in (*node.header, *node.body, *node.footer):  # type: ignore[attr-defined]
+                end = self.place(item, line)
+                if counts is not None:
+                    counts[id(item)] = end - line
+                line = end
+            return line
         parts = _PARTS.get(kind)
         if parts is None:  # a simple statement line, a one-line suite, a formatting node
             count = _line_count(node, self.ids)
@@ -258,23 +266,31 @@ def _first_node(blocks: tuple[object, ...]) -> cst.CSTNode | None:
     return None
 
 
-def statement_texts(module: cst.Module, text: str) -> dict[int, str] | None:
+def statement_texts(module: cst.Module, text: str, counts: dict[int, int] | None = None) -> dict[int, str] | None:
     """The code of each top-level item of `module` (its header lines, statements and footer
     lines), by `id`, cut from `text`, the source `module` was parsed from. At the top level
     nothing is indented and every item ends with its newline, so an item's code is the run of
     whole lines of `text` that `_line_count` counts in it, starting where the previous item's
     ends (libcst prints a parsed module back as its source, byte for byte). A slice costs a
-    third of generating the item's code. None when `text` cannot be cut so: no trailing newline
-    (libcst then drops one), a byte-order mark, or counts that do not add up to its lines."""
-    if not module.has_trailing_newline or text.startswith("\ufeff"):
+    third of generating the item's code. Without a trailing newline in `text`, the last item's
+    code ends with the module's default newline, as libcst generates it (and then drops from the
+    module's code). None when `text` cannot be cut so: a byte-order mark, or counts that do not
+    add up to its lines. `counts`: the line counts of items `start_lines` already went past."""
+    if text.startswith("\ufeff"):
         return None
+    if not module.has_trailing_newline:
+        if not text or text.endswith(("\n", "\r")):
+            return None
+        text += module.default_newline
     ends = [match.end() for match in _NEWLINES.finditer(text)]
     if not ends or ends[-1] != len(text):
         return None
     out: dict[int, str] = {}
     line, start = 0, 0
+    known = counts or {}
     for item in (*module.header, *module.body, *module.footer):
-        line += _line_count(item)
+        count = known.get(id(item))
+        line += _line_count(item) if count is None else count
         if line > len(ends):
             return None
         end = ends[line - 1] if line else 0

@@ -13,6 +13,7 @@ tests/migrate/test_crossmodule_reuse.py checks, on every fixture, that it equals
 from __future__ import annotations
 
 import libcst as cst
+from libcst._nodes.internal import CodegenState
 
 from migrate.positions import statement_texts
 
@@ -22,27 +23,53 @@ class StatementCode:
     it is given: a module with imports added (`add_imports`) shares all but a few statements with
     the module it was made from, so its code costs those few statements. The code of a module is
     the code of its header, statements and footer one after the other (at the top level nothing is
-    indented); a module without a trailing newline is left to libcst (it drops the last one).
+    indented); in a module without a trailing newline, the last token (a newline) is dropped, as
+    libcst does.
 
     Given the module the rewrite started from and its source text, the statements the rewrite kept
     (the same node objects) are not generated at all: their code is cut from the source
     (`migrate.positions.statement_texts`)."""
 
-    def __init__(self, original: cst.Module | None = None, text: str | None = None) -> None:
+    def __init__(self, original: cst.Module | None = None, text: str | None = None,
+                 counts: dict[int, int] | None = None) -> None:
         self._done: dict[int, tuple[cst.CSTNode, str]] = {}  # the node is kept: its id stays its own
+        # the code of a module's last item without its last token (a newline), for modules without
+        # a trailing newline (libcst drops that token from the module's code)
+        self._last: dict[int, tuple[cst.CSTNode, str]] = {}
         self._settings: tuple[str, str] | None = None  # the modules whose code the source gives
-        texts = statement_texts(original, text) if original is not None and text is not None else None
+        # `counts`: line counts of `original`'s top-level items, from `start_lines` (by `id`)
+        texts = statement_texts(original, text, counts) if original is not None and text is not None else None
         if texts is not None and original is not None:
             self._settings = (original.default_indent, original.default_newline)
-            for item in (*original.header, *original.body, *original.footer):
+            items = (*original.header, *original.body, *original.footer)
+            for item in items:
                 self._done[id(item)] = (item, texts[id(item)])
+            if not original.has_trailing_newline and items:
+                # the source is the items' code less that last newline (libcst round-trips it)
+                last = texts[id(items[-1])]
+                self._last[id(items[-1])] = (items[-1], last[: len(last) - len(original.default_newline)])
 
     def __call__(self, module: cst.Module) -> str:
-        if not module.has_trailing_newline or (
-                self._settings is not None and self._settings != (module.default_indent, module.default_newline)):
+        if self._settings is not None and self._settings != (module.default_indent, module.default_newline):
             return module.code
-        text = "".join(self._code(module, node) for node in (*module.header, *module.body, *module.footer))
-        return text or module.code  # an empty module is one newline
+        items = (*module.header, *module.body, *module.footer)
+        if module.has_trailing_newline:
+            text = "".join(self._code(module, node) for node in items)
+            return text or module.code  # an empty module is one newline
+        if not items:
+            return module.code
+        return "".join(self._code(module, node) for node in items[:-1]) + self._last_code(module, items[-1])
+
+    def _last_code(self, module: cst.Module, node: cst.CSTNode) -> str:
+        """What `Module.code` does at the end of a module without a trailing newline: the last
+        token of its last item (a newline) is dropped."""
+        done = self._last.get(id(node))
+        if done is None:
+            state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
+            node._codegen(state)
+            state.pop_trailing_newline()
+            done = self._last[id(node)] = (node, "".join(state.tokens))
+        return done[1]
 
     def _code(self, module: cst.Module, node: cst.CSTNode) -> str:
         done = self._done.get(id(node))

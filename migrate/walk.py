@@ -8,7 +8,10 @@ calls `visitor.on_visit(node)` / `visitor.on_leave(node)` like libcst does (so `
 `leave_<Type>` methods work unchanged), and visits children in document order. A visitor that keeps
 libcst's own `on_visit` / `on_leave` has its `visit_<Type>` / `leave_<Type>` methods called
 directly, looked up once per visitor class and node type (libcst's own no-op defaults, which
-every visitor class inherits for every node type, are not called at all).
+every visitor class inherits for every node type, are not called at all). A visitor whose methods
+are all for statement-level node types (`STATEMENT_LEVEL`: statements, blocks, clauses) is walked
+without entering any other node: Python has no statement inside an expression, so its calls are
+the same.
 
 What it does not visit: whitespace, comments, parentheses, brackets, commas, colons and operator
 tokens. No rule reads those through a visitor (a rule that needs a comparison's operator reads it
@@ -153,7 +156,11 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
         dispatch = _DISPATCH.get(cls)
         if dispatch is None:
             dispatch = _DISPATCH[cls] = {}
-        _walk_methods(node, visitor, dispatch)
+            _STATEMENTS_ONLY[cls] = _methods_on_statements_only(cls)
+        if _STATEMENTS_ONLY[cls]:
+            _walk_statements(node, visitor, dispatch)
+        else:
+            _walk_methods(node, visitor, dispatch)
     else:
         _walk_hooks(node, visitor)
 
@@ -189,6 +196,61 @@ def _walk_methods(node: cst.CSTNode, visitor: cst.CSTVisitor, dispatch: _Dispatc
                     _walk_methods(child, visitor, dispatch)
             elif kind not in NOT_NODES:
                 _walk_methods(value, visitor, dispatch)  # type: ignore[arg-type]
+    if leave is not None:
+        leave(visitor, node)
+
+
+# Statement-level node types: statements, their blocks and clauses. Python has no statement inside
+# an expression, so no other node (an expression, an argument, a parameter, a decorator, a
+# pattern) holds one of these below it (tests/migrate/test_walk.py checks this on every fixture).
+_STATEMENT_BASES = (cst.BaseStatement, cst.BaseSmallStatement, cst.BaseSuite, cst.Module, cst.Else, cst.Finally,
+                    cst.ExceptHandler, cst.ExceptStarHandler, cst.MatchCase)
+STATEMENT_LEVEL = frozenset(  # read from the MROs: issubclass against libcst's ABCs costs 0.1 s here
+    value for value in vars(cst).values()
+    if isinstance(value, type) and cst.CSTNode in value.__mro__ and any(base in value.__mro__ for base in _STATEMENT_BASES)
+)
+_STATEMENT_NAMES = frozenset(kind.__name__ for kind in STATEMENT_LEVEL)
+# Per visitor class `walk` has seen: whether all its `visit_<Type>` / `leave_<Type>` methods are for
+# statement-level types (`_walk_statements` then skips every expression: about half the nodes of a
+# module, and most of what the rules' statement searches used to walk).
+_STATEMENTS_ONLY: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _methods_on_statements_only(cls: type) -> bool:
+    libcst_classes = cst.CSTVisitor.__mro__
+    for klass in cls.__mro__:
+        if klass in libcst_classes or klass is Visitor:
+            continue
+        for name in vars(klass):
+            prefix, _, node_type = name.partition("_")
+            if prefix in ("visit", "leave") and node_type not in _STATEMENT_NAMES:
+                return False
+    return True
+
+
+def _walk_statements(node: cst.CSTNode, visitor: cst.CSTVisitor, dispatch: _Dispatch) -> None:
+    """`_walk_methods` for a visitor whose methods are all for statement-level node types: the
+    same calls in the same order, without entering nodes that cannot hold a statement."""
+    node_type = type(node)
+    entry = dispatch.get(node_type)
+    if entry is None:
+        cls, name = type(visitor), node_type.__name__
+        entry = dispatch[node_type] = (
+            own_method(cls, "visit_" + name),
+            own_method(cls, "leave_" + name),
+            _GETTERS.get(node_type) or _getter(node_type),
+        )
+    visit, leave, getter = entry
+    if visit is None or visit(visitor, node) is not False:
+        statement_level = STATEMENT_LEVEL
+        for value in getter(node):
+            kind = type(value)
+            if kind is tuple or kind is list:
+                for child in value:  # type: ignore[attr-defined]
+                    if type(child) in statement_level:
+                        _walk_statements(child, visitor, dispatch)
+            elif kind in statement_level:
+                _walk_statements(value, visitor, dispatch)  # type: ignore[arg-type]
     if leave is not None:
         leave(visitor, node)
 

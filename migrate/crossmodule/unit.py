@@ -75,14 +75,21 @@ class _Parses:
     checks (`facts`: the analyses of trees taken over from a first run)."""
 
     def __init__(self, by_path: dict[Path, Source], trees: dict[Path, cst.Module] | None = None,
-                 facts: dict[Path, Facts] | None = None) -> None:
+                 facts: dict[Path, Facts] | None = None, first: _Parses | None = None,
+                 same: frozenset[Path] = frozenset()) -> None:
         self.by_path = by_path
         self.trees: dict[Path, cst.Module | None] = dict(trees or {})  # None: a syntax error
         self.items: dict[Path, _Parsed | None] = {}  # None: a syntax error or `# accel-migrate: skip`
         self.facts: dict[Path, Facts] = dict(facts or {})
+        # the checks' second run: the files in `same` have the first run's text, and their trees
+        # are the first run's (parsed by whichever run asks first; the other run takes that tree)
+        self._first, self._same = first, same
 
     def tree(self, path: Path) -> cst.Module | None:
         if path not in self.trees:
+            if self._first is not None and path in self._same:
+                self.trees[path] = self._first.tree(path)
+                return self.trees[path]
             try:
                 self.trees[path] = cst.parse_module(self.by_path[path].text)
             except cst.ParserSyntaxError:
@@ -345,7 +352,8 @@ def _check(outcome: _Outcome, parsed: _Parses, options) -> str | None:  # type: 
     unchanged = {p: t for p, t in parsed.trees.items() if p not in outcome.results or outcome.results[p].new_text is None}
     facts = {p: item.facts for p, item in parsed.items.items()
              if p in unchanged and item is not None and item.facts is not None and not item.renamed}
-    second_parses = _Parses(again_by_path, {**unchanged, **outputs}, facts)
+    same = frozenset(p for p in by_path if p not in outcome.results or outcome.results[p].new_text is None)
+    second_parses = _Parses(again_by_path, {**unchanged, **outputs}, facts, parsed, same)
     for entry in _entries(index, again_by_path):
         second = _migrate_entry(entry, _reached(index, entry, again_by_path), again_by_path, index, second_parses,
                                 options)

@@ -175,13 +175,44 @@ def test_statement_texts_are_the_code_of_each_top_level_item() -> None:
         module = cst.parse_module(text)
         texts = statement_texts(module, text)
         if texts is None:
-            assert not module.has_trailing_newline or text.startswith("\ufeff") or not text.strip(), text
+            # (libcst reads a last lone "\r" as no trailing newline: left to libcst)
+            assert text.startswith("\ufeff") or not text.strip() or not module.has_trailing_newline and text.endswith("\r"), text
             continue
         cut += 1
         items = (*module.header, *module.body, *module.footer)
         assert [texts[id(item)] for item in items] == [module.code_for_node(item) for item in items]
-        assert "".join(texts.values()) == text
+        # without a trailing newline, the last item's code ends with the newline libcst adds
+        assert "".join(texts.values()) == text + ("" if module.has_trailing_newline else module.default_newline)
     assert cut > 400
+
+
+_NO_TRAILING_NEWLINE = ["x = 1\ny = 2", "x = 1\r\ny = 2", "x=1\r\ny=2\n# tail", "x = 1\nif x:\n    y = 2",
+                        "a = 1\rb = 2", "x = 1\n   ", "import os\n\n\ndef f():\n    return 1  # end"]
+
+
+@pytest.mark.parametrize("text", _NO_TRAILING_NEWLINE)
+def test_statement_code_without_a_trailing_newline(text: str) -> None:
+    """A module without a trailing newline (libcst drops the last newline token of its code):
+    kept, replaced and removed last items, and imports added, give `Module.code`."""
+    import libcst as cst
+
+    from migrate.imports import add_imports
+
+    module = cst.parse_module(text)
+    assert not module.has_trailing_newline
+    body = list(module.body)
+    variants = [
+        module,
+        add_imports(module, {("accelerate", "Accelerator")}),
+        module.with_changes(body=[*body[:-1], cst.parse_statement("z = 3  # new\n")]),
+        module.with_changes(body=body[:-1]),
+        module.with_changes(body=[*body, cst.parse_statement("if z:\n    w = 4\n")]),
+    ]
+    code = StatementCode(module, text)
+    for variant in variants:
+        assert code(variant) == variant.code
+        assert StatementCode()(variant) == variant.code
+    assert code(module) == text
 
 
 def test_statement_code_of_a_rewrite_is_module_code_on_every_fixture() -> None:
@@ -207,3 +238,29 @@ def test_statement_code_of_a_rewrite_is_module_code_on_every_fixture() -> None:
         rewritten += 1
         assert StatementCode(module, text)(attempt.new_module) == attempt.new_module.code
     assert rewritten > 100
+
+
+def test_a_unit_parses_each_module_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second run of an entry's checks reaches every entry of the unit, also modules that the
+    first run has not parsed yet (another entry's own modules): the two runs share those trees,
+    whichever parses first."""
+    import libcst as cst
+
+    engine2 = ENGINE.replace("import torch\n", "import torch\nimport math\n", 1)
+    files = {"utils.py": UTILS, "engine.py": ENGINE, "engine2.py": engine2,
+             "main.py": MAIN.format(alias="", call="train_one_epoch"),
+             "other.py": MAIN.replace("from engine import", "from engine2 import").format(alias=" as step", call="step")}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    parsed: list[str] = []
+    parse = cst.parse_module
+
+    def counted(text, *args, **kwargs):  # type: ignore[no-untyped-def]
+        parsed.append(text)
+        return parse(text, *args, **kwargs)
+
+    monkeypatch.setattr(cst, "parse_module", counted)
+    report = {Path(r[0]).name: r for r in _report(tmp_path)}
+    assert report["main.py"][1] is not None and report["other.py"][1] is not None  # both entries migrated
+    for name, text in files.items():
+        assert parsed.count(text) == 1, name

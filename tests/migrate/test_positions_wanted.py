@@ -137,3 +137,24 @@ def test_the_pass_stops_after_the_last_wanted_node() -> None:
     partial = start_lines(module, [first])
     assert partial[first] == 1 and module.body[-1] not in partial
     assert start_lines(module, [module.body[-1]])[module.body[-1]] == 5
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=[str(p.relative_to(FIXTURES)) for p in SOURCES])
+def test_counts_of_the_placing_walk_are_the_top_level_line_counts(path: Path) -> None:
+    """`start_lines(..., counts)` records the newlines of each top-level item it went past
+    (`engine.run_rules` hands them to `statement_texts`): each is `_line_count`'s, and the
+    statement texts cut with them are the texts cut without."""
+    from migrate.positions import statement_texts
+
+    text = path.read_text()
+    module = cst.parse_module(text)
+    code = _code_nodes(module)
+    rng = random.Random(path.name)
+    alone = statement_texts(module, text)
+    for wanted in [code, _statements(code)[:1], *(rng.sample(code, min(k, len(code))) for k in (1, 2, 5))]:
+        counts: dict[int, int] = {}
+        start_lines(module, wanted, counts)
+        items = {id(item): item for item in (*module.header, *module.body, *module.footer)}
+        assert set(counts) <= set(items)
+        assert all(count == _line_count(items[key]) for key, count in counts.items())
+        assert statement_texts(module, text, counts) == alone

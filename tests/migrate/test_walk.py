@@ -16,7 +16,8 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 
 from migrate.cleanup import name_uses
 from migrate.positions import start_lines
-from migrate.walk import walk, with_ancestors
+from migrate import walk as walk_module
+from migrate.walk import STATEMENT_LEVEL, Visitor, walk, with_ancestors
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 # Every syntax form whose field order differs from its source order, and the rarer statements.
@@ -145,6 +146,54 @@ def test_walk_honours_on_visit_returning_false() -> None:
     walk(cst.parse_module("def f():\n    inner = 1\nouter = 2\n"), recorder)
     names = [n.value for n in recorder.seen if isinstance(n, cst.Name)]
     assert names == ["outer"]
+
+
+@pytest.mark.parametrize(("name", "text"), SOURCES, ids=[name for name, _ in SOURCES])
+def test_no_statement_below_a_node_that_is_not_one(name: str, text: str) -> None:
+    """What lets `walk` skip every other node for a visitor of statement-level types only."""
+    module = cst.parse_module(text)
+    recorder_class = _method_recorder()
+    recorder = recorder_class()
+    walk(module, recorder)
+    depth_outside = 0  # how many enclosing nodes are not statement-level
+    for event, node in recorder.seen:
+        inside = type(node) in STATEMENT_LEVEL
+        if event == "visit":
+            assert not (inside and depth_outside), f"{type(node).__name__} below an expression"
+            depth_outside += not inside
+        else:
+            depth_outside -= not inside
+    assert depth_outside == 0
+
+
+def _statement_recorder(skip_functions: bool) -> type[cst.CSTVisitor]:
+    """A visitor with methods for every statement-level type only."""
+
+    def visit(self, node):  # type: ignore[no-untyped-def]
+        self.seen.append(("visit", node))
+        return not (skip_functions and type(node) is cst.FunctionDef)
+
+    def leave(self, node):  # type: ignore[no-untyped-def]
+        self.seen.append(("leave", node))
+
+    methods: dict[str, object] = {"__init__": lambda self: setattr(self, "seen", [])}
+    for node_class in STATEMENT_LEVEL:
+        methods["visit_" + node_class.__name__], methods["leave_" + node_class.__name__] = visit, leave
+    return type("StatementRecorder", (Visitor,), methods)
+
+
+@pytest.mark.parametrize(("name", "text"), SOURCES, ids=[name for name, _ in SOURCES])
+def test_walk_of_statement_methods_calls_them_as_libcst_does(name: str, text: str) -> None:
+    module = cst.parse_module(text)
+    for skip in (False, True):
+        recorder_class = _statement_recorder(skip)
+        theirs, ours = recorder_class(), recorder_class()
+        assert walk_module._STATEMENTS_ONLY.get(recorder_class) is None
+        module.visit(theirs)
+        walk(module, ours)
+        assert walk_module._STATEMENTS_ONLY[recorder_class]  # the pruned walk
+        assert len(ours.seen) == len(theirs.seen) > 0
+        assert all(a == b and x is y for (a, x), (b, y) in zip(ours.seen, theirs.seen))
 
 
 @pytest.mark.parametrize(("name", "text"), SOURCES, ids=[name for name, _ in SOURCES])
