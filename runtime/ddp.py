@@ -30,6 +30,10 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def _placement(module: nn.Module) -> tuple[tuple[torch.device, torch.dtype], ...]:
+    return tuple((p.device, p.dtype) for p in module.parameters())
+
+
 class PreparedDDP(ForwardsToUserModule, DistributedDataParallel):
     """``DistributedDataParallel`` whose attribute reads fall through to the wrapped module.
 
@@ -89,6 +93,26 @@ class PreparedDDP(ForwardsToUserModule, DistributedDataParallel):
         if torch.jit.is_tracing():
             return self.module(*inputs, **kwargs)
         return super().forward(*inputs, **kwargs)
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # `model.eval().cpu()` to save a checkpoint, then `model.to(device)`: moving a parameter
+        # to another device or dtype gives it a new gradient accumulator, which DDP's reducer
+        # never hooked, so from then on no gradient would be averaged and the ranks would drift
+        # apart without an error (measured: a double()/float() round trip on 2 gloo processes).
+        # Back where prepare() put them, the reducer is built again over the same parameters, as
+        # torch does when it unpickles a DDP model; elsewhere nothing changes.
+        home = self.__dict__.get("_accel_placement")
+        if home is None:
+            home = self.__dict__["_accel_placement"] = _placement(self.module)
+        result = super()._apply(fn, *args, **kwargs)
+        now = _placement(self.module)
+        if now != home:
+            self.__dict__["_accel_moved"] = True
+        elif self.__dict__.pop("_accel_moved", False):
+            parameters, expect_sparse = self._build_params_for_reducer()
+            mapping = self._build_debug_param_to_name_mapping(parameters)
+            self._ddp_init_helper(parameters, expect_sparse, mapping, self.static_graph)
+        return result
 
     def __getattr__(self, name: str) -> Any:
         modules = self.__dict__.get("_modules")
