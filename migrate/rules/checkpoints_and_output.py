@@ -79,7 +79,10 @@ What it does:
     wrapped instead; a `download=download` passed on from a parameter is left to those callers.
     torchtext's legacy data sets download their files when missing without any `download=`
     (`datasets.SNLI.splits(text, label)`, `.iters(...)`): the statement gets the same `with` (in a
-    function that cannot reach the accelerator, it is reported). A cache the script makes when it
+    function that cannot reach the accelerator, it is reported). A DataLoader's dataset built by a
+    function the migration cannot read (`train_set = get_training_set(upscale)` of an absent
+    data.py, `load_dataset(name)`; not a class) gets the same `with` where the accelerator is at
+    hand: such builders download their files when missing. A cache the script makes when it
     is missing (`if os.path.isfile(cache): v = torch.load(cache) else: v = compute(); torch.save(v,
     cache)`, outside loops) runs as a whole under `with accelerator.main_process_first():`, its
     write on the main process: the main process computes (or downloads, `vocab.load_vectors(...)`)
@@ -194,6 +197,7 @@ from migrate.rules.download_main_process_first import (
     _downloading_datasets,
     _implicit_downloads,
     _unreadable_downloads,
+    _unread_datasets,
 )
 from migrate.rules.guard_file_operations import (
     _RANK_NAME,
@@ -243,6 +247,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _downloading_datasets(roles, plan, scope)
         _implicit_downloads(roles, plan, scope)
         _unreadable_downloads(roles, plan, scope)
+        _unread_datasets(roles, plan, scope)
         if not can_reach:
             continue
         reachable.append(scope)

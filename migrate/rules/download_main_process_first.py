@@ -96,6 +96,55 @@ def _binds_loader(roles: Roles, stmt: cst.BaseStatement) -> bool:
     return any(n in loaders or n.rsplit(".", 1)[-1] in loaders for n in names if n)
 
 
+_LOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+# Libraries whose functions make or read data already at hand (tensors, arrays, frames), never a download.
+_IN_MEMORY = {"torch", "numpy", "pandas", "scipy", "sklearn"}
+
+
+def _unread_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """A dataset a DataLoader wraps, built by a function the migration cannot read (`train_set =
+    get_training_set(...)` of an absent `data.py`): such builders commonly download and unpack their
+    files when missing, which every process would then do into the same folder at once (a
+    `makedirs` without `exist_ok` fails on the others). The statement runs under `with
+    accelerator.main_process_first():` where the accelerator is at hand; nothing else changes (the
+    others wait for the main process, then build theirs from the files it left); so does
+    `load_dataset(...)` (HF datasets downloads into its cache). Not a class (`ImageFolder(root)`: a
+    library's dataset class downloads only when given `download=`, handled above), and not
+    reported where the accelerator cannot reach: nothing says that this builder downloads."""
+    if type(scope.node) is cst.ClassDef or not roles.can_reach(scope) or roles.needs_parameter(scope) \
+            or _unreachable_method(roles, scope) is not None:
+        return
+    wrapped: set[str] = set()
+    for site in scope.library_calls:
+        if site.qualified not in _LOADERS:
+            continue
+        args = site.call.args
+        data = next((a.value for a in args if a.keyword is not None and a.keyword.value == "dataset"), None)
+        if data is None and args and args[0].keyword is None and not args[0].star:
+            data = args[0].value
+        if type(data) is cst.Name:
+            wrapped.add(data.value)
+    for name in sorted(wrapped):
+        bindings = scope.bindings.get(name, [])
+        if len(bindings) != 1:
+            continue
+        stmt = bindings[0].where.stmt
+        if type(stmt) is not cst.SimpleStatementLine or len(stmt.body) != 1 or type(stmt.body[0]) is not cst.Assign:
+            continue
+        value = stmt.body[0].value
+        if type(value) is not cst.Call or _rank_guarded(bindings[0].where) or _goes_first(bindings[0].where):
+            continue
+        root = (roles.facts.aliases.qualify(value.func) or "").split(".", 1)[0]
+        if root in _IN_MEMORY:
+            continue  # `torch.randn(...)`, `torch.load(path)`, `np.load(path)`: data at hand, no download
+        builder = _unreadable_function(roles, scope, value)
+        if builder is None or builder[:1].isupper():
+            continue  # a class (`ImageFolder(root)`): a library's dataset downloads only with `download=`, above
+        _first_on_main_process(roles, plan, scope, value, stmt, (
+            f"`{name}` is built by `{builder}(...)`, which the migration cannot read and which may download its "
+            "files when they are missing"))
+
+
 def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     """A dataset built with `download=` (`datasets.MNIST(root, download=True)`, the script's own
     class taking it, also inside `DataLoader(...)`): the statement runs under
