@@ -827,12 +827,31 @@ def _placement(
         before = [b for b in scope.bindings.get(value.value, []) if b.where.order < where.order]
         if not before:
             return "unknown"
-        kinds = {"unknown" if b.is_loop_target else _built_on(roles, b.value) for b in before}
+        kinds = {"unknown" if b.is_loop_target else _built_on(roles, b.value if b.value is not None
+                                                              else _unpacked_value(b.where.stmt, b.name))
+                 for b in before}
         if "placed" in kinds:
             # moved once (`x = x.cuda()`), then transformed (`x, y = mixup(x, y)`): still there
             return "placed"
         return "cpu" if kinds == {"cpu"} else "unknown"
     return _built_on(roles, value)
+
+
+def _unpacked_value(stmt: cst.BaseStatement, name: str) -> cst.BaseExpression | None:
+    """The element bound to `name` by `x, y = x.to(device), y.to(device)` (same-length tuples)."""
+    if type(stmt) is not cst.SimpleStatementLine or len(stmt.body) != 1 or type(stmt.body[0]) is not cst.Assign:
+        return None
+    assign = stmt.body[0]
+    value = assign.value
+    if len(assign.targets) != 1 or type(value) not in (cst.Tuple, cst.List):
+        return None
+    target = assign.targets[0].target
+    if type(target) not in (cst.Tuple, cst.List) or len(target.elements) != len(value.elements):
+        return None
+    for element, item in zip(target.elements, value.elements):
+        if type(element.value) is cst.Name and element.value.value == name and type(item) is cst.Element:
+            return item.value
+    return None
 
 
 def _built_on(roles: Roles, value: cst.BaseExpression | None) -> str:
