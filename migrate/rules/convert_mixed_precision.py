@@ -238,9 +238,13 @@ def _switch(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> cst.
     scope, node, condition = next((s, n, c) for s, n, c in switches if c is not None)
     assert condition is not None
     if not all(_readable_at_creation(roles, plan, s, c) for s, _, c in switches if c is not None):
-        plan.report(CODE, node, f"the AMP code is switched by `{_code(condition)}`, which cannot be read where the "
-                    "Accelerator is created; it was kept as it is: pass `mixed_precision=` to the Accelerator "
-                    "(or `accel launch --mixed-precision`) instead")
+        scope_made = roles.accelerator_scope
+        created = "the module level" if scope_made is None or scope_made.qualname == "<module>" \
+            else f"`{scope_made.qualname}`"
+        plan.report(CODE, node, f"the AMP code is switched by `{_code(condition)}`, a value the migration does not "
+                    f"trace to {created}, where the Accelerator is created; it was kept as it is (it trains "
+                    "the same under `prepare`): to convert it, pass `mixed_precision=` to the Accelerator from the "
+                    "same flag (or use `accel launch --mixed-precision`) and drop the scaler and autocast")
         return False
     return condition
 
@@ -313,7 +317,8 @@ def _scaler_uses(roles: Roles, scalers: set, plan: EditPlan) -> list[tuple[Scope
                     CODE,
                     site.call,
                     f"the GradScaler is also used as `{site.receiver.value}.{method}(...)` here, which the "
-                    "Accelerator does not expose; the AMP code was kept as it is",
+                    "migration does not convert (it would read `accelerator.scaler`, absent without fp16); the AMP "
+                    "code was kept as it is, and trains the same under `prepare`",
                 )
                 return None
             uses.append((scope, site.call, method))
