@@ -443,9 +443,11 @@ def report_unsharded_training(roles: Roles) -> None:
         )
     else:
         message = (
-            "no DataLoader feeds this training step, so every process would train on the same data: build "
-            "the batches with a torch.utils.data.DataLoader (prepared, it shards them), or select this "
-            "process's share with `accelerator.process_index` / `accelerator.num_processes`"
+            "no DataLoader feeds this training step, so every process would train on the same data: select "
+            "this process's share with `accelerator.process_index` / `accelerator.num_processes` (a slice of "
+            "the data's rows, `data[accelerator.process_index::accelerator.num_processes]`, keeps each "
+            "process's batches in order, as a loop that carries state from one batch to the next needs), "
+            "or build independent batches with a torch.utils.data.DataLoader (prepared, it shards them)"
         )
     roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
 
