@@ -1,10 +1,10 @@
 """`accel-migrate verify --synthetic`: its interception (migrate/verify_synthetic.txt) on small
 scripts of our own, one per data source (torchvision datasets, datasets.load_dataset, absent
 np.load / np.memmap / torch.load files, pretrained weights from torchvision, timm and
-from_pretrained, `.cuda()` without CUDA), each run by the CLI as the original and the migrated copy
+from_pretrained, a tiktoken encoding, `.cuda()` and tensors created on CUDA without CUDA), each run by the CLI as the original and the migrated copy
 on 1 process and the migrated copy on 2 gloo processes; deliberately broken migrations (a rename on
 every rank, an unprepared loader, a changed loss) are caught; a script whose data --synthetic
-cannot replace is reported as such. torchvision, timm, datasets and transformers are stand-ins
+cannot replace is reported as such. torchvision, timm, datasets, transformers and tiktoken are stand-ins
 (tests/e2e/synthetic_scripts/standins) that fail as the real ones do without data or network.
 Every run is bounded: verify's --timeout and a subprocess timeout."""
 
@@ -59,6 +59,9 @@ def _cli(script: Path) -> subprocess.CompletedProcess[str]:
         ("pretrained", ["torchvision.models.small_cnn: pretrained weights replaced",
                         "timm.create_model('tiny'): pretrained weights replaced",
                         "TinyModel.from_pretrained('someone/tiny') (OSError: not available offline): TinyModel(TinyConfig())"]),
+        ("tokenizer_on_gpu", ["tiktoken.get_encoding('gpt2') (ConnectionError: not available offline): a byte-level "
+                              "encoding (one token per byte, ids in [0, 256), <|endoftext|> = 50256, n_vocab 50257)",
+                              "`device='cuda'`: CUDA is not available here, tensors created on it are on the CPU"]),
     ],
 )
 def test_each_data_source_verified_at_1_and_2_processes(scripts: Path, name: str, replaced: list[str]) -> None:
