@@ -722,6 +722,13 @@ def why_not_run(run: Run, script: Path) -> str:
         usage = _first_line("\n".join(run.stderr.strip().splitlines()[-1:]))
         return (f"the original script exited with status {message} ({usage or 'its arguments'}): give it the "
                 f"arguments it needs after `--`")
+    missing = re.match(r"No module named '([\w.]+)'", message) if kind == "ModuleNotFoundError" else None
+    top = missing.group(1).split(".")[0] if missing else ""
+    if top and not (script.parent / f"{top}.py").exists() and not (script.parent / top).is_dir():
+        return (f"{at}: {kind}: {message}: `{top}` is neither installed nor beside the script (no {top}.py or "
+                f"{top}/ in {script.parent.name}/): either a module of the script's own project that this copy "
+                f"lacks (run verify where the project is whole, with --unit DIR for a repository) or a library "
+                f"that is not installed (install it: --synthetic replaces data, weights and CUDA, not libraries)")
     if kind in ("ModuleNotFoundError", "ImportError"):
         return (f"{at}: {kind}: {message}: install it (--synthetic replaces data, weights and CUDA, not "
                 f"libraries), or add its folder to PYTHONPATH")

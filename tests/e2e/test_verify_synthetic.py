@@ -180,3 +180,20 @@ def test_notebook_runs_as_its_code_cells(tmp_path: Path) -> None:
     assert result.status == VERIFIED, result.message
     assert "verdict: identical (4 losses over 3 optimizer steps, bit for bit)" in result.message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.ipynb"]
+
+
+def test_missing_module_of_the_project_is_named(tmp_path: Path) -> None:
+    """A script whose own module is not in the copy verify was given (a repository trimmed to one
+    file): the reason names the module and says it is neither installed nor beside the script."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfrom my_trimmed_helpers import build_model\n\nmodel = build_model()\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "for x in torch.randn(4, 2, 3):\n    loss = model(x).sum()\n    optimizer.zero_grad()\n"
+                      "    loss.backward()\n    optimizer.step()\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == COULD_NOT_RUN and result.exit_code == 2, result.message
+    assert result.first_error.startswith(
+        "train.py:2: ModuleNotFoundError: No module named 'my_trimmed_helpers': `my_trimmed_helpers` is neither "
+        "installed nor beside the script (no my_trimmed_helpers.py or my_trimmed_helpers/ in "
+    ), result.first_error
+    assert "a module of the script's own project that this copy lacks" in result.first_error
