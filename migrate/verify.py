@@ -738,6 +738,10 @@ def why_not_run(run: Run, script: Path) -> str:
         return (f"{at}: reads data through a loader --synthetic does not replace ({kind}: {message}); it "
                 f"replaces {REPLACED_SOURCES}: make the data exist, or pass the script an argument that "
                 f"points at data that exists (after `--`)")
+    if kind in ("ConnectionError", "URLError", "HTTPError", "gaierror", "Timeout", "ConnectTimeout", "MaxRetryError",
+                "NameResolutionError", "LocalEntryNotFoundError", "OfflineModeIsEnabled"):
+        return (f"{at}: downloads something --synthetic does not replace ({kind}: {message[:200]}); it replaces "
+                f"{REPLACED_SOURCES}: download it beforehand and point the script at the local copy (after `--`)")
     return f"{at}: {kind}: {message} (the original script, with synthetic data)"
 
 

@@ -197,3 +197,16 @@ def test_missing_module_of_the_project_is_named(tmp_path: Path) -> None:
         "installed nor beside the script (no my_trimmed_helpers.py or my_trimmed_helpers/ in "
     ), result.first_error
     assert "a module of the script's own project that this copy lacks" in result.first_error
+
+
+def test_download_it_cannot_replace_is_named(tmp_path: Path) -> None:
+    """A script that downloads its own data (no network here): named as a download, with advice."""
+    script = tmp_path / "train.py"
+    script.write_text("import urllib.request\nimport torch\n\n"
+                      "raw = urllib.request.urlopen('https://example.invalid/graph.tgz').read()\n"
+                      "model = torch.nn.Linear(3, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "loss = model(torch.randn(2, 3)).sum()\nloss.backward()\noptimizer.step()\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == COULD_NOT_RUN and result.exit_code == 2, result.message
+    assert result.first_error.startswith("train.py:4: downloads something --synthetic does not replace (URLError: ")
+    assert result.first_error.endswith("download it beforehand and point the script at the local copy (after `--`)")
