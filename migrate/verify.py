@@ -881,6 +881,11 @@ def verify_synthetic(
     lines = [f"synthetic: {r}" for r in replaced] or ["synthetic: nothing replaced (the script makes its own data)"]
     if original.returncode != 0 or 0 not in original.ends or not original.losses():
         why = why_not_run(original, original_path)
+        guesses = [r for r in replaced if "random tokens" in r or "(a guess)" in r]
+        if guesses and why.endswith("(the original script, with synthetic data)"):
+            # an error after a replacement whose structure was guessed: name the guess
+            why += (f"; it ran after a replacement whose structure is a guess ({guesses[-1]}): make the data exist, "
+                    f"or pass an argument that points at data that exists (after `--`)")
         message = "\n".join([f"could not run: {why}", *(f"synthetic (before it stopped): {r}" for r in replaced)])
         return VerifyResult(EXIT_ERROR, message, None, original, None, text, COULD_NOT_RUN, why)
     after = run("migrated", migrated, 1, migrated_extra)

@@ -210,3 +210,19 @@ def test_download_it_cannot_replace_is_named(tmp_path: Path) -> None:
     assert result.status == COULD_NOT_RUN and result.exit_code == 2, result.message
     assert result.first_error.startswith("train.py:4: downloads something --synthetic does not replace (URLError: ")
     assert result.first_error.endswith("download it beforehand and point the script at the local copy (after `--`)")
+
+
+def test_error_after_a_guessed_structure_names_the_guess(tmp_path: Path) -> None:
+    """An absent torch.load file is replaced by 1-D tokens; a script that wanted a 2-D table fails
+    on it: the reason names the guess, not only the script's IndexError."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n\ndata = torch.load('table.pt')\n"
+                      "inputs = torch.as_tensor(data[3:, :-1], dtype=torch.float32)\n"
+                      "model = torch.nn.Linear(inputs.shape[1], 1)\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "loss = model(inputs).sum()\nloss.backward()\noptimizer.step()\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == COULD_NOT_RUN, result.message
+    assert result.first_error.startswith("train.py:4: IndexError: too many indices"), result.first_error
+    assert ("it ran after a replacement whose structure is a guess (torch.load('table.pt'): the file is absent; "
+            "65536 random tokens in [0, 256) instead)") in result.first_error
