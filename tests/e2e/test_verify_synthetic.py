@@ -59,6 +59,8 @@ def _cli(script: Path) -> subprocess.CompletedProcess[str]:
         ("pretrained", ["torchvision.models.small_cnn: pretrained weights replaced",
                         "timm.create_model('tiny'): pretrained weights replaced",
                         "TinyModel.from_pretrained('someone/tiny') (OSError: not available offline): TinyModel(TinyConfig())"]),
+        ("dataset_arrays", ["torchvision.datasets.MNIST.data / .targets: 60000 synthetic images and labels",
+                            "torchvision.datasets.CIFAR10.data / .targets: 50000 synthetic images and labels"]),
         ("tokenizer_on_gpu", ["tiktoken.get_encoding('gpt2') (ConnectionError: not available offline): a byte-level "
                               "encoding (one token per byte, ids in [0, 256), <|endoftext|> = 50256, n_vocab 50257)",
                               "`device='cuda'`: CUDA is not available here, tensors created on it are on the CPU"]),
