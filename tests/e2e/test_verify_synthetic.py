@@ -228,3 +228,23 @@ def test_error_after_a_guessed_structure_names_the_guess(tmp_path: Path) -> None
     assert result.first_error.startswith("train.py:4: IndexError: too many indices"), result.first_error
     assert ("it ran after a replacement whose structure is a guess (torch.load('table.pt'): the file is absent; "
             "65536 random tokens in [0, 256) instead)") in result.first_error
+
+
+def test_folder_the_repository_ships_is_made(tmp_path: Path) -> None:
+    """A script that writes into results/ without making it (its repository ships the folder): the
+    run's empty working directory gets it, reported, and the write check still holds at 2 processes."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\ntorch.manual_seed(0)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(64, 3), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+        "model = torch.nn.Linear(3, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for epoch in range(2):\n    for x, y in loader:\n"
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n        optimizer.zero_grad()\n"
+        "        loss.backward()\n        optimizer.step()\n"
+        "    torch.save(model.state_dict(), 'results/model.pt')\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == VERIFIED, result.message
+    assert ("synthetic: results/: the script writes into it without making it (a folder of its repository): made "
+            "in the run's empty working directory") in result.message
+    assert "writes: each file by one rank (1 files)" in result.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
