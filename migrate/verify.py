@@ -729,6 +729,12 @@ def why_not_run(run: Run, script: Path) -> str:
                 f"{top}/ in {script.parent.name}/): either a module of the script's own project that this copy "
                 f"lacks (run verify where the project is whole, with --unit DIR for a repository) or a library "
                 f"that is not installed (install it: --synthetic replaces data, weights and CUDA, not libraries)")
+    if missing and "." in missing.group(1) and (script.parent / top).is_dir():
+        inner = script.parent.joinpath(*missing.group(1).split("."))
+        if not inner.is_dir() and not inner.with_suffix(".py").exists():
+            return (f"{at}: {kind}: {message}: {top}/ is beside the script but has no "
+                    f"{inner.relative_to(script.parent / top).as_posix()}(.py): a module of the script's own project "
+                    f"that this copy lacks (run verify where the project is whole, with --unit DIR for a repository)")
     if kind in ("ModuleNotFoundError", "ImportError"):
         return (f"{at}: {kind}: {message}: install it (--synthetic replaces data, weights and CUDA, not "
                 f"libraries), or add its folder to PYTHONPATH")

@@ -248,3 +248,19 @@ def test_folder_the_repository_ships_is_made(tmp_path: Path) -> None:
             "in the run's empty working directory") in result.message
     assert "writes: each file by one rank (1 files)" in result.message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
+def test_missing_submodule_of_the_project_is_named(tmp_path: Path) -> None:
+    """The project's package is there but one of its modules is not (trimmed): named as such."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "__init__.py").write_text("")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfrom nets.wide_resnet import build\n\nmodel = build()\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nloss = model(torch.randn(2, 3)).sum()\n"
+                      "loss.backward()\noptimizer.step()\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == COULD_NOT_RUN, result.message
+    assert result.first_error == (
+        "train.py:2: ModuleNotFoundError: No module named 'nets.wide_resnet': nets/ is beside the script but has no "
+        "wide_resnet(.py): a module of the script's own project that this copy lacks (run verify where the project "
+        "is whole, with --unit DIR for a repository)"), result.first_error
