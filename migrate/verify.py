@@ -724,7 +724,11 @@ def why_not_run(run: Run, script: Path) -> str:
                 f"arguments it needs after `--`")
     missing = re.match(r"No module named '([\w.]+)'", message) if kind == "ModuleNotFoundError" else None
     top = missing.group(1).split(".")[0] if missing else ""
-    if top and not (script.parent / f"{top}.py").exists() and not (script.parent / top).is_dir():
+    beside = bool(top) and ((script.parent / f"{top}.py").exists() or (script.parent / top).is_dir())
+    if missing and "." in missing.group(1) and not beside:  # the package imported, its module is not in it
+        return (f"{at}: {kind}: {message}: the installed `{top}` has no `{missing.group(1)}`: the script was "
+                f"written for another version of {top} (install that one)")
+    if top and not beside:
         return (f"{at}: {kind}: {message}: `{top}` is neither installed nor beside the script (no {top}.py or "
                 f"{top}/ in {script.parent.name}/): either a module of the script's own project that this copy "
                 f"lacks (run verify where the project is whole, with --unit DIR for a repository) or a library "

@@ -264,3 +264,17 @@ def test_missing_submodule_of_the_project_is_named(tmp_path: Path) -> None:
         "train.py:2: ModuleNotFoundError: No module named 'nets.wide_resnet': nets/ is beside the script but has no "
         "wide_resnet(.py): a module of the script's own project that this copy lacks (run verify where the project "
         "is whole, with --unit DIR for a repository)"), result.first_error
+
+
+def test_module_missing_from_an_installed_library_is_named(tmp_path: Path) -> None:
+    """A library that is installed but has no such module (another version): not 'not installed'."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfrom torch.optim.gone_in_this_version import Old\n\nmodel = torch.nn.Linear(3, 1)\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nloss = model(torch.randn(2, 3)).sum()\n"
+                      "loss.backward()\noptimizer.step()\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == COULD_NOT_RUN, result.message
+    assert result.first_error == (
+        "train.py:2: ModuleNotFoundError: No module named 'torch.optim.gone_in_this_version': the installed `torch` "
+        "has no `torch.optim.gone_in_this_version`: the script was written for another version of torch (install "
+        "that one)"), result.first_error
