@@ -38,10 +38,12 @@ What it does:
     train.py / run.py first) is run by `accel-migrate verify --synthetic --nproc-per-node N` from a
     scratch copy of the unit, and a column gives its verdict: verified, differs at 1 process, fails
     at N processes, or could not run; under the table, the counts and each unit's first error or
-    reason.
+    reason. `--verify-args FILE` gives units the arguments a user would pass after `--` (a script
+    whose argparse requires `--dataset`, say): one line per unit, `UNIT<TAB>ARGS` (UNIT as the
+    table names it, ARGS split as a shell would); a unit not listed gets none.
 
 Usage:
-    python -m benchmarks corpus DIR [--json PATH] [--markdown PATH] [--details] [--verify]
+    python -m benchmarks corpus DIR [--json PATH] [--markdown PATH] [--details] [--verify [--verify-args FILE]]
     python -m benchmarks.corpus DIR ...
 
     Prints a Markdown table, a summary line and, for each refused, partial or failed unit, why (its
@@ -58,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -99,6 +102,7 @@ class UnitReport:
     verify_script: str = ""  # the script verify ran
     verify_error: str = ""  # its first error, or why it could not run
     verify_s: float = 0.0
+    verify_args: list[str] = field(default_factory=list)  # --verify-args: what the script got after `--`
 
     @property
     def safety(self) -> str:
@@ -242,7 +246,21 @@ def entry_script(unit: Unit, report: UnitReport) -> Path | None:
     return min(candidates)[-1] if candidates else None
 
 
-def verify_unit(unit: Unit, report: UnitReport, *, nproc: int, steps: int, timeout: float) -> None:
+def read_verify_args(path: Path) -> dict[str, list[str]]:
+    """--verify-args FILE: `UNIT<TAB>ARGS` lines (blank lines and `#` comments skipped)."""
+    table = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        unit, tab, args = line.partition("\t")
+        if not tab:
+            raise ValueError(f"{path}:{number}: expected UNIT<TAB>ARGS")
+        table[unit.strip()] = shlex.split(args)
+    return table
+
+
+def verify_unit(unit: Unit, report: UnitReport, *, nproc: int, steps: int, timeout: float,
+                args: dict[str, list[str]] | None = None) -> None:
     """`accel-migrate verify --synthetic` on a migrated (or partial) unit's entry script, run from a
     scratch copy of the unit; fills report.verify*."""
     from migrate.verify import COULD_NOT_RUN, verify
@@ -264,7 +282,8 @@ def verify_unit(unit: Unit, report: UnitReport, *, nproc: int, steps: int, timeo
             copy = root / script.name
             shutil.copy2(script, copy)
         try:
-            result = verify(copy, [], steps=steps, synthetic=True, nproc=nproc, timeout=timeout,
+            report.verify_args = list((args or {}).get(unit.name, []))
+            result = verify(copy, report.verify_args, steps=steps, synthetic=True, nproc=nproc, timeout=timeout,
                             unit=root if unit.is_dir else None)
         except Exception as error:  # noqa: BLE001 - one unit's crash must not stop the report
             report.verify, report.verify_error = COULD_NOT_RUN, f"verify crashed: {error!r}"
@@ -294,7 +313,8 @@ def verify_lines(reports: list[UnitReport]) -> list[str]:
              + f"; a verdict on {reached}/{len(ran)}; {sum(r.verify_s for r in ran):.0f} s."]
     for r in ran:
         if r.verify != "verified":
-            lines.append(f"- `{r.unit}` ({r.verify_script or '-'}): {r.verify}: {_cut(r.verify_error, 300)}")
+            given = f" -- {shlex.join(r.verify_args)}" if r.verify_args else ""
+            lines.append(f"- `{r.unit}` ({r.verify_script or '-'}{given}): {r.verify}: {_cut(r.verify_error, 300)}")
     return lines
 
 
@@ -389,10 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify-steps", type=int, default=3, metavar="K", help="--verify's --steps (batches per loader pass)")
     parser.add_argument("--verify-timeout", type=float, default=90.0, metavar="SECONDS",
                         help="--verify's --timeout for each process")
+    parser.add_argument("--verify-args", type=Path, metavar="FILE",
+                        help="--verify: the arguments each unit's script gets after `--`, one `UNIT<TAB>ARGS` line per unit")
     args = parser.parse_args(argv)
     if not args.directory.is_dir():
         parser.error(f"{args.directory}: not a folder")
     verify = dict(nproc=args.verify_nproc, steps=args.verify_steps, timeout=args.verify_timeout) if args.verify else None
+    if verify is not None and args.verify_args is not None:
+        verify["args"] = read_verify_args(args.verify_args)
     reports = run(args.directory, verify)
     lines = table_lines(reports) + ["", summary(reports)]
     if args.verify:

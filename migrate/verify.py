@@ -722,6 +722,23 @@ def why_not_run(run: Run, script: Path) -> str:
         usage = _first_line("\n".join(run.stderr.strip().splitlines()[-1:]))
         return (f"the original script exited with status {message} ({usage or 'its arguments'}): give it the "
                 f"arguments it needs after `--`")
+    missing = re.match(r"No module named '([\w.]+)'", message) if kind == "ModuleNotFoundError" else None
+    top = missing.group(1).split(".")[0] if missing else ""
+    beside = bool(top) and ((script.parent / f"{top}.py").exists() or (script.parent / top).is_dir())
+    if missing and "." in missing.group(1) and not beside:  # the package imported, its module is not in it
+        return (f"{at}: {kind}: {message}: the installed `{top}` has no `{missing.group(1)}`: the script was "
+                f"written for another version of {top} (install that one)")
+    if top and not beside:
+        return (f"{at}: {kind}: {message}: `{top}` is neither installed nor beside the script (no {top}.py or "
+                f"{top}/ in {script.parent.name}/): either a module of the script's own project that this copy "
+                f"lacks (run verify where the project is whole, with --unit DIR for a repository) or a library "
+                f"that is not installed (install it: --synthetic replaces data, weights and CUDA, not libraries)")
+    if missing and "." in missing.group(1) and (script.parent / top).is_dir():
+        inner = script.parent.joinpath(*missing.group(1).split("."))
+        if not inner.is_dir() and not inner.with_suffix(".py").exists():
+            return (f"{at}: {kind}: {message}: {top}/ is beside the script but has no "
+                    f"{inner.relative_to(script.parent / top).as_posix()}(.py): a module of the script's own project "
+                    f"that this copy lacks (run verify where the project is whole, with --unit DIR for a repository)")
     if kind in ("ModuleNotFoundError", "ImportError"):
         return (f"{at}: {kind}: {message}: install it (--synthetic replaces data, weights and CUDA, not "
                 f"libraries), or add its folder to PYTHONPATH")
@@ -731,6 +748,10 @@ def why_not_run(run: Run, script: Path) -> str:
         return (f"{at}: reads data through a loader --synthetic does not replace ({kind}: {message}); it "
                 f"replaces {REPLACED_SOURCES}: make the data exist, or pass the script an argument that "
                 f"points at data that exists (after `--`)")
+    if kind in ("ConnectionError", "URLError", "HTTPError", "gaierror", "Timeout", "ConnectTimeout", "MaxRetryError",
+                "NameResolutionError", "LocalEntryNotFoundError", "OfflineModeIsEnabled"):
+        return (f"{at}: downloads something --synthetic does not replace ({kind}: {message[:200]}); it replaces "
+                f"{REPLACED_SOURCES}: download it beforehand and point the script at the local copy (after `--`)")
     return f"{at}: {kind}: {message} (the original script, with synthetic data)"
 
 
@@ -870,6 +891,11 @@ def verify_synthetic(
     lines = [f"synthetic: {r}" for r in replaced] or ["synthetic: nothing replaced (the script makes its own data)"]
     if original.returncode != 0 or 0 not in original.ends or not original.losses():
         why = why_not_run(original, original_path)
+        guesses = [r for r in replaced if "random tokens" in r or "(a guess)" in r]
+        if guesses and why.endswith("(the original script, with synthetic data)"):
+            # an error after a replacement whose structure was guessed: name the guess
+            why += (f"; it ran after a replacement whose structure is a guess ({guesses[-1]}): make the data exist, "
+                    f"or pass an argument that points at data that exists (after `--`)")
         message = "\n".join([f"could not run: {why}", *(f"synthetic (before it stopped): {r}" for r in replaced)])
         return VerifyResult(EXIT_ERROR, message, None, original, None, text, COULD_NOT_RUN, why)
     after = run("migrated", migrated, 1, migrated_extra)

@@ -156,3 +156,24 @@ def test_corpus_report_verify_column(tmp_path: Path) -> None:
     assert by_unit["files/reader.py"]["verify"] == "could not run"
     assert "data/x.bin" in by_unit["files/reader.py"]["verify_error"]
     assert _tree_digest(corpus) == before
+
+
+def test_corpus_report_verify_args(tmp_path: Path) -> None:
+    """--verify-args gives a unit the arguments its script requires (what a user passes after
+    `--`): without them argparse stops it (could not run); with them it runs to a verdict."""
+    from benchmarks.corpus import UnitReport, Unit, read_verify_args, verify_unit
+
+    script = tmp_path / "needs_args.py"
+    script.write_text("import argparse\n" + TRAIN.replace(
+        "import torch\n", "import torch\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--dataset', required=True)\nassert parser.parse_args().dataset == 'toy set'\n", 1))
+    table = tmp_path / "args.tsv"
+    table.write_text("# unit\targuments\n\nfiles/needs_args.py\t--dataset 'toy set'\n")
+    assert read_verify_args(table) == {"files/needs_args.py": ["--dataset", "toy set"]}
+    unit = Unit("files/needs_args.py", script, False)
+    without, given = UnitReport(unit.name, "file", status="migrated"), UnitReport(unit.name, "file", status="migrated")
+    verify_unit(unit, without, nproc=1, steps=2, timeout=120)
+    assert without.verify == "could not run" and "the following arguments are required: --dataset" in without.verify_error
+    verify_unit(unit, given, nproc=1, steps=2, timeout=120, args=read_verify_args(table))
+    assert given.verify == "verified", given.verify_error
+    assert given.verify_args == ["--dataset", "toy set"]

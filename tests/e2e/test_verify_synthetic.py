@@ -1,10 +1,10 @@
 """`accel-migrate verify --synthetic`: its interception (migrate/verify_synthetic.txt) on small
 scripts of our own, one per data source (torchvision datasets, datasets.load_dataset, absent
 np.load / np.memmap / torch.load files, pretrained weights from torchvision, timm and
-from_pretrained, `.cuda()` without CUDA), each run by the CLI as the original and the migrated copy
+from_pretrained, a tiktoken encoding, `.cuda()` and tensors created on CUDA without CUDA), each run by the CLI as the original and the migrated copy
 on 1 process and the migrated copy on 2 gloo processes; deliberately broken migrations (a rename on
 every rank, an unprepared loader, a changed loss) are caught; a script whose data --synthetic
-cannot replace is reported as such. torchvision, timm, datasets and transformers are stand-ins
+cannot replace is reported as such. torchvision, timm, datasets, transformers and tiktoken are stand-ins
 (tests/e2e/synthetic_scripts/standins) that fail as the real ones do without data or network.
 Every run is bounded: verify's --timeout and a subprocess timeout."""
 
@@ -59,6 +59,11 @@ def _cli(script: Path) -> subprocess.CompletedProcess[str]:
         ("pretrained", ["torchvision.models.small_cnn: pretrained weights replaced",
                         "timm.create_model('tiny'): pretrained weights replaced",
                         "TinyModel.from_pretrained('someone/tiny') (OSError: not available offline): TinyModel(TinyConfig())"]),
+        ("dataset_arrays", ["torchvision.datasets.MNIST.data / .targets: 60000 synthetic images and labels",
+                            "torchvision.datasets.CIFAR10.data / .targets: 50000 synthetic images and labels"]),
+        ("tokenizer_on_gpu", ["tiktoken.get_encoding('gpt2') (ConnectionError: not available offline): a byte-level "
+                              "encoding (one token per byte, ids in [0, 256), <|endoftext|> = 50256, n_vocab 50257)",
+                              "`device='cuda'`: CUDA is not available here, tensors created on it are on the CPU"]),
     ],
 )
 def test_each_data_source_verified_at_1_and_2_processes(scripts: Path, name: str, replaced: list[str]) -> None:
@@ -177,3 +182,99 @@ def test_notebook_runs_as_its_code_cells(tmp_path: Path) -> None:
     assert result.status == VERIFIED, result.message
     assert "verdict: identical (4 losses over 3 optimizer steps, bit for bit)" in result.message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.ipynb"]
+
+
+def test_missing_module_of_the_project_is_named(tmp_path: Path) -> None:
+    """A script whose own module is not in the copy verify was given (a repository trimmed to one
+    file): the reason names the module and says it is neither installed nor beside the script."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfrom my_trimmed_helpers import build_model\n\nmodel = build_model()\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "for x in torch.randn(4, 2, 3):\n    loss = model(x).sum()\n    optimizer.zero_grad()\n"
+                      "    loss.backward()\n    optimizer.step()\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == COULD_NOT_RUN and result.exit_code == 2, result.message
+    assert result.first_error.startswith(
+        "train.py:2: ModuleNotFoundError: No module named 'my_trimmed_helpers': `my_trimmed_helpers` is neither "
+        "installed nor beside the script (no my_trimmed_helpers.py or my_trimmed_helpers/ in "
+    ), result.first_error
+    assert "a module of the script's own project that this copy lacks" in result.first_error
+
+
+def test_download_it_cannot_replace_is_named(tmp_path: Path) -> None:
+    """A script that downloads its own data (no network here): named as a download, with advice."""
+    script = tmp_path / "train.py"
+    script.write_text("import urllib.request\nimport torch\n\n"
+                      "raw = urllib.request.urlopen('https://example.invalid/graph.tgz').read()\n"
+                      "model = torch.nn.Linear(3, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "loss = model(torch.randn(2, 3)).sum()\nloss.backward()\noptimizer.step()\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == COULD_NOT_RUN and result.exit_code == 2, result.message
+    assert result.first_error.startswith("train.py:4: downloads something --synthetic does not replace (URLError: ")
+    assert result.first_error.endswith("download it beforehand and point the script at the local copy (after `--`)")
+
+
+def test_error_after_a_guessed_structure_names_the_guess(tmp_path: Path) -> None:
+    """An absent torch.load file is replaced by 1-D tokens; a script that wanted a 2-D table fails
+    on it: the reason names the guess, not only the script's IndexError."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n\ndata = torch.load('table.pt')\n"
+                      "inputs = torch.as_tensor(data[3:, :-1], dtype=torch.float32)\n"
+                      "model = torch.nn.Linear(inputs.shape[1], 1)\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "loss = model(inputs).sum()\nloss.backward()\noptimizer.step()\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == COULD_NOT_RUN, result.message
+    assert result.first_error.startswith("train.py:4: IndexError: too many indices"), result.first_error
+    assert ("it ran after a replacement whose structure is a guess (torch.load('table.pt'): the file is absent; "
+            "65536 random tokens in [0, 256) instead)") in result.first_error
+
+
+def test_folder_the_repository_ships_is_made(tmp_path: Path) -> None:
+    """A script that writes into results/ without making it (its repository ships the folder): the
+    run's empty working directory gets it, reported, and the write check still holds at 2 processes."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\ntorch.manual_seed(0)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(64, 3), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+        "model = torch.nn.Linear(3, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for epoch in range(2):\n    for x, y in loader:\n"
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n        optimizer.zero_grad()\n"
+        "        loss.backward()\n        optimizer.step()\n"
+        "    torch.save(model.state_dict(), 'results/model.pt')\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == VERIFIED, result.message
+    assert ("synthetic: results/: the script writes into it without making it (a folder of its repository): made "
+            "in the run's empty working directory") in result.message
+    assert "writes: each file by one rank (1 files)" in result.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
+def test_missing_submodule_of_the_project_is_named(tmp_path: Path) -> None:
+    """The project's package is there but one of its modules is not (trimmed): named as such."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "__init__.py").write_text("")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfrom nets.wide_resnet import build\n\nmodel = build()\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nloss = model(torch.randn(2, 3)).sum()\n"
+                      "loss.backward()\noptimizer.step()\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == COULD_NOT_RUN, result.message
+    assert result.first_error == (
+        "train.py:2: ModuleNotFoundError: No module named 'nets.wide_resnet': nets/ is beside the script but has no "
+        "wide_resnet(.py): a module of the script's own project that this copy lacks (run verify where the project "
+        "is whole, with --unit DIR for a repository)"), result.first_error
+
+
+def test_module_missing_from_an_installed_library_is_named(tmp_path: Path) -> None:
+    """A library that is installed but has no such module (another version): not 'not installed'."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfrom torch.optim.gone_in_this_version import Old\n\nmodel = torch.nn.Linear(3, 1)\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nloss = model(torch.randn(2, 3)).sum()\n"
+                      "loss.backward()\noptimizer.step()\n")
+    result = verify(script, [], steps=3, synthetic=True, nproc=2, timeout=150)
+    assert result.status == COULD_NOT_RUN, result.message
+    assert result.first_error == (
+        "train.py:2: ModuleNotFoundError: No module named 'torch.optim.gone_in_this_version': the installed `torch` "
+        "has no `torch.optim.gone_in_this_version`: the script was written for another version of torch (install "
+        "that one)"), result.first_error
