@@ -43,7 +43,7 @@ from .optim import AcceleratedOptimizer, AcceleratedScheduler, follow_parameters
 from . import unused_parameters
 from .pickled import worker_copy
 from .precision import unwrap as unwrap_precision
-from .state import barrier, destroy_process_group
+from .state import ProcessView, barrier, destroy_process_group
 from .strategy import Strategy
 from .tracking import GeneralTracker, Tracking
 from .user_module import accept_wrapper_keys
@@ -57,7 +57,7 @@ class DistributedType(str, enum.Enum):
     MULTI_GPU = "MULTI_GPU"
 
 
-class Accelerator:
+class Accelerator(ProcessView):
     """Run a training script on 1 CPU, 1 GPU or N processes with the same code.
 
     Only the options this runtime implements are accepted; any other value raises
@@ -144,34 +144,6 @@ class Accelerator:
         return self
 
     # -- who am I -------------------------------------------------------------------------------
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_rank
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.world_size
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.distributed
 
     @property
     def distributed_type(self) -> DistributedType:

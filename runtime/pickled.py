@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import AccelError
-from .state import ProcessState
+from .state import ProcessState, ProcessView
 
 # Values copied from the Accelerator into its pickled form (besides ``state``).
 SNAPSHOT = (
@@ -55,7 +55,7 @@ class WorkerProcessError(AccelError):
     """An Accelerator method that needs the training process was called on a pickled copy."""
 
 
-class WorkerAccelerator:
+class WorkerAccelerator(ProcessView):
     """A pickled ``Accelerator``: the training process's identity, no process group."""
 
     def __init__(self, state: ProcessState, values: dict[str, Any], distributed_type: Any) -> None:
@@ -67,34 +67,6 @@ class WorkerAccelerator:
         return (WorkerAccelerator, (self.state, self._values, self.distributed_type))
 
     # -- who am I (the training process this copy came from) ------------------------------------
-
-    @property
-    def device(self) -> Any:
-        return self.state.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_rank
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.world_size
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.distributed
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` where the training process would print (its local main process)."""

@@ -148,6 +148,41 @@ class ProcessState:
         return cls(rank, local_rank, world_size, local_world_size, chosen, device)
 
 
+class ProcessView:
+    """Which process this is, read from ``self.state`` (a ``ProcessState``): what the Accelerator
+    and its copy in a DataLoader worker (runtime/pickled.py) both answer."""
+
+    state: ProcessState
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def process_index(self) -> int:
+        return self.state.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.distributed
+
+
 def _restore_launcher_rendezvous(rank: int) -> None:
     """Give back the rendezvous torchrun set, where the script changed it since (a migrated
     `mp.spawn` script keeps `os.environ["MASTER_PORT"] = "12345"`): under torchrun the agent serves

@@ -256,15 +256,29 @@ def test_every_cli_option_is_in_docs_cli(command: str, options: list[str]) -> No
 # runtime API
 
 
+def _runtime_classes() -> dict[str, ast.ClassDef]:
+    classes: dict[str, ast.ClassDef] = {}
+    for path in (ROOT / "runtime").glob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, node)
+    return classes
+
+
 def accelerator_public_names() -> list[str]:
-    tree = ast.parse((ROOT / "runtime" / "accelerator.py").read_text(encoding="utf-8"))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Accelerator")
-    names = []
-    for node in cls.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
-            names.append(node.name)
-        elif isinstance(node, ast.Assign):
-            names += [t.id for t in node.targets if isinstance(t, ast.Name) and not t.id.startswith("_")]
+    """Public methods, properties and class attributes of runtime.Accelerator, with those of its
+    base classes defined in runtime/ (`ProcessView`: process_index, device...)."""
+    classes = _runtime_classes()
+    names: list[str] = []
+    pending = [classes["Accelerator"]]
+    while pending:
+        cls = pending.pop()
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                names.append(node.name)
+            elif isinstance(node, ast.Assign):
+                names += [t.id for t in node.targets if isinstance(t, ast.Name) and not t.id.startswith("_")]
+        pending += [classes[b.id] for b in cls.bases if isinstance(b, ast.Name) and b.id in classes]
     return sorted(set(names))
 
 
