@@ -14,52 +14,25 @@ Every run has a timeout.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 import sys
-import tempfile
-from functools import lru_cache
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from rt_helpers import run_cmd  # noqa: E402
+from original_and_migrated import RankFileScript  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "nprocess_scripts" / "accuracy_forward_no_grad.py"
 TIMEOUT = 180
 
 
-def _accel() -> str:
-    found = shutil.which("accel", path=str(Path(sys.executable).parent)) or shutil.which("accel")
-    assert found, "the `accel` console script is not installed"
-    return found
+RUNS = RankFileScript(SCRIPT, TIMEOUT)
 
 
-@lru_cache(maxsize=None)
 def _migrated() -> tuple[Path, str]:
-    work = Path(tempfile.mkdtemp(prefix="accuracy-no-grad-"))
-    result = subprocess.run(
-        [sys.executable, "-m", "migrate", "--output-dir", str(work / "migrated"), str(SCRIPT)],
-        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return work, result.stdout + result.stderr
+    return RUNS.migrated
 
 
-@lru_cache(maxsize=None)
 def _run(how: str) -> list[dict]:
-    work, _ = _migrated()
-    out = work / how
-    out.mkdir()
-    script = SCRIPT if how == "original" else work / "migrated" / SCRIPT.name
-    if how in ("original", "one"):
-        cmd = [sys.executable, str(script), str(out)]
-    else:
-        cmd = [_accel(), "launch", "--nproc-per-node", "2", str(script), str(out)]
-    result = run_cmd(cmd, cwd=out, timeout=TIMEOUT)
-    assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    return RUNS.run(how)
 
 
 def test_the_matches_are_gathered_without_a_report() -> None:
