@@ -4,16 +4,18 @@
 subprocess with its own timeout, and prints one PASS/FAIL line per step with the first error:
 
 1. ``cuda-tests``: the tests that skip without CUDA (`CUDA_TESTS`), by pytest node id;
+   ``nccl``: all_reduce / broadcast / all_gather on a 1-rank nccl group (on one process the
+   runtime makes no process group, so the launches below cannot reach nccl themselves);
 2. ``migrate``: `accel-migrate` on fixtures/scripts/train_mlp.py, in a temporary folder;
 3. ``launch-fp32`` / ``launch-fp16`` / ``launch-bf16``: `accel launch --nproc-per-node 1
-   --mixed-precision no|fp16|bf16` of the migrated copy (nccl on the GPU; fp16 must have a scaler);
+   --mixed-precision no|fp16|bf16` of the migrated copy (on the GPU; fp16 must have a scaler);
 4. ``launch-fsdp``: the same with `--strategy fsdp` on one rank;
 5. ``estimate-memory``: `accel estimate-memory` of a small model (1 process, fp32, Adam) against
    `torch.cuda.max_memory_allocated` of a real training step, reported as a ratio.
 
-Each launched copy prints one ``GPUCHECK {json}`` line right after its `Accelerator(...)` (device,
-process-group backend, mixed precision, scaler, strategy) that the step checks, along with the
-script's losses (finite, and the last below the first).
+Each launched copy prints one ``GPUCHECK {json}`` line right after its `Accelerator(...)`
+(device, process-group backend (none on one process), mixed precision, scaler, strategy) that the
+step checks, along with the script's losses (finite, and the last below the first).
 
 Without CUDA nothing is run: it says so and exits 2 (never a success). With CUDA it exits 0 when
 every step passed, 1 otherwise. A JSON summary goes to ``$OUT/gpu_check.json`` when ``OUT`` is set
@@ -53,9 +55,9 @@ LAUNCHES = (  # (step name, accel launch options, what the GPUCHECK line must sa
     ("launch-bf16", ["--mixed-precision", "bf16"], {"mixed_precision": "bf16", "scaler": False}),
     ("launch-fsdp", ["--mixed-precision", "no", "--strategy", "fsdp"], {"strategy": "fsdp"}),
 )
-STEPS = ("cuda-tests", "migrate", *(name for name, _, _ in LAUNCHES), "estimate-memory")
-TIMEOUT_S = {"cuda-tests": 150, "migrate": 60, "estimate-memory": 90}
-LAUNCH_TIMEOUT_S = 60  # each launch; all steps together stay well under 8 minutes
+STEPS = ("cuda-tests", "nccl", "migrate", *(name for name, _, _ in LAUNCHES), "estimate-memory")
+TIMEOUT_S = {"cuda-tests": 110, "nccl": 30, "migrate": 45, "estimate-memory": 60}  # estimate: its 2 subprocesses together
+LAUNCH_TIMEOUT_S = 55  # each launch; all steps together stay well under 8 minutes
 
 MIGRATE = "import sys; from migrate.cli import main; sys.argv[0] = 'accel-migrate'; sys.exit(main())"
 ACCEL = "import sys; from runtime.cli import main; sys.argv[0] = 'accel'; sys.exit(main())"
@@ -70,6 +72,17 @@ PROBE = (
     '"strategy": str(getattr(getattr({name}, "strategy", None), "name", getattr({name}, "strategy", None))), '
     '"num_processes": {name}.num_processes}}), flush=True)\n'
 )
+
+NCCL = '''
+import torch, torch.distributed as dist
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+t = torch.arange(4.0, device="cuda")
+dist.all_reduce(t); dist.broadcast(t, 0); out = [torch.empty_like(t)]; dist.all_gather(out, t)
+torch.cuda.synchronize()
+assert dist.get_backend() == "nccl" and torch.equal(out[0].cpu(), torch.arange(4.0)), out
+print("nccl", ".".join(map(str, torch.cuda.nccl.version())))
+dist.destroy_process_group()
+'''
 
 MODEL = '''"""The estimate-memory step's model: 4 residual blocks of width 1024 (about 4.2 M parameters)."""
 from torch import nn
@@ -145,6 +158,11 @@ def cuda_tests(work: Path) -> str:
     return summary[-1].strip("= ") if summary else "passed"
 
 
+def nccl(work: Path) -> str:
+    result = _run([sys.executable, "-c", NCCL], TIMEOUT_S["nccl"])
+    return result.stdout.strip().splitlines()[-1] + ": all_reduce, broadcast, all_gather on a 1-rank group"
+
+
 def migrate(work: Path) -> str:
     target = work / "train_mlp.py"
     shutil.copy(ROOT / SCRIPT, target)
@@ -168,7 +186,9 @@ def launch(work: Path, options: list[str], expected: dict) -> str:
     if not probes:
         raise StepFailed("the migrated copy printed no GPUCHECK line")
     probe = probes[0]
-    wanted = {"backend": "nccl", "num_processes": 1, **expected}
+    # One process: the runtime creates no process group (runtime/state.py, world_size == 1), so no
+    # backend; nccl itself is checked by the nccl step.
+    wanted = {"backend": None, "num_processes": 1, **expected}
     for key, value in wanted.items():
         got = probe.get(key)
         if key == "strategy" and isinstance(got, str):
@@ -190,12 +210,12 @@ def launch(work: Path, options: list[str], expected: dict) -> str:
 def estimate_memory(work: Path) -> tuple[str, dict]:
     (work / "gpucheck_model.py").write_text(MODEL)
     result = _run([sys.executable, "-c", ACCEL, "estimate-memory", "gpucheck_model:build", "--nproc", "1",
-                   "--precision", "fp32", "--optimizer", "adam", "--json"], TIMEOUT_S["estimate-memory"], cwd=work)
+                   "--precision", "fp32", "--optimizer", "adam", "--json"], TIMEOUT_S["estimate-memory"] / 2, cwd=work)
     rows = _estimate_rows(json.loads(result.stdout))
     row = next((r for r in rows if r.get("strategy") == "ddp" and r.get("precision") == "fp32"), None)
     if row is None:
         raise StepFailed(f"no ddp fp32 row in the estimate: {result.stdout[:300]}")
-    measured = json.loads(_run([sys.executable, "-c", MEASURE, str(work)], TIMEOUT_S["estimate-memory"]).stdout)
+    measured = json.loads(_run([sys.executable, "-c", MEASURE, str(work)], TIMEOUT_S["estimate-memory"] / 2).stdout)
     ratio = measured["peak"] / row["total"]
     details = {"estimate_total": row["total"], "max_memory_allocated": measured["peak"],
                "allocated_after": measured["after"], "ratio": round(ratio, 4)}
@@ -230,7 +250,8 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         work = Path(tmp)
-        steps = [("cuda-tests", lambda: cuda_tests(work)), ("migrate", lambda: migrate(work))]
+        steps = [("cuda-tests", lambda: cuda_tests(work)), ("nccl", lambda: nccl(work)),
+                 ("migrate", lambda: migrate(work))]
         steps += [(name, lambda o=o, e=e: launch(work, o, e)) for name, o, e in LAUNCHES]
         steps.append(("estimate-memory", lambda: estimate_memory(work)))
         assert [name for name, _ in steps] == list(STEPS)
