@@ -105,6 +105,10 @@ MEASURE = '''
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 from gpucheck_model import build
+warm = torch.nn.Linear(8, 8).cuda()  # cuBLAS's workspace (tens of MiB on Hopper) is allocated once
+warm(torch.randn(4, 8, device="cuda")).sum().backward()  # per handle: keep it out of the measure
+del warm
+torch.cuda.synchronize()
 torch.cuda.reset_peak_memory_stats()
 base = torch.cuda.memory_allocated()
 model = build().cuda()
@@ -219,11 +223,13 @@ def estimate_memory(work: Path) -> tuple[str, dict]:
     ratio = measured["peak"] / row["total"]
     details = {"estimate_total": row["total"], "max_memory_allocated": measured["peak"],
                "allocated_after": measured["after"], "ratio": round(ratio, 4)}
-    # Not counted by the estimate: activations (batch of 2: tiny) and cuBLAS workspaces, so the peak
-    # may exceed the estimate a little; a peak far from it means the estimate is wrong.
-    if not 0.9 <= ratio <= 1.5:
-        raise StepFailed(f"max_memory_allocated / estimate = {ratio:.3f}, outside [0.9, 1.5]: {details}")
-    return f"max_memory_allocated / estimate = {ratio:.3f} ({measured['peak']:,} / {row['total']:,} B)", details
+    # Not counted by the estimate: activations (batch of 2: tiny) and the optimizer step's own
+    # temporaries (foreach Adam holds about one parameter-sized sqrt(v) while it steps), so the peak
+    # may exceed it by about a quarter; a peak far from it means the estimate is wrong.
+    if not 0.9 <= ratio <= 1.6:
+        raise StepFailed(f"max_memory_allocated / estimate = {ratio:.3f}, outside [0.9, 1.6]: {details}")
+    return (f"max_memory_allocated / estimate = {ratio:.3f} ({measured['peak']:,} / {row['total']:,} B; "
+            f"after the step {measured['after'] / row['total']:.3f})"), details
 
 
 def _estimate_rows(report) -> list[dict]:
