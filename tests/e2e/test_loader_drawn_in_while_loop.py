@@ -5,8 +5,9 @@ constructor prints it.
 
 Before: the training step was reported as fed by no DataLoader (the `while` loop was not read as a
 training loop) and the constructor's print was guarded with a `self.accelerator` not yet bound
-(AM101). Now the loader is prepared with the model and the optimizer, and the constructor is left
-as it is.
+(AM101). Now the loader is prepared with the model and the optimizer, and the constructor's
+"auto"-or-named device creates the Accelerator there (`cpu=` true when the settings name the CPU),
+so its print is the Accelerator's.
 
 Checked, migrated with the CLI: one process prints the original's losses and draws the original's
 samples; two gloo processes each draw half of every pass over the data (disjoint, together every
@@ -97,10 +98,12 @@ def _seen(run_dir: Path, rank: int) -> tuple[list[int], float]:
     return ast.literal_eval((run_dir / f"seen-{rank}.txt").read_text())
 
 
-def test_the_loader_is_prepared_and_the_constructor_left_as_it_is(folder: Path) -> None:
+def test_the_loader_is_prepared_and_the_constructor_chooses_the_device(folder: Path) -> None:
     migrated = (folder / "migrated" / "trainer.py").read_text()
     assert "net, self.optimizer, batches = self.accelerator.prepare(net, self.optimizer, batches)" in migrated
-    assert '        print("training on", self.device)\n' in migrated
+    # the constructor's "auto"-or-named device creates the Accelerator there, with the CPU when named
+    assert "self.accelerator = Accelerator(cpu=settings[\"device\"] != \"auto\" and " in migrated
+    assert '        self.accelerator.print("training on", self.device)\n' in migrated
 
 
 def test_one_process_trains_like_the_original(folder: Path) -> None:
