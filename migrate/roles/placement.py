@@ -143,7 +143,8 @@ def _auto_or_named(parent: cst.If, first: DeviceBinding, later: list[DeviceBindi
     `else: device = config.device`: one branch asks whether a GPU is there (the Accelerator's own
     default), the other takes a device the user names. The CPU is chosen when the named branch is
     taken and names the CPU: `not config.device == "auto" and torch.device(config.device).type ==
-    "cpu"`, the test written for `Accelerator(cpu=...)`; the named branch's binding stays as it is."""
+    "cpu"`, the test written for `Accelerator(cpu=...)`; the named branch's binding becomes the
+    Accelerator's device too (`named_branch_choice`), so batches follow the prepared model."""
     assert type(parent.orelse) is cst.Else
     value = first.value
     inner = value.args[0].value if type(value) is cst.Call and len(value.args) == 1 else value
@@ -171,6 +172,29 @@ def _auto_or_named(parent: cst.If, first: DeviceBinding, later: list[DeviceBindi
         test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     taken = test if branch == "body" else _negated(test)
     return cst.BooleanOperation(left=taken, operator=cst.And(), right=cpu), True
+
+
+def named_branch_choice(first: DeviceBinding) -> cst.BaseStatement | None:
+    """The named side of an `if config.device == "auto": ... else: device = config.device` choice
+    (see `_auto_or_named`): the statement of the other branch that binds the same name, when the
+    device choice `first` is the branch asking whether a GPU is there."""
+    if not first.where.path:
+        return None
+    parent = first.where.path[-1].stmt
+    if type(parent) is not cst.If or type(parent.orelse) is not cst.Else or is_availability(parent.test):
+        return None
+    if _auto_or_named(parent, first, []) is None:
+        return None
+    for block in (parent.body, parent.orelse.body):
+        if type(block) is not cst.IndentedBlock or any(stmt is first.where.stmt for stmt in block.body):
+            continue
+        if _assigned_in(block, first.name) is None:
+            return None
+        empty = cst.Module([])
+        return next(stmt for stmt in block.body if type(stmt) is cst.SimpleStatementLine and any(
+            type(small) is cst.Assign and len(small.targets) == 1
+            and empty.code_for_node(small.targets[0].target) == first.name for small in stmt.body))
+    return None
 
 
 def _negated(test: cst.BaseExpression) -> cst.BaseExpression:

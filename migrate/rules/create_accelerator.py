@@ -59,6 +59,11 @@ What it does:
     the original trained on the CPU, and so does the migration, the model and its batches always
     together. A device named by a value the user gives (`device = torch.device(args.device)`,
     `--device cpu`) gets `Accelerator(cpu=torch.device(args.device).type == "cpu")`.
+    Where one branch asks whether a GPU is there and the other takes the device the user names
+    (`if config.device == "auto": ... else: device = config.device`), both branches become
+    `accelerator.device` (the Accelerator's `cpu=` follows the named CPU), and the named branch is
+    reported: a GPU named by index (`cuda:1`) is no longer honoured, where before the batches would
+    have gone to that GPU while the prepared model sat on this process's own.
     A `CUDA_VISIBLE_DEVICES` the script sets itself (`os.environ["CUDA_VISIBLE_DEVICES"] =
     args.gpus`) is kept (one process still uses the GPUs it names) and reported: under `accel
     launch` every process sets the same list, then takes GPU `LOCAL_RANK` among them, so with fewer
@@ -140,7 +145,7 @@ from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import nested_in, transitive_callers
-from migrate.roles.placement import flag_choice, is_availability, is_cpu_device
+from migrate.roles.placement import flag_choice, is_availability, is_cpu_device, named_branch_choice
 from migrate.names import ImportAliases, dotted_name
 from migrate.rules.base import names_read, prepared_loaders, statement
 from migrate.safety.device_type import used_as_string
@@ -279,6 +284,14 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
         rebound = _rebind(later.name, device_value, stmt, keep_leading=True)
         plan.replace_stmt[stmt] = [rebound]
         plan.change(CODE, stmt, f"`{later.name}` chosen again: now `{device_value}` as well")
+    named = named_branch_choice(binding) if binding is not None else None
+    if named is not None and named not in plan.replace_stmt:
+        assert binding is not None
+        plan.replace_stmt[named] = [_rebind(binding.name, device_value, named, keep_leading=True)]
+        plan.report(CODE, named, (
+            f"`{binding.name}` as the user names it is now the Accelerator's device as well: the CPU when it names the "
+            "CPU (see `cpu=`), else this process's GPU, where the prepared model is; a GPU it names by index "
+            "(`cuda:1`) is no longer honoured: pick the GPU with `CUDA_VISIBLE_DEVICES=N`"))
     plan.imports.add((TARGET_MODULES[target], "Accelerator"))
     plan.change(CODE, default, message)
     for chosen in [b for b in (binding, *roles.later_device_bindings) if b is not None]:
