@@ -110,7 +110,9 @@ def _unread_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     others wait for the main process, then build theirs from the files it left); so does
     `load_dataset(...)` (HF datasets downloads into its cache). Not a class (`ImageFolder(root)`: a
     library's dataset class downloads only when given `download=`, handled above), and not
-    reported where the accelerator cannot reach: nothing says that this builder downloads."""
+    reported where the accelerator cannot reach: nothing says that this builder downloads. A method
+    of an object made by an unread class (`factory = Factory(root)`, then `train_set =
+    factory.get_dataset(name)`) is such a builder too: the class is only its holder."""
     if type(scope.node) is cst.ClassDef or not roles.can_reach(scope) or roles.needs_parameter(scope) \
             or _unreachable_method(roles, scope) is not None:
         return
@@ -138,11 +140,31 @@ def _unread_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         if root in _IN_MEMORY:
             continue  # `torch.randn(...)`, `torch.load(path)`, `np.load(path)`: data at hand, no download
         builder = _unreadable_function(roles, scope, value)
-        if builder is None or builder[:1].isupper():
+        if builder is None:
+            builder = _unread_object_method(roles, scope, value)
+        elif builder[:1].isupper():
             continue  # a class (`ImageFolder(root)`): a library's dataset downloads only with `download=`, above
+        if builder is None:
+            continue
         _first_on_main_process(roles, plan, scope, value, stmt, (
             f"`{name}` is built by `{builder}(...)`, which the migration cannot read and which may download its "
             "files when they are missing"))
+
+
+def _unread_object_method(roles: Roles, scope: Scope, call: cst.Call) -> str | None:
+    """`Factory(...).get_dataset` written `factory = Factory(root)` then `factory.get_dataset(name)`
+    (`factory` bound once in the scope, `Factory` of a module the migration cannot read): the method
+    builds the dataset, and may download it, as an unread builder function would."""
+    func = call.func
+    if type(func) is not cst.Attribute or type(func.value) is not cst.Name:
+        return None
+    owner = scope.bindings.get(func.value.value, [])
+    if len(owner) != 1 or type(owner[0].value) is not cst.Call:
+        return None
+    made_by = _unreadable_function(roles, scope, owner[0].value)
+    if made_by is None:
+        return None
+    return f"{made_by}(...).{func.attr.value}"
 
 
 def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:

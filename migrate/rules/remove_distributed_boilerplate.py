@@ -113,6 +113,10 @@ Example:
     fully_shard(model)                              (removed)
 
 Leaves alone:
+    `with torch.cuda.device(i):` for an index that is not the process's rank (`args.gpu_index`):
+    kept and reported, since inside it every process makes that GPU current (a CUDA context on it
+    each, and tensors created on `"cuda"` land there) while the Accelerator gives each process its
+    own; the advice is to drop the `with` and keep its body.
     `mp.spawn` launchers of another shape (`migrate.roles.SpawnLaunch`): the process group set up
     in a helper that does more than the setup above, `rank=` / `world_size=` computed in other ways
     than the spawn index and the process count or the namespace shape above (the namespace's rank
@@ -156,6 +160,8 @@ Fix safety:
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Sequence
 
 import libcst as cst
@@ -178,6 +184,7 @@ _INIT = "torch.distributed.init_process_group"
 _DESTROY = "torch.distributed.destroy_process_group"
 _BARRIER = "torch.distributed.barrier"
 _SET_DEVICE = "torch.cuda.set_device"
+_CURRENT_DEVICE = "torch.cuda.device"  # the context manager: `with torch.cuda.device(i):`
 _SPAWN = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
 _COLLECTIVES = frozenset(
     f"torch.distributed.{name}"
@@ -400,6 +407,15 @@ def _library_call(
                         "MPI, here and wherever this module reads MPI's rank, and launch with `accel launch`", unconverted=True)
         else:
             plan.report(CODE, call, _kept_init_message(scope, call, where))
+    elif qualified == _CURRENT_DEVICE and type(where.stmt) is cst.With and any(
+            item.item is call for item in where.stmt.items) and call.args \
+            and not re.search(r"rank", cst.Module([]).code_for_node(call.args[0].value), re.IGNORECASE):
+        index = cst.Module([]).code_for_node(call.args[0].value)
+        plan.report(CODE, call, (
+            f"`with torch.cuda.device({index}):` kept: inside it every process makes GPU `{index}` its "
+            "current device (each opens a CUDA context there, and a tensor created on `\"cuda\"` without an "
+            "index lands on that GPU, not beside the prepared model), while the Accelerator gives each process "
+            "its own GPU: remove the `with` and keep its body (pick a GPU with `CUDA_VISIBLE_DEVICES=N`)"))
     elif not reach:
         return
     elif qualified == _SET_DEVICE and _standalone(where, call):
