@@ -194,6 +194,24 @@ CODE = "AM004"
 NAME = "prepare-training-objects"
 
 
+def _sampler_epoch_calls(home: Scope, loader: str) -> list[str]:
+    """The `<loader>.sampler.set_epoch(...)` calls of the training function, as written: with the
+    sampler dropped (as the report on an already-sharded loader asks) the loader's sampler is a
+    plain one without `set_epoch`, and the call would raise AttributeError."""
+    empty = cst.Module([])
+    found: list[str] = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if type(func) is cst.Attribute and func.attr.value == "set_epoch" \
+                    and empty.code_for_node(func.value) == f"{loader}.sampler":
+                found.append(empty.code_for_node(node))
+
+    home.node.visit(Calls())
+    return found
+
+
 def apply(roles: Roles, plan: EditPlan) -> None:
     home = roles.home
     if home is None or not (roles.models or roles.optimizers):
@@ -204,8 +222,10 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 CODE,
                 loop,
                 f"`{name}` already shards the data by rank (DistributedSampler); preparing it would shard "
-                "twice, so it was not prepared: drop the sampler (keep its shuffle on the DataLoader) and "
-                "add the loader to `accelerator.prepare(...)`",
+                "twice, so it was not prepared: drop the sampler (keep its shuffle on the DataLoader)"
+                + "".join(f", remove `{call}`" for call in _sampler_epoch_calls(home, name))
+                + " and migrate again: the loader is then prepared, which shards it by rank and reshuffles "
+                "it each epoch",
             )
     if plan.target == "accelerate":
         for name, built in roles.unread_loaders.items():
