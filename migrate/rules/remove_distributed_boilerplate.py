@@ -126,6 +126,11 @@ Leaves alone:
     blocks sharded without the model), sharding that runs only under an `if` (`--fsdp` flags), and
     other uses of FSDP (`FSDP.state_dict_type(...)`, `model.clip_grad_norm_()`, `model.reshard()`):
     the whole file is refused with the reason and the fix.
+    A process group built from MPI (a function calling `init_process_group` that reads mpi4py's
+    rank or an MPI launcher's variable such as `PMI_RANK`: processes started by `mpiexec`): the
+    file, or the whole unit, is refused at that call, with every other place that reads MPI's rank
+    reported at its own line and the changes that move it to `accel launch`
+    (`migrate/roles/mpi_launch.py`: a partial conversion crashes at N processes under both launchers).
     A `DDP(...)` / `DataParallel(...)` outside the function that prepares the model, around that
     model, other than the trainer-class constructor above (in another method or function, under
     a branch, or in a constructor one of whose methods runs both before the wrap, on the bare

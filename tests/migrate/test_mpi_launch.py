@@ -1,0 +1,116 @@
+"""Processes started by MPI (migrate/roles/mpi_launch.py), in-process: fixtures/repos/mpi (the
+improved-diffusion shape: the process group, the device, the data shard, a checkpoint broadcast
+and the logger's rank all from MPI) is refused whole, every MPI read reported at its own line; its
+twin fixtures/repos/mpi_twin (the refusal's advice applied) migrates to its out/; a single script
+that builds its group from MPI is refused as a file. Trained at 1 and 2 processes:
+tests/e2e/test_repos_mpi_twin.py."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from migrate.engine import Options
+from migrate.runner import migrate_text, run
+
+REPOS = Path(__file__).resolve().parents[2] / "fixtures" / "repos"
+
+
+def _results(tmp_path: Path, name: str):  # type: ignore[no-untyped-def]
+    repo = tmp_path / name
+    shutil.copytree(REPOS / name / "in", repo)
+    report = run([repo], Options(), write=False)
+    return repo, {str(Path(r.path).relative_to(repo)): r for r in report.results}
+
+
+def _line(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+def test_a_unit_started_by_mpi_is_left_whole_with_every_mpi_read_named(tmp_path: Path) -> None:
+    repo, results = _results(tmp_path, "mpi")
+    assert not any(r.changed for r in results.values())  # nothing written: no partial unit
+    helper = repo / "tiny_diffusion" / "dist_util.py"
+    setup = [d for d in results["tiny_diffusion/dist_util.py"].diagnostics if "`setup_dist` builds" in d.message]
+    assert len(setup) == 1 and setup[0].code == "AM007" and setup[0].unconverted
+    assert setup[0].line == _line(helper, "dist.init_process_group(")
+    message = setup[0].message
+    for named in ("`dev`", "`load_state_dict`", "`load_data`", "`get_rank_without_mpi_import`", "`configure`",
+                  "accel launch", "LOCAL_RANK", "broadcast_object_list", "os.environ.setdefault"):
+        assert named in message, named
+    # each other read at its own line, with the fix for what it is used for
+    expected = {
+        ("tiny_diffusion/dist_util.py", _line(helper, "Get_rank() % GPUS_PER_NODE")): "LOCAL_RANK",
+        ("tiny_diffusion/dist_util.py", _line(helper, "if MPI.COMM_WORLD.Get_rank() == 0")): "broadcast_object_list",
+        ("tiny_diffusion/image_datasets.py", _line(repo / "tiny_diffusion" / "image_datasets.py", "Get_rank()")):
+            "dist.get_rank()",
+        ("tiny_diffusion/logger.py", _line(repo / "tiny_diffusion" / "logger.py", "PMI_RANK")): 'os.environ.get("RANK"',
+    }
+    for (path, line), fix in expected.items():
+        found = [d for d in results[path].diagnostics if d.line == line and d.code == "AM007"]
+        assert len(found) == 1 and fix in found[0].message and found[0].unconverted, (path, line, results[path].diagnostics)
+    entry = results["scripts/image_train.py"]
+    assert [d.code for d in entry.diagnostics if d.unconverted] == ["AM013"]
+    assert "dist_util.py" in entry.diagnostics[0].message and "already trains distributed" not in entry.diagnostics[0].message
+    assert entry.outcome == "refused"
+
+
+def test_the_twin_with_the_advice_applied_migrates(tmp_path: Path) -> None:
+    repo, results = _results(tmp_path, "mpi_twin")
+    out = REPOS / "mpi_twin" / "out"
+    written = sorted(path for path, r in results.items() if r.changed)
+    assert written == sorted(str(p.relative_to(out)) for p in out.rglob("*.py"))
+    for path in written:
+        assert results[path].new_text == (out / path).read_text(), path
+    assert not any(d.unconverted for r in results.values() for d in r.diagnostics)
+
+
+SCRIPT = '''import os
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+
+def setup():
+    comm = MPI.COMM_WORLD
+    os.environ["RANK"] = str(comm.Get_rank())
+    os.environ["WORLD_SIZE"] = str(comm.Get_size())
+    dist.init_process_group("gloo", init_method="env://")
+
+
+def main():
+    setup()
+    model = torch.nn.Linear(4, 1)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)[MPI.COMM_WORLD.Get_rank()::MPI.COMM_WORLD.Get_size()]
+    for _ in range(3):
+        optimizer.zero_grad()
+        ddp(x).sum().backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_script_that_builds_its_group_from_mpi_is_refused_as_a_file() -> None:
+    result = migrate_text(SCRIPT, "train.py", Options())
+    assert result.new_text is None and result.outcome == "refused"
+    lines = SCRIPT.splitlines()
+    found = {d.line: d for d in result.diagnostics}
+    init = next(i for i, line in enumerate(lines, 1) if "init_process_group" in line)
+    shard = next(i for i, line in enumerate(lines, 1) if "Get_size()]" in line)
+    assert "`setup` builds the process group" in found[init].message and "`main`" in found[init].message
+    assert found[shard].code == "AM007" and "dist.get_rank()" in found[shard].message
+
+
+def test_a_group_from_the_launchers_environment_is_not_mpi() -> None:
+    text = SCRIPT.replace("from mpi4py import MPI\n", "").replace("comm = MPI.COMM_WORLD\n    ", "")
+    text = text.replace("str(comm.Get_rank())", 'os.environ.get("RANK", "0")').replace(
+        "str(comm.Get_size())", 'os.environ.get("WORLD_SIZE", "1")')
+    text = text.replace("[MPI.COMM_WORLD.Get_rank()::MPI.COMM_WORLD.Get_size()]", "")
+    result = migrate_text(text, "train.py", Options())
+    assert result.new_text is not None and not any("MPI" in d.message for d in result.diagnostics)
