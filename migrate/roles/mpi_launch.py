@@ -10,10 +10,13 @@ rank 0 and broadcast with `MPI.COMM_WORLD.bcast`, a logger that reads the MPI la
 variables (`PMI_RANK`, `OMPI_COMM_WORLD_RANK`) so as not to import mpi4py.
 
 Recognised from what the code does, not from names: a function that calls
-`torch.distributed.init_process_group` and reads mpi4py (any name imported from `mpi4py`) or an
-MPI launcher's variable (`PMI_RANK`, `PMI_SIZE`, `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`,
+`torch.distributed.init_process_group` and, outside any `if`, reads mpi4py (any name imported
+from `mpi4py`) or an MPI launcher's variable (`PMI_RANK`, `PMI_SIZE`, `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`,
 `OMPI_COMM_WORLD_LOCAL_RANK`, `MV2_COMM_WORLD_RANK`, ...), in the file or, for a unit, in any
-module of it (`migrate/crossmodule/`: the roles read the joined view).
+module of it (`migrate/crossmodule/`: the roles read the joined view). A function that reads
+MPI's variables in one branch of a launcher test (`if "OMPI_COMM_WORLD_RANK" in os.environ:`
+beside an `elif "RANK" in os.environ:` branch, ConvNeXt's `init_distributed_mode`) is not this
+shape: under `accel launch` it takes torchrun's branch.
 
 Why nothing is written: a partial conversion crashes at N processes under both launchers. Under
 `accel launch` (torchrun) MPI does not start the processes, so each is MPI's rank 0 of 1: the
@@ -60,8 +63,11 @@ _COMMUNICATION = frozenset({
 class _Read:
     """The first statement of a function that uses MPI, and how it uses it."""
 
-    def __init__(self, scope: Scope, node: cst.CSTNode, kind: str) -> None:
+    def __init__(self, scope: Scope, node: cst.CSTNode, kind: str, always: bool) -> None:
         self.scope, self.node, self.kind = scope, node, kind
+        # a read outside any `if` of the function: MPI whatever started the processes (not one
+        # branch of a launcher test, `if "OMPI_COMM_WORLD_RANK" in os.environ:` beside torchrun's)
+        self.always = always
 
 
 def refuse(roles: Roles) -> bool:
@@ -70,7 +76,7 @@ def refuse(roles: Roles) -> bool:
     reads = [read for scope in facts.scopes if (read := _reads(facts.aliases, scope)) is not None]
     by_scope = {id(read.scope): read for read in reads}
     init = next(((scope, call.call) for scope in facts.scopes for call in scope.library_calls
-                 if call.qualified == _INIT and id(scope) in by_scope), None)
+                 if call.qualified == _INIT and id(scope) in by_scope and by_scope[id(scope)].always), None)
     if init is None:
         return False
     setup, call = init
@@ -132,8 +138,10 @@ def _read_message(roles: Roles, read: _Read, setup: Scope) -> str:
 
 
 def started_by_mpi(aliases: ImportAliases, scope: Scope) -> bool:
-    """The scope (one that initialises a process group) reads mpi4py or an MPI launcher's variable."""
-    return _reads(aliases, scope) is not None
+    """The scope (one that initialises a process group) reads mpi4py or an MPI launcher's variable
+    outside any `if`."""
+    read = _reads(aliases, scope)
+    return read is not None and read.always
 
 
 def _reads(aliases: ImportAliases, scope: Scope) -> _Read | None:
@@ -142,6 +150,8 @@ def _reads(aliases: ImportAliases, scope: Scope) -> _Read | None:
 
     class Finder(cst.CSTVisitor):
         first: cst.CSTNode | None = None
+        always = False
+        branches = 0
         variables = False
         communication = False
         device = False
@@ -158,14 +168,30 @@ def _reads(aliases: ImportAliases, scope: Scope) -> _Read | None:
         def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
             return False
 
+        def visit_If(self, node: cst.If) -> None:
+            self.branches += 1
+
+        def leave_If(self, node: cst.If) -> None:
+            self.branches -= 1
+
+        def visit_IfExp(self, node: cst.IfExp) -> None:
+            self.branches += 1
+
+        def leave_IfExp(self, node: cst.IfExp) -> None:
+            self.branches -= 1
+
         def visit_Name(self, node: cst.Name) -> None:
-            if self.first is None and (aliases.qualify(node) or "").startswith("mpi4py"):
-                self.first = node
+            if (aliases.qualify(node) or "").startswith("mpi4py"):
+                self.read(node)
 
         def visit_SimpleString(self, node: cst.SimpleString) -> None:
             if node.evaluated_value in MPI_VARIABLES:
                 self.variables = True
-                self.first = self.first or node
+                self.read(node)
+
+        def read(self, node: cst.CSTNode) -> None:
+            self.first = self.first or node
+            self.always = self.always or not self.branches
 
         def visit_Attribute(self, node: cst.Attribute) -> None:
             if node.attr.value in _COMMUNICATION:
@@ -184,4 +210,4 @@ def _reads(aliases: ImportAliases, scope: Scope) -> _Read | None:
         return None
     kind = ("variables" if finder.variables else "device" if finder.device
             else "communication" if finder.communication else "rank")
-    return _Read(scope, finder.first, kind)
+    return _Read(scope, finder.first, kind, finder.always)

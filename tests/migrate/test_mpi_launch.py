@@ -114,3 +114,19 @@ def test_a_group_from_the_launchers_environment_is_not_mpi() -> None:
     text = text.replace("[MPI.COMM_WORLD.Get_rank()::MPI.COMM_WORLD.Get_size()]", "")
     result = migrate_text(text, "train.py", Options())
     assert result.new_text is not None and not any("MPI" in d.message for d in result.diagnostics)
+
+
+def test_mpi_variables_in_one_branch_of_a_launcher_test_are_not_an_mpi_launch() -> None:
+    # ConvNeXt's shape: MPI's variables read only when an MPI launcher set them, torchrun's otherwise
+    text = SCRIPT.replace("from mpi4py import MPI\n", "").replace(
+        '''    comm = MPI.COMM_WORLD
+    os.environ["RANK"] = str(comm.Get_rank())
+    os.environ["WORLD_SIZE"] = str(comm.Get_size())
+''', '''    if "OMPI_COMM_WORLD_RANK" in os.environ:
+        os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
+        os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
+        os.environ["LOCAL_RANK"] = os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]
+''').replace("[MPI.COMM_WORLD.Get_rank()::MPI.COMM_WORLD.Get_size()]", "")
+    assert "OMPI_COMM_WORLD_RANK" in text and "MPI." not in text
+    result = migrate_text(text, "train.py", Options())
+    assert result.new_text is not None and not any("starts its processes with MPI" in d.message for d in result.diagnostics)
