@@ -130,3 +130,56 @@ def test_mpi_variables_in_one_branch_of_a_launcher_test_are_not_an_mpi_launch() 
     assert "OMPI_COMM_WORLD_RANK" in text and "MPI." not in text
     result = migrate_text(text, "train.py", Options())
     assert result.new_text is not None and not any("starts its processes with MPI" in d.message for d in result.diagnostics)
+
+
+GATHERING = '''import os
+
+import torch
+import torch.distributed as dist
+
+
+def setup():
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    dist.init_process_group("gloo", init_method="env://")
+
+
+class Sampler:
+    def update(self, losses):
+        gathered = [torch.zeros_like(losses) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, losses)
+        self.seen = torch.cat(gathered)
+
+
+def main():
+    setup()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sampler = Sampler()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=2)
+    for (x,) in loader:
+        optimizer.zero_grad()
+        losses = model(x).squeeze(1)
+        sampler.update(losses.detach())
+        losses.mean().backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_collective_is_not_said_to_fail_on_one_process_where_the_group_is_always_created() -> None:
+    # improved-diffusion's resample.py (after the MPI advice): `setup_dist` creates a group on every
+    # run, a world of 1 under plain python, so the sampler's all_gather works on one process
+    result = migrate_text(GATHERING, "train.py", Options())
+    assert result.new_text is not None
+    assert not any("fails on a single process" in d.message for d in result.diagnostics), result.diagnostics
+    kept = [d for d in result.diagnostics if "`setup`" in d.message]
+    assert len(kept) == 1 and "a world of 1" in kept[0].message and "needed torchrun's variables" not in kept[0].message
+    # without the defaults, plain `python` has no group: the warning stays
+    bare = migrate_text(GATHERING.replace('    os.environ.setdefault("RANK", "0")\n', ""), "train.py", Options())
+    assert any("fails on a single process" in d.message for d in bare.diagnostics)
