@@ -17,8 +17,8 @@ and how it is started, read from the code (never from its names):
   torchrun's variables.
 
 Nothing is said for a module without an entry point (a trainer class others import), a notebook,
-a script that is not distributed, or one whose group takes values of its own that
-no launcher sets (that case has its own report in AM007)."""
+a script that is not distributed, one whose group takes values of its own that
+no launcher sets, or one whose processes MPI starts (those cases have their own report in AM007)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,10 @@ def note(modules: Sequence[Facts], path: str) -> str | None:
         return _spawn_note(entry, spawn, inits, script)
     if inits:
         facts, scope, init = inits[0]
+        from migrate.roles.mpi_launch import started_by_mpi
+
+        if started_by_mpi(facts.aliases, scope):
+            return None  # mpiexec starts it: its AM007 refusal says how to move it to a launcher
         from migrate.rules.remove_distributed_boilerplate import _launcher_gate, _reads_launcher_env
 
         how = _launcher_gate(init.where)

@@ -125,6 +125,10 @@ class _Outcome:
     # Only the entry is edited (the view found the optimizer in another module's factory or method):
     # taken only when the entry trains through the unit, where its own file result is a refusal.
     entry_only: bool = False
+    # Left whole even when the entry trains by itself (processes started by MPI: the entry's own
+    # migration would crash at N processes), with each finding of another module reported there.
+    whole: bool = False
+    elsewhere: list[tuple[Path, Diagnostic]] = field(default_factory=list)
 
 
 def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[FileResult]:  # type: ignore[no-untyped-def]
@@ -151,7 +155,7 @@ def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[Fil
                 claimed[path] = entry
             _tell_callees(results, members, entry, by_path, index, migrated=True)
             continue
-        if _trains_through(entry, members, by_path):
+        if outcome.whole or _trains_through(entry, members, by_path):
             if outcome.line == 1:
                 outcome.line = min(n.line for names in index.modules[entry].imports.values() for n in names)
             for path in members:
@@ -169,6 +173,11 @@ def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[Fil
                 {*result.diagnostics, Diagnostic(CODE, outcome.line, message, unconverted=outcome.unconverted)},
                 key=lambda d: (d.line, d.code, d.message),
             )
+            for path, diagnostic in outcome.elsewhere:
+                if path != entry and path not in claimed:
+                    results[path].parsed = True
+                    results[path].diagnostics = sorted({*results[path].diagnostics, diagnostic},
+                                                       key=lambda d: (d.line, d.code, d.message))
             _tell_callees(results, members, entry, by_path, index)
     return [results[s.path] for s in sources]
 
@@ -460,8 +469,14 @@ def _why_not(roles, plan, head: _Parsed, rest: list[_Parsed], owner, lines) -> _
     if findings:
         first = findings[0]
         where = owner(first.node)
-        return _Outcome(reason=f"{where.source.display}:{lines.line(where.source.path, first.node)}: {first.code} {first.message}",
-                        unconverted=not roles.accelerator_exists or any(f.unconverted for f in findings))
+        outcome = _Outcome(reason=f"{where.source.display}:{lines.line(where.source.path, first.node)}: {first.code} {first.message}",
+                           unconverted=not roles.accelerator_exists or any(f.unconverted for f in findings))
+        if roles.started_by_mpi:
+            outcome.whole = True
+            outcome.elsewhere = [(owner(f.node).source.path, Diagnostic(
+                f.code, lines.line(owner(f.node).source.path, f.node), f.message, unconverted=f.unconverted))
+                for f in findings]
+        return outcome
     # with an Accelerator already there (a migrated unit run again), there is nothing left to convert
     return _Outcome(reason="the roles found nothing to rewrite in the other modules of the run",
                     unconverted=not roles.accelerator_exists)

@@ -11,6 +11,7 @@ working on main's prepared objects. Everything the rules decide is derived here 
 - `entry`: whether the file is a script at all (a test or library module is left alone);
 - `loaders`, `schedulers`: the training loaders (and their sharding), the schedulers to prepare,
   the evaluation loops;
+- `mpi_launch`: processes started by MPI (a process group built from mpi4py's ranks): refused whole;
 - `traps`: shapes reported instead of rewritten (a hidden training step, apex, torch.compile, a
   prepared model wrapped again by hand where AM007 cannot remove the wrapper);
 - `placement`: where `accelerator = Accelerator()` and `accelerator.prepare(...)` go.
@@ -28,6 +29,7 @@ Key terms:
 from __future__ import annotations
 
 from migrate import hand_sharding
+from migrate.roles import mpi_launch
 from migrate.analysis import Facts
 from migrate.roles.entry import (
     built_in_a_class_body,
@@ -69,6 +71,8 @@ def find_roles(facts: Facts) -> Roles:
         roles.findings.append(spawn)
         return roles
     _find_roles(roles)
+    if roles.home is not None and not roles.accelerator_exists and mpi_launch.refuse(roles):
+        return roles  # processes started by MPI: left whole, every MPI rank read named
     if spawn is not None and not roles.refused:
         check_spawn_worker(roles, spawn)
     if roles.home is not None and roles.models and not roles.refused and not roles.accelerator_exists:

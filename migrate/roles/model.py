@@ -128,6 +128,9 @@ class Roles:
     object_builders: dict[int, ObjectBuilder] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
+    # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole
+    # with each finding reported in its own module
+    started_by_mpi: bool = False
     unprepared: bool = False  # a training object was found that cannot be prepared (reported by `cannot_prepare`)
     spawn: "SpawnLaunch | None" = None  # an understood `mp.spawn` launcher (AM007 converts it)
     sharding: "HandSharding | None" = None  # hand-written FSDP / fully_shard / ZeRO that AM007 converts

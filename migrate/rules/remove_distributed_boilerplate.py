@@ -130,6 +130,11 @@ Leaves alone:
     blocks sharded without the model), sharding that runs only under an `if` (`--fsdp` flags), and
     other uses of FSDP (`FSDP.state_dict_type(...)`, `model.clip_grad_norm_()`, `model.reshard()`):
     the whole file is refused with the reason and the fix.
+    A process group built from MPI (a function calling `init_process_group` that reads mpi4py's
+    rank or an MPI launcher's variable such as `PMI_RANK`: processes started by `mpiexec`): the
+    file, or the whole unit, is refused at that call, with every other place that reads MPI's rank
+    reported at its own line and the changes that move it to `accel launch`
+    (`migrate/roles/mpi_launch.py`: a partial conversion crashes at N processes under both launchers).
     A `DDP(...)` / `DataParallel(...)` outside the function that prepares the model, around that
     model, other than the trainer-class constructor above (in another method or function, under
     a branch, or in a constructor one of whose methods runs both before the wrap, on the bare
@@ -143,12 +148,15 @@ Leaves alone:
     without a launcher stays non-distributed as before; where it reads the launcher's environment,
     `env://` or `os.environ[...]`, the script needed torchrun's variables before too; where it
     takes its own values, flags or an address, it now needs `accel launch` with values that
-    agree, since the Accelerator reads RANK / WORLD_SIZE / LOCAL_RANK), samplers with options that have no DataLoader equivalent, a loader
+    agree, since the Accelerator reads RANK / WORLD_SIZE / LOCAL_RANK; where the call runs outside
+    any `if` after `os.environ.setdefault(...)` of every variable it reads, one plain `python`
+    process trains in a group of its own, as before), samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
     sharding themselves, so the training loader is not prepared either), and other explicit
     collectives (`dist.all_gather` into a list, a collective whose result is used: they still work
     under N processes, where the runtime initialises the process group, but not on one) — each
-    reported.
+    reported; not the collectives of a program whose group is created on every run (the
+    `setdefault` case above), where they work on one process too.
 
 Fix safety:
     Safe: the prepared objects reproduce the sharding, wrapping and rank logic. Sharding by hand
@@ -395,8 +403,9 @@ def _library_call(
         if not _guarded(where):
             _guard_collective(plan, where.stmt, call, call.func)
     elif qualified in _COLLECTIVES:
-        plan.report(CODE, call, "explicit collective kept: it works under the runtime's process group, but "
-                    "fails on a single process started without torchrun; prefer `accelerator.reduce/gather`")
+        if not _group_on_every_run(roles):
+            plan.report(CODE, call, "explicit collective kept: it works under the runtime's process group, but "
+                        "fails on a single process started without torchrun; prefer `accelerator.reduce/gather`")
     elif qualified == _INIT and where.stmt is not plan.create_at and where.stmt not in plan.replace_stmt:
         if _reads_mpi(roles, scope):
             plan.report(CODE, call, f"process group initialised in `{scope.name}` from MPI's rank and size; it was "
@@ -1195,6 +1204,14 @@ def _kept_init_message(scope: Scope, call: cst.Call, where: StmtRef) -> str:
             "WORLD_SIZE and LOCAL_RANK: a launcher that does not set them (before the Accelerator is created) "
             "would leave it training as one process in a group of N"
         )
+    defaults = _defaults_launcher_env(call, where)
+    if defaults is not None:
+        return (
+            f"{head}. It sets a world of 1 where no launcher set the variables it reads ({defaults}), so one "
+            "process started with plain `python` trains in a group of its own, as before, and under `accel launch "
+            "--nproc-per-node N` (torchrun) the group takes the launcher's RANK and WORLD_SIZE and the Accelerator "
+            "joins it"
+        )
     env = _reads_launcher_env(call, where)
     if env is not None:
         return (
@@ -1277,6 +1294,54 @@ def _reads_launcher_env(call: cst.Call, where: StmtRef) -> str | None:
                 shown = f"{_code(stmt.body[0].targets[0].target)} = ..."
             return f"`{shown}` reads `os.environ[...]`, a KeyError without them"
     return None
+
+
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
+
+
+def _defaults_launcher_env(call: cst.Call, where: StmtRef) -> str | None:
+    """The group is created on every run, a world of 1 without a launcher: the call runs outside any
+    `if` of its function, and the variables it reads (MASTER_ADDR and MASTER_PORT, and RANK and
+    WORLD_SIZE unless `rank=` / `world_size=` are given without an `os.environ[...]` read) are given
+    defaults before it at the top of the function (`os.environ.setdefault("RANK", "0")`). The
+    `os.environ.setdefault(...)` calls, shown, or None."""
+    if any(type(ref.stmt) is cst.If for ref in where.path):
+        return None
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    if any(a.keyword is None for a in call.args[1:]) or "store" in keywords:
+        return None
+    method = keywords.get("init_method")
+    if method is not None and not (type(method) is cst.SimpleString and method.evaluated_value == "env://"):
+        return None
+    needed = set(_RENDEZVOUS)
+    for name in ("rank", "world_size"):
+        given = keywords.get(name)
+        if given is None:
+            needed.add(name.upper())
+        elif "environ[" in _code(given):
+            return None
+    top = where.path[0] if where.path else where
+    defaulted: list[str] = []
+    for stmt in top.block.body:
+        if stmt is top.stmt:
+            break
+        if type(stmt) is not cst.SimpleStatementLine:
+            continue
+        for small in stmt.body:
+            value = small.value if type(small) is cst.Expr else None
+            if (type(value) is cst.Call and _code(value.func) == "os.environ.setdefault" and value.args
+                    and type(value.args[0].value) is cst.SimpleString):
+                defaulted.append(value.args[0].value.evaluated_value)
+    if not needed <= set(defaulted):
+        return None
+    return ", ".join(f"`{name}`" for name in defaulted if name in needed) + " by `os.environ.setdefault`"
+
+
+def _group_on_every_run(roles: Roles) -> bool:
+    """The program creates its process group on every run, a world of 1 under plain `python`
+    (`_defaults_launcher_env`): its explicit collectives work on one process too."""
+    return any(_defaults_launcher_env(c.call, c.where) is not None
+               for scope in roles.facts.scopes for c in scope.library_calls if c.qualified == _INIT)
 
 
 def _code(node: cst.CSTNode) -> str:

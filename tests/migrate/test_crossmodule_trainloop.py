@@ -82,7 +82,9 @@ def test_a_process_group_set_up_from_mpi_ranks_says_how_to_launch(tmp_path: Path
     helper.write_text(text)
     results = _results(repo)
     found = [d for d in results["tiny_diffusion/dist_util.py"].diagnostics if "`setup_dist`" in d.message]
-    assert len(found) == 1 and "from MPI's rank" in found[0].message and "LOCAL_RANK" in found[0].message
+    assert len(found) == 1 and "starts its processes with MPI" in found[0].message and "LOCAL_RANK" in found[0].message
+    assert found[0].line == _line(text, "dist.init_process_group(") and found[0].unconverted
+    assert not any(r.changed for r in results.values())  # the unit is left whole (tests/migrate/test_mpi_launch.py)
 
 
 TRAINER = '''import torch
