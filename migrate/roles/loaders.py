@@ -441,6 +441,25 @@ def report_unsharded_training(roles: Roles) -> None:
             "`accelerator.num_processes` (a per-rank seed for its random offsets, or a strided part of the "
             "data), or build the batches with a torch.utils.data.DataLoader (prepared, it shards them)"
         )
+    elif (sliced := _sequence_slices(roles, scope, site)) is not None:
+        tensor, shown, binding, carried = sliced
+        if binding is None:
+            return  # its rows are split by rank already: each process trains on its own sequences
+        state = (
+            f" `{carried}` carries from one slice to the next (truncated backpropagation through time), so a "
+            "prepared DataLoader, which would hand each process every N-th slice, breaks that chain;"
+            if carried else ""
+        )
+        message = (
+            f"no DataLoader feeds this training step, so every process would train on the same data: its batches "
+            f"are consecutive slices of `{tensor}` along its second axis (`{shown}` in the training loop), whose "
+            f"rows are the independent sequences of the batch;{state} split the rows per process instead, right "
+            f"after this line: `{tensor} = {tensor}[accelerator.process_index::accelerator.num_processes]` "
+            "(each process keeps whole sequences, in order), and size what is built per batch row (initial "
+            f"states) to this process's rows, `{tensor}.size(0)`, not the whole batch size"
+        )
+        roles.findings.append(Finding(PREPARE, binding.where.stmt, message, unconverted=True))
+        return
     else:
         message = (
             "no DataLoader feeds this training step, so every process would train on the same data: select "
@@ -450,6 +469,74 @@ def report_unsharded_training(roles: Roles) -> None:
             "or build independent batches with a torch.utils.data.DataLoader (prepared, it shards them)"
         )
     roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
+
+
+def _sequence_slices(roles: Roles, scope: Scope, site: Site) -> tuple[str, str, Binding | None, str | None] | None:
+    """A training loop `for i in range(...)` whose batch is a slice of one tensor along a later
+    axis, `ids[:, i:i + seq_length]`: consecutive chunks of the same rows (truncated BPTT). With
+    the tensor, the slice as shown, the tensor's binding and a name carried from one step to the
+    next (`outputs, states = model(inputs, states)`), if there is one. The binding is None when
+    the tensor's rows are split by rank already (`ids = ids[accelerator.process_index::...]`)."""
+    if not site.loops:
+        return None
+    loop = site.loops[-1]
+    if not isinstance(loop.node.target, cst.Name):
+        return None
+    index = loop.node.target.value
+    found: list[cst.Subscript] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Subscript(self, node: cst.Subscript) -> None:
+            if not isinstance(node.value, cst.Name) or len(node.slice) < 2:
+                return
+            first = node.slice[0].slice
+            if not (isinstance(first, cst.Slice) and first.lower is None and first.upper is None):
+                return
+            if any(isinstance(e.slice, cst.Slice) and index in {
+                n.value for part in (e.slice.lower, e.slice.upper) if part is not None for n in _names_in(part)
+            } for e in node.slice[1:]):
+                found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    walk(loop.node.body, Finder())
+    if not found:
+        return None
+    subscript = found[0]
+    assert isinstance(subscript.value, cst.Name)
+    tensor = subscript.value.value
+    origin = scope if tensor in scope.bindings else roles.facts.module_scope
+    bindings = [b for b in origin.bindings.get(tensor, []) if not _bound_in_loop(b, loop)]
+    if not bindings:
+        return None
+    if any(_split_by_rank(b.value) for b in bindings):
+        return tensor, "", None, None
+    return tensor, " ".join(cst.Module([]).code_for_node(subscript).split()), bindings[0], _carried(loop)
+
+
+def _split_by_rank(value: cst.BaseExpression | None) -> bool:
+    """`ids[accelerator.process_index::accelerator.num_processes]`, `data[rank::world_size]`."""
+    if not isinstance(value, cst.Subscript) or not isinstance(value.slice[0].slice, cst.Slice):
+        return False
+    code = cst.Module([]).code_for_node(value.slice[0].slice).lower()
+    return "process_index" in code or "rank" in code
+
+
+def _carried(loop: Loop) -> str | None:
+    """A name the loop's body passes to a call and binds from that call's result in one statement
+    (`outputs, states = model(inputs, states)`): state carried from one step to the next."""
+    for stmt in loop.node.body.body if isinstance(loop.node.body, cst.IndentedBlock) else ():
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Assign) and isinstance(small.value, cst.Call):
+                bound = {n.value for t in small.targets for n in _names_in(t.target)}
+                read = {n.value for a in small.value.args for n in _names_in(a.value)}
+                carried = sorted(bound & read)
+                if carried:
+                    return carried[0]
+    return None
 
 
 def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:

@@ -132,7 +132,13 @@ Leaves alone:
     train_loader.next_batch()`, the report names it as the one that must draw this process's
     share; an object built with torchrun's global rank, nanoGPT's `DataLoaderLite(...,
     process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
-    it is, since the local rank repeats on every node).
+    it is, since the local rank repeats on every node; when the batches are consecutive slices of
+    one tensor along a later axis, `ids[:, i:i + seq_length]`, with state carried from one step to
+    the next, truncated backpropagation through time, the report is at the tensor's binding and
+    says to split its rows per process right after it,
+    `ids = ids[accelerator.process_index::accelerator.num_processes]`, and to size the initial
+    states to `ids.size(0)`: a prepared loader would hand each process every N-th chunk and break
+    the carried state; rows split so by rank are not reported).
     Noise of a GAN drawn in the training loop is seeded apart after the prepare call (see above);
     when a seed of the file may run after that point (in a loop, after the prepare call, or in a
     function not called only before it), which would seed the processes alike again, or a
