@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.analysis import Binding, CallSite, Loop, Scope, Site
-from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name, is_move_call
+from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.names import instance_attribute
@@ -432,6 +432,16 @@ def report_unsharded_training(roles: Roles) -> None:
             "`accelerator.process_index` (torchrun's `RANK`), and `accelerator.num_processes`"), unconverted=True))
         return
     source = stream.function if stream is not None else _batch_function(roles, scope, site)
+    random = random_batches(roles, scope, site) if stream is None else None
+    if random is not None:
+        function, task = random
+        unseeded = [b for b in task if not seeded_before(roles, b)]
+        if unseeded:
+            roles.findings.append(Finding(PREPARE, unseeded[0].where.stmt, unseeded_task_message(function, unseeded),
+                                          unconverted=True))
+            return
+        roles.random_batches = random  # seeded apart after the prepare call (AM004)
+        return
     if source is not None:
         drawn = stream.drawn if stream is not None and stream.drawn else f"{source}()"
         message = (
@@ -469,6 +479,71 @@ def report_unsharded_training(roles: Roles) -> None:
             "or build independent batches with a torch.utils.data.DataLoader (prepared, it shards them)"
         )
     roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
+
+
+def random_batches(roles: Roles, scope: Scope, site: Site) -> tuple[str, list[Binding]] | None:
+    """The function of this file the training loop of `site` draws its batches from (`get_batch()`)
+    when it draws them from torch's global RNG, itself or through functions of this file it calls
+    (`torch.randn(batch_size)`), with the module-level bindings those functions read that are drawn
+    from that RNG too (the task the batches are made from: `W_target = torch.randn(4, 1) * 5`)."""
+    source = _batch_function(roles, scope, site)
+    function = roles.facts.functions.get(source) if source is not None else None
+    if function is None:
+        return None
+    reached: list[Scope] = []
+    todo = [function]
+    while todo and len(reached) < 8:
+        current = todo.pop()
+        if any(current is r for r in reached):
+            continue
+        reached.append(current)
+        todo.extend(f for c in current.calls if (f := roles.facts.functions.get(c.callee)) is not None)
+    if not any(call.qualified in RNG_DRAWS for f in reached for call in f.library_calls):
+        return None
+    read = {n.value for f in reached for n in _names_in(f.node)}
+    module = roles.facts.module_scope
+    task = [
+        binding
+        for name in sorted(read)
+        if not any(name in f.bindings or name in f.params for f in reached)
+        for binding in module.bindings.get(name, [])
+        if binding.value is not None and _draws(roles, binding.value)
+    ]
+    return function.name, sorted(task, key=lambda b: b.where.order)
+
+
+def _draws(roles: Roles, node: cst.CSTNode) -> bool:
+    """`node` calls one of torch's global-RNG draws."""
+    found: list[cst.Call] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if roles.facts.aliases.qualify(call.func) in RNG_DRAWS:
+                found.append(call)
+
+    walk(node, Finder())
+    return bool(found)
+
+
+def seeded_before(roles: Roles, binding: Binding) -> bool:
+    """A module-level seed of torch's RNG runs before the module-level `binding`."""
+    return any(
+        call.qualified in RNG_SEEDS and not call.loops and call.where.order < binding.where.order
+        for call in roles.facts.module_scope.library_calls
+    )
+
+
+def unseeded_task_message(function: str, task: list[Binding]) -> str:
+    """What to say of module-level draws the batches are made from, with no seed before them."""
+    names = ", ".join(f"`{b.name}`" for b in task)
+    return (
+        f"{names}, read by `{function}()` (the training batches), {'is' if len(task) == 1 else 'are'} drawn here "
+        "from torch's global RNG with no seed before: torch seeds each process at random, so on N processes each "
+        "would draw its own and train on a different task. Seed torch's RNG the same on every process before "
+        "this line (`torch.manual_seed(0)`, any fixed number) and run the migration again: it then seeds the "
+        f"processes apart after the prepare call, so that each draws its own batches from `{function}()` of "
+        "the one task"
+    )
 
 
 def _sequence_slices(roles: Roles, scope: Scope, site: Site) -> tuple[str, str, Binding | None, str | None] | None:

@@ -36,7 +36,10 @@ Leaves alone:
     script (a `__main__` guard, or a backward at module level) or a file whose parameters are
     updated by hand (`param.data.add_(-lr * param.grad)`) has no `torch.optim` optimizer to
     prepare: for a hand-written update the report says that it never sees gradients averaged across
-    processes (use an optimizer, or all-reduce the gradients); a script that shows none may only
+    processes (use an optimizer, or all-reduce the gradients), and also names what else the next run
+    needs: a seed before module-level draws the batches are made from (each process would draw its
+    own task), and a stop test on the step's loss (reduced by AM011 once migrated; bind it to a
+    name first when the test reads `loss.item()` itself); a script that shows none may only
     compute gradients (of its inputs, say); otherwise the file reads as a library module. Also reported: an optimizer built in a file with
     no `.backward()` at all (the step is hidden in another module, e.g. a trainer or a loss-scaler
     object). When no `.backward()` shows anywhere and a loop hands a factory-built optimizer to an
@@ -58,7 +61,8 @@ from migrate.roles import Roles
 from migrate.positions import start_lines
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name
 from migrate.roles.entry import _has_main_guard
-from migrate.roles.loaders import sampler_values
+from migrate.roles.loaders import random_batches, sampler_values, seeded_before
+from migrate.rules.reduce_per_rank_decisions import stop_tests
 from migrate.walk import walk
 
 CODE = "AM003"
@@ -186,9 +190,9 @@ def _optimizer_not_built_here(roles: Roles) -> tuple[str, bool]:
             f"as it is: the parameters are updated by hand (`{update}`), and nothing prepares the model, so on N "
             "processes that update would never see gradients averaged across processes: each process would "
             "train its own copy of the model. Use an optimizer (`optimizer = torch.optim.SGD(model.parameters(), "
-            "lr=...)`, with `optimizer.zero_grad()` and `optimizer.step()` in place of the update) and run the "
-            "migration again, or all-reduce the gradients yourself before the update "
-            "(`torch.distributed.all_reduce(p.grad)`, then divide by the number of processes)"
+            "lr=...)`, with `optimizer.zero_grad()` and `optimizer.step()` in place of the update)"
+            f"{_also_to_change(roles)} and run the migration again, or all-reduce the gradients yourself before "
+            "the update (`torch.distributed.all_reduce(p.grad)`, then divide by the number of processes)"
         ), True
     if script:
         return (
@@ -202,6 +206,44 @@ def _optimizer_not_built_here(roles: Roles) -> tuple[str, bool]:
         "to create the Accelerator; create one where the optimizer is built, prepare the training objects and "
         "call `accelerator.backward(loss)` here"
     ), True
+
+
+def _also_to_change(roles: Roles) -> str:
+    """What else the script needs for the migration to train right on N processes once it has an
+    optimizer: module-level draws the batches are made from with no seed before them (each process
+    would draw its own task), and what the migration then does by itself (seeds the batches apart,
+    reduces a step's loss that stops the loop)."""
+    sites = [(scope, site) for scope in roles.facts.scopes for site in scope.backwards]
+    if not sites:
+        return ""
+    scope, site = sites[0]
+    random = random_batches(roles, scope, site)
+    unseeded = [b for b in random[1] if not seeded_before(roles, b)] if random is not None else []
+    stops = stop_tests(site)
+    if not unseeded and not stops:
+        return ""
+    lines = start_lines(roles.facts.module, [*(b.where.stmt for b in unseeded), *(stmt for stmt, _, _ in stops)])
+    parts: list[str] = []
+    if unseeded and random is not None:
+        names = ", ".join(f"`{b.name}` (line {lines[b.where.stmt]})" for b in unseeded)
+        parts.append(
+            f"seed torch's RNG the same on every process before {names}, which `{random[0]}()` makes the batches "
+            "from (`torch.manual_seed(0)` above them, any fixed number): drawn with no seed, torch seeds each "
+            "process at random, so each would train on a different task; the migration then seeds the processes "
+            f"apart after the prepare call, so that each draws its own batches from `{random[0]}()`")
+    for stmt, bound, name in stops:
+        test = " ".join(cst.Module([]).code_for_node(stmt.test).split())
+        if bound is None:
+            parts.append(
+                f"bind the loss before the stop test `if {test}:` (line {lines[stmt]}), `step_loss = {name}.item()`, "
+                "and test `step_loss`: the migration then reduces it across processes before it decides, so that "
+                "every process leaves the loop at the same step")
+        else:
+            parts.append(
+                f"the stop test `if {test}:` (line {lines[stmt]}) reads this process's loss of the step; the migration "
+                f"reduces `{name}` across processes (mean) before it decides, so that every process leaves the loop "
+                "at the same step (nothing to change there)")
+    return "; " + "; ".join(parts) + ";"
 
 
 _DDP = frozenset({"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"})
