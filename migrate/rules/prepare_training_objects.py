@@ -238,6 +238,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if n not in home.prepared
     ]
     if not names or home.prepared:
+        _batches_left_alike(roles, plan)
         return
     if not roles.can_reach(home):
         # An Accelerator the script already creates elsewhere (`def main(): accelerator = ...`)
@@ -261,6 +262,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     else:
         anchor = roles.create_before
         if anchor is None:
+            _batches_left_alike(roles, plan)
             return
         plan.insert_before.setdefault(anchor, []).append(stmt)
     for name in names:
@@ -383,6 +385,23 @@ def _seed_draws_per_rank(
             f"different ones. {why}Seed each process differently once what must stay alike is done (a `random_split` "
             f"or other draw that picks the data; prepared loaders shuffle alike whatever the seed): {fix}"
         ), unconverted=True)
+
+
+def _batches_left_alike(roles: Roles, plan: EditPlan) -> None:
+    """Batches a function of the file draws from torch's RNG (`roles.random_batches`) where no
+    prepare call is inserted to seed the processes apart after: reported, as a step no DataLoader
+    feeds is."""
+    if roles.random_batches is None:
+        return
+    function = roles.random_batches[0]
+    sites = [site for scope in roles.facts.scopes for site in scope.backwards]
+    if not sites:
+        return
+    plan.report(CODE, sites[0].call, (
+        f"no DataLoader feeds this training step: its batches come from `{function}()`, which draws them from "
+        "torch's global RNG; seeded alike, every process would train on the same batches: seed each process "
+        "differently once what must stay alike is drawn (`torch.manual_seed(seed + accelerator.process_index)` "
+        "after the prepare call)"), unconverted=True)
 
 
 def _seed_batches_per_rank(
