@@ -28,6 +28,16 @@ DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloa
 
 DISTRIBUTED_SAMPLER = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
 
+# Draws from torch's global RNG of fresh values, and the calls that seed it.
+RNG_DRAWS = frozenset(
+    f"torch.{name}" for name in ("randn", "rand", "randint", "normal", "randn_like", "rand_like", "randint_like")
+)
+RNG_SEEDS = frozenset({
+    "torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all",
+    "lightning.seed_everything", "pytorch_lightning.seed_everything", "lightning.pytorch.seed_everything",
+    "transformers.set_seed", "accelerate.utils.set_seed",
+})
+
 
 def call_name(roles: Roles, value: cst.BaseExpression | None, pattern) -> bool:  # type: ignore[no-untyped-def]
     if type(value) is not cst.Call:

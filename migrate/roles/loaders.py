@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.analysis import Binding, CallSite, Loop, Scope, Site
-from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name, is_move_call
+from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.names import instance_attribute
@@ -432,6 +432,16 @@ def report_unsharded_training(roles: Roles) -> None:
             "`accelerator.process_index` (torchrun's `RANK`), and `accelerator.num_processes`"), unconverted=True))
         return
     source = stream.function if stream is not None else _batch_function(roles, scope, site)
+    random = random_batches(roles, scope, site) if stream is None else None
+    if random is not None:
+        function, task = random
+        unseeded = [b for b in task if not seeded_before(roles, b)]
+        if unseeded:
+            roles.findings.append(Finding(PREPARE, unseeded[0].where.stmt, unseeded_task_message(function, unseeded),
+                                          unconverted=True))
+            return
+        roles.random_batches = random  # seeded apart after the prepare call (AM004)
+        return
     if source is not None:
         drawn = stream.drawn if stream is not None and stream.drawn else f"{source}()"
         message = (
@@ -441,6 +451,25 @@ def report_unsharded_training(roles: Roles) -> None:
             "`accelerator.num_processes` (a per-rank seed for its random offsets, or a strided part of the "
             "data), or build the batches with a torch.utils.data.DataLoader (prepared, it shards them)"
         )
+    elif (sliced := _sequence_slices(roles, scope, site)) is not None:
+        tensor, shown, binding, carried = sliced
+        if binding is None:
+            return  # its rows are split by rank already: each process trains on its own sequences
+        state = (
+            f" `{carried}` carries from one slice to the next (truncated backpropagation through time), so a "
+            "prepared DataLoader, which would hand each process every N-th slice, breaks that chain;"
+            if carried else ""
+        )
+        message = (
+            f"no DataLoader feeds this training step, so every process would train on the same data: its batches "
+            f"are consecutive slices of `{tensor}` along its second axis (`{shown}` in the training loop), whose "
+            f"rows are the independent sequences of the batch;{state} split the rows per process instead, right "
+            f"after this line: `{tensor} = {tensor}[accelerator.process_index::accelerator.num_processes]` "
+            "(each process keeps whole sequences, in order), and size what is built per batch row (initial "
+            f"states) to this process's rows, `{tensor}.size(0)`, not the whole batch size"
+        )
+        roles.findings.append(Finding(PREPARE, binding.where.stmt, message, unconverted=True))
+        return
     else:
         message = (
             "no DataLoader feeds this training step, so every process would train on the same data: select "
@@ -450,6 +479,139 @@ def report_unsharded_training(roles: Roles) -> None:
             "or build independent batches with a torch.utils.data.DataLoader (prepared, it shards them)"
         )
     roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
+
+
+def random_batches(roles: Roles, scope: Scope, site: Site) -> tuple[str, list[Binding]] | None:
+    """The function of this file the training loop of `site` draws its batches from (`get_batch()`)
+    when it draws them from torch's global RNG, itself or through functions of this file it calls
+    (`torch.randn(batch_size)`), with the module-level bindings those functions read that are drawn
+    from that RNG too (the task the batches are made from: `W_target = torch.randn(4, 1) * 5`)."""
+    source = _batch_function(roles, scope, site)
+    function = roles.facts.functions.get(source) if source is not None else None
+    if function is None:
+        return None
+    reached: list[Scope] = []
+    todo = [function]
+    while todo and len(reached) < 8:
+        current = todo.pop()
+        if any(current is r for r in reached):
+            continue
+        reached.append(current)
+        todo.extend(f for c in current.calls if (f := roles.facts.functions.get(c.callee)) is not None)
+    if not any(call.qualified in RNG_DRAWS for f in reached for call in f.library_calls):
+        return None
+    read = {n.value for f in reached for n in _names_in(f.node)}
+    module = roles.facts.module_scope
+    task = [
+        binding
+        for name in sorted(read)
+        if not any(name in f.bindings or name in f.params for f in reached)
+        for binding in module.bindings.get(name, [])
+        if binding.value is not None and _draws(roles, binding.value)
+    ]
+    return function.name, sorted(task, key=lambda b: b.where.order)
+
+
+def _draws(roles: Roles, node: cst.CSTNode) -> bool:
+    """`node` calls one of torch's global-RNG draws."""
+    found: list[cst.Call] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if roles.facts.aliases.qualify(call.func) in RNG_DRAWS:
+                found.append(call)
+
+    walk(node, Finder())
+    return bool(found)
+
+
+def seeded_before(roles: Roles, binding: Binding) -> bool:
+    """A module-level seed of torch's RNG runs before the module-level `binding`."""
+    return any(
+        call.qualified in RNG_SEEDS and not call.loops and call.where.order < binding.where.order
+        for call in roles.facts.module_scope.library_calls
+    )
+
+
+def unseeded_task_message(function: str, task: list[Binding]) -> str:
+    """What to say of module-level draws the batches are made from, with no seed before them."""
+    names = ", ".join(f"`{b.name}`" for b in task)
+    return (
+        f"{names}, read by `{function}()` (the training batches), {'is' if len(task) == 1 else 'are'} drawn here "
+        "from torch's global RNG with no seed before: torch seeds each process at random, so on N processes each "
+        "would draw its own and train on a different task. Seed torch's RNG the same on every process before "
+        "this line (`torch.manual_seed(0)`, any fixed number) and run the migration again: it then seeds the "
+        f"processes apart after the prepare call, so that each draws its own batches from `{function}()` of "
+        "the one task"
+    )
+
+
+def _sequence_slices(roles: Roles, scope: Scope, site: Site) -> tuple[str, str, Binding | None, str | None] | None:
+    """A training loop `for i in range(...)` whose batch is a slice of one tensor along a later
+    axis, `ids[:, i:i + seq_length]`: consecutive chunks of the same rows (truncated BPTT). With
+    the tensor, the slice as shown, the tensor's binding and a name carried from one step to the
+    next (`outputs, states = model(inputs, states)`), if there is one. The binding is None when
+    the tensor's rows are split by rank already (`ids = ids[accelerator.process_index::...]`)."""
+    if not site.loops:
+        return None
+    loop = site.loops[-1]
+    if not isinstance(loop.node.target, cst.Name):
+        return None
+    index = loop.node.target.value
+    found: list[cst.Subscript] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Subscript(self, node: cst.Subscript) -> None:
+            if not isinstance(node.value, cst.Name) or len(node.slice) < 2:
+                return
+            first = node.slice[0].slice
+            if not (isinstance(first, cst.Slice) and first.lower is None and first.upper is None):
+                return
+            if any(isinstance(e.slice, cst.Slice) and index in {
+                n.value for part in (e.slice.lower, e.slice.upper) if part is not None for n in _names_in(part)
+            } for e in node.slice[1:]):
+                found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    walk(loop.node.body, Finder())
+    if not found:
+        return None
+    subscript = found[0]
+    assert isinstance(subscript.value, cst.Name)
+    tensor = subscript.value.value
+    origin = scope if tensor in scope.bindings else roles.facts.module_scope
+    bindings = [b for b in origin.bindings.get(tensor, []) if not _bound_in_loop(b, loop)]
+    if not bindings:
+        return None
+    if any(_split_by_rank(b.value) for b in bindings):
+        return tensor, "", None, None
+    return tensor, " ".join(cst.Module([]).code_for_node(subscript).split()), bindings[0], _carried(loop)
+
+
+def _split_by_rank(value: cst.BaseExpression | None) -> bool:
+    """`ids[accelerator.process_index::accelerator.num_processes]`, `data[rank::world_size]`."""
+    if not isinstance(value, cst.Subscript) or not isinstance(value.slice[0].slice, cst.Slice):
+        return False
+    code = cst.Module([]).code_for_node(value.slice[0].slice).lower()
+    return "process_index" in code or "rank" in code
+
+
+def _carried(loop: Loop) -> str | None:
+    """A name the loop's body passes to a call and binds from that call's result in one statement
+    (`outputs, states = model(inputs, states)`): state carried from one step to the next."""
+    for stmt in loop.node.body.body if isinstance(loop.node.body, cst.IndentedBlock) else ():
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Assign) and isinstance(small.value, cst.Call):
+                bound = {n.value for t in small.targets for n in _names_in(t.target)}
+                read = {n.value for a in small.value.args for n in _names_in(a.value)}
+                carried = sorted(bound & read)
+                if carried:
+                    return carried[0]
+    return None
 
 
 def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:

@@ -126,6 +126,11 @@ class Roles:
     # functions building the model and optimizer into a returned tuple, by id of their scope: the
     # caller that unpacks it is home
     object_builders: dict[int, ObjectBuilder] = field(default_factory=dict)
+    # no DataLoader feeds the training step: its batches come from this function of the file, which
+    # draws them from torch's global RNG (`get_batch()` over `torch.randn`), with the module-level
+    # bindings it reads that are drawn from that RNG too (the task: `W_target = torch.randn(...)`);
+    # AM004 seeds the processes apart after the prepare call so that each draws its own batches
+    random_batches: "tuple[str, list[Binding]] | None" = None
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole

@@ -130,9 +130,22 @@ Leaves alone:
     feeds (every process would train on the same data; when the batches come from a function of
     this file, `X, Y = get_batch()`, or an object of a class of this file, `x, y =
     train_loader.next_batch()`, the report names it as the one that must draw this process's
-    share; an object built with torchrun's global rank, nanoGPT's `DataLoaderLite(...,
+    share; when that function draws its batches from torch's global RNG, itself or through
+    functions of the file, `x = torch.randn(batch_size)` or random offsets `torch.randint(...)`,
+    and the module-level draws it reads (a task, `W_target = torch.randn(4, 1) * 5`) are seeded
+    alike before they are drawn, it is not reported: the processes other than the main one are
+    seeded apart right after the prepare call, as a GAN's noise is, so each draws its own batches
+    of the one task (one process runs as before; `tests/e2e/test_step_loss_early_stop.py`); with no
+    seed before such a task the report is at the task's line: torch seeds each process at random,
+    so each would train on a different task: seed it alike, and run again; an object built with torchrun's global rank, nanoGPT's `DataLoaderLite(...,
     process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
-    it is, since the local rank repeats on every node).
+    it is, since the local rank repeats on every node; when the batches are consecutive slices of
+    one tensor along a later axis, `ids[:, i:i + seq_length]`, with state carried from one step to
+    the next, truncated backpropagation through time, the report is at the tensor's binding and
+    says to split its rows per process right after it,
+    `ids = ids[accelerator.process_index::accelerator.num_processes]`, and to size the initial
+    states to `ids.size(0)`: a prepared loader would hand each process every N-th chunk and break
+    the carried state; rows split so by rank are not reported).
     Noise of a GAN drawn in the training loop is seeded apart after the prepare call (see above);
     when a seed of the file may run after that point (in a loop, after the prepare call, or in a
     function not called only before it), which would seed the processes alike again, or a
@@ -183,9 +196,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Scope, StmtRef
+from migrate.analysis import LibraryCall, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.roles.calls import RNG_DRAWS, RNG_SEEDS
 from migrate.roles.model import WrappedOptimizer
 from migrate.roles.placement import first_code_statement
 from migrate.rules.base import assignment, indent_of, prepared_loaders
@@ -244,6 +258,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if n not in home.prepared
     ]
     if not names or home.prepared:
+        _batches_left_alike(roles, plan)
         return
     if not roles.can_reach(home):
         # An Accelerator the script already creates elsewhere (`def main(): accelerator = ...`)
@@ -267,6 +282,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     else:
         anchor = roles.create_before
         if anchor is None:
+            _batches_left_alike(roles, plan)
             return
         plan.insert_before.setdefault(anchor, []).append(stmt)
     for name in names:
@@ -309,14 +325,8 @@ def _prepare_received(roles: Roles, plan: EditPlan) -> None:
 
 # Draws from torch's global RNG of fresh values (not a permutation of the data: that is the
 # loader's business, reported as a training step no DataLoader feeds).
-_DRAWS = frozenset(
-    f"torch.{name}" for name in ("randn", "rand", "randint", "normal", "randn_like", "rand_like", "randint_like")
-)
-_SEEDS = frozenset({
-    "torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all",
-    "lightning.seed_everything", "pytorch_lightning.seed_everything", "lightning.pytorch.seed_everything",
-    "transformers.set_seed", "accelerate.utils.set_seed",
-})
+_DRAWS = RNG_DRAWS
+_SEEDS = RNG_SEEDS
 
 
 def _seed_draws_per_rank(
@@ -336,9 +346,11 @@ def _seed_draws_per_rank(
     each process's RNG holds. Reported at the draw instead when a seed of the file may run after
     that point (in a loop, in another function, after the prepare call), which would make the
     processes alike again or reseed them where it is not known to be safe."""
-    if not roles.loaders:
-        return  # no DataLoader feeds the training: its own report says every process trains alike
     seeds = [(scope, call) for scope in roles.facts.scopes for call in scope.library_calls if call.qualified in _SEEDS]
+    if not roles.loaders:
+        if roles.random_batches is not None and not any(_reads_rank(call.call) for _, call in seeds):
+            _seed_batches_per_rank(roles, plan, where, anchor, after, seeds)
+        return  # otherwise its own report says every process trains alike
     if any(_reads_rank(call.call) for _, call in seeds):
         return
     drawn = [(draw, model) for scope in roles.facts.scopes if roles.can_reach(scope)
@@ -393,6 +405,62 @@ def _seed_draws_per_rank(
             f"different ones. {why}Seed each process differently once what must stay alike is done (a `random_split` "
             f"or other draw that picks the data; prepared loaders shuffle alike whatever the seed): {fix}"
         ), unconverted=True)
+
+
+def _batches_left_alike(roles: Roles, plan: EditPlan) -> None:
+    """Batches a function of the file draws from torch's RNG (`roles.random_batches`) where no
+    prepare call is inserted to seed the processes apart after: reported, as a step no DataLoader
+    feeds is."""
+    if roles.random_batches is None:
+        return
+    function = roles.random_batches[0]
+    sites = [site for scope in roles.facts.scopes for site in scope.backwards]
+    if not sites:
+        return
+    plan.report(CODE, sites[0].call, (
+        f"no DataLoader feeds this training step: its batches come from `{function}()`, which draws them from "
+        "torch's global RNG; seeded alike, every process would train on the same batches: seed each process "
+        "differently once what must stay alike is drawn (`torch.manual_seed(seed + accelerator.process_index)` "
+        "after the prepare call)"), unconverted=True)
+
+
+def _seed_batches_per_rank(
+    roles: Roles, plan: EditPlan, where: StmtRef | None, anchor: cst.BaseStatement, after: bool,
+    seeds: list[tuple[Scope, LibraryCall]],
+) -> None:
+    """No DataLoader feeds the training step: its batches come from a function of the file that
+    draws them from torch's global RNG (`get_batch()` over `torch.randn`), and what they are made
+    from (a task drawn at the module level) is seeded alike on every process before it is drawn
+    (`migrate.roles.loaders.random_batches`). Seeded alike, every process would draw the same
+    batches: right after the prepare call the processes other than the main one seed apart, as a
+    GAN's noise is. Reported instead when a seed or the task's draw may run after that point."""
+    assert roles.random_batches is not None
+    function, task = roles.random_batches
+    home = roles.home
+    assert home is not None
+    torch_names = roles.facts.aliases.local_names_for("torch")
+    late = [call for scope, call in seeds if not _runs_before(roles, scope, call.where, call.loops, where)]
+    drawn_late = [b for b in task if not _runs_before(roles, roles.facts.module_scope, b.where, (), where)]
+    if torch_names and not late and not drawn_late:
+        torch_name = torch_names[0]
+        stmt = cst.parse_statement(
+            "if accelerator.process_index:\n"
+            f"    {torch_name}.manual_seed({torch_name}.initial_seed() + accelerator.process_index)\n"
+        )
+        (plan.insert_after if after else plan.insert_before).setdefault(anchor, []).append(stmt)
+        plan.change(CODE, anchor, (
+            f"the training batches, drawn by `{function}()` from torch's global RNG, are drawn apart on each "
+            "process: after the prepare call the processes other than the main one seed torch's RNG with "
+            "`torch.initial_seed() + accelerator.process_index`"))
+        return
+    what = (f"`{cst.Module([]).code_for_node(late[0].call)}` may run after the prepare call" if late
+            else f"`{drawn_late[0].name}`, which `{function}()` reads, is drawn after the prepare call")
+    node = late[0].call if late else drawn_late[0].where.stmt
+    plan.report(CODE, node, (
+        f"no DataLoader feeds this training step: its batches come from `{function}()`, which draws them from "
+        f"torch's global RNG, seeded alike on every process, so all of them would train on the same batches. "
+        f"They were not seeded apart after the prepare call, since {what}: seed each process differently once "
+        "what must stay alike is drawn (`torch.manual_seed(seed + accelerator.process_index)`)"), unconverted=True)
 
 
 # Draws from torch's global RNG that pick the data: they must give every process the same result.

@@ -9,6 +9,11 @@ What it does:
     stopping, `break`), it inserts, right after the value is bound,
     `value = accelerator.reduce(torch.tensor(value, dtype=torch.float64, device=accelerator.device),
     "mean").item()` (`"sum"` for the running sum itself).
+    A step's own loss that leaves a training loop, `value = loss.item()` (or `float(loss)`) of
+    the tensor the loop calls `backward` on, then `if value < tol: break` (or `return`) in that
+    loop's body, is reduced with `"mean"` right after its binding, whatever feeds the step (a
+    prepared loader, or batches each process draws apart): one all-reduce of a number per step.
+    A test on `loss.item()` itself is reported, saying to bind it first and run again.
     A running sum that is read after its loop only divided by the size of the whole dataset
     (`train_loss / len(train_loader.dataset)` in a print, or `train_loss /= len(train_loader.dataset)`
     and then any use) is reduced with `"sum"` right after the loop, whatever it then feeds: the
@@ -60,7 +65,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate.analysis import Scope
+from migrate.analysis import Scope, Site
 from migrate.edits import EditPlan
 from migrate.names import target_names
 from migrate.roles import Roles
@@ -84,10 +89,11 @@ class _Value:
 def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models or roles.refused:
         return
+    torch_names = roles.facts.aliases.local_names_for("torch")
+    _step_losses(roles, plan, torch_names)
     loaders = prepared_loaders(roles, plan)
     if not loaders:
         return
-    torch_names = roles.facts.aliases.local_names_for("torch")
     returning: set[str] = set()  # functions that return a per-rank value
     per_scope: dict[int, dict[str, _Value]] = {}
     for scope in roles.facts.scopes:
@@ -134,6 +140,137 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             plan.insert_after.setdefault(value.after, []).append(cst.parse_statement(line + "\n"))
             plan.use_accelerator(scope)
             plan.change(CODE, value.after, f"`{name}` reduced across processes before it decides")
+
+
+def _step_losses(roles: Roles, plan: EditPlan, torch_names: list[str]) -> None:
+    """`loss = output.item()` of the value a training loop calls `backward` on, then, in the same
+    loop, `if loss < tol: break` (or `return`): each process tests its own step's loss, so the
+    processes would leave the loop at different steps and the others wait in the next all-reduce.
+    The loss is reduced ("mean") right after its binding. A test on `output.item()` itself is
+    reported with the lines to write."""
+    torch_name = torch_names[0] if torch_names else "torch"
+    line = (
+        f"{{name}} = accelerator.reduce(\n    {torch_name}.tensor({{name}}, dtype={torch_name}.float64, "
+        'device=accelerator.device), "mean"\n).item()'
+    )
+    for scope in roles.facts.scopes:
+        seen: set[int] = set()
+        for site in scope.backwards:
+            for stmt, bound, name in stop_tests(site):
+                if id(stmt) in seen:
+                    continue
+                seen.add(id(stmt))
+                if bound is None:
+                    plan.report(CODE, stmt, (
+                        f"`{name}.item()`, this process's loss of the step, decides here to leave the training "
+                        "loop: on N processes each would leave at its own step and the others wait in the next "
+                        f"all-reduce. Bind it before the test, `step_loss = {name}.item()`, test `step_loss`, and "
+                        "run the migration again: it is then reduced across processes before it decides"),
+                        unconverted=True)
+                    continue
+                if _already_reduced(scope, name):
+                    continue
+                if torch_names and roles.can_reach(scope):
+                    plan.insert_after.setdefault(bound, []).append(cst.parse_statement(line.format(name=name) + "\n"))
+                    plan.use_accelerator(scope)
+                    plan.change(CODE, bound, (
+                        f"`{name}`, this process's loss of the step, reduced across processes before it decides "
+                        "to leave the training loop"))
+                    continue
+                plan.report(CODE, stmt, (
+                    f"`{name}` is this process's loss of the step and decides here to leave the training loop: "
+                    "on N processes each would leave at its own step and the others wait in the next "
+                    f"all-reduce. Add `{' '.join(line.format(name=name).split())}` right after it is bound"),
+                    unconverted=True)
+
+
+def stop_tests(site: Site) -> list[tuple[cst.If, cst.BaseStatement | None, str]]:
+    """The early stops of the training loop of the backward `site` (`output.backward()`) that read
+    this process's loss of the step: `if loss < tol: break` (or `return`) in the loop's body, with
+    the statement binding `loss = output.item()` before it in that body and not bound again after
+    it, and the name; `if output.item() < tol: break` with None and the tensor's name."""
+    if not site.loops or type(site.receiver) is not cst.Name:
+        return []
+    loop = site.loops[-1]
+    if not isinstance(loop.node.body, cst.IndentedBlock):
+        return []
+    block = list(loop.node.body.body)
+    tensor = site.receiver.value
+    found: list[tuple[cst.If, cst.BaseStatement | None, str]] = []
+    for index, stmt in enumerate(block):
+        if not isinstance(stmt, cst.If) or not _leaves(stmt.body):
+            continue
+        read = names_read(stmt.test)
+        bound = [(earlier, name) for earlier in block[:index] for name in _item_of(earlier, tensor) if name in read]
+        if bound and not _rebound_after(block, bound[-1][0], bound[-1][1]):
+            found.append((stmt, bound[-1][0], bound[-1][1]))
+        elif not bound and _reads_item(stmt.test, tensor):
+            found.append((stmt, None, tensor))
+    return found
+
+
+def _leaves(suite: cst.BaseSuite) -> bool:
+    """The block `break`s or `return`s (not from a nested loop or function)."""
+    found: list[cst.CSTNode] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Break(self, node: cst.Break) -> None:
+            found.append(node)
+
+        def visit_Return(self, node: cst.Return) -> None:
+            found.append(node)
+
+        def visit_For(self, node: cst.For) -> bool:
+            return False
+
+        def visit_While(self, node: cst.While) -> bool:
+            return False
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    walk(suite, Visitor())
+    return bool(found)
+
+
+def _item_of(stmt: cst.BaseStatement, tensor: str) -> list[str]:
+    """`name = tensor.item()` / `name = float(tensor)`: the name bound to the step's loss as a number."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return []
+    small = stmt.body[0]
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)):
+        return []
+    value = small.value
+    if not isinstance(value, cst.Call):
+        return []
+    func = value.func
+    if (isinstance(func, cst.Attribute) and func.attr.value == "item" and not value.args
+            and isinstance(func.value, cst.Name) and func.value.value == tensor):
+        return [small.targets[0].target.value]
+    if (isinstance(func, cst.Name) and func.value == "float" and len(value.args) == 1
+            and isinstance(value.args[0].value, cst.Name) and value.args[0].value.value == tensor):
+        return [small.targets[0].target.value]
+    return []
+
+
+def _reads_item(test: cst.BaseExpression, tensor: str) -> bool:
+    found: list[cst.Call] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if (isinstance(func, cst.Attribute) and func.attr.value == "item"
+                    and isinstance(func.value, cst.Name) and func.value.value == tensor):
+                found.append(node)
+
+    walk(test, Visitor())
+    return bool(found)
+
+
+def _rebound_after(block: list[cst.BaseStatement], stmt: cst.BaseStatement, name: str) -> bool:
+    """`name` is bound again in the loop's block after `stmt` (in any nested block)."""
+    after = block[_index(block, stmt) + 1:]
+    return any(name in _assigned_names(s) for s in _simple_statements(after))
 
 
 def _accumulators(

@@ -28,10 +28,18 @@ Leaves alone:
     `backward`, is the optimizer over that model, AM004), a function of another module whose
     result is not stepped after a backward or that is handed no model (a factory stepped after
     `backward` over a model argument is the optimizer, AM004), or a parameter the caller fills (`self.optimizer = optimizer` in a constructor). A
+    file handed its optimizer that builds its training DataLoader with a `DistributedSampler` and
+    wraps the model in `DistributedDataParallel` (minGPT-ddp's trainer) already trains distributed
+    under torchrun as it is: a note (not unconverted) names the loader, the sampler and the wrap by
+    line, and says how to migrate it with its caller (build the loader without the sampler in the
+    script that builds the optimizer, hand it in, give both files in one run). A
     script (a `__main__` guard, or a backward at module level) or a file whose parameters are
     updated by hand (`param.data.add_(-lr * param.grad)`) has no `torch.optim` optimizer to
     prepare: for a hand-written update the report says that it never sees gradients averaged across
-    processes (use an optimizer, or all-reduce the gradients); a script that shows none may only
+    processes (use an optimizer, or all-reduce the gradients), and also names what else the next run
+    needs: a seed before module-level draws the batches are made from (each process would draw its
+    own task), and a stop test on the step's loss (reduced by AM011 once migrated; bind it to a
+    name first when the test reads `loss.item()` itself); a script that shows none may only
     compute gradients (of its inputs, say); otherwise the file reads as a library module. Also reported: an optimizer built in a file with
     no `.backward()` at all (the step is hidden in another module, e.g. a trainer or a loss-scaler
     object). When no `.backward()` shows anywhere and a loop hands a factory-built optimizer to an
@@ -50,7 +58,11 @@ import libcst as cst
 from migrate.analysis import Binding, Scope
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.positions import start_lines
+from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name
 from migrate.roles.entry import _has_main_guard
+from migrate.roles.loaders import random_batches, sampler_values, seeded_before
+from migrate.rules.reduce_per_rank_decisions import stop_tests
 from migrate.walk import walk
 
 CODE = "AM003"
@@ -155,6 +167,12 @@ def _optimizer_not_built_here(roles: Roles) -> tuple[str, bool]:
                 "`torch.optim.X(model.parameters(), ...)`, and run the migration again)"
             ), True
         if type(value) is cst.Name and value.value in scope.params:
+            distributed = _trains_distributed(roles)
+            if distributed is not None:
+                return (
+                    f"`.backward()` found but no optimizer is built in this file: it comes from `{code}`, the "
+                    f"parameter `{value.value}` of `{scope.qualname}`, built by the code that calls it. {distributed}"
+                ), False
             return (
                 f"{_NOT_BUILT} here: the optimizer comes from `{code}`, the parameter `{value.value}` of "
                 f"`{scope.qualname}`, built by the code that calls it. Migrate this file together with the "
@@ -172,9 +190,9 @@ def _optimizer_not_built_here(roles: Roles) -> tuple[str, bool]:
             f"as it is: the parameters are updated by hand (`{update}`), and nothing prepares the model, so on N "
             "processes that update would never see gradients averaged across processes: each process would "
             "train its own copy of the model. Use an optimizer (`optimizer = torch.optim.SGD(model.parameters(), "
-            "lr=...)`, with `optimizer.zero_grad()` and `optimizer.step()` in place of the update) and run the "
-            "migration again, or all-reduce the gradients yourself before the update "
-            "(`torch.distributed.all_reduce(p.grad)`, then divide by the number of processes)"
+            "lr=...)`, with `optimizer.zero_grad()` and `optimizer.step()` in place of the update)"
+            f"{_also_to_change(roles)} and run the migration again, or all-reduce the gradients yourself before "
+            "the update (`torch.distributed.all_reduce(p.grad)`, then divide by the number of processes)"
         ), True
     if script:
         return (
@@ -188,6 +206,113 @@ def _optimizer_not_built_here(roles: Roles) -> tuple[str, bool]:
         "to create the Accelerator; create one where the optimizer is built, prepare the training objects and "
         "call `accelerator.backward(loss)` here"
     ), True
+
+
+def _also_to_change(roles: Roles) -> str:
+    """What else the script needs for the migration to train right on N processes once it has an
+    optimizer: module-level draws the batches are made from with no seed before them (each process
+    would draw its own task), and what the migration then does by itself (seeds the batches apart,
+    reduces a step's loss that stops the loop)."""
+    sites = [(scope, site) for scope in roles.facts.scopes for site in scope.backwards]
+    if not sites:
+        return ""
+    scope, site = sites[0]
+    random = random_batches(roles, scope, site)
+    unseeded = [b for b in random[1] if not seeded_before(roles, b)] if random is not None else []
+    stops = stop_tests(site)
+    if not unseeded and not stops:
+        return ""
+    lines = start_lines(roles.facts.module, [*(b.where.stmt for b in unseeded), *(stmt for stmt, _, _ in stops)])
+    parts: list[str] = []
+    if unseeded and random is not None:
+        names = ", ".join(f"`{b.name}` (line {lines[b.where.stmt]})" for b in unseeded)
+        parts.append(
+            f"seed torch's RNG the same on every process before {names}, which `{random[0]}()` makes the batches "
+            "from (`torch.manual_seed(0)` above them, any fixed number): drawn with no seed, torch seeds each "
+            "process at random, so each would train on a different task; the migration then seeds the processes "
+            f"apart after the prepare call, so that each draws its own batches from `{random[0]}()`")
+    for stmt, bound, name in stops:
+        test = " ".join(cst.Module([]).code_for_node(stmt.test).split())
+        if bound is None:
+            parts.append(
+                f"bind the loss before the stop test `if {test}:` (line {lines[stmt]}), `step_loss = {name}.item()`, "
+                "and test `step_loss`: the migration then reduces it across processes before it decides, so that "
+                "every process leaves the loop at the same step")
+        else:
+            parts.append(
+                f"the stop test `if {test}:` (line {lines[stmt]}) reads this process's loss of the step; the migration "
+                f"reduces `{name}` across processes (mean) before it decides, so that every process leaves the loop "
+                "at the same step (nothing to change there)")
+    return "; " + "; ".join(parts) + ";"
+
+
+_DDP = frozenset({"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"})
+
+
+def _trains_distributed(roles: Roles) -> str | None:
+    """A file that builds its training DataLoader with a `DistributedSampler` and wraps the model it
+    is handed in `DistributedDataParallel` (minGPT-ddp's trainer): it already trains distributed
+    under torchrun as it is. What to tell the user, with the lines; None when it does not."""
+    wraps = [call for scope in roles.facts.scopes for call in scope.library_calls if call.qualified in _DDP]
+    if not wraps:
+        return None
+    for scope in roles.facts.scopes:
+        for library_call in scope.library_calls:
+            if not call_name(roles, library_call.call, DATALOADER):
+                continue
+            samplers = [v for v in sampler_values(roles, scope, library_call.call) if call_name(roles, v, DISTRIBUTED_SAMPLER)]
+            if not samplers:
+                continue
+            assert samplers[0] is not None
+            bound = _loader_binding(roles, scope, library_call.call)
+            anchor = bound.where.stmt if bound is not None else library_call.where.stmt
+            lines = start_lines(roles.facts.module, [anchor, samplers[0], wraps[0].where.stmt])
+            named = f"`{bound.name}`, " if bound is not None else ""
+            epochs = ", drop its `sampler.set_epoch(...)` calls here" if _calls_set_epoch(roles.facts.module) else ""
+            return (
+                "This file already trains distributed as it is, and was left so: it builds its training "
+                f"DataLoader here ({named}line {lines[anchor]}) with a `DistributedSampler` (line {lines[samplers[0]]}), "
+                "which gives each process its share of the data, and wraps the model in `DistributedDataParallel` "
+                f"(line {lines[wraps[0].where.stmt]}), which averages the gradients: run it under torchrun or "
+                "`accel launch` as before. To use the Accelerator instead, build that DataLoader without the sampler "
+                "(keep its shuffle) in the script that builds the optimizer, hand the loader to this code in place of "
+                f"what it builds it from{epochs}, and migrate "
+                "this file together with that script in one run (give both, e.g. the project's folder): the loader is "
+                "then prepared there with the model and the optimizer, and the `DistributedDataParallel` wrap goes"
+            )
+    return None
+
+
+def _loader_binding(roles: Roles, scope: Scope, call: cst.Call) -> Binding | None:
+    """Where the DataLoader built by `call` is bound: its own binding, or the first binding of a call
+    of the function that returns it (`self.train_loader = self._prepare_dataloader(train_dataset)`)."""
+    for bindings in scope.bindings.values():
+        for binding in bindings:
+            if binding.value is call:
+                return binding
+    if not scope.is_function or not any(r is call for r in scope.returns):
+        return None
+    found = [
+        binding
+        for other in roles.facts.scopes
+        for bindings in other.bindings.values()
+        for binding in bindings
+        if type(binding.value) is cst.Call
+        and cst.Module([]).code_for_node(binding.value.func) in (scope.name, f"self.{scope.name}")
+    ]
+    return min(found, key=lambda b: b.where.order) if found else None
+
+
+def _calls_set_epoch(module: cst.Module) -> bool:
+    found: list[cst.Attribute] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if node.attr.value == "set_epoch":
+                found.append(node)
+
+    walk(module, Finder())
+    return bool(found)
 
 
 def _hand_written_update(roles: Roles) -> str | None:
