@@ -119,7 +119,8 @@ Leaves alone:
     in a class body (`class Setup: optimizer = SGD(...)`, run once when the class is defined) is
     reported and the file left as it is: no placement of `prepare` there is right for its methods.
     Also reported: `torch.compile(model)` before the prepare call (it would compile the unwrapped
-    model: compile the prepared one), a training loop over something the code shows is no
+    model: compile the prepared one; not in a branch that never runs, `if False:` or a switch the
+    file binds only to `False`, `use_compile = False` ... `if use_compile:`), a training loop over something the code shows is no
     `DataLoader` (a torchtext `BucketIterator`, also one a helper of this file returns; a generator
     function of this file; an instance of a class of this file that does not subclass DataLoader;
     `zip(...)` or another builtin; a list), named with what builds it, or over a loader not bound
