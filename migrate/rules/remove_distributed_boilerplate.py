@@ -813,28 +813,73 @@ def _move_inputs(roles: Roles, plan: EditPlan, name: str, wrapper: cst.Call, wra
 
 
 def _placement(
-    roles: Roles, scope: Scope, arg: cst.Arg, where: StmtRef, loops: tuple[Loop, ...], loaders: list[str]
+    roles: Roles, scope: Scope, arg: cst.Arg, where: StmtRef, loops: tuple[Loop, ...], loaders: list[str],
+    depth: int = 0,
 ) -> str:
     """'cpu' (a tensor built on the CPU), 'placed' (moved, built on a device, or a batch of a
     prepared loader) or 'unknown', for an argument of a model call."""
     if arg.star:
         return "unknown"
-    value = arg.value
-    if type(value) is cst.Name:
-        for loop in loops:
-            if value.value in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, loaders):
-                return "placed"
-        before = [b for b in scope.bindings.get(value.value, []) if b.where.order < where.order]
-        if not before:
-            return "unknown"
-        kinds = {"unknown" if b.is_loop_target else _built_on(roles, b.value if b.value is not None
-                                                              else _unpacked_value(b.where.stmt, b.name))
-                 for b in before}
-        if "placed" in kinds:
-            # moved once (`x = x.cuda()`), then transformed (`x, y = mixup(x, y)`): still there
+    return _value_placement(roles, scope, arg.value, where, loops, loaders, depth)
+
+
+def _value_placement(
+    roles: Roles, scope: Scope, value: cst.BaseExpression, where: StmtRef, loops: tuple[Loop, ...],
+    loaders: list[str], depth: int,
+) -> str:
+    """Where a value used at `where` lives: a slice of a tensor (`idx[:, -n:]`) lives where the tensor
+    does; a name where its bindings above put it; a parameter of a plain function of this file where
+    every call of it in the file puts the argument (`generate(model, idx=encoded)` with `encoded =
+    ids.to(device)`): 'placed' only when every caller's is."""
+    while type(value) is cst.Subscript:
+        value = value.value
+    if type(value) is not cst.Name:
+        return _built_on(roles, value)
+    for loop in loops:
+        if value.value in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, loaders):
             return "placed"
-        return "cpu" if kinds == {"cpu"} else "unknown"
-    return _built_on(roles, value)
+    before = [b for b in scope.bindings.get(value.value, []) if b.where.order < where.order]
+    if not before:
+        if value.value in scope.params and depth < 3:
+            return _passed_placement(roles, scope, value.value, loaders, depth + 1)
+        return "unknown"
+    kinds = set()
+    for b in before:
+        bound = b.value if b.value is not None else _unpacked_value(b.where.stmt, b.name)
+        if b.is_loop_target:
+            kinds.add("unknown")
+        elif type(bound) in (cst.Name, cst.Subscript) and depth < 3:
+            kinds.add(_value_placement(roles, scope, bound, b.where, loops, loaders, depth + 1))
+        else:
+            kinds.add(_built_on(roles, bound))
+    if "placed" in kinds:
+        # moved once (`x = x.cuda()`), then transformed (`x, y = mixup(x, y)`): still there
+        return "placed"
+    return "cpu" if kinds == {"cpu"} else "unknown"
+
+
+def _passed_placement(roles: Roles, scope: Scope, name: str, loaders: list[str], depth: int) -> str:
+    """Where the callers of the plain function `scope` put its parameter `name`: the same for
+    every call of it in the file, else 'unknown' (so is a function no call of the file reaches)."""
+    if not scope.is_function or scope.is_method:
+        return "unknown"
+    index = scope.params.index(name)
+    kinds = set()
+    for caller in roles.facts.scopes:
+        for site in caller.calls:
+            if site.callee != scope.name or roles.facts.resolve(site.callee, caller) is not scope:
+                continue
+            args = site.call.args
+            arg = next((a for a in args if a.keyword is not None and a.keyword.value == name), None)
+            positional = [a for a in args if a.keyword is None]
+            if arg is None and not any(a.star for a in positional) and index < len(positional):
+                arg = positional[index]
+            if arg is None:
+                return "unknown"
+            kinds.add(_placement(roles, caller, arg, site.where, site.loops, loaders, depth))
+    if len(kinds) != 1:
+        return "unknown"
+    return kinds.pop()
 
 
 def _unpacked_value(stmt: cst.BaseStatement, name: str) -> cst.BaseExpression | None:
