@@ -38,7 +38,11 @@ What it does:
       call of the model that is provably built on the CPU (`model(torch.randn(20, 10))`, or a
       name bound to a tensor factory without `device=`) gets `.to(accelerator.device)`; an input
       the file neither builds on the CPU nor shows on the device (a batch of a prepared loader, a
-      tensor moved with `.to(...)` / `.cuda()`) is reported at the call. A wrapper under an `if`
+      tensor moved with `.to(...)` / `.cuda()`) is reported at the call. A slice (`idx[:, -n:]`)
+      is where its tensor is; a parameter of a plain function of the file is followed to every
+      call of that function in the file (`generate(model, idx=encoded)` with `encoded =
+      ids.to(device)` is on the device), and reported when some caller passes a value not shown
+      on the device. A wrapper under an `if`
       is not followed: the script also ran the model unwrapped, so it moves its inputs itself.
     - The functional `nn.parallel.data_parallel(self.main, input, range(self.ngpu))` in a model's
       `forward` (DCGAN's shape) becomes `self.main(input)` (a written-out tuple of inputs is
