@@ -7,9 +7,12 @@ them without a seed is each process's own, as a sharded loader's would be. Seede
 every process shares (`torch.manual_seed(0)`, `np.random.seed(args.seed)`, `seed_everything(42)`)
 they draw alike. A draw on a CUDA device (`device=device`) uses the CUDA generator, which starts
 from torch's fixed default seed on every process; so does a `torch.Generator()` handed in with
-`generator=`: both draw alike, seeded or not."""
+`generator=`, and a draw without `device=` in a file that moves torch's default device
+(`torch.set_default_device("cuda")`): these draw alike, seeded or not."""
 
 from __future__ import annotations
+
+import weakref
 
 import libcst as cst
 
@@ -51,6 +54,8 @@ def draw_generator(facts: Facts, call: cst.Call) -> str | None:
     if "generator" in keywords:
         return None
     if qualified in TORCH_DRAWS:
+        if default_device_changed(facts):
+            return None  # `torch.set_default_device("cuda")`: a draw without `device=` is on the GPU
         device = keywords.get("device")
         if device is not None and not (type(device) is cst.SimpleString and device.evaluated_value == "cpu"):
             return None
@@ -61,6 +66,35 @@ def draw_generator(facts: Facts, call: cst.Call) -> str | None:
     if head == "random" and last not in _NOT_DRAWS:
         return RANDOM
     return None
+
+
+_DEFAULT_DEVICE = frozenset({"torch.set_default_device", "torch.set_default_tensor_type", "torch.device"})
+
+
+def default_device_changed(facts: Facts) -> bool:
+    """The file may move torch's default device off the CPU: `torch.set_default_device(...)`,
+    `torch.set_default_tensor_type(...)`, or `with torch.device("cuda"):`."""
+    known = _DEFAULT_DEVICE_CHANGED.get(facts)
+    if known is not None:
+        return known
+    found: list[bool] = []
+
+    class Defaults(Visitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            qualified = facts.aliases.qualify(node.func) or ""
+            if qualified in _DEFAULT_DEVICE and qualified != "torch.device":
+                found.append(True)
+
+        def visit_WithItem(self, node: cst.WithItem) -> None:
+            if type(node.item) is cst.Call and facts.aliases.qualify(node.item.func) == "torch.device":
+                found.append(True)
+
+    walk(facts.module, Defaults())
+    _DEFAULT_DEVICE_CHANGED[facts] = bool(found)
+    return bool(found)
+
+
+_DEFAULT_DEVICE_CHANGED: weakref.WeakKeyDictionary[Facts, bool] = weakref.WeakKeyDictionary()
 
 
 def drawn_from(facts: Facts, scope: Scope, value: cst.BaseExpression, before: StmtRef, depth: int = 0) -> str | None:
