@@ -418,7 +418,7 @@ def _library_call(
         plan.use_accelerator(scope)
         plan.change(CODE, call, "`dist.barrier()` -> `accelerator.wait_for_everyone()`")
     elif qualified in _RANK_PROPERTY and call not in plan.calls:
-        if roles.needs_parameter(scope) and not nested_in(scope, roles.facts.module_scope):
+        if roles.needs_parameter(scope):
             deferred.append((scope, qualified, call, where))  # see `_other_modules_rank_reads`
         else:
             _rank_read(plan, scope, qualified, call)
@@ -440,7 +440,10 @@ def _other_modules_rank_reads(
     group then exists there exactly when it did in the original, and the runtime reuses it), or
     when the statement goes with a removed DistributedSampler (`num_tasks = dist.get_world_size()`
     read only by the sampler: the rebound name is then removed as unused). Otherwise rewritten as
-    in the entry: one process started without torchrun has no group."""
+    in the entry: one process started without torchrun has no group. A function of this module
+    that would need the parameter is decided here too, after the samplers are removed: a read that
+    goes with a removed sampler (`DistributedSampler(ds, num_replicas=dist.get_world_size())` in
+    a loader helper) hands the helper no `accelerator` it would never use."""
     if not deferred:
         return
     kept_group = any(
@@ -449,7 +452,8 @@ def _other_modules_rank_reads(
         for call in scope.library_calls
     )
     for scope, qualified, call, where in deferred:
-        if kept_group or _goes_with_removed_statements(plan, scope, where):
+        other_module = not nested_in(scope, roles.facts.module_scope)
+        if (kept_group and other_module) or call in plan.calls or _goes_with_removed_statements(plan, scope, where):
             continue
         _rank_read(plan, scope, qualified, call)
 
