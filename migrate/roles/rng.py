@@ -100,7 +100,8 @@ _DEFAULT_DEVICE_CHANGED: weakref.WeakKeyDictionary[Facts, bool] = weakref.WeakKe
 def drawn_from(facts: Facts, scope: Scope, value: cst.BaseExpression, before: StmtRef, depth: int = 0) -> str | None:
     """The generator (see `draw_generator`) a value used at `before` is drawn from, following its
     moves and casts (`torch.randn(20, 5).to(rank)`), `torch.from_numpy(...)`, and a name's latest
-    binding in `scope` above `before`; None when it is not (only) a draw."""
+    binding in `scope` above `before`, and rows indexed by a draw (`data[idx]` with `idx =
+    torch.randint(0, n, (b,))`); None when it is not (only) a draw."""
     if depth > 4:
         return None
     while type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in _KEEPS_VALUES:
@@ -113,6 +114,9 @@ def drawn_from(facts: Facts, scope: Scope, value: cst.BaseExpression, before: St
         if latest.value is None or latest.is_loop_target:
             return None
         return drawn_from(facts, scope, latest.value, latest.where, depth + 1)
+    if type(value) is cst.Subscript and len(value.slice) == 1 and type(value.slice[0].slice) is cst.Index:
+        # rows picked by drawn indices (`data[torch.randint(0, n, (b,))]`): a sample of its own
+        return drawn_from(facts, scope, value.slice[0].slice.value, before, depth + 1)
     if type(value) is not cst.Call:
         return None
     if (facts.aliases.qualify(value.func) or "") in _AS_TENSOR and len(value.args) >= 1 and value.args[0].keyword is None:

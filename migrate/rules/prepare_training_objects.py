@@ -134,7 +134,7 @@ Leaves alone:
     (when AM007 is off: preparing it would shard twice), and a training step that no DataLoader
     feeds (every process would train on the same data; not when the model's whole input is drawn
     from a global generator the file never seeds, `model(torch.randn(20, 10))`, `np.random.rand`,
-    `random`: each process then draws data of its own, as the original drew its own; seeded, drawn
+    `random`, or rows picked by such a draw, `data[torch.randint(0, n, (b,))]`: each process then draws data of its own, as the original drew its own; seeded, drawn
     on a CUDA device or with a `generator=`, or fixed, it is reported; when the batches come from a function of
     this file, `X, Y = get_batch()`, or an object of a class of this file, `x, y =
     train_loader.next_batch()`, the report names it as the one that must draw this process's
