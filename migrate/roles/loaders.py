@@ -20,6 +20,7 @@ from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
+from migrate.roles.rng import drawn_from, seeded_generators
 from migrate.names import instance_attribute
 from migrate.walk import walk
 
@@ -431,6 +432,10 @@ def report_unsharded_training(roles: Roles) -> None:
             f"would train on the same batches. Build `{stream.function}` with the global rank, "
             "`accelerator.process_index` (torchrun's `RANK`), and `accelerator.num_processes`"), unconverted=True))
         return
+    drawn = _drawn_generators(roles, scope, site) if stream is None else None
+    seeded = seeded_generators(roles.facts) & drawn if drawn else set()
+    if drawn and not seeded:
+        return  # each process draws batches of its own, as sharded ones would be
     source = stream.function if stream is not None else _batch_function(roles, scope, site)
     random = random_batches(roles, scope, site) if stream is None else None
     if random is not None:
@@ -442,7 +447,16 @@ def report_unsharded_training(roles: Roles) -> None:
             return
         roles.random_batches = random  # seeded apart after the prepare call (AM004)
         return
-    if source is not None:
+    if seeded:
+        seed = {"torch": "torch.manual_seed", "numpy": "np.random.seed", "random": "random.seed"}[min(seeded)]
+        message = (
+            f"no DataLoader feeds this training step: the model's inputs are drawn from {min(seeded)}'s global "
+            "generator, which the file seeds with the same value on every process, so every process would draw "
+            "the same batches and train on them. Seed each process apart once what must stay alike is done "
+            f"(`{seed}(seed + accelerator.process_index)`), or build the batches with a "
+            "torch.utils.data.DataLoader (prepared, it shards them)"
+        )
+    elif source is not None:
         drawn = stream.drawn if stream is not None and stream.drawn else f"{source}()"
         message = (
             f"no DataLoader feeds this training step: its batches come from `{drawn}`, which every process "
@@ -612,6 +626,29 @@ def _carried(loop: Loop) -> str | None:
                 if carried:
                     return carried[0]
     return None
+
+
+def _drawn_generators(roles: Roles, scope: Scope, site: Site) -> set[str] | None:
+    """The global generators (see `rng`) drawing the whole input of every call of a model in the
+    training step (`scope`, within the loops of its backward): `model(torch.randn(20, 10))`,
+    `x = torch.from_numpy(np.random.rand(8, 4))`; None when some input is not such a draw (fixed
+    data, a draw on a CUDA device or from a `generator=`). Unseeded, each process starts those
+    generators from its own seed, so each trains on data of its own, as the original did on its one
+    process; seeded (`torch.manual_seed(0)`), every process draws the same."""
+    calls = [c for c in scope.calls if c.loops[:len(site.loops)] == site.loops
+             and roles.all_in(scope, c.callee, roles.models)]
+    if not calls:
+        return None
+    drawn: set[str] = set()
+    for call in calls:
+        if not call.call.args or any(a.star for a in call.call.args):
+            return None
+        for arg in call.call.args:
+            generator = drawn_from(roles.facts, scope, arg.value, call.where)
+            if generator is None:
+                return None
+            drawn.add(generator)
+    return drawn
 
 
 def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Binding, Scope
+from migrate.analysis import Binding, Scope, StmtRef
 from migrate.names import call_argument, instance_attribute
 from migrate.roles.calls import HAND_WRAPPERS
 from migrate.roles.class_wrappers import ClassWrapper, class_wrapper
@@ -60,7 +60,9 @@ def report_library_traps(roles: Roles) -> None:
             trap = _LIBRARY_TRAPS.get(call.qualified)
             if trap is None:
                 continue
-            if call.qualified == "torch.compile" and not _compiles_a_model(roles, scope, call.call):
+            if call.qualified == "torch.compile" and (
+                not _compiles_a_model(roles, scope, call.call) or _never_runs(roles, scope, call.where)
+            ):
                 continue
             roles.findings.append(Finding(trap[0], call.call, trap[1], unconverted=trap[2]))
 
@@ -70,6 +72,38 @@ def _compiles_a_model(roles: Roles, scope: Scope, call: cst.Call) -> bool:
         return False
     arg = call.args[0].value
     return isinstance(arg, cst.Name) and arg.value in roles.models
+
+
+def _never_runs(roles: Roles, scope: Scope, where: StmtRef) -> bool:
+    """The statement is in the body of an `if` whose test is constant false: `if False:`, or a name
+    the scope binds only to `False` (`use_compile = False` ... `if use_compile:`, nanoGPT's switch
+    left off), read in a file that never rebinds it elsewhere (no other scope binds it, no
+    `global`, no `exec`/`globals()` that could set it from a config file)."""
+    chain = (*where.path, where)
+    for outer, inner in zip(chain, chain[1:]):
+        test = outer.stmt
+        if type(test) is not cst.If or not any(s is inner.stmt for s in test.body.body):
+            continue
+        if _constant_false(roles, scope, test.test):
+            return True
+    return False
+
+
+def _constant_false(roles: Roles, scope: Scope, test: cst.BaseExpression) -> bool:
+    if type(test) is cst.Name and test.value == "False":
+        return True
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
+        return _constant_false(roles, scope, test.left) or _constant_false(roles, scope, test.right)
+    if type(test) is not cst.Name or test.value in scope.params:
+        return False
+    name = test.value
+    bound = scope.bindings.get(name, [])
+    if not bound or not all(type(b.value) is cst.Name and b.value.value == "False" for b in bound):
+        return False
+    if any(other is not scope and other.bindings.get(name) for other in roles.facts.scopes):
+        return False
+    text = roles.facts.text if roles.facts.text is not None else roles.facts.module.code
+    return "global " not in text and "exec(" not in text and "globals()" not in text
 
 
 def refuse_rewrapped_models(roles: Roles) -> None:

@@ -99,6 +99,12 @@ What it does:
     GPU 0; pick the GPU with `CUDA_VISIBLE_DEVICES`. Not for index 0 (what `accelerator.device` is
     on one process) nor for an index read from the process's rank (`f"cuda:{local_rank}"`, a
     spawned worker's own parameter): the Accelerator gives each process its GPU the same way.
+    A device choice that can pick Apple's `mps` or Intel's `xpu` (`"mps" if
+    torch.backends.mps.is_available() else "cpu"`, an `elif` branch choosing `"mps"`,
+    `torch.device("xpu")`, `torch.accelerator.current_accelerator()`) becomes `accelerator.device`
+    as well, and is reported: the runtime's Accelerator uses CUDA GPUs or the CPU only
+    (runtime/state.py), so where the original trained on mps or xpu the migrated script trains on
+    the CPU; `--target accelerate` keeps those devices (HF Accelerate picks them), and is not told.
 
 Why:
     One Accelerator per process owns the device, the process group and the precision; the rest of
@@ -297,7 +303,60 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     for chosen in [b for b in (binding, *roles.later_device_bindings) if b is not None]:
         if _report_ignored_index(roles, plan, scope, chosen):
             break  # once: the first place the index is used
+    if target == "runtime":
+        _report_other_accelerators(roles, plan)
     _report_visible_devices(roles, plan)
+
+
+_OTHER_DEVICE = re.compile(r"^(mps|xpu)(:\d*)?$")
+_OTHER_MODULES = ("torch.backends.mps.", "torch.mps.", "torch.xpu.")
+
+
+def _report_other_accelerators(roles: Roles, plan: EditPlan) -> None:
+    """A device choice that may pick Apple's `mps` or Intel's `xpu` (`"mps" if
+    torch.backends.mps.is_available() else "cpu"`, an `elif` branch, `torch.device("xpu")`,
+    `torch.accelerator.current_accelerator()`): the runtime's Accelerator uses CUDA GPUs or the CPU
+    only (runtime/state.py), so on such a machine the migrated script trains on the CPU where the
+    original used that device. Reported once (not with `--target accelerate`: HF Accelerate picks
+    mps and xpu itself)."""
+    aliases = roles.facts.aliases
+    found: list[tuple[cst.CSTNode, str]] = []
+
+    class Others(Visitor):
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            text = node.evaluated_value
+            if isinstance(text, str) and _OTHER_DEVICE.match(text):
+                found.append((node, f'"{text}"'))
+
+        def visit_FormattedString(self, node: cst.FormattedString) -> None:
+            first = node.parts[0] if node.parts else None
+            if type(first) is cst.FormattedStringText and first.value.startswith(("mps:", "xpu:")):
+                found.append((node, first.value.split(":")[0]))
+
+        def visit_Call(self, node: cst.Call) -> None:
+            qualified = aliases.qualify(node.func) or ""
+            if qualified.startswith(_OTHER_MODULES):
+                found.append((node, f"`{qualified}()`"))
+            elif qualified == "torch.accelerator.current_accelerator":
+                found.append((node, "`torch.accelerator.current_accelerator()`"))
+
+    for chosen in (roles.device_binding, *roles.later_device_bindings):
+        if chosen is None:
+            continue
+        node = chosen.value if chosen.value is not None else chosen.where.stmt
+        walk(node, Others())
+        if found:
+            break
+    if not found:
+        return
+    node, what = found[0]
+    device = "mps" if "mps" in what else "xpu" if "xpu" in what else "mps or xpu"
+    named = {"mps": "Apple's `mps`", "xpu": "Intel's `xpu`"}.get(device, "Apple's `mps` or Intel's `xpu`")
+    plan.report(CODE, node, (
+        f"the script's device choice can pick {named} ({what}); it is now `accelerator.device`, and the "
+        "runtime's Accelerator uses CUDA GPUs or the CPU only, so on a machine where the original trained on "
+        f"{device} the migrated script trains on the CPU instead (slower). To keep that device, migrate with "
+        "`--target accelerate` (HF Accelerate picks mps and xpu)"))
 
 
 def _report_visible_devices(roles: Roles, plan: EditPlan) -> None:

@@ -192,7 +192,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         for call in found.wraps:
             plan.calls[call] = lambda updated: accelerator_call("gather_for_metrics", [cst.Arg(updated)])
             plan.change(CODE, call, "model outputs that feed a metric gathered across processes")
-        plan.use_accelerator(scope)
+        if found.names or found.wraps:  # the accelerator only where an edit uses it
+            plan.use_accelerator(scope)
     for _, _, loaders in loops.values():
         for loader in loaders:
             if loader not in training and loader not in refused and loader not in plan.eval_loaders:

@@ -71,9 +71,13 @@ What it does:
     prepared there (hand it to the constructor, kept as an attribute).
     A prepared model whose whole input is drawn in the training loop from torch's global RNG (a
     GAN's noise, `fake = netG(torch.randn(b, nz, 1, 1, device=device))`, inline or through a name)
-    while no seed of the file reads the rank: every process starts that RNG alike (the script's
-    `torch.manual_seed(seed)`, or torch's fixed default seed), so the N processes would draw the
-    same noise at every step and train on N copies of one batch of it. Right after the prepare
+    while no seed of the file reads the rank: every process starts that RNG alike when the script
+    seeds it (`torch.manual_seed(seed)`), or when the draw is on a CUDA device (`device=device`: the
+    CUDA generator starts from torch's fixed default seed), so the N processes would draw the
+    same noise at every step and train on N copies of one batch of it. Unseeded, torch's CPU
+    generator takes its seed from the operating system in each process (`torch.initial_seed()`
+    differs from run to run): noise drawn there without `device=` differs per process already and
+    is left as it is. Otherwise, right after the prepare
     call the processes other than the main one are seeded apart:
     `if accelerator.process_index: torch.manual_seed(torch.initial_seed() + accelerator.process_index)`.
     The script's seeds (above the prepare call, at the module level, or in a function of the file
@@ -119,7 +123,8 @@ Leaves alone:
     in a class body (`class Setup: optimizer = SGD(...)`, run once when the class is defined) is
     reported and the file left as it is: no placement of `prepare` there is right for its methods.
     Also reported: `torch.compile(model)` before the prepare call (it would compile the unwrapped
-    model: compile the prepared one), a training loop over something the code shows is no
+    model: compile the prepared one; not in a branch that never runs, `if False:` or a switch the
+    file binds only to `False`, `use_compile = False` ... `if use_compile:`), a training loop over something the code shows is no
     `DataLoader` (a torchtext `BucketIterator`, also one a helper of this file returns; a generator
     function of this file; an instance of a class of this file that does not subclass DataLoader;
     `zip(...)` or another builtin; a list), named with what builds it, or over a loader not bound
@@ -127,7 +132,10 @@ Leaves alone:
     report says to build the batches with a DataLoader, which is then prepared), a loader still
     sharded by a `DistributedSampler`
     (when AM007 is off: preparing it would shard twice), and a training step that no DataLoader
-    feeds (every process would train on the same data; when the batches come from a function of
+    feeds (every process would train on the same data; not when the model's whole input is drawn
+    from a global generator the file never seeds, `model(torch.randn(20, 10))`, `np.random.rand`,
+    `random`, or rows picked by such a draw, `data[torch.randint(0, n, (b,))]`: each process then draws data of its own, as the original drew its own; seeded, drawn
+    on a CUDA device or with a `generator=`, or fixed, it is reported; when the batches come from a function of
     this file, `X, Y = get_batch()`, or an object of a class of this file, `x, y =
     train_loader.next_batch()`, the report names it as the one that must draw this process's
     share; when that function draws its batches from torch's global RNG, itself or through
@@ -202,6 +210,7 @@ from migrate.roles import Roles
 from migrate.roles.calls import RNG_DRAWS, RNG_SEEDS
 from migrate.roles.model import WrappedOptimizer
 from migrate.roles.placement import first_code_statement
+from migrate.roles.rng import TORCH, draw_generator, seeded_generators
 from migrate.rules.base import assignment, indent_of, prepared_loaders
 
 CODE = "AM004"
@@ -334,8 +343,10 @@ def _seed_draws_per_rank(
 ) -> None:
     """A training loop whose prepared model takes, as its whole input, a tensor drawn there from
     torch's global RNG (a GAN's noise, `fake = netG(torch.randn(b, nz, 1, 1, device=device))`):
-    the global RNG starts alike on every process (the script's own `torch.manual_seed(seed)`, or
-    torch's fixed default seed), so every process draws the same values at every step, and the N
+    the global RNG starts alike on every process when the script seeds it (`torch.manual_seed(seed)`)
+    or when the draw is on a CUDA device (the CUDA generator's default seed is fixed; unseeded, the
+    CPU generator's is the operating system's, apart on each process, and nothing is done), so
+    every process draws the same values at every step, and the N
     processes train on N copies of one batch of noise where one process with an N-times batch
     would draw N different ones. Unless a seed already reads the rank, right after the prepare
     call the processes other than the main one seed torch's RNG apart,
@@ -357,6 +368,9 @@ def _seed_draws_per_rank(
              for draw, model in _drawn_inputs(roles, scope)]
     if not drawn:
         return
+    seeded_torch = TORCH in seeded_generators(roles.facts)
+    if not seeded_torch and all(draw_generator(roles.facts, draw) == TORCH for draw, _ in drawn):
+        return  # unseeded, torch's CPU generator starts from its own seed on each process: drawn apart already
     home = roles.home
     torch_names = roles.facts.aliases.local_names_for("torch")
     late = [(scope, call) for scope, call in seeds if not _runs_before(roles, scope, call.where, call.loops, where)]
@@ -395,7 +409,9 @@ def _seed_draws_per_rank(
     for draw, model in drawn:
         shown = cst.Module([]).code_for_node(draw)
         origin = (f"`{seeded}` seeds every process alike when each gets the same value" if seeded is not None
-                  else "the file seeds nothing, and torch's default seed is the same on every process")
+                  else "a seed function of the file seeds every process alike" if seeded_torch
+                  else "the file seeds nothing, but a draw on a CUDA device uses the CUDA generator, whose default "
+                  "seed is the same on every process")
         fix = ("`accelerate.utils.set_seed(seed, device_specific=True)`" if plan.target == "accelerate"
                else "`torch.manual_seed(seed + accelerator.process_index)`")
         plan.report(CODE, draw, (

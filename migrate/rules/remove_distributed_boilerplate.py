@@ -38,7 +38,11 @@ What it does:
       call of the model that is provably built on the CPU (`model(torch.randn(20, 10))`, or a
       name bound to a tensor factory without `device=`) gets `.to(accelerator.device)`; an input
       the file neither builds on the CPU nor shows on the device (a batch of a prepared loader, a
-      tensor moved with `.to(...)` / `.cuda()`) is reported at the call. A wrapper under an `if`
+      tensor moved with `.to(...)` / `.cuda()`) is reported at the call. A slice (`idx[:, -n:]`)
+      is where its tensor is; a parameter of a plain function of the file is followed to every
+      call of that function in the file (`generate(model, idx=encoded)` with `encoded =
+      ids.to(device)` is on the device), and reported when some caller passes a value not shown
+      on the device. A wrapper under an `if`
       is not followed: the script also ran the model unwrapped, so it moves its inputs itself.
     - The functional `nn.parallel.data_parallel(self.main, input, range(self.ngpu))` in a model's
       `forward` (DCGAN's shape) becomes `self.main(input)` (a written-out tuple of inputs is
@@ -439,7 +443,7 @@ def _library_call(
         plan.use_accelerator(scope)
         plan.change(CODE, call, "`dist.barrier()` -> `accelerator.wait_for_everyone()`")
     elif qualified in _RANK_PROPERTY and call not in plan.calls:
-        if roles.needs_parameter(scope) and not nested_in(scope, roles.facts.module_scope):
+        if roles.needs_parameter(scope):
             deferred.append((scope, qualified, call, where))  # see `_other_modules_rank_reads`
         else:
             _rank_read(plan, scope, qualified, call)
@@ -461,7 +465,10 @@ def _other_modules_rank_reads(
     group then exists there exactly when it did in the original, and the runtime reuses it), or
     when the statement goes with a removed DistributedSampler (`num_tasks = dist.get_world_size()`
     read only by the sampler: the rebound name is then removed as unused). Otherwise rewritten as
-    in the entry: one process started without torchrun has no group."""
+    in the entry: one process started without torchrun has no group. A function of this module
+    that would need the parameter is decided here too, after the samplers are removed: a read that
+    goes with a removed sampler (`DistributedSampler(ds, num_replicas=dist.get_world_size())` in
+    a loader helper) hands the helper no `accelerator` it would never use."""
     if not deferred:
         return
     kept_group = any(
@@ -470,7 +477,8 @@ def _other_modules_rank_reads(
         for call in scope.library_calls
     )
     for scope, qualified, call, where in deferred:
-        if kept_group or _goes_with_removed_statements(plan, scope, where):
+        other_module = not nested_in(scope, roles.facts.module_scope)
+        if (kept_group and other_module) or call in plan.calls or _goes_with_removed_statements(plan, scope, where):
             continue
         _rank_read(plan, scope, qualified, call)
 
@@ -838,28 +846,73 @@ def _move_inputs(roles: Roles, plan: EditPlan, name: str, wrapper: cst.Call, wra
 
 
 def _placement(
-    roles: Roles, scope: Scope, arg: cst.Arg, where: StmtRef, loops: tuple[Loop, ...], loaders: list[str]
+    roles: Roles, scope: Scope, arg: cst.Arg, where: StmtRef, loops: tuple[Loop, ...], loaders: list[str],
+    depth: int = 0,
 ) -> str:
     """'cpu' (a tensor built on the CPU), 'placed' (moved, built on a device, or a batch of a
     prepared loader) or 'unknown', for an argument of a model call."""
     if arg.star:
         return "unknown"
-    value = arg.value
-    if type(value) is cst.Name:
-        for loop in loops:
-            if value.value in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, loaders):
-                return "placed"
-        before = [b for b in scope.bindings.get(value.value, []) if b.where.order < where.order]
-        if not before:
-            return "unknown"
-        kinds = {"unknown" if b.is_loop_target else _built_on(roles, b.value if b.value is not None
-                                                              else _unpacked_value(b.where.stmt, b.name))
-                 for b in before}
-        if "placed" in kinds:
-            # moved once (`x = x.cuda()`), then transformed (`x, y = mixup(x, y)`): still there
+    return _value_placement(roles, scope, arg.value, where, loops, loaders, depth)
+
+
+def _value_placement(
+    roles: Roles, scope: Scope, value: cst.BaseExpression, where: StmtRef, loops: tuple[Loop, ...],
+    loaders: list[str], depth: int,
+) -> str:
+    """Where a value used at `where` lives: a slice of a tensor (`idx[:, -n:]`) lives where the tensor
+    does; a name where its bindings above put it; a parameter of a plain function of this file where
+    every call of it in the file puts the argument (`generate(model, idx=encoded)` with `encoded =
+    ids.to(device)`): 'placed' only when every caller's is."""
+    while type(value) is cst.Subscript:
+        value = value.value
+    if type(value) is not cst.Name:
+        return _built_on(roles, value)
+    for loop in loops:
+        if value.value in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, loaders):
             return "placed"
-        return "cpu" if kinds == {"cpu"} else "unknown"
-    return _built_on(roles, value)
+    before = [b for b in scope.bindings.get(value.value, []) if b.where.order < where.order]
+    if not before:
+        if value.value in scope.params and depth < 3:
+            return _passed_placement(roles, scope, value.value, loaders, depth + 1)
+        return "unknown"
+    kinds = set()
+    for b in before:
+        bound = b.value if b.value is not None else _unpacked_value(b.where.stmt, b.name)
+        if b.is_loop_target:
+            kinds.add("unknown")
+        elif type(bound) in (cst.Name, cst.Subscript) and depth < 3:
+            kinds.add(_value_placement(roles, scope, bound, b.where, loops, loaders, depth + 1))
+        else:
+            kinds.add(_built_on(roles, bound))
+    if "placed" in kinds:
+        # moved once (`x = x.cuda()`), then transformed (`x, y = mixup(x, y)`): still there
+        return "placed"
+    return "cpu" if kinds == {"cpu"} else "unknown"
+
+
+def _passed_placement(roles: Roles, scope: Scope, name: str, loaders: list[str], depth: int) -> str:
+    """Where the callers of the plain function `scope` put its parameter `name`: the same for
+    every call of it in the file, else 'unknown' (so is a function no call of the file reaches)."""
+    if not scope.is_function or scope.is_method:
+        return "unknown"
+    index = scope.params.index(name)
+    kinds = set()
+    for caller in roles.facts.scopes:
+        for site in caller.calls:
+            if site.callee != scope.name or roles.facts.resolve(site.callee, caller) is not scope:
+                continue
+            args = site.call.args
+            arg = next((a for a in args if a.keyword is not None and a.keyword.value == name), None)
+            positional = [a for a in args if a.keyword is None]
+            if arg is None and not any(a.star for a in positional) and index < len(positional):
+                arg = positional[index]
+            if arg is None:
+                return "unknown"
+            kinds.add(_placement(roles, caller, arg, site.where, site.loops, loaders, depth))
+    if len(kinds) != 1:
+        return "unknown"
+    return kinds.pop()
 
 
 def _unpacked_value(stmt: cst.BaseStatement, name: str) -> cst.BaseExpression | None:

@@ -31,10 +31,12 @@ for inputs, targets in batches:
     loss.backward()
     sgd.step()
 """
-# written, but no DataLoader feeds the step: every process would train on the same data (AM004)
+# written, but no DataLoader feeds the step: seeded alike, every process would train on the same
+# data (AM004)
 PARTIAL = """\
 import torch
 
+torch.manual_seed(0)
 net = torch.nn.Linear(3, 1)
 sgd = torch.optim.SGD(net.parameters(), lr=0.05)
 for step in range(4):
