@@ -116,6 +116,11 @@ class Roles:
     device_from_setup: bool = False
     create_before: cst.BaseStatement | None = None  # where `accelerator = Accelerator()` goes otherwise
     prepare_after: StmtRef | None = None
+    # (statement, names): the models (and the optimizers built by then) prepared in a call of their
+    # own right before that statement, which holds the first load of their state after a removed
+    # hand wrap (`model = DDP(model)` ... `model.load_state_dict(ckpt["model"])`, `module.` keys);
+    # the other objects stay at prepare_after (migrate/roles/placement.py, `_early_prepare`)
+    early_prepare: tuple[StmtRef, list[str]] | None = None
     # alias -> model: a second name the model is wrapped into by hand after prepare_after
     # (`self.ddp_model = DDP(self.model)` beside `self.ddp_model = self.model`); prepare binds the
     # alias, and the model's own name keeps the bare module its checkpoints are saved from

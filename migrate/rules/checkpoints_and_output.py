@@ -397,8 +397,10 @@ def _rebuilt_after(scope: Scope, model: str, prepared_at: int, site: Site) -> bo
 
 
 def _existing_prepare(roles: Roles) -> int:
-    """Document order of the home's own `accelerator.prepare(...)` (a script migrated before): a
-    state dict loaded before it is the plain model's and stays as it is, so a second run is a no-op."""
+    """Document order of the home's own (last) `accelerator.prepare(...)` (a script migrated before):
+    a state dict loaded before it is the plain model's, or the prepared model's between an early
+    `model, optimizer = accelerator.prepare(model, optimizer)` and the loaders' own call (AM004's
+    placement before a resume), and stays as it is, so a second run is a no-op."""
     home = roles.home
     if home is None or not home.prepared:
         return 0
@@ -408,7 +410,7 @@ def _existing_prepare(roles: Roles) -> int:
         if type(site.call.func) is cst.Attribute and site.call.func.attr.value == "prepare"
         and type(site.receiver) is cst.Name and site.receiver.value == "accelerator"
     ]
-    return min(orders, default=0)
+    return max(orders, default=0)
 
 
 def _unwrap_state_dicts(roles: Roles, plan: EditPlan, scope: Scope, expr: cst.BaseExpression) -> None:

@@ -188,7 +188,7 @@ from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import WrappedOptimizer
 from migrate.roles.placement import first_code_statement
-from migrate.rules.base import assignment, indent_of, prepared_loaders
+from migrate.rules.base import assignment, early_prepare, indent_of, prepared_loaders
 
 CODE = "AM004"
 NAME = "prepare-training-objects"
@@ -237,6 +237,11 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         ), unconverted=True)
         return
     where = roles.prepare_after
+    names = _prepare_early(roles, plan, home, names)
+    if not names:
+        plan.use_accelerator(home)
+        _prepare_received(roles, plan)
+        return
     # a model a trainer trains through a hand-wrapped alias is prepared into the alias
     bound = {model: alias for alias, model in roles.model_aliases.items()}
     targets = [bound.get(n, n) for n in names]
@@ -257,6 +262,32 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     plan.change(CODE, anchor, f"prepare {', '.join(names)}")
     _prepare_received(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
+
+
+def _prepare_early(roles: Roles, plan: EditPlan, home: Scope, names: list[str]) -> list[str]:
+    """The models (and optimizers) whose state the script loads after a removed hand wrap and
+    before the prepare point are prepared in a call of their own before that load (see
+    `migrate.roles.placement._early_prepare`); returns what is left for the prepare point. Not
+    under `--target accelerate`: its prepared model is DDP's on N processes (`module.` keys only)
+    and the bare module on one (the user's keys only), so neither placement loads every checkpoint."""
+    found = early_prepare(roles, plan)
+    if found is None or roles.prepare_after is None:
+        return names
+    holder, early = found
+    early = [n for n in early if n in names]
+    if not early:
+        return names
+    before = holder.stmt
+    stmt = assignment(early, "accelerator.prepare", early, indent_of(home, holder))
+    plan.insert_before.setdefault(before, []).append(stmt)
+    for name in early:
+        wrapped = roles.wrapped_optimizers.get(name)
+        if wrapped is not None:
+            _rewrap(plan, name, wrapped, before, after=False)
+    plan.change(CODE, before, (
+        f"prepare {', '.join(early)} before the state loaded into them: a checkpoint of the hand-wrapped "
+        "model (`module.` keys) loads into the prepared model, and optimizer state lands on its device"))
+    return [n for n in names if n not in early]
 
 
 def _loader_line(roles: Roles, home: Scope, name: str) -> cst.CSTNode:
