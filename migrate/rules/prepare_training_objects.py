@@ -217,7 +217,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 "unchanged, so every process would see all the data; it was not prepared. If it is a DataLoader, "
                 f"add `{name}` to `accelerator.prepare(...)` by hand; or migrate with `--target runtime`, whose "
                 "`prepare` shards a DataLoader and refuses anything else on N processes"), unconverted=True)
-    loaders = prepared_loaders(roles, plan)
+    moved = roles.training_only_loaders
+    loaders = [n for n in prepared_loaders(roles, plan) if n not in moved]
     names = [
         n
         for n in (*roles.models, *roles.optimizers, *loaders, *plan.eval_loaders, *roles.schedulers)
@@ -241,6 +242,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if not names:
         plan.use_accelerator(home)
         _prepare_received(roles, plan)
+        _prepare_in_training_methods(roles, plan)
         return
     # a model a trainer trains through a hand-wrapped alias is prepared into the alias
     bound = {model: alias for alias, model in roles.model_aliases.items()}
@@ -261,6 +263,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     plan.use_accelerator(home)
     plan.change(CODE, anchor, f"prepare {', '.join(names)}")
     _prepare_received(roles, plan)
+    _prepare_in_training_methods(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
 
 
@@ -316,6 +319,28 @@ def _prepare_received(roles: Roles, plan: EditPlan) -> None:
         plan.insert_before.setdefault(first, []).insert(0, stmt)
         plan.use_accelerator(scope)
         plan.change(CODE, first, f"prepare {name}, the loader handed to `{scope.qualname}`")
+
+
+def _prepare_in_training_methods(roles: Roles, plan: EditPlan) -> None:
+    """Loaders the instance holds that a method which does not train also iterates (`test()` over
+    `self.celeba_loader`): prepared on entry to each method that trains from them, into a local
+    read in place of the attribute there (`Roles.method_loaders`); the instance keeps the user's
+    loader, so the other methods see all of it, as in the original."""
+    for scope, found in roles.method_loaders.items():
+        first = first_code_statement(roles.facts, scope)
+        if first is None:
+            continue
+        locals_ = [local for _, local, _ in found]
+        stmt = assignment(locals_, "accelerator.prepare", [attribute for attribute, _, _ in found], indent_of(scope, None))
+        plan.insert_before.setdefault(first, []).insert(0, stmt)
+        for _, local, reads in found:
+            for read in reads:
+                plan.attributes[read] = lambda _, local=local: cst.Name(local)
+        plan.use_accelerator(scope)
+        shown = ", ".join(f"`{attribute}`" for attribute, _, _ in found)
+        plan.change(CODE, first, (
+            f"prepare {shown} on entry to `{scope.qualname}`, which trains from it, into a local: the instance "
+            "keeps the unprepared loader for the methods that do not train"))
 
 
 # Draws from torch's global RNG of fresh values (not a permutation of the data: that is the

@@ -111,6 +111,8 @@ def _moved_object(
     if root is None:
         return None
     loaders = [*plan_loaders, *plan_eval_loaders]
+    if scope not in roles.method_loaders:  # prepared on entry to the training methods only
+        loaders = [n for n in loaders if n not in roles.training_only_loaders]
     for loop in move.loops:
         if root in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, loaders):
             return f"batch `{root}`"
