@@ -248,7 +248,7 @@ def loaders_for_training_only(roles: Roles) -> None:
     drawn: dict[str, list[Scope]] = {}  # attribute -> the training methods that draw from it
     for scope in methods:
         for _, source in training_sources(roles, scope):
-            for attribute in held_by_the_class(roles, scope, source) or ():
+            for attribute in _instance_loaders(scope, source) or ():
                 if attribute in roles.loaders and scope not in drawn.setdefault(attribute, []):
                     drawn[attribute].append(scope)
     reads = {id(m): _attribute_reads(m) for m in methods}
@@ -260,12 +260,32 @@ def loaders_for_training_only(roles: Roles) -> None:
             continue
         if any(home is t or constructor is t or not roles.can_reach(t) for t in trainers):
             continue
+        bound = [b for m in methods for b in m.bindings.get(attribute, [])]
+        if not bound or any(b.where.in_loop for b in bound) or any(
+                m is not home and m is not constructor for m in methods if m.bindings.get(attribute)):
+            continue  # bound again by another method: the training methods could not tell which
         local = attribute.removeprefix("self.")
         if any(t.binds(local) or local in t.params or _reads_name(t, local) for t in trainers):
             continue
         for trainer in trainers:
             chosen.setdefault(trainer, []).append((attribute, local, reads[id(trainer)][attribute]))
     roles.method_loaders = chosen
+
+
+def _instance_loaders(scope: Scope, source: str) -> list[str] | None:
+    """The attributes `source` is in a method: itself (`self.loader`), or those every binding of
+    a local name reads (`loader = self.train_loader if ... else self.extra_loader`)."""
+    if source.startswith("self."):
+        return [source]
+    if not scope.is_method or source in scope.params or not scope.bindings.get(source):
+        return None
+    values = [b.value for b in scope.bindings[source]]
+    while any(isinstance(v, cst.IfExp) for v in values):
+        values = [x for v in values for x in ((v.body, v.orelse) if isinstance(v, cst.IfExp) else (v,))]
+    found = [_reference(scope, v) if v is not None else None for v in values]
+    if any(a is None or not a.startswith("self.") for a in found):
+        return None
+    return list(dict.fromkeys(a for a in found if a is not None))
 
 
 def _attribute_reads(method: Scope) -> dict[str, list[cst.Attribute]]:
