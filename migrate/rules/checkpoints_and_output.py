@@ -59,7 +59,8 @@ What it does:
     then `SpamDataset(csv_file="train.csv")`) is written on the main process and followed by
     `accelerator.wait_for_everyone()` (one after a run of neighbouring writes), so no process
     reads it before it is whole. A file written once per batch of a loop that does not train, over
-    a loader prepared for training (`test()` iterating the loader the instance holds), is guarded and
+    a loader prepared for training (`test()` iterating the loader the instance holds, when AM004
+    could not keep that loader unprepared for the methods that do not train), is guarded and
     reported: the main process sees only its share of the batches, so the other shares' files would
     never be written; the loop needs a loader of its own, left unprepared. Downloads and
     unpacking (`urllib.request.urlretrieve`, `shutil.unpack_archive`, `.extractall(...)` of a

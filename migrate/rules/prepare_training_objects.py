@@ -61,7 +61,17 @@ What it does:
     `train` drawing from `data_loader = self.celeba_loader`, or either of two attributes chosen by
     an `if` or a conditional expression): the attributes are prepared in that method with the
     models, so the instance holds the sharded loaders (a `None` handed in for an unused one is
-    returned as it is). A loader bound where the function that prepares cannot reach it, handed
+    returned as it is). When a method of that class that does not train iterates such an attribute
+    too (`test()` writing one image per batch of `self.celeba_loader`, in a mode where
+    `build_model` runs as well), the attribute is not prepared with the models: each method that
+    trains from it prepares it on entry, into a local read in place of the attribute there
+    (`celeba_loader = self.accelerator.prepare(self.celeba_loader)`, then `data_loader =
+    celeba_loader`, `iter(celeba_loader)`), so the instance keeps the user's loader and `test()`
+    reads all of it on every process (its guarded writes then write every file, as the original
+    did). Not when a method that reads it trains in another way (a loader drawn through an
+    expression the migration does not follow), nor when the local's name is taken in a training
+    method: the attribute is then prepared with the models, and a file written per batch of it
+    outside training is reported (AM009). A loader bound where the function that prepares cannot reach it, handed
     once (one call, outside any loop) to the method of that class that trains on it (`main` builds
     it and calls `trainer.fit(loader, epochs)`, the trainer's constructor builds and prepares the
     model), is prepared on entry to that method: `loader = self.accelerator.prepare(loader)`.
@@ -94,6 +104,17 @@ What it does:
     A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
     `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
     it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
+
+    A model the script wrapped by hand (`model = DDP(model)`, removed by AM007) whose state it then
+    loads before the prepare point (a resume block between the optimizer and the loaders:
+    `model.load_state_dict(ckpt["model"])`, `optimizer.load_state_dict(...)`) is prepared, with the
+    optimizers already built, in a call of its own right before the statement holding that first
+    load (`model, optimizer = accelerator.prepare(model, optimizer)`); the loaders keep their own
+    call after they are built (`loader = accelerator.prepare(loader)`). The checkpoint the original
+    wrote holds DDP's `module.` keys, which the bare module refuses with strict loading; the
+    runtime's prepared model takes them and the user's keys, and optimizer state loaded after
+    `prepare` lands on the parameters' device. Not under `--target accelerate` (its prepared model
+    takes `module.` keys on N processes only): one call after the loaders, as before.
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
