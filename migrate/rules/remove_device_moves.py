@@ -94,8 +94,6 @@ def _moved_object(
         # After `prepare` the model is on its device; a later move in the same function undoes
         # something the script did in between (`model.cpu()` to save a checkpoint): keep it.
         prepared_at = roles.prepare_after.order if roles.prepare_after is not None else 0
-        if early is not None and ref in early[1]:
-            prepared_at = early[0].order - 1  # prepared before the statement that loads its state
         if scope is roles.home and move.where.order > prepared_at:
             return None
         if _handed_on(roles, move) or _used_before_prepare(roles, scope, move, {ref}, early):
