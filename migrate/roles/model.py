@@ -126,6 +126,7 @@ class Roles:
     # hand wrap (`model = DDP(model)` ... `model.load_state_dict(ckpt["model"])`, `module.` keys);
     # the other objects stay at prepare_after (migrate/roles/placement.py, `_early_prepare`)
     early_prepare: tuple[StmtRef, list[str]] | None = None
+    early_load: cst.Call | None = None  # that first load (reported instead under --target accelerate)
     # alias -> model: a second name the model is wrapped into by hand after prepare_after
     # (`self.ddp_model = DDP(self.model)` beside `self.ddp_model = self.model`); prepare binds the
     # alias, and the model's own name keeps the bare module its checkpoints are saved from

@@ -374,6 +374,7 @@ def _early_prepare(roles: Roles, home: Scope, names: list[str], first_use: int, 
     if holder is None or holder.order <= after.order or holder.stmt is point.stmt:
         return
     roles.early_prepare = (holder, early)
+    roles.early_load = next(site.call for site in loads if site.receiver.value in models)  # type: ignore[attr-defined]
 
 
 def _find_wrapped_aliases(roles: Roles) -> None:

@@ -114,7 +114,8 @@ What it does:
     wrote holds DDP's `module.` keys, which the bare module refuses with strict loading; the
     runtime's prepared model takes them and the user's keys, and optimizer state loaded after
     `prepare` lands on the parameters' device. Not under `--target accelerate` (its prepared model
-    takes `module.` keys on N processes only): one call after the loaders, as before.
+    takes `module.` keys on N processes only): one call after the loaders, as before, and the
+    load is reported (a checkpoint of the original needs its `module.` prefix stripped).
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
@@ -295,6 +296,15 @@ def _prepare_early(roles: Roles, plan: EditPlan, home: Scope, names: list[str]) 
     under `--target accelerate`: its prepared model is DDP's on N processes (`module.` keys only)
     and the bare module on one (the user's keys only), so neither placement loads every checkpoint."""
     found = early_prepare(roles, plan)
+    if roles.early_prepare is not None and roles.early_load is not None and found is None:
+        shown = cst.Module([]).code_for_node(roles.early_load.func)
+        plan.report(CODE, roles.early_load, (
+            f"`{shown}(...)` loads state into the model the original wrapped by hand (`DistributedDataParallel` or "
+            "`DataParallel`, removed here) before `accelerator.prepare(...)`, so it now runs on the bare module: a "
+            "checkpoint the original wrote from its wrapped model holds `module.`-prefixed keys, which strict loading refuses (the migrated "
+            "script's own checkpoints load). To resume a run the original started, strip the prefix from that "
+            "checkpoint's model state (`{k.removeprefix('module.'): v for k, v in state.items()}`), or migrate "
+            "with `--target runtime`, whose prepared model takes both"))
     if found is None or roles.prepare_after is None:
         return names
     holder, early = found
