@@ -41,6 +41,7 @@ from migrate.roles.loaders import (
     find_loaders,
     kept_as_attribute,
     loader_calls,
+    loaders_for_training_only,
     prefer_attributes,
     report_unsharded_training,
     sampler_values,
@@ -106,5 +107,6 @@ def _find_roles(roles: Roles) -> None:
     find_eval_loops(roles)
     place_accelerator(roles)
     place_prepare(roles)
+    loaders_for_training_only(roles)
     refuse_retrained_objects(roles)
     report_prepared_models_handed_to_unread_code(roles)

@@ -230,6 +230,105 @@ def held_by_the_class(roles: Roles, scope: Scope, source: str) -> list[str] | No
     return held
 
 
+def loaders_for_training_only(roles: Roles) -> None:
+    """Loaders the instance holds (`held_by_the_class`: `self.celeba_loader`, stored by the
+    constructor) that are prepared with the models in home (`build_model`, which the constructor
+    calls in every mode), while a method of the class that does not train iterates them too
+    (`test()` translating every image of `self.celeba_loader` and saving one file per batch):
+    prepared in home, the instance would hold the sharded loader, and on N processes that method
+    would see one share of the data per process. Instead each method that trains from them
+    prepares them on entry, into locals (`celeba_loader = self.accelerator.prepare(self.celeba_loader)`,
+    its reads of `self.celeba_loader` then read `celeba_loader`), and the instance keeps the
+    user's loader for the others, as the original did. Not when a method that reads them also
+    trains through another path, nor when the local's name is already used in a training method."""
+    home = roles.home
+    if home is None or not home.is_method or roles.prepare_after is None:
+        return
+    methods = roles.methods_of(home) or []
+    constructor = roles.constructor_of(home)
+    drawn: dict[str, list[Scope]] = {}  # attribute -> the training methods that draw from it
+    for scope in methods:
+        for _, source in training_sources(roles, scope):
+            for attribute in _instance_loaders(scope, source) or ():
+                if attribute in roles.loaders and scope not in drawn.setdefault(attribute, []):
+                    drawn[attribute].append(scope)
+    reads = {id(m): _attribute_reads(m) for m in methods}
+    chosen: dict[Scope, list[tuple[str, str, list[cst.Attribute]]]] = {}
+    for attribute, trainers in drawn.items():
+        others = [m for m in methods if m not in trainers and m is not constructor and m is not home
+                  and reads[id(m)].get(attribute)]
+        if not others or any(m in roles._training_functions for m in others):
+            continue
+        if any(home is t or constructor is t or not roles.can_reach(t) for t in trainers):
+            continue
+        bound = [b for m in methods for b in m.bindings.get(attribute, [])]
+        if not bound or any(b.where.in_loop for b in bound) or any(
+                m is not home and m is not constructor for m in methods if m.bindings.get(attribute)):
+            continue  # bound again by another method: the training methods could not tell which
+        local = attribute.removeprefix("self.")
+        if any(t.binds(local) or local in t.params or _reads_name(t, local) for t in trainers):
+            continue
+        for trainer in trainers:
+            chosen.setdefault(trainer, []).append((attribute, local, reads[id(trainer)][attribute]))
+    roles.method_loaders = chosen
+
+
+def _instance_loaders(scope: Scope, source: str) -> list[str] | None:
+    """The attributes `source` is in a method: itself (`self.loader`), or those every binding of
+    a local name reads (`loader = self.train_loader if ... else self.extra_loader`)."""
+    if source.startswith("self."):
+        return [source]
+    if not scope.is_method or source in scope.params or not scope.bindings.get(source):
+        return None
+    values = [b.value for b in scope.bindings[source]]
+    while any(isinstance(v, cst.IfExp) for v in values):
+        values = [x for v in values for x in ((v.body, v.orelse) if isinstance(v, cst.IfExp) else (v,))]
+    found = [_reference(scope, v) if v is not None else None for v in values]
+    if any(a is None or not a.startswith("self.") for a in found):
+        return None
+    return list(dict.fromkeys(a for a in found if a is not None))
+
+
+def _attribute_reads(method: Scope) -> dict[str, list[cst.Attribute]]:
+    """`self.x` expressions of a method's own body (not of functions nested in it), by attribute."""
+    receiver = method.params[0] if method.params else "self"
+    found: dict[str, list[cst.Attribute]] = {}
+
+    class Reads(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is method.node
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            attribute = instance_attribute(node, receiver=receiver)
+            if attribute is not None:
+                found.setdefault(attribute, []).append(node)
+                return False
+            return True
+
+    method.node.visit(Reads())
+    return found
+
+
+def _reads_name(scope: Scope, name: str) -> bool:
+    """`name` appears as a plain name in the function (a global it reads, or anything else)."""
+    seen = False
+
+    class Names(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)  # `self.name`: the attribute's own name is not a read of `name`
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            nonlocal seen
+            seen = seen or node.value == name
+
+    scope.node.visit(Names())
+    return seen
+
+
 def _hands_back_objects(roles: Roles, home: Scope) -> bool:
     """Home is a plain function that returns its optimizer (alone, or in a tuple or list): its caller
     trains with what it builds (`return model, optimizer`)."""

@@ -103,6 +103,11 @@ class Roles:
     unread_loaders: dict[str, str] = field(default_factory=dict)
     # loader -> the note that its unread factory shards by rank itself (`distributed=...`): not prepared
     self_sharded: dict[str, cst.CSTNode] = field(default_factory=dict)
+    # method -> (attribute, local name, its reads there): training loaders the instance holds
+    # (`self.celeba_loader`) that a method which does not train also reads (`test()`): prepared on
+    # entry to each training method into a local, not where the models are, so the instance keeps
+    # the user's loader (migrate/roles/loaders.py, `loaders_for_training_only`)
+    method_loaders: dict[Scope, list[tuple[str, str, list[cst.Attribute]]]] = field(default_factory=dict)
     schedulers: list[str] = field(default_factory=list)
     epoch_schedulers: list[str] = field(default_factory=list)  # stepped per epoch: not prepared
     rank_sampled: dict[str, cst.CSTNode] = field(default_factory=dict)  # loaders with a DistributedSampler
@@ -116,6 +121,12 @@ class Roles:
     device_from_setup: bool = False
     create_before: cst.BaseStatement | None = None  # where `accelerator = Accelerator()` goes otherwise
     prepare_after: StmtRef | None = None
+    # (statement, names): the models (and the optimizers built by then) prepared in a call of their
+    # own right before that statement, which holds the first load of their state after a removed
+    # hand wrap (`model = DDP(model)` ... `model.load_state_dict(ckpt["model"])`, `module.` keys);
+    # the other objects stay at prepare_after (migrate/roles/placement.py, `_early_prepare`)
+    early_prepare: tuple[StmtRef, list[str]] | None = None
+    early_load: cst.Call | None = None  # that first load (reported instead under --target accelerate)
     # alias -> model: a second name the model is wrapped into by hand after prepare_after
     # (`self.ddp_model = DDP(self.model)` beside `self.ddp_model = self.model`); prepare binds the
     # alias, and the model's own name keeps the bare module its checkpoints are saved from
@@ -145,6 +156,11 @@ class Roles:
     _called_objects: dict[tuple[int, str], "Scope | None"] = field(default_factory=dict)
     # `can_reach` per (scope, accelerator scope), by ids: every rule asks it of every scope.
     _reaches: dict[tuple[int, int], bool] = field(default_factory=dict)
+
+    @property
+    def training_only_loaders(self) -> set[str]:
+        """The attributes prepared in the training methods (`method_loaders`), not in home."""
+        return {attribute for found in self.method_loaders.values() for attribute, _, _ in found}
 
     def cannot_prepare(self, node: cst.CSTNode, message: str) -> None:
         """A training object that `accelerator.prepare(...)` will not take: reported as the

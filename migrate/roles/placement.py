@@ -348,6 +348,57 @@ def place_prepare(roles: Roles) -> None:
         return
     roles.prepare_after = point
     _find_wrapped_aliases(roles)
+    _early_prepare(roles, home, names, first_use, creation)
+
+
+def _early_prepare(roles: Roles, home: Scope, names: list[str], first_use: int, creation: StmtRef | None) -> None:
+    """A model the script wraps by hand (`model = DDP(model)`, removed by AM007) and then loads
+    state into before the prepare point (`model.load_state_dict(ckpt["model"])` in a resume block
+    between the optimizer and the loaders): the checkpoint the original script wrote holds DDP's
+    `module.` keys, which the bare module refuses. The models, with the optimizers already built,
+    are prepared in a call of their own right before the statement that holds that first load
+    (the runtime's prepared model takes the user's keys and `module.` ones, and optimizer state
+    loaded after it lands on the parameters' device); the loaders and the rest keep the prepare
+    point after them. Not when a model is bound after the load, nor when the statement holding
+    the load is not in the block where the models and optimizers are all bound."""
+    point = roles.prepare_after
+    assert point is not None
+    models = [n for n in roles.models if n in names]
+    if not models:
+        return
+    wraps = [b.where.order for m in models for b in home.bindings.get(m, []) if _wraps(roles, b.value)]
+    if not wraps:
+        return
+    wrapped_at = min(wraps)
+    loads = [site for site in home.method_calls
+             if type(site.receiver) is cst.Name and type(site.call.func) is cst.Attribute
+             and site.call.func.attr.value == "load_state_dict"
+             and site.receiver.value in (*models, *roles.optimizers)
+             and wrapped_at < site.where.order < min(point.order, first_use) and not site.loops]
+    if not any(site.receiver.value in models for site in loads):  # type: ignore[attr-defined]
+        return
+    load = min(loads, key=lambda site: site.where.order).where
+    early: list[str] = []
+    refs: list[StmtRef] = []
+    for name in (*models, *(o for o in roles.optimizers if o in names)):
+        bound = [r for r in _setup_bindings(home, name, first_use) if r.order < load.order]
+        if not bound:
+            if name in models:
+                return  # a model bound after the load: it cannot be prepared before it
+            continue  # an optimizer built after the load: prepared with the loaders
+        if any(r.order > load.order for r in _setup_bindings(home, name, first_use)):
+            return  # rebound after the load: the early call would prepare a stale object
+        early.append(name)
+        refs.extend(bound)
+    refs += [m for m in _model_moves(roles, home, first_use) if m.order < load.order]
+    after = _common_insertion_point(refs)
+    if creation is not None and creation.order > after.order:
+        return
+    holder = next((ref for ref in (*load.path, load) if ref.block is after.block), None)
+    if holder is None or holder.order <= after.order or holder.stmt is point.stmt:
+        return
+    roles.early_prepare = (holder, early)
+    roles.early_load = next(site.call for site in loads if site.receiver.value in models)  # type: ignore[attr-defined]
 
 
 def _find_wrapped_aliases(roles: Roles) -> None:

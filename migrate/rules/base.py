@@ -111,6 +111,12 @@ def prepared_loaders(roles: Roles, plan: EditPlan) -> list[str]:
     ]
 
 
+def early_prepare(roles: Roles, plan: EditPlan) -> tuple[StmtRef, list[str]] | None:
+    """The statement before which models (and optimizers) are prepared in a call of their own, and
+    their names (`Roles.early_prepare`): not under `--target accelerate`, where one call prepares all."""
+    return None if plan.target == "accelerate" else roles.early_prepare
+
+
 def placed_loaders(roles: Roles, plan: EditPlan) -> list[str]:
     """Prepared training loaders whose batches come out on the device: not those built by a function
     the migration cannot read (prepared, a non-DataLoader comes back as it is on one process, so

@@ -59,7 +59,8 @@ What it does:
     then `SpamDataset(csv_file="train.csv")`) is written on the main process and followed by
     `accelerator.wait_for_everyone()` (one after a run of neighbouring writes), so no process
     reads it before it is whole. A file written once per batch of a loop that does not train, over
-    a loader prepared for training (`test()` iterating the loader the instance holds), is guarded and
+    a loader prepared for training (`test()` iterating the loader the instance holds, when AM004
+    could not keep that loader unprepared for the methods that do not train), is guarded and
     reported: the main process sees only its share of the batches, so the other shares' files would
     never be written; the loop needs a loader of its own, left unprepared. Downloads and
     unpacking (`urllib.request.urlretrieve`, `shutil.unpack_archive`, `.extractall(...)` of a
@@ -397,8 +398,10 @@ def _rebuilt_after(scope: Scope, model: str, prepared_at: int, site: Site) -> bo
 
 
 def _existing_prepare(roles: Roles) -> int:
-    """Document order of the home's own `accelerator.prepare(...)` (a script migrated before): a
-    state dict loaded before it is the plain model's and stays as it is, so a second run is a no-op."""
+    """Document order of the home's own (last) `accelerator.prepare(...)` (a script migrated before):
+    a state dict loaded before it is the plain model's, or the prepared model's between an early
+    `model, optimizer = accelerator.prepare(model, optimizer)` and the loaders' own call (AM004's
+    placement before a resume), and stays as it is, so a second run is a no-op."""
     home = roles.home
     if home is None or not home.prepared:
         return 0
@@ -408,7 +411,7 @@ def _existing_prepare(roles: Roles) -> int:
         if type(site.call.func) is cst.Attribute and site.call.func.attr.value == "prepare"
         and type(site.receiver) is cst.Name and site.receiver.value == "accelerator"
     ]
-    return min(orders, default=0)
+    return max(orders, default=0)
 
 
 def _unwrap_state_dicts(roles: Roles, plan: EditPlan, scope: Scope, expr: cst.BaseExpression) -> None:

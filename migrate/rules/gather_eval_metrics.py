@@ -156,7 +156,9 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     for scope, loop, loader in roles.eval_loops:
         if not loop.gathers:
             loops.setdefault(id(loop), (scope, loop, []))[2].append(loader)
-    training = set(roles.loaders)  # prepared for training already: sharded whatever happens here
+    # prepared for training already: sharded whatever happens here (not those prepared on entry to
+    # the training methods only: the instance keeps the user's loader for the others)
+    training = set(roles.loaders) - roles.training_only_loaders
     refused: set[str] = set()  # evaluation loaders left unprepared: each process evaluates all of them
     planned: dict[int, _Plan] = {}
     for key, (scope, loop, loaders) in loops.items():

@@ -417,7 +417,8 @@ def _report_share_written(roles: Roles, plan: EditPlan, scope: Scope, write: _Wr
             continue
         held = held_by_the_class(roles, scope, loop.source) if roles.home is not None else None
         sources = held if held else [loop.source]
-        prepared = [source for source in sources if source in roles.loaders]
+        # loaders prepared on entry to the training methods only: the instance keeps the user's
+        prepared = [source for source in sources if source in roles.loaders and source not in roles.training_only_loaders]
         if not prepared:
             continue
         plan.report(CODE, write.call, (

@@ -61,7 +61,17 @@ What it does:
     `train` drawing from `data_loader = self.celeba_loader`, or either of two attributes chosen by
     an `if` or a conditional expression): the attributes are prepared in that method with the
     models, so the instance holds the sharded loaders (a `None` handed in for an unused one is
-    returned as it is). A loader bound where the function that prepares cannot reach it, handed
+    returned as it is). When a method of that class that does not train iterates such an attribute
+    too (`test()` writing one image per batch of `self.celeba_loader`, in a mode where
+    `build_model` runs as well), the attribute is not prepared with the models: each method that
+    trains from it prepares it on entry, into a local read in place of the attribute there
+    (`celeba_loader = self.accelerator.prepare(self.celeba_loader)`, then `data_loader =
+    celeba_loader`, `iter(celeba_loader)`), so the instance keeps the user's loader and `test()`
+    reads all of it on every process (its guarded writes then write every file, as the original
+    did). Not when a method that reads it trains in another way (a loader drawn through an
+    expression the migration does not follow), nor when the local's name is taken in a training
+    method: the attribute is then prepared with the models, and a file written per batch of it
+    outside training is reported (AM009). A loader bound where the function that prepares cannot reach it, handed
     once (one call, outside any loop) to the method of that class that trains on it (`main` builds
     it and calls `trainer.fit(loader, epochs)`, the trainer's constructor builds and prepares the
     model), is prepared on entry to that method: `loader = self.accelerator.prepare(loader)`.
@@ -98,6 +108,18 @@ What it does:
     A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
     `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
     it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
+
+    A model the script wrapped by hand (`model = DDP(model)`, removed by AM007) whose state it then
+    loads before the prepare point (a resume block between the optimizer and the loaders:
+    `model.load_state_dict(ckpt["model"])`, `optimizer.load_state_dict(...)`) is prepared, with the
+    optimizers already built, in a call of its own right before the statement holding that first
+    load (`model, optimizer = accelerator.prepare(model, optimizer)`); the loaders keep their own
+    call after they are built (`loader = accelerator.prepare(loader)`). The checkpoint the original
+    wrote holds DDP's `module.` keys, which the bare module refuses with strict loading; the
+    runtime's prepared model takes them and the user's keys, and optimizer state loaded after
+    `prepare` lands on the parameters' device. Not under `--target accelerate` (its prepared model
+    takes `module.` keys on N processes only): one call after the loaders, as before, and the
+    load is reported (a checkpoint of the original needs its `module.` prefix stripped).
 
 Why:
     `prepare` places the model on the device and wraps it for data parallelism, shards each loader
@@ -211,7 +233,7 @@ from migrate.roles.calls import RNG_DRAWS, RNG_SEEDS
 from migrate.roles.model import WrappedOptimizer
 from migrate.roles.placement import first_code_statement
 from migrate.roles.rng import TORCH, draw_generator, seeded_generators
-from migrate.rules.base import assignment, indent_of, prepared_loaders
+from migrate.rules.base import assignment, early_prepare, indent_of, prepared_loaders
 
 CODE = "AM004"
 NAME = "prepare-training-objects"
@@ -260,7 +282,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 "unchanged, so every process would see all the data; it was not prepared. If it is a DataLoader, "
                 f"add `{name}` to `accelerator.prepare(...)` by hand; or migrate with `--target runtime`, whose "
                 "`prepare` shards a DataLoader and refuses anything else on N processes"), unconverted=True)
-    loaders = prepared_loaders(roles, plan)
+    moved = roles.training_only_loaders
+    loaders = [n for n in prepared_loaders(roles, plan) if n not in moved]
     names = [
         n
         for n in (*roles.models, *roles.optimizers, *loaders, *plan.eval_loaders, *roles.schedulers)
@@ -281,6 +304,12 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         ), unconverted=True)
         return
     where = roles.prepare_after
+    names = _prepare_early(roles, plan, home, names)
+    if not names:
+        plan.use_accelerator(home)
+        _prepare_received(roles, plan)
+        _prepare_in_training_methods(roles, plan)
+        return
     # a model a trainer trains through a hand-wrapped alias is prepared into the alias
     bound = {model: alias for alias, model in roles.model_aliases.items()}
     targets = [bound.get(n, n) for n in names]
@@ -301,7 +330,43 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     plan.use_accelerator(home)
     plan.change(CODE, anchor, f"prepare {', '.join(names)}")
     _prepare_received(roles, plan)
+    _prepare_in_training_methods(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
+
+
+def _prepare_early(roles: Roles, plan: EditPlan, home: Scope, names: list[str]) -> list[str]:
+    """The models (and optimizers) whose state the script loads after a removed hand wrap and
+    before the prepare point are prepared in a call of their own before that load (see
+    `migrate.roles.placement._early_prepare`); returns what is left for the prepare point. Not
+    under `--target accelerate`: its prepared model is DDP's on N processes (`module.` keys only)
+    and the bare module on one (the user's keys only), so neither placement loads every checkpoint."""
+    found = early_prepare(roles, plan)
+    if roles.early_prepare is not None and roles.early_load is not None and found is None:
+        shown = cst.Module([]).code_for_node(roles.early_load.func)
+        plan.report(CODE, roles.early_load, (
+            f"`{shown}(...)` loads state into the model the original wrapped by hand (`DistributedDataParallel` or "
+            "`DataParallel`, removed here) before `accelerator.prepare(...)`, so it now runs on the bare module: a "
+            "checkpoint the original wrote from its wrapped model holds `module.`-prefixed keys, which strict loading refuses (the migrated "
+            "script's own checkpoints load). To resume a run the original started, strip the prefix from that "
+            "checkpoint's model state (`{k.removeprefix('module.'): v for k, v in state.items()}`), or migrate "
+            "with `--target runtime`, whose prepared model takes both"))
+    if found is None or roles.prepare_after is None:
+        return names
+    holder, early = found
+    early = [n for n in early if n in names]
+    if not early:
+        return names
+    before = holder.stmt
+    stmt = assignment(early, "accelerator.prepare", early, indent_of(home, holder))
+    plan.insert_before.setdefault(before, []).append(stmt)
+    for name in early:
+        wrapped = roles.wrapped_optimizers.get(name)
+        if wrapped is not None:
+            _rewrap(plan, name, wrapped, before, after=False)
+    plan.change(CODE, before, (
+        f"prepare {', '.join(early)} before the state loaded into them: a checkpoint of the hand-wrapped "
+        "model (`module.` keys) loads into the prepared model, and optimizer state lands on its device"))
+    return [n for n in names if n not in early]
 
 
 def _loader_line(roles: Roles, home: Scope, name: str) -> cst.CSTNode:
@@ -330,6 +395,28 @@ def _prepare_received(roles: Roles, plan: EditPlan) -> None:
         plan.insert_before.setdefault(first, []).insert(0, stmt)
         plan.use_accelerator(scope)
         plan.change(CODE, first, f"prepare {name}, the loader handed to `{scope.qualname}`")
+
+
+def _prepare_in_training_methods(roles: Roles, plan: EditPlan) -> None:
+    """Loaders the instance holds that a method which does not train also iterates (`test()` over
+    `self.celeba_loader`): prepared on entry to each method that trains from them, into a local
+    read in place of the attribute there (`Roles.method_loaders`); the instance keeps the user's
+    loader, so the other methods see all of it, as in the original."""
+    for scope, found in roles.method_loaders.items():
+        first = first_code_statement(roles.facts, scope)
+        if first is None:
+            continue
+        locals_ = [local for _, local, _ in found]
+        stmt = assignment(locals_, "accelerator.prepare", [attribute for attribute, _, _ in found], indent_of(scope, None))
+        plan.insert_before.setdefault(first, []).insert(0, stmt)
+        for _, local, reads in found:
+            for read in reads:
+                plan.attributes[read] = lambda _, local=local: cst.Name(local)
+        plan.use_accelerator(scope)
+        shown = ", ".join(f"`{attribute}`" for attribute, _, _ in found)
+        plan.change(CODE, first, (
+            f"prepare {shown} on entry to `{scope.qualname}`, which trains from it, into a local: the instance "
+            "keeps the unprepared loader for the methods that do not train"))
 
 
 # Draws from torch's global RNG of fresh values (not a permutation of the data: that is the

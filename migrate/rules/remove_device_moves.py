@@ -51,11 +51,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Move, Scope
+from migrate.analysis import Move, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.names import root_name
 from migrate.roles import Roles, kept_as_attribute
-from migrate.rules.base import placed_loaders, reference, references_in
+from migrate.rules.base import early_prepare, placed_loaders, reference, references_in
 from migrate.walk import Visitor, children, walk
 
 CODE = "AM002"
@@ -69,7 +69,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         for move in scope.moves:
             if move.device_arg is not None and not roles.is_device(scope, move.device_arg):
                 continue
-            what = _moved_object(roles, scope, move, placed_loaders(roles, plan), plan.eval_loaders)
+            what = _moved_object(roles, scope, move, placed_loaders(roles, plan), plan.eval_loaders,
+                                 early_prepare(roles, plan))
             if what is None:
                 _retarget_cuda(roles, plan, scope, move)
                 continue
@@ -80,7 +81,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
 
 
 def _moved_object(
-    roles: Roles, scope: Scope, move: Move, plan_loaders: list[str], plan_eval_loaders: list[str]
+    roles: Roles, scope: Scope, move: Move, plan_loaders: list[str], plan_eval_loaders: list[str],
+    early: tuple[StmtRef, list[str]] | None = None,
 ) -> str | None:
     """'model `m`' / 'batch `x`' when the move is one the Accelerator now makes, else None."""
     receiver = move.receiver
@@ -94,19 +96,21 @@ def _moved_object(
         prepared_at = roles.prepare_after.order if roles.prepare_after is not None else 0
         if scope is roles.home and move.where.order > prepared_at:
             return None
-        if _handed_on(roles, move) or _used_before_prepare(roles, scope, move, {ref}):
+        if _handed_on(roles, move) or _used_before_prepare(roles, scope, move, {ref}, early):
             return None
         return f"model `{ref}`"
     if isinstance(receiver, cst.Call) and scope is roles.home:
         target = _assigned_name(roles, move)
         if target is not None and target in roles.models:
-            if _used_before_prepare(roles, scope, move, {target}):
+            if _used_before_prepare(roles, scope, move, {target}, early):
                 return None
             return f"model `{target}`"
     root = root_name(receiver)
     if root is None:
         return None
     loaders = [*plan_loaders, *plan_eval_loaders]
+    if scope not in roles.method_loaders:  # prepared on entry to the training methods only
+        loaders = [n for n in loaders if n not in roles.training_only_loaders]
     for loop in move.loops:
         if root in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, loaders):
             return f"batch `{root}`"
@@ -239,7 +243,9 @@ _INERT_FUNCTIONS = frozenset({"print", "str", "repr", "isinstance", "type", "has
 _SAME_PARAMETERS = frozenset({"torch.compile", "torch.nn.SyncBatchNorm.convert_sync_batchnorm"})
 
 
-def _used_before_prepare(roles: Roles, scope: Scope, move: Move, names: set[str]) -> cst.CSTNode | None:
+def _used_before_prepare(
+    roles: Roles, scope: Scope, move: Move, names: set[str], early: tuple[StmtRef, list[str]] | None = None,
+) -> cst.CSTNode | None:
     """The first statement after `move` (and before the prepare call, in the function that
     prepares) that reads the moved model, or a name bound to it, other than to build the
     optimizer from its parameters: `ema = ModelEma(model)`, `copy.deepcopy(model)`,
@@ -251,6 +257,9 @@ def _used_before_prepare(roles: Roles, scope: Scope, move: Move, names: set[str]
         if isinstance(small, cst.Assign):
             names.update(n for t in small.targets if (n := reference(t.target)) is not None)
     stop = roles.prepare_after.stmt if scope is roles.home and roles.prepare_after is not None else None
+    stop_before = None  # the model is prepared before this statement (a load of its state)
+    if scope is roles.home and early is not None and names & set(early[1]):
+        stop, stop_before = None, early[0].stmt
     optimizer_statements: set[cst.CSTNode] = set()
     feeding: set[str] = set()  # names the optimizer is built from (`param_groups` in `AdamW(param_groups)`)
     for name in roles.optimizers:
@@ -258,7 +267,7 @@ def _used_before_prepare(roles: Roles, scope: Scope, move: Move, names: set[str]
             optimizer_statements.add(binding.where.stmt)
             if binding.value is not None:
                 feeding.update(n for n in references_in(binding.value) if n not in names)
-    reads = _ReadsAfterMove(roles, scope, statement, stop, names, optimizer_statements, feeding)
+    reads = _ReadsAfterMove(roles, scope, statement, stop, names, optimizer_statements, feeding, stop_before)
     walk(scope.node, reads)
     return reads.found[0] if reads.found else None
 
@@ -314,6 +323,7 @@ class _ReadsAfterMove(Visitor):
     def __init__(
         self, roles: Roles, scope: Scope, statement: cst.BaseStatement, stop: cst.BaseStatement | None,
         names: set[str], optimizer_statements: set[cst.CSTNode], feeding: set[str],
+        stop_before: cst.BaseStatement | None = None,
     ) -> None:
         self.root = scope.node
         self.statement = statement
@@ -322,6 +332,7 @@ class _ReadsAfterMove(Visitor):
         self.optimizer_statements = {id(stmt) for stmt in optimizer_statements}
         self.feeding = feeding
         self.aliases = roles.facts.aliases
+        self.stop_before = stop_before
         self.before = _paths_to(scope.node, [statement] if stop is None else [statement, stop])
         self.after = False
         self.done = False
@@ -330,6 +341,9 @@ class _ReadsAfterMove(Visitor):
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.done or self.found:
+            return False
+        if node is self.stop_before:
+            self.done = True
             return False
         node_type = type(node)
         if node is not self.root and node_type in _NESTED:
