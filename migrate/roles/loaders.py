@@ -584,14 +584,44 @@ def report_unsharded_training(roles: Roles) -> None:
         roles.findings.append(Finding(PREPARE, binding.where.stmt, message, unconverted=True))
         return
     else:
+        closure = _stepped_closure(scope)
         message = (
-            "no DataLoader feeds this training step, so every process would train on the same data: select "
-            "this process's share with `accelerator.process_index` / `accelerator.num_processes` (a slice of "
-            "the data's rows, `data[accelerator.process_index::accelerator.num_processes]`, keeps each "
-            "process's batches in order, as a loop that carries state from one batch to the next needs), "
-            "or build independent batches with a torch.utils.data.DataLoader (prepared, it shards them)"
+            "no DataLoader feeds this training step, so every process would train on the same data (N times "
+            "the compute for one process's worth of data). To share it, select this "
+            "process's part of the examples the loss is taken over with `accelerator.process_index` / "
+            "`accelerator.num_processes`: a strided slice of the data's rows "
+            "(`data[accelerator.process_index::accelerator.num_processes]`, which keeps each process's batches "
+            "in order, as a loop that carries state from one batch to the next needs), or, where the model needs "
+            "all of its inputs at once (a graph's nodes and edges), of the indices the loss is taken at; a mean "
+            "loss over equal parts keeps the averaged gradient the whole data's. Or build independent batches "
+            "with a torch.utils.data.DataLoader (prepared, it shards them)"
         )
+        if closure is not None:
+            message += (
+                f". The optimizer steps with the closure `{closure}`, whose returned loss it decides from (LBFGS "
+                "stops and searches on it): once the data are split, return `accelerator.reduce(loss.detach(), "
+                "\"mean\")` from it, so that every process takes the same decisions"
+            )
     roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
+
+
+def _stepped_closure(scope: Scope) -> str | None:
+    """The name of `scope` when it is a function its parent passes to an optimizer's
+    `step(closure)` (LBFGS and other closure optimizers), else None."""
+    parent = scope.parent
+    if not scope.is_function or parent is None:
+        return None
+    found = False
+
+    class Steps(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            func = node.func
+            found = found or (type(func) is cst.Attribute and func.attr.value == "step" and any(
+                type(a.value) is cst.Name and a.value.value == scope.name for a in node.args))
+
+    walk(parent.node, Steps())
+    return scope.name if found else None
 
 
 def random_batches(roles: Roles, scope: Scope, site: Site) -> tuple[str, list[Binding]] | None:
