@@ -61,14 +61,20 @@ class NamespaceRank:
     init: cst.BaseStatement  # the worker's `init_process_group(...)`: the assignments follow it
     attributes: dict[str, str]  # init keyword -> attribute name ("rank" -> "rank", "init_method" -> "dist_url")
     replace: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)  # what goes
+    outer: str = ""  # the spawning function's name for the namespace
+    guard: cst.If | None = None  # `if args.distributed:` around the init and the rank computation: goes whole
+    flags: list[str] = field(default_factory=list)  # attributes that said "several processes": N > 1 now
 
     def assignments(self) -> list[cst.BaseStatement]:
         """The statements written after the Accelerator: the namespace gets the launcher's values
         (both, also when this file reads neither: the namespace travels to code it may not see)."""
         return [
-            cst.parse_statement(f"{self.namespace}.{self.attributes[keyword]} = accelerator.{prop}\n")
-            for keyword, prop in PROPERTIES.items()
-            if keyword in self.attributes
+            *(
+                cst.parse_statement(f"{self.namespace}.{self.attributes[keyword]} = accelerator.{prop}\n")
+                for keyword, prop in PROPERTIES.items()
+                if keyword in self.attributes
+            ),
+            *(cst.parse_statement(f"{self.namespace}.{flag} = accelerator.num_processes > 1\n") for flag in self.flags),
         ]
 
 
@@ -80,6 +86,8 @@ def find(
     spawn_args: Sequence[cst.BaseExpression],
     init_call: cst.Call,
     init_stmt: cst.BaseStatement,
+    guard: cst.If | None = None,
+    spawn_test: cst.BaseExpression | None = None,
 ) -> NamespaceRank | str | None:
     """The namespace shape of this launcher, the reason it cannot be converted, or None when the
     init's `rank=` / `world_size=` are not attributes (another shape)."""
@@ -103,11 +111,37 @@ def find(
     if not isinstance(outer, cst.Name):
         return f"the spawn does not pass `{namespace}` as a name of `{spawner.name.value}`"
     written = set(attributes.values())
-    found = NamespaceRank(namespace, init_stmt, attributes)
+    found = NamespaceRank(namespace, init_stmt, attributes, outer=outer.value, guard=guard)
     removed: set[int] = {id(spawn_stmt), id(init_stmt)}
 
     worker_body = _body(worker)
-    before_init = worker_body[: next(i for i, s in enumerate(worker_body) if s is init_stmt)]
+    anchor = guard if guard is not None else init_stmt
+    before_init = worker_body[: next(i for i, s in enumerate(worker_body) if s is anchor)]
+    if guard is not None:
+        code = cst.Module([]).code_for_node
+        test = guard.test
+        if not (isinstance(test, cst.Attribute) and isinstance(test.value, cst.Name) and test.value.value == namespace):
+            return (f"the process group is initialised only under `if {code(test)}:`, which is not a flag of `{namespace}` "
+                    "that the launcher's process count could replace")
+        for stmt in _statements(_if_body(guard)):
+            if stmt is not init_stmt and not isinstance(stmt, cst.If) and not _assigns(stmt, namespace, written):
+                return (f"the block `if {code(test)}:` that initialises the process group also runs "
+                        f"`{code(stmt.with_changes(leading_lines=())).strip()}`, which is not the rank or world size "
+                        "the launcher provides now")
+        # the flag said "this process is one of a group": `accelerator.num_processes > 1` now
+        found.flags.append(test.attr.value)
+        written.add(test.attr.value)
+        removed.add(id(guard))
+    if isinstance(spawn_test, cst.Attribute) and isinstance(spawn_test.value, cst.Name) and spawn_test.value.value == outer.value:
+        # `if args.multiprocessing_distributed: mp.spawn(...)`: the spawn flag read after the launch
+        # (`not args.multiprocessing_distributed or args.rank % ngpus == 0` around a save) meant
+        # "several processes were started", which the launcher decides now
+        spawn_flag = spawn_test.attr.value
+        later = [s for s in worker_body if s is not guard] + [
+            s for s in module.body if s is not worker and s is not spawner
+        ]
+        if spawn_flag not in found.flags and any(_reads_attributes(s, {spawn_flag}) for s in later):
+            found.flags.append(spawn_flag)
     for stmt in before_init:
         if _assigns(stmt, namespace, written):
             removed.add(id(stmt))
@@ -137,6 +171,11 @@ def find(
         if isinstance(stmt, cst.If):
             _prune_if(stmt, removed, found.replace)
     return found
+
+
+def statements_of(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+    """`stmt` and the statements of its `if` / `else` blocks."""
+    return list(_statements([stmt]))
 
 
 def _body(function: cst.FunctionDef) -> Sequence[cst.BaseStatement]:

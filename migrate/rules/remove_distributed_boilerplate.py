@@ -251,9 +251,23 @@ def _place_creation(roles: Roles, plan: EditPlan) -> int:
         plan.change(CODE, setup.call_stmt, f"`{setup.scope.name}(...)` -> `accelerator = Accelerator()`: the "
                     f"launcher sets the address, the Accelerator the device and the process group (`{setup.scope.name}` removed)")
         return setup.order
+    namespace = roles.spawn.namespace if roles.spawn is not None else None
     for call in target.library_calls:
         if call.qualified != _INIT or not _standalone(call.where, call.call) or call.where.in_loop:
             continue
+        if namespace is not None and namespace.guard is not None and call.where.path and call.where.path[0].stmt is namespace.guard:
+            # `if args.distributed: ...; init_process_group(...)` goes whole (`_convert_spawn`): the
+            # Accelerator takes the place of the whole `if`, or is created before it with the device
+            guard = call.where.path[0]
+            plan.replace_stmt[call.where.stmt] = []
+            plan.change(CODE, call.call, "process group initialisation removed: the Accelerator joins the launcher's group")
+            device = roles.device_binding
+            if device is not None and device.where.order < guard.order:
+                return device.where.order
+            plan.create_at = guard.stmt
+            plan.create_at_order = guard.order
+            _forget_init_arguments(target, call.call, plan)
+            return guard.order
         _drop_cuda_assert(roles, plan, call.where)
         device = roles.device_binding
         if device is not None and device.where.order < call.where.order:
@@ -533,7 +547,17 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
         for stmt, replacement in namespace.replace.items():
             plan.replace_stmt[stmt] = replacement
             plan.change(CODE, stmt, "rank / world size / rendezvous computation removed: the launcher provides them")
-        plan.insert_after[namespace.init] = [*namespace.assignments(), *plan.insert_after.get(namespace.init, [])]
+        if namespace.guard is not None:
+            # `if args.distributed: <rank computation>; init_process_group(...)` goes whole: the
+            # Accelerator takes its place (or is created before it), the namespace then gets the
+            # launcher's values
+            plan.replace_stmt[namespace.guard] = []
+            plan.insert_after[namespace.guard] = [*namespace.assignments(), *plan.insert_after.get(namespace.guard, [])]
+            flags = ", ".join(f"`{namespace.namespace}.{flag}`" for flag in namespace.flags)
+            plan.change(CODE, namespace.guard, f"{flags} now say whether the launcher started several processes "
+                        "(`accelerator.num_processes > 1`)")
+        else:
+            plan.insert_after[namespace.init] = [*namespace.assignments(), *plan.insert_after.get(namespace.init, [])]
         names = " and ".join(f"`{namespace.namespace}.{namespace.attributes[k]}`" for k in ("rank", "world_size"))
         plan.change(CODE, namespace.init, f"{names} from the accelerator, for the reads after it")
 
