@@ -747,6 +747,11 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, 
     for name in roles.models:
         for binding in home.bindings.get(name, []):
             value = binding.value
+            # `model = nn.DataParallel(model).cuda()`: the move goes with the wrapper (prepare moves it)
+            moved = value
+            while (type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in ("cuda", "to")
+                   and type(value.func.value) is cst.Call):
+                value = value.func.value
             if not (type(value) is cst.Call and roles.facts.aliases.qualify(value.func) in _WRAPPERS):
                 continue
             if not value.args:
@@ -757,7 +762,7 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, 
                 parent = binding.where.path[-1].stmt if binding.where.path else None
                 if type(parent) is cst.If and parent.orelse is None and _only_statement(parent, stmt):
                     plan.replace_stmt[parent] = []
-                elif not remove_statement(plan, stmt, value):
+                elif not remove_statement(plan, stmt, moved):
                     plan.calls[value] = lambda updated: updated.args[0].value
             else:
                 plan.calls[value] = lambda updated: updated.args[0].value
