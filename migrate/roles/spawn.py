@@ -91,6 +91,10 @@ class SetupHelper:
     order: int  # document order of that call
 
 
+# refusals (by id, while `spawn_launch` runs) saying the launcher is not `spawn_namespace`'s shape
+_NOT_NAMESPACE: set[int] = set()
+
+
 _SETUP_CALLS = frozenset({_INIT_PROCESS_GROUP, "torch.cuda.set_device", "torch.accelerator.set_device_index"})
 
 
@@ -158,7 +162,10 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
                     direct.call, f"`{worker.name}` is also called directly here, a second launch path next to the spawn"
                 )
     flag = fallback.stmt.test if fallback is not None else None
+    _NOT_NAMESPACE.clear()
     init = _spawn_worker_init(facts, worker, world_size_args, nprocs, scope, stmt, args, flag)
+    if isinstance(init, Finding) and fallback is not None and fallback.extra and id(init) in _NOT_NAMESPACE:
+        init = None  # not the namespace shape: the spawn's branch computing more than the launch is the reason
     if isinstance(init, Finding):
         return init
     setup = init if isinstance(init, SetupHelper) else None
@@ -315,6 +322,10 @@ def _spawn_worker_init(
         found = spawn_namespace.find(
             facts.module, spawner, spawn_stmt, node, args, init.call, init.where.stmt, guard, spawn_test
         )
+        if isinstance(found, spawn_namespace.NotThisShape):
+            refusal = spawn_refusal(init.call, found)
+            _NOT_NAMESPACE.add(id(refusal))
+            return refusal
         if isinstance(found, str):
             return spawn_refusal(init.call, found)
         if found is not None:
@@ -452,9 +463,32 @@ def check_spawn_worker(roles: Roles, spawn: SpawnLaunch) -> None:
         )
     else:
         roles.spawn = spawn
+        _flag_sampled_loaders(roles, spawn)
         return
     roles.refused = True
     roles.findings = [spawn_refusal(spawn.call, why)]
+
+
+def _flag_sampled_loaders(roles: Roles, spawn: SpawnLaunch) -> None:
+    """`sampler = DistributedSampler(data) if args.distributed else None` where AM007 sets
+    `args.distributed = accelerator.num_processes > 1`: on N processes the loader shards itself, so
+    it is one that shards by rank (kept unprepared, AM004 says so), not one to prepare."""
+    from migrate.roles.loaders import DISTRIBUTED_SAMPLER, call_name, loader_calls, sampler_values
+
+    namespace = spawn.namespace
+    home = roles.home
+    if namespace is None or not namespace.flags or home is None:
+        return
+    flags = set(namespace.flags)
+    for name in roles.loaders:
+        if name in roles.rank_sampled:
+            continue
+        for scope, call in loader_calls(roles, home, name):
+            for value in sampler_values(roles, scope, call):
+                if not isinstance(value, cst.IfExp) or not spawn_namespace.reads_attributes(value.test, flags):
+                    continue
+                if any(call_name(roles, branch, DISTRIBUTED_SAMPLER) for branch in (value.body, value.orelse)):
+                    roles.rank_sampled[name] = call
 
 
 def _is_process_count(facts: Facts, binding: Binding) -> bool:

@@ -78,6 +78,11 @@ class NamespaceRank:
         ]
 
 
+class NotThisShape(str):
+    """A reason `find` gives when the launcher is not the namespace shape at all (the init's rank
+    and world size are not attributes the spawn passes), rather than a part of it it cannot convert."""
+
+
 def find(
     module: cst.Module,
     spawner: cst.FunctionDef,
@@ -103,13 +108,13 @@ def find(
         return None
     params = [p.name.value for p in worker.params.params]
     if len(namespaces) != 1 or not {"rank", "world_size"} <= attributes.keys():
-        return "the init's `rank=` and `world_size=` are not both attributes of one namespace"
+        return NotThisShape("the init's `rank=` and `world_size=` are not both attributes of one namespace")
     namespace = namespaces.pop()
     if namespace not in params[1:]:
-        return f"`{namespace}` is not a parameter of `{worker.name.value}` that the spawn passes"
+        return NotThisShape(f"`{namespace}` is not a parameter of `{worker.name.value}` that the spawn passes")
     outer = spawn_args[params.index(namespace) - 1]
     if not isinstance(outer, cst.Name):
-        return f"the spawn does not pass `{namespace}` as a name of `{spawner.name.value}`"
+        return NotThisShape(f"the spawn does not pass `{namespace}` as a name of `{spawner.name.value}`")
     written = set(attributes.values())
     found = NamespaceRank(namespace, init_stmt, attributes, outer=outer.value, guard=guard)
     removed: set[int] = {id(spawn_stmt), id(init_stmt)}
@@ -231,6 +236,10 @@ def _assigned_attributes(stmt: cst.SimpleStatementLine) -> set[str]:
             targets = [small.target]
         found.update(t.attr.value for t in targets if isinstance(t, cst.Attribute))
     return found
+
+
+def reads_attributes(node: cst.CSTNode, attributes: set[str]) -> set[str]:
+    return _reads_attributes(node, attributes)
 
 
 def _reads_attributes(node: cst.CSTNode, attributes: set[str]) -> set[str]:

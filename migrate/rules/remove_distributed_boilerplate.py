@@ -767,12 +767,24 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, 
             else:
                 plan.calls[value] = lambda updated: updated.args[0].value
             plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
+            _drop_emptied_if(plan, binding.where)
             # Under an `if` (`if torch.cuda.device_count() > 1:`), the script also ran its model
             # unwrapped, so it moves the inputs itself.
             if _moves_inputs(roles, value) and not any(type(ref.stmt) is cst.If for ref in binding.where.path):
                 moving.append((name, value, binding.where))
     _unwrap_aliases(roles, plan)
     return moving
+
+
+def _drop_emptied_if(plan: EditPlan, where: StmtRef) -> None:
+    """`if args.distributed: model = DDP(model) else: model = DataParallel(model)`: an `if` / `else`
+    whose every statement goes, goes whole (rather than two `pass` branches)."""
+    parent = where.path[-1].stmt if where.path else None
+    if type(parent) is not cst.If or type(parent.orelse) is not cst.Else:
+        return
+    blocks = [parent.body, parent.orelse.body]
+    if all(type(b) is cst.IndentedBlock and all(plan.replace_stmt.get(s) == [] for s in b.body) for b in blocks):
+        plan.replace_stmt[parent] = []
 
 
 # Tensor factories that build on the CPU unless given `device=`.
