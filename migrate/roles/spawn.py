@@ -68,8 +68,10 @@ class DirectFallback:
     process without a launcher and as one of N under `accel launch`; the whole `if` goes.
 
     Understood only when the `if` has exactly these two branches (no `elif`), each holding only its
-    call, and the direct call passes the spawn's `args` as written except where the spawn passes
-    the process count (`1` there, say)."""
+    call (the spawn's branch may also assign attributes of the namespace the spawn passes,
+    `args.world_size = ngpus * args.world_size`, where `spawn_namespace` removes them: the launcher
+    gives the world size), and the direct call passes the spawn's `args` as written except where
+    the spawn passes the process count (`1` there, say)."""
 
     stmt: cst.If  # the `if` holding both launch paths: replaced by the one call
     call: cst.Call  # the direct call

@@ -25,6 +25,12 @@ rank=args.rank)`), and says which statements the launcher makes obsolete:
                                                              # args.rank = accelerator.process_index
                                                              # args.world_size = accelerator.num_processes
 
+The worker may join the group under a flag of the namespace, `if args.distributed:`, holding only
+the rank computation and the init (the ImageNet example): that `if` goes whole, the flag's own
+assignment in the spawning function goes, and after the Accelerator the worker sets
+`args.distributed = accelerator.num_processes > 1`; so does the flag that chose the spawn
+(`if args.multiprocessing_distributed: mp.spawn(...)`) where the worker reads it.
+
 Why: under `accel launch` the launcher owns the rank, the world size and the rendezvous; the worker's
 later reads (`args.batch_size // args.world_size`, `if args.rank == 0:`) then read the launcher's
 values, which are what the spawned process computed on one node and on SLURM alike.

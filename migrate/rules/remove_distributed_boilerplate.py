@@ -92,6 +92,22 @@ What it does:
       emptied; SLURM signal handlers stay), and the worker sets `args.rank = accelerator.process_index`
       and `args.world_size = accelerator.num_processes` after the Accelerator, for its later reads
       (`migrate.roles.spawn_namespace`).
+      The ImageNet example's whole shape: the spawn's branch also scales `args.world_size =
+      ngpus * args.world_size` (it goes with the `if`), `main` sets `args.distributed =
+      args.world_size > 1 or args.multiprocessing_distributed` (goes), and the worker joins the
+      group under `if args.distributed:` with its rank computed inside (`args.rank = args.rank *
+      ngpus + gpu`): that whole `if` goes, the Accelerator is created in its place (or earlier, with
+      the device), and the worker then sets `args.distributed = accelerator.num_processes > 1`, and so
+      does the spawn's flag where the worker reads it (`args.multiprocessing_distributed`, say in the
+      save guard `not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0`, which with
+      `args.rank = accelerator.process_index` and the process count passed for `ngpus_per_node`
+      saves on the main process only). Every later `if args.distributed:` then takes the branch the
+      original took with that many processes: the DDP and DataParallel wrappers of the device chain
+      go (with their `.cuda()`; an `if`/`else` left empty goes whole), the per-process batch
+      `args.batch_size / ngpus_per_node` divides by the launcher's process count, and a
+      `DistributedSampler` built only `if args.distributed` (also `DistributedSampler(d) if
+      args.distributed else None`) keeps sharding that loader, which is then not prepared (AM004
+      says so), with its `set_epoch`.
     - An in-place collective of the script's own (`dist.all_reduce(c)`, `dist.reduce`,
       `dist.broadcast`, also inside a model's forward) runs under `if dist.is_initialized():`: on
       one process the runtime starts no process group, and the collective over one process leaves
