@@ -465,23 +465,61 @@ def check_spawn_worker(roles: Roles, spawn: SpawnLaunch) -> None:
         )
     else:
         roles.spawn = spawn
-        _flag_sampled_loaders(roles, spawn)
+        if spawn.namespace is not None:
+            _flag_sampled_loaders(roles, set(spawn.namespace.flags))
         return
     roles.refused = True
     roles.findings = [spawn_refusal(spawn.call, why)]
 
 
-def _flag_sampled_loaders(roles: Roles, spawn: SpawnLaunch) -> None:
+def find_group_flag(roles: Roles) -> None:
+    """`if args.distributed: ...; init_process_group(...)` (no `else`) in the scope that creates the
+    Accelerator, the flag (`args.distributed`, or a name) also read elsewhere: the group exists
+    exactly when the flag is true, and with the Accelerator exactly when there are several processes,
+    so AM007 sets the flag to `accelerator.num_processes > 1` before that `if`
+    (`Roles.group_flag`), and the loaders whose sampler is a DistributedSampler only under the flag
+    shard themselves."""
+    scope = roles.accelerator_scope
+    if scope is None or roles.accelerator_exists:
+        return
+    inits = [c for c in scope.library_calls if c.qualified == _INIT_PROCESS_GROUP]
+    if len(inits) != 1:
+        return
+    where = inits[0].where
+    guard = where.path[-1].stmt if where.path else None
+    if where.in_loop or type(guard) is not cst.If or guard.orelse is not None or where.block is not guard.body:
+        return
+    if not is_expression_statement(where.stmt, inits[0].call):
+        return
+    test = guard.test
+    if type(test) is cst.Attribute and type(test.value) is cst.Name:
+        attribute = test.attr.value
+        reads = spawn_namespace.attribute_read_count(roles.facts.module, attribute)
+    elif type(test) is cst.Name:
+        attribute = None
+        bindings = scope.bindings.get(test.value, [])
+        code = roles.facts.module.code_for_node
+        if any(b.value is not None and "environ" in code(b.value) for b in bindings):
+            return  # `ddp = "RANK" in os.environ`: the launcher's answer already
+        reads = _own_name_count(scope.node, test.value) - len(bindings)
+    else:
+        return
+    if reads <= 1:
+        return  # only the `if` itself reads it
+    roles.group_flag = (guard, test)
+    if attribute is not None:
+        _flag_sampled_loaders(roles, {attribute})
+
+
+def _flag_sampled_loaders(roles: Roles, flags: set[str]) -> None:
     """`sampler = DistributedSampler(data) if args.distributed else None` where AM007 sets
     `args.distributed = accelerator.num_processes > 1`: on N processes the loader shards itself, so
     it is one that shards by rank (kept unprepared, AM004 says so), not one to prepare."""
     from migrate.roles.loaders import DISTRIBUTED_SAMPLER, call_name, loader_calls, sampler_values
 
-    namespace = spawn.namespace
     home = roles.home
-    if namespace is None or not namespace.flags or home is None:
+    if not flags or home is None:
         return
-    flags = set(namespace.flags)
     for name in roles.loaders:
         if name in roles.rank_sampled:
             continue

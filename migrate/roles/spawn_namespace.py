@@ -244,6 +244,11 @@ def _assigned_attributes(stmt: cst.SimpleStatementLine) -> set[str]:
     return found
 
 
+def attribute_read_count(module: cst.Module, attribute: str) -> int:
+    """How often `.attribute` is read in the module (assignment targets are not reads)."""
+    return len(_attribute_reads(module).get(attribute, ()))
+
+
 def reads_attributes(node: cst.CSTNode, attributes: set[str]) -> set[str]:
     return _reads_attributes(node, attributes)
 

@@ -108,6 +108,13 @@ What it does:
       `DistributedSampler` built only `if args.distributed` (also `DistributedSampler(d) if
       args.distributed else None`) keeps sharding that loader, which is then not prepared (AM004
       says so), with its `set_epoch`.
+    - Without a spawn, a process group joined only under a flag of the script's own options
+      (`args.distributed = args.world_size > 1`, then `if args.distributed: init_process_group(...)`)
+      that is also read elsewhere: the `init_process_group` becomes the Accelerator as above, and
+      `args.distributed = accelerator.num_processes > 1` is set before that `if`, so the flag's other
+      branches (the DDP wrapper, a `DistributedSampler(data) if args.distributed else None` that
+      then keeps sharding its unprepared loader) follow the launcher, as they followed the group.
+      A flag read from the launcher's environment (`ddp = "RANK" in os.environ`) already does.
     - An in-place collective of the script's own (`dist.all_reduce(c)`, `dist.reduce`,
       `dist.broadcast`, also inside a model's forward) runs under `if dist.is_initialized():`: on
       one process the runtime starts no process group, and the collective over one process leaves
@@ -184,7 +191,7 @@ from migrate.names import instance_attribute, root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
 from migrate.roles.model import nested_in
 from migrate.roles.placement import alias_removal
-from migrate.rules.base import accelerator_call, prepared_loaders, reference, remove_statement
+from migrate.rules.base import accelerator_call, prepared_loaders, reference, remove_statement, statement
 from migrate.walk import walk
 
 CODE = "AM007"
@@ -224,6 +231,13 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     plan.removes_boilerplate = True
     if roles.spawn is not None:
         _convert_spawn(roles.spawn, plan)
+    if roles.group_flag is not None:
+        guard, flag = roles.group_flag
+        text = cst.Module([]).code_for_node(flag)
+        assignment = statement(f"{text} = accelerator.num_processes > 1\n").with_changes(leading_lines=guard.leading_lines)
+        plan.insert_before[guard] = [*plan.insert_before.get(guard, []), assignment]
+        plan.change(CODE, guard, f"`{text}` chose whether to join a process group: it now says whether the launcher "
+                    "started several processes (`accelerator.num_processes > 1`), for its reads after this")
     creation_order = _place_creation(roles, plan)
     rank_names: dict[tuple[int, str], str] = {}  # (scope id, name) -> accelerator property
     deferred: list[tuple[Scope, str, cst.Call, StmtRef]] = []  # rank reads of other modules
