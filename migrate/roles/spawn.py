@@ -328,6 +328,8 @@ def _spawn_worker_init(
             refusal = spawn_refusal(init.call, found)
             _NOT_NAMESPACE.add(id(refusal))
             return refusal
+        if isinstance(found, spawn_namespace.At) and found.node is not None:
+            return spawn_refusal(found.node, found)
         if isinstance(found, str):
             return spawn_refusal(init.call, found)
         if found is not None:

@@ -84,6 +84,18 @@ class NamespaceRank:
         ]
 
 
+class At(str):
+    """A reason with the statement it is about (reported there rather than at the init)."""
+
+    node: cst.CSTNode | None = None
+
+
+def _at(node: cst.CSTNode, reason: str) -> At:
+    found = At(reason)
+    found.node = node
+    return found
+
+
 class NotThisShape(str):
     """A reason `find` gives when the launcher is not the namespace shape at all (the init's rank
     and world size are not attributes the spawn passes), rather than a part of it it cannot convert."""
@@ -136,9 +148,9 @@ def find(
                     "that the launcher's process count could replace")
         for stmt in _statements(_if_body(guard)):
             if stmt is not init_stmt and not isinstance(stmt, cst.If) and not _assigns(stmt, namespace, written):
-                return (f"the block `if {code(test)}:` that initialises the process group also runs "
-                        f"`{code(stmt.with_changes(leading_lines=())).strip()}`, which is not the rank or world size "
-                        "the launcher provides now")
+                return _at(stmt, f"the block `if {code(test)}:` that initialises the process group also runs "
+                           f"`{code(stmt.with_changes(leading_lines=())).strip()}`, which is not the rank or world "
+                           "size the launcher provides now")
         # the flag said "this process is one of a group": `accelerator.num_processes > 1` now
         found.flags.append(test.attr.value)
         written.add(test.attr.value)
@@ -181,6 +193,13 @@ def find(
     for stmt in spawner_statements:
         if isinstance(stmt, cst.If):
             _prune_if(stmt, removed, found.replace)
+    for stmt in spawner_statements:
+        # an `if` the launcher's computation leaves in place must not test what it no longer sets
+        if isinstance(stmt, cst.If) and found.replace.get(stmt) != [] and stmt.test is not spawn_test:
+            read = _reads_attributes(stmt.test, written)
+            if read:
+                return _at(stmt, f"`{spawner.name.value}` itself tests `{outer.value}.{sorted(read)[0]}`, which the "
+                           "launcher computes now")
     return found
 
 
