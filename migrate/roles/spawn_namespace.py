@@ -37,8 +37,11 @@ values, which are what the spawned process computed on one node and on SLURM ali
 
 Leaves alone (the reason is returned, AM007 refuses the file with it): the namespace's rank or world
 size also written elsewhere in the file, read by the spawning function for anything but the removed
-computation, or read in the worker before its process group exists; the `rank=` and `world_size=`
-of the init not both attributes of the same namespace that the spawn passes.
+computation (an `if` it keeps testing them, or the flag, included), or read in the worker before
+its process group exists; the `rank=` and `world_size=` of the init not both attributes of the same
+namespace that the spawn passes; a guard `if args.distributed:` around the init that also runs
+anything but the rank and world size computation (a print, a `set_device`), reported at that
+statement.
 
 Fix safety: only statements whose every effect is the removed computation go (assignments of the
 three attributes, and bindings read by nothing else); every read of the rank and the world size

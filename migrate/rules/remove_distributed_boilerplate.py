@@ -139,7 +139,7 @@ Leaves alone:
     `mp.spawn` launchers of another shape (`migrate.roles.SpawnLaunch`): the process group set up
     in a helper that does more than the setup above, `rank=` / `world_size=` computed in other ways
     than the spawn index and the process count or the namespace shape above (the namespace's rank
-    read by the spawning function itself or in the worker before its process group exists), the
+    read (or tested) by the spawning function itself, or read in the worker before its process group exists), the
     worker also called directly (a second launch path) other than as the spawn's `else` above or
     with other arguments, the optimizer built outside the worker,
     `nprocs` used for other things, `args` not a written-out tuple, `join=False`: the whole file
