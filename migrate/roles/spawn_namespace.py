@@ -40,8 +40,8 @@ size also written elsewhere in the file, read by the spawning function for anyth
 computation (an `if` it keeps testing them, or the flag, included), or read in the worker before
 its process group exists; the `rank=` and `world_size=` of the init not both attributes of the same
 namespace that the spawn passes; a guard `if args.distributed:` around the init that also runs
-anything but the rank and world size computation (a print, a `set_device`), reported at that
-statement.
+anything but the rank and world size computation and pinning the GPU (`torch.cuda.set_device`:
+the Accelerator sets the device), a print say, reported at that statement.
 
 Fix safety: only statements whose every effect is the removed computation go (assignments of the
 three attributes, and bindings read by nothing else); every read of the rank and the world size
@@ -150,7 +150,8 @@ def find(
             return (f"the process group is initialised only under `if {code(test)}:`, which is not a flag of `{namespace}` "
                     "that the launcher's process count could replace")
         for stmt in _statements(_if_body(guard)):
-            if stmt is not init_stmt and not isinstance(stmt, cst.If) and not _assigns(stmt, namespace, written):
+            if stmt is not init_stmt and not isinstance(stmt, cst.If) and not _assigns(stmt, namespace, written) \
+                    and not _pins_device(stmt):
                 return _at(stmt, f"the block `if {code(test)}:` that initialises the process group also runs "
                            f"`{code(stmt.with_changes(leading_lines=())).strip()}`, which is not the rank or world "
                            "size the launcher provides now")
@@ -209,6 +210,15 @@ def find(
 def statements_of(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
     """`stmt` and the statements of its `if` / `else` blocks."""
     return list(_statements([stmt]))
+
+
+def _pins_device(stmt: cst.BaseStatement) -> bool:
+    """`torch.cuda.set_device(gpu)` / `torch.accelerator.set_device_index(gpu)` alone on its line."""
+    small = _small(stmt)
+    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+        return False
+    func = small.value.func
+    return isinstance(func, cst.Attribute) and func.attr.value in ("set_device", "set_device_index")
 
 
 def _body(function: cst.FunctionDef) -> Sequence[cst.BaseStatement]:
