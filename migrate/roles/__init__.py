@@ -55,7 +55,7 @@ from migrate.roles.optimizers import (
 )
 from migrate.roles.placement import place_accelerator, place_prepare
 from migrate.roles.schedulers import find_schedulers
-from migrate.roles.spawn import SpawnLaunch, check_spawn_worker, spawn_launch
+from migrate.roles.spawn import SpawnLaunch, check_spawn_worker, find_group_flag, spawn_launch
 from migrate.roles.unread_handoffs import report_prepared_models_handed_to_unread_code
 from migrate.roles.traps import refuse_forward_bypassing_copies, refuse_rewrapped_models, report_hidden_training_step, report_library_traps
 
@@ -76,6 +76,8 @@ def find_roles(facts: Facts) -> Roles:
         return roles  # processes started by MPI: left whole, every MPI rank read named
     if spawn is not None and not roles.refused:
         check_spawn_worker(roles, spawn)
+    elif not roles.refused:
+        find_group_flag(roles)
     if roles.home is not None and roles.models and not roles.refused and not roles.accelerator_exists:
         sharding = hand_sharding.find(roles)
         if isinstance(sharding, Finding):

@@ -150,6 +150,9 @@ class Roles:
     unprepared: bool = False  # a training object was found that cannot be prepared (reported by `cannot_prepare`)
     spawn: "SpawnLaunch | None" = None  # an understood `mp.spawn` launcher (AM007 converts it)
     sharding: "HandSharding | None" = None  # hand-written FSDP / fully_shard / ZeRO that AM007 converts
+    # `if args.distributed: init_process_group(...)` in the scope that creates the Accelerator, the
+    # flag read elsewhere too: AM007 sets it to `accelerator.num_processes > 1` before that `if`
+    group_flag: "tuple[cst.If, cst.BaseExpression] | None" = None
     # `self.model = DDP(self.model)` in a trainer class handed the prepared model: AM007 removes it
     class_wrappers: list["ClassWrapper"] = field(default_factory=list)
     _training_functions: set[Scope] = field(default_factory=set)

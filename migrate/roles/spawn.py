@@ -6,7 +6,7 @@ See `SpawnLaunch` for the exact shape; every other use of `torch.multiprocessing
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -68,12 +68,17 @@ class DirectFallback:
     process without a launcher and as one of N under `accel launch`; the whole `if` goes.
 
     Understood only when the `if` has exactly these two branches (no `elif`), each holding only its
-    call, and the direct call passes the spawn's `args` as written except where the spawn passes
-    the process count (`1` there, say)."""
+    call (the spawn's branch may also assign attributes of the namespace the spawn passes,
+    `args.world_size = ngpus * args.world_size`, where `spawn_namespace` removes them: the launcher
+    gives the world size), and the direct call passes the spawn's `args` as written except where
+    the spawn passes the process count (`1` there, say)."""
 
     stmt: cst.If  # the `if` holding both launch paths: replaced by the one call
     call: cst.Call  # the direct call
     rank: cst.BaseExpression  # what the direct call passed as the worker's index (`args.gpu`, `0`)
+    # `args.world_size = ngpus * args.world_size` beside the spawn: namespace computations the
+    # launcher makes obsolete (accepted only where `spawn_namespace` removes them)
+    extra: list[cst.BaseStatement] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -86,6 +91,10 @@ class SetupHelper:
     scope: Scope  # the helper
     call_stmt: cst.BaseStatement  # its call in the worker
     order: int  # document order of that call
+
+
+# refusals (by id, while `spawn_launch` runs) saying the launcher is not `spawn_namespace`'s shape
+_NOT_NAMESPACE: set[int] = set()
 
 
 _SETUP_CALLS = frozenset({_INIT_PROCESS_GROUP, "torch.cuda.set_device", "torch.accelerator.set_device_index"})
@@ -154,18 +163,37 @@ def spawn_launch(facts: Facts) -> SpawnLaunch | Finding | None:
                 return spawn_refusal(
                     direct.call, f"`{worker.name}` is also called directly here, a second launch path next to the spawn"
                 )
-    init = _spawn_worker_init(facts, worker, world_size_args, nprocs, scope, stmt, args)
+    flag = fallback.stmt.test if fallback is not None else None
+    _NOT_NAMESPACE.clear()
+    init = _spawn_worker_init(facts, worker, world_size_args, nprocs, scope, stmt, args, flag)
+    if isinstance(init, Finding) and fallback is not None and fallback.extra and id(init) in _NOT_NAMESPACE:
+        init = None  # not the namespace shape: the spawn's branch computing more than the launch is the reason
     if isinstance(init, Finding):
         return init
     setup = init if isinstance(init, SetupHelper) else None
     namespace = init if isinstance(init, NamespaceRank) else None
+    if fallback is not None:
+        for extra in fallback.extra:
+            target = _namespace_assignment(extra)
+            if namespace is None or target is None or target[0] != namespace.outer or target[1] not in namespace.attributes.values():
+                return spawn_refusal(
+                    fallback.call, f"`{worker.name}` is also called directly here, in the other branch of the spawn's "
+                    f"`if`; {_extra_statement(facts, extra)}"
+                )
+        if namespace is not None:
+            # the whole `if` becomes the one direct call: nothing inside it is pruned on its own
+            inside = {id(s) for s in spawn_namespace.statements_of(fallback.stmt)}
+            for removed in [s for s in namespace.replace if id(s) in inside]:
+                del namespace.replace[removed]
     nprocs_binding: cst.BaseStatement | None = None
     if isinstance(nprocs, cst.Name):
         bindings = scope.bindings.get(nprocs.value, [])
         reads = _own_name_count(scope.node, nprocs.value) - len(bindings)
         # with a direct fallback, the `if ngpus > 1:` test and the direct call go with the spawn
         in_call = _own_name_count(fallback.stmt if fallback is not None else call, nprocs.value)
-        if reads != in_call:
+        # an `if ngpus == 1 and ...: warnings.warn(...)` only advises: it reads the count, changes nothing
+        advisory = sum(_own_name_count(a, nprocs.value) for a in _advisory_ifs(facts, scope.node))
+        if reads - advisory != in_call:
             return spawn_refusal(call, f"`{nprocs.value}` (the number of processes) is also used for other things")
         others = sum(_own_name_count(a, nprocs.value) for i, a in enumerate(args) if i not in world_size_args)
         if len(bindings) == 1 and not others and _is_process_count(facts, bindings[0]):
@@ -213,13 +241,10 @@ def _direct_fallback(
         return None
     if facts.function_called(direct) is not worker:
         return None
-    if len(mine.body) != 1:
-        extra = next(stmt for stmt in mine.body if stmt is not where.stmt)
-        return direct, (
-            f"the spawn's branch also runs `{facts.module.code_for_node(extra.with_changes(leading_lines=())).strip()}`, "
-            "which the direct "
-            "path does not, so the two paths are not one call"
-        )
+    extras = [stmt for stmt in mine.body if stmt is not where.stmt]
+    for extra in extras:
+        if _namespace_assignment(extra) is None:
+            return direct, _extra_statement(facts, extra)
     other_arguments = (
         "it passes other arguments than the spawn's `args`: pass the same ones after the index (the process count "
         "may differ where the spawn passes `nprocs`), so that both paths become one call"
@@ -230,12 +255,34 @@ def _direct_fallback(
     for index, (passed, spawned) in enumerate(zip(direct.args[1:], args)):
         if index not in world_size_args and code(passed.value) != code(spawned):
             return direct, other_arguments
-    return DirectFallback(parent, direct, direct.args[0].value)
+    return DirectFallback(parent, direct, direct.args[0].value, extras)
+
+
+def _extra_statement(facts: Facts, extra: cst.BaseStatement) -> str:
+    return (
+        f"the spawn's branch also runs `{facts.module.code_for_node(extra.with_changes(leading_lines=())).strip()}`, "
+        "which the direct path does not, so the two paths are not one call"
+    )
+
+
+def _namespace_assignment(stmt: cst.BaseStatement) -> tuple[str, str] | None:
+    """`args.world_size = ...` alone on its line: (`args`, `world_size`)."""
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+    elif isinstance(small, cst.AugAssign):
+        target = small.target
+    else:
+        return None
+    if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
+        return target.value.value, target.attr.value
+    return None
 
 
 def _spawn_worker_init(
     facts: Facts, worker: Scope, world_size_args: set[int], nprocs: cst.BaseExpression,
     spawn_scope: Scope, spawn_stmt: cst.BaseStatement, args: list[cst.BaseExpression],
+    spawn_test: cst.BaseExpression | None = None,
 ) -> Finding | NamespaceRank | SetupHelper | None:
     """The one `init_process_group`: a statement of the worker's body whose rank is the spawn index,
     the namespace the spawning function computed the rank and the world size into, or a statement
@@ -257,19 +304,38 @@ def _spawn_worker_init(
             expected = _expected_through(facts, worker, setup, world_size_args)
             checked = _check_init_arguments(facts, init.call, expected, nprocs)
             return checked if checked is not None else setup
-    if scope is not worker or init.where.block is not node.body or not is_expression_statement(init.where.stmt, init.call):
-        return spawn_refusal(
-            init.call,
-            f"the process group is initialised here, not as a statement of the worker `{worker.name}` itself: "
-            f"move this setup into `{worker.name}`",
-        )
+    not_in_worker = spawn_refusal(
+        init.call,
+        f"the process group is initialised here, not as a statement of the worker `{worker.name}` itself: "
+        f"move this setup into `{worker.name}`",
+    )
+    # `if args.distributed: ...; init_process_group(...)`: a guard of the worker's own body (the
+    # namespace shape only, see `spawn_namespace`)
+    guard = init.where.path[0].stmt if len(init.where.path) == 1 else None
+    if not (type(guard) is cst.If and guard.orelse is None and init.where.path[0].block is node.body
+            and init.where.block is guard.body):
+        guard = None
+    if scope is not worker or not is_expression_statement(init.where.stmt, init.call) or (
+        init.where.block is not node.body and guard is None
+    ):
+        return not_in_worker
     spawner = spawn_scope.node
     if isinstance(spawner, cst.FunctionDef):
-        found = spawn_namespace.find(facts.module, spawner, spawn_stmt, node, args, init.call, init.where.stmt)
+        found = spawn_namespace.find(
+            facts.module, spawner, spawn_stmt, node, args, init.call, init.where.stmt, guard, spawn_test
+        )
+        if isinstance(found, spawn_namespace.NotThisShape):
+            refusal = spawn_refusal(init.call, found)
+            _NOT_NAMESPACE.add(id(refusal))
+            return refusal
+        if isinstance(found, spawn_namespace.At) and found.node is not None:
+            return spawn_refusal(found.node, found)
         if isinstance(found, str):
             return spawn_refusal(init.call, found)
         if found is not None:
             return found
+    if guard is not None:
+        return not_in_worker
     expected = {"rank": {worker.params[0]}, "world_size": {worker.params[1 + i] for i in world_size_args}}
     return _check_init_arguments(facts, init.call, expected, nprocs)
 
@@ -401,9 +467,70 @@ def check_spawn_worker(roles: Roles, spawn: SpawnLaunch) -> None:
         )
     else:
         roles.spawn = spawn
+        if spawn.namespace is not None:
+            _flag_sampled_loaders(roles, set(spawn.namespace.flags))
         return
     roles.refused = True
     roles.findings = [spawn_refusal(spawn.call, why)]
+
+
+def find_group_flag(roles: Roles) -> None:
+    """`if args.distributed: ...; init_process_group(...)` (no `else`) in the scope that creates the
+    Accelerator, the flag (`args.distributed`, or a name) also read elsewhere: the group exists
+    exactly when the flag is true, and with the Accelerator exactly when there are several processes,
+    so AM007 sets the flag to `accelerator.num_processes > 1` before that `if`
+    (`Roles.group_flag`), and the loaders whose sampler is a DistributedSampler only under the flag
+    shard themselves."""
+    scope = roles.accelerator_scope
+    if scope is None or roles.accelerator_exists:
+        return
+    inits = [c for c in scope.library_calls if c.qualified == _INIT_PROCESS_GROUP]
+    if len(inits) != 1:
+        return
+    where = inits[0].where
+    guard = where.path[-1].stmt if where.path else None
+    if where.in_loop or type(guard) is not cst.If or guard.orelse is not None or where.block is not guard.body:
+        return
+    if not is_expression_statement(where.stmt, inits[0].call):
+        return
+    test = guard.test
+    if type(test) is cst.Attribute and type(test.value) is cst.Name:
+        attribute = test.attr.value
+        reads = spawn_namespace.attribute_read_count(roles.facts.module, attribute)
+    elif type(test) is cst.Name:
+        attribute = None
+        bindings = scope.bindings.get(test.value, [])
+        code = roles.facts.module.code_for_node
+        if any(b.value is not None and "environ" in code(b.value) for b in bindings):
+            return  # `ddp = "RANK" in os.environ`: the launcher's answer already
+        reads = _own_name_count(scope.node, test.value) - len(bindings)
+    else:
+        return
+    if reads <= 1:
+        return  # only the `if` itself reads it
+    roles.group_flag = (guard, test)
+    if attribute is not None:
+        _flag_sampled_loaders(roles, {attribute})
+
+
+def _flag_sampled_loaders(roles: Roles, flags: set[str]) -> None:
+    """`sampler = DistributedSampler(data) if args.distributed else None` where AM007 sets
+    `args.distributed = accelerator.num_processes > 1`: on N processes the loader shards itself, so
+    it is one that shards by rank (kept unprepared, AM004 says so), not one to prepare."""
+    from migrate.roles.loaders import DISTRIBUTED_SAMPLER, call_name, loader_calls, sampler_values
+
+    home = roles.home
+    if not flags or home is None:
+        return
+    for name in roles.loaders:
+        if name in roles.rank_sampled:
+            continue
+        for scope, call in loader_calls(roles, home, name):
+            for value in sampler_values(roles, scope, call):
+                if not isinstance(value, cst.IfExp) or not spawn_namespace.reads_attributes(value.test, flags):
+                    continue
+                if any(call_name(roles, branch, DISTRIBUTED_SAMPLER) for branch in (value.body, value.orelse)):
+                    roles.rank_sampled[name] = call
 
 
 def _is_process_count(facts: Facts, binding: Binding) -> bool:
@@ -414,6 +541,28 @@ def _is_process_count(facts: Facts, binding: Binding) -> bool:
     if isinstance(value, cst.Integer):
         return True
     return isinstance(value, cst.Call) and not value.args and facts.aliases.qualify(value.func) in _DEVICE_COUNTS
+
+
+_ADVISORY = frozenset({"warnings.warn", "print", "logging.warning", "logging.info"})
+
+
+def _advisory_ifs(facts: Facts, node: cst.CSTNode) -> list[cst.If]:
+    """`if <test>: warnings.warn(...)` statements in `node` (no `else`, only warnings or prints)."""
+    found: list[cst.If] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_If(self, stmt: cst.If) -> None:
+            body = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else ()
+            if stmt.orelse is None and body and all(
+                type(inner) is cst.SimpleStatementLine
+                and all(type(small) is cst.Expr and type(small.value) is cst.Call
+                        and (facts.aliases.qualify(small.value.func) or "") in _ADVISORY for small in inner.body)
+                for inner in body
+            ):
+                found.append(stmt)
+
+    walk(node, Visitor())
+    return found
 
 
 def _own_name_count(node: cst.CSTNode, name: str) -> int:

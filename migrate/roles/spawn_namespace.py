@@ -25,14 +25,23 @@ rank=args.rank)`), and says which statements the launcher makes obsolete:
                                                              # args.rank = accelerator.process_index
                                                              # args.world_size = accelerator.num_processes
 
+The worker may join the group under a flag of the namespace, `if args.distributed:`, holding only
+the rank computation and the init (the ImageNet example): that `if` goes whole, the flag's own
+assignment in the spawning function goes, and after the Accelerator the worker sets
+`args.distributed = accelerator.num_processes > 1`; so does the flag that chose the spawn
+(`if args.multiprocessing_distributed: mp.spawn(...)`) where the worker reads it.
+
 Why: under `accel launch` the launcher owns the rank, the world size and the rendezvous; the worker's
 later reads (`args.batch_size // args.world_size`, `if args.rank == 0:`) then read the launcher's
 values, which are what the spawned process computed on one node and on SLURM alike.
 
 Leaves alone (the reason is returned, AM007 refuses the file with it): the namespace's rank or world
 size also written elsewhere in the file, read by the spawning function for anything but the removed
-computation, or read in the worker before its process group exists; the `rank=` and `world_size=`
-of the init not both attributes of the same namespace that the spawn passes.
+computation (an `if` it keeps testing them, or the flag, included), or read in the worker before
+its process group exists; the `rank=` and `world_size=` of the init not both attributes of the same
+namespace that the spawn passes; a guard `if args.distributed:` around the init that also runs
+anything but the rank and world size computation and pinning the GPU (`torch.cuda.set_device`:
+the Accelerator sets the device), a print say, reported at that statement.
 
 Fix safety: only statements whose every effect is the removed computation go (assignments of the
 three attributes, and bindings read by nothing else); every read of the rank and the world size
@@ -61,15 +70,38 @@ class NamespaceRank:
     init: cst.BaseStatement  # the worker's `init_process_group(...)`: the assignments follow it
     attributes: dict[str, str]  # init keyword -> attribute name ("rank" -> "rank", "init_method" -> "dist_url")
     replace: dict[cst.BaseStatement, list[cst.BaseStatement]] = field(default_factory=dict)  # what goes
+    outer: str = ""  # the spawning function's name for the namespace
+    guard: cst.If | None = None  # `if args.distributed:` around the init and the rank computation: goes whole
+    flags: list[str] = field(default_factory=list)  # attributes that said "several processes": N > 1 now
 
     def assignments(self) -> list[cst.BaseStatement]:
         """The statements written after the Accelerator: the namespace gets the launcher's values
         (both, also when this file reads neither: the namespace travels to code it may not see)."""
         return [
-            cst.parse_statement(f"{self.namespace}.{self.attributes[keyword]} = accelerator.{prop}\n")
-            for keyword, prop in PROPERTIES.items()
-            if keyword in self.attributes
+            *(
+                cst.parse_statement(f"{self.namespace}.{self.attributes[keyword]} = accelerator.{prop}\n")
+                for keyword, prop in PROPERTIES.items()
+                if keyword in self.attributes
+            ),
+            *(cst.parse_statement(f"{self.namespace}.{flag} = accelerator.num_processes > 1\n") for flag in self.flags),
         ]
+
+
+class At(str):
+    """A reason with the statement it is about (reported there rather than at the init)."""
+
+    node: cst.CSTNode | None = None
+
+
+def _at(node: cst.CSTNode, reason: str) -> At:
+    found = At(reason)
+    found.node = node
+    return found
+
+
+class NotThisShape(str):
+    """A reason `find` gives when the launcher is not the namespace shape at all (the init's rank
+    and world size are not attributes the spawn passes), rather than a part of it it cannot convert."""
 
 
 def find(
@@ -80,6 +112,8 @@ def find(
     spawn_args: Sequence[cst.BaseExpression],
     init_call: cst.Call,
     init_stmt: cst.BaseStatement,
+    guard: cst.If | None = None,
+    spawn_test: cst.BaseExpression | None = None,
 ) -> NamespaceRank | str | None:
     """The namespace shape of this launcher, the reason it cannot be converted, or None when the
     init's `rank=` / `world_size=` are not attributes (another shape)."""
@@ -95,19 +129,46 @@ def find(
         return None
     params = [p.name.value for p in worker.params.params]
     if len(namespaces) != 1 or not {"rank", "world_size"} <= attributes.keys():
-        return "the init's `rank=` and `world_size=` are not both attributes of one namespace"
+        return NotThisShape("the init's `rank=` and `world_size=` are not both attributes of one namespace")
     namespace = namespaces.pop()
     if namespace not in params[1:]:
-        return f"`{namespace}` is not a parameter of `{worker.name.value}` that the spawn passes"
+        return NotThisShape(f"`{namespace}` is not a parameter of `{worker.name.value}` that the spawn passes")
     outer = spawn_args[params.index(namespace) - 1]
     if not isinstance(outer, cst.Name):
-        return f"the spawn does not pass `{namespace}` as a name of `{spawner.name.value}`"
+        return NotThisShape(f"the spawn does not pass `{namespace}` as a name of `{spawner.name.value}`")
     written = set(attributes.values())
-    found = NamespaceRank(namespace, init_stmt, attributes)
+    found = NamespaceRank(namespace, init_stmt, attributes, outer=outer.value, guard=guard)
     removed: set[int] = {id(spawn_stmt), id(init_stmt)}
 
     worker_body = _body(worker)
-    before_init = worker_body[: next(i for i, s in enumerate(worker_body) if s is init_stmt)]
+    anchor = guard if guard is not None else init_stmt
+    before_init = worker_body[: next(i for i, s in enumerate(worker_body) if s is anchor)]
+    if guard is not None:
+        code = cst.Module([]).code_for_node
+        test = guard.test
+        if not (isinstance(test, cst.Attribute) and isinstance(test.value, cst.Name) and test.value.value == namespace):
+            return (f"the process group is initialised only under `if {code(test)}:`, which is not a flag of `{namespace}` "
+                    "that the launcher's process count could replace")
+        for stmt in _statements(_if_body(guard)):
+            if stmt is not init_stmt and not isinstance(stmt, cst.If) and not _assigns(stmt, namespace, written) \
+                    and not _pins_device(stmt):
+                return _at(stmt, f"the block `if {code(test)}:` that initialises the process group also runs "
+                           f"`{code(stmt.with_changes(leading_lines=())).strip()}`, which is not the rank or world "
+                           "size the launcher provides now")
+        # the flag said "this process is one of a group": `accelerator.num_processes > 1` now
+        found.flags.append(test.attr.value)
+        written.add(test.attr.value)
+        removed.add(id(guard))
+    if isinstance(spawn_test, cst.Attribute) and isinstance(spawn_test.value, cst.Name) and spawn_test.value.value == outer.value:
+        # `if args.multiprocessing_distributed: mp.spawn(...)`: the spawn flag read after the launch
+        # (`not args.multiprocessing_distributed or args.rank % ngpus == 0` around a save) meant
+        # "several processes were started", which the launcher decides now
+        spawn_flag = spawn_test.attr.value
+        later = [s for s in worker_body if s is not guard] + [
+            s for s in module.body if s is not worker and s is not spawner
+        ]
+        if spawn_flag not in found.flags and any(_reads_attributes(s, {spawn_flag}) for s in later):
+            found.flags.append(spawn_flag)
     for stmt in before_init:
         if _assigns(stmt, namespace, written):
             removed.add(id(stmt))
@@ -136,7 +197,28 @@ def find(
     for stmt in spawner_statements:
         if isinstance(stmt, cst.If):
             _prune_if(stmt, removed, found.replace)
+    for stmt in spawner_statements:
+        # an `if` the launcher's computation leaves in place must not test what it no longer sets
+        if isinstance(stmt, cst.If) and found.replace.get(stmt) != [] and stmt.test is not spawn_test:
+            read = _reads_attributes(stmt.test, written)
+            if read:
+                return _at(stmt, f"`{spawner.name.value}` itself tests `{outer.value}.{sorted(read)[0]}`, which the "
+                           "launcher computes now")
     return found
+
+
+def statements_of(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+    """`stmt` and the statements of its `if` / `else` blocks."""
+    return list(_statements([stmt]))
+
+
+def _pins_device(stmt: cst.BaseStatement) -> bool:
+    """`torch.cuda.set_device(gpu)` / `torch.accelerator.set_device_index(gpu)` alone on its line."""
+    small = _small(stmt)
+    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+        return False
+    func = small.value.func
+    return isinstance(func, cst.Attribute) and func.attr.value in ("set_device", "set_device_index")
 
 
 def _body(function: cst.FunctionDef) -> Sequence[cst.BaseStatement]:
@@ -192,6 +274,15 @@ def _assigned_attributes(stmt: cst.SimpleStatementLine) -> set[str]:
             targets = [small.target]
         found.update(t.attr.value for t in targets if isinstance(t, cst.Attribute))
     return found
+
+
+def attribute_read_count(module: cst.Module, attribute: str) -> int:
+    """How often `.attribute` is read in the module (assignment targets are not reads)."""
+    return len(_attribute_reads(module).get(attribute, ()))
+
+
+def reads_attributes(node: cst.CSTNode, attributes: set[str]) -> set[str]:
+    return _reads_attributes(node, attributes)
 
 
 def _reads_attributes(node: cst.CSTNode, attributes: set[str]) -> set[str]:

@@ -794,7 +794,10 @@ def _placement(
     # The script's own process-group setup (`init_distributed_mode(args)`) runs first: created
     # before it, the Accelerator would join a group the helper then initialises a second time.
     initialisers = _group_initialisers(roles)
-    inits = [i for i in range(index, len(block)) if _initialises_group(roles, block[i], plan.create_at, initialisers)]
+    inits = [
+        i for i in range(index, len(block))
+        if plan.replace_stmt.get(block[i], True) != [] and _initialises_group(roles, block[i], plan.create_at, initialisers)
+    ]
     if inits:
         last = inits[-1]
         device = roles.device_binding.where.stmt if roles.device_binding is not None else None

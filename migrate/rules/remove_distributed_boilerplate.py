@@ -96,6 +96,29 @@ What it does:
       emptied; SLURM signal handlers stay), and the worker sets `args.rank = accelerator.process_index`
       and `args.world_size = accelerator.num_processes` after the Accelerator, for its later reads
       (`migrate.roles.spawn_namespace`).
+      The ImageNet example's whole shape: the spawn's branch also scales `args.world_size =
+      ngpus * args.world_size` (it goes with the `if`), `main` sets `args.distributed =
+      args.world_size > 1 or args.multiprocessing_distributed` (goes), and the worker joins the
+      group under `if args.distributed:` with its rank computed inside (`args.rank = args.rank *
+      ngpus + gpu`): that whole `if` goes, the Accelerator is created in its place (or earlier, with
+      the device), and the worker then sets `args.distributed = accelerator.num_processes > 1`, and so
+      does the spawn's flag where the worker reads it (`args.multiprocessing_distributed`, say in the
+      save guard `not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0`, which with
+      `args.rank = accelerator.process_index` and the process count passed for `ngpus_per_node`
+      saves on the main process only). Every later `if args.distributed:` then takes the branch the
+      original took with that many processes: the DDP and DataParallel wrappers of the device chain
+      go (with their `.cuda()`; an `if`/`else` left empty goes whole), the per-process batch
+      `args.batch_size / ngpus_per_node` divides by the launcher's process count, and a
+      `DistributedSampler` built only `if args.distributed` (also `DistributedSampler(d) if
+      args.distributed else None`) keeps sharding that loader, which is then not prepared (AM004
+      says so), with its `set_epoch`.
+    - Without a spawn, a process group joined only under a flag of the script's own options
+      (`args.distributed = args.world_size > 1`, then `if args.distributed: init_process_group(...)`)
+      that is also read elsewhere: the `init_process_group` becomes the Accelerator as above, and
+      `args.distributed = accelerator.num_processes > 1` is set before that `if`, so the flag's other
+      branches (the DDP wrapper, a `DistributedSampler(data) if args.distributed else None` that
+      then keeps sharding its unprepared loader) follow the launcher, as they followed the group.
+      A flag read from the launcher's environment (`ddp = "RANK" in os.environ`) already does.
     - An in-place collective of the script's own (`dist.all_reduce(c)`, `dist.reduce`,
       `dist.broadcast`, also inside a model's forward) runs under `if dist.is_initialized():`: on
       one process the runtime starts no process group, and the collective over one process leaves
@@ -124,7 +147,7 @@ Leaves alone:
     `mp.spawn` launchers of another shape (`migrate.roles.SpawnLaunch`): the process group set up
     in a helper that does more than the setup above, `rank=` / `world_size=` computed in other ways
     than the spawn index and the process count or the namespace shape above (the namespace's rank
-    read by the spawning function itself or in the worker before its process group exists), the
+    read (or tested) by the spawning function itself, or read in the worker before its process group exists), the
     worker also called directly (a second launch path) other than as the spawn's `else` above or
     with other arguments, the optimizer built outside the worker,
     `nprocs` used for other things, `args` not a written-out tuple, `join=False`: the whole file
@@ -186,7 +209,7 @@ from migrate.names import instance_attribute, root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
 from migrate.roles.model import nested_in
 from migrate.roles.placement import alias_removal
-from migrate.rules.base import accelerator_call, prepared_loaders, reference, remove_statement
+from migrate.rules.base import accelerator_call, prepared_loaders, reference, remove_statement, statement
 from migrate.walk import walk
 
 CODE = "AM007"
@@ -227,6 +250,13 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     plan.removes_boilerplate = True
     if roles.spawn is not None:
         _convert_spawn(roles.spawn, plan)
+    if roles.group_flag is not None:
+        guard, flag = roles.group_flag
+        text = cst.Module([]).code_for_node(flag)
+        assignment = statement(f"{text} = accelerator.num_processes > 1\n").with_changes(leading_lines=guard.leading_lines)
+        plan.insert_before[guard] = [*plan.insert_before.get(guard, []), assignment]
+        plan.change(CODE, guard, f"`{text}` chose whether to join a process group: it now says whether the launcher "
+                    "started several processes (`accelerator.num_processes > 1`), for its reads after this")
     creation_order = _place_creation(roles, plan)
     rank_names: dict[tuple[int, str], str] = {}  # (scope id, name) -> accelerator property
     deferred: list[tuple[Scope, str, cst.Call, StmtRef]] = []  # rank reads of other modules
@@ -270,9 +300,23 @@ def _place_creation(roles: Roles, plan: EditPlan) -> int:
         plan.change(CODE, setup.call_stmt, f"`{setup.scope.name}(...)` -> `accelerator = Accelerator()`: the "
                     f"launcher sets the address, the Accelerator the device and the process group (`{setup.scope.name}` removed)")
         return setup.order
+    namespace = roles.spawn.namespace if roles.spawn is not None else None
     for call in target.library_calls:
         if call.qualified != _INIT or not _standalone(call.where, call.call) or call.where.in_loop:
             continue
+        if namespace is not None and namespace.guard is not None and call.where.path and call.where.path[0].stmt is namespace.guard:
+            # `if args.distributed: ...; init_process_group(...)` goes whole (`_convert_spawn`): the
+            # Accelerator takes the place of the whole `if`, or is created before it with the device
+            guard = call.where.path[0]
+            plan.replace_stmt[call.where.stmt] = []
+            plan.change(CODE, call.call, "process group initialisation removed: the Accelerator joins the launcher's group")
+            device = roles.device_binding
+            if device is not None and device.where.order < guard.order:
+                return device.where.order
+            plan.create_at = guard.stmt
+            plan.create_at_order = guard.order
+            _forget_init_arguments(target, call.call, plan)
+            return guard.order
         _drop_cuda_assert(roles, plan, call.where)
         device = roles.device_binding
         if device is not None and device.where.order < call.where.order:
@@ -566,7 +610,17 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
         for stmt, replacement in namespace.replace.items():
             plan.replace_stmt[stmt] = replacement
             plan.change(CODE, stmt, "rank / world size / rendezvous computation removed: the launcher provides them")
-        plan.insert_after[namespace.init] = [*namespace.assignments(), *plan.insert_after.get(namespace.init, [])]
+        if namespace.guard is not None:
+            # `if args.distributed: <rank computation>; init_process_group(...)` goes whole: the
+            # Accelerator takes its place (or is created before it), the namespace then gets the
+            # launcher's values
+            plan.replace_stmt[namespace.guard] = []
+            plan.insert_after[namespace.guard] = [*namespace.assignments(), *plan.insert_after.get(namespace.guard, [])]
+            flags = ", ".join(f"`{namespace.namespace}.{flag}`" for flag in namespace.flags)
+            plan.change(CODE, namespace.guard, f"{flags} now say whether the launcher started several processes "
+                        "(`accelerator.num_processes > 1`)")
+        else:
+            plan.insert_after[namespace.init] = [*namespace.assignments(), *plan.insert_after.get(namespace.init, [])]
         names = " and ".join(f"`{namespace.namespace}.{namespace.attributes[k]}`" for k in ("rank", "world_size"))
         plan.change(CODE, namespace.init, f"{names} from the accelerator, for the reads after it")
 
@@ -756,6 +810,11 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, 
     for name in roles.models:
         for binding in home.bindings.get(name, []):
             value = binding.value
+            # `model = nn.DataParallel(model).cuda()`: the move goes with the wrapper (prepare moves it)
+            moved = value
+            while (type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in ("cuda", "to")
+                   and type(value.func.value) is cst.Call):
+                value = value.func.value
             if not (type(value) is cst.Call and roles.facts.aliases.qualify(value.func) in _WRAPPERS):
                 continue
             if not value.args:
@@ -766,17 +825,29 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, 
                 parent = binding.where.path[-1].stmt if binding.where.path else None
                 if type(parent) is cst.If and parent.orelse is None and _only_statement(parent, stmt):
                     plan.replace_stmt[parent] = []
-                elif not remove_statement(plan, stmt, value):
+                elif not remove_statement(plan, stmt, moved):
                     plan.calls[value] = lambda updated: updated.args[0].value
             else:
                 plan.calls[value] = lambda updated: updated.args[0].value
             plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
+            _drop_emptied_if(plan, binding.where)
             # Under an `if` (`if torch.cuda.device_count() > 1:`), the script also ran its model
             # unwrapped, so it moves the inputs itself.
             if _moves_inputs(roles, value) and not any(type(ref.stmt) is cst.If for ref in binding.where.path):
                 moving.append((name, value, binding.where))
     _unwrap_aliases(roles, plan)
     return moving
+
+
+def _drop_emptied_if(plan: EditPlan, where: StmtRef) -> None:
+    """`if args.distributed: model = DDP(model) else: model = DataParallel(model)`: an `if` / `else`
+    whose every statement goes, goes whole (rather than two `pass` branches)."""
+    parent = where.path[-1].stmt if where.path else None
+    if type(parent) is not cst.If or type(parent.orelse) is not cst.Else:
+        return
+    blocks = [parent.body, parent.orelse.body]
+    if all(type(b) is cst.IndentedBlock and all(plan.replace_stmt.get(s) == [] for s in b.body) for b in blocks):
+        plan.replace_stmt[parent] = []
 
 
 # Tensor factories that build on the CPU unless given `device=`.
