@@ -8,10 +8,12 @@ What it does:
     path)` (the file still holds the user's module, as before: not the wrapper); a path naming the
     process's rank keeps `torch.save` (with the unwrapped model): each process saves its own file.
     `print(...)` becomes `accelerator.print(...)`; `tqdm(...)` gets
-    `disable=not accelerator.is_local_main_process`; `model.state_dict()` and
-    `model.load_state_dict(...)` on a prepared model, after the prepare call, go through
-    `accelerator.unwrap_model(model)` (the wrapped model's keys carry a `module.` prefix, and it
-    would refuse the single-device script's checkpoint). Only in code that can reach the
+    `disable=not accelerator.is_local_main_process`; `model.state_dict()` on a prepared model,
+    after the prepare call, goes through `accelerator.unwrap_model(model)`, and so does
+    `model.load_state_dict(...)` under `--target accelerate` (Accelerate's wrapped model's keys
+    carry a `module.` prefix, and it would refuse the single-device script's checkpoint; the
+    runtime's prepared model takes the user's keys and `module.` ones alike, so its loads stay
+    as they are). Only in code that can reach the
     accelerator: the function that creates it, nested functions, and functions that receive it
     (a function of the script that only prints or draws a progress bar, `test(model, loader)` or
     `eval_epoch(...)` over `tqdm(loader)`, is handed it as well; a helper of another module of a
@@ -372,6 +374,8 @@ def _unwrapped_state_dicts(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         model = site.receiver.value
         if func.attr.value not in ("state_dict", "load_state_dict") or site.call in plan.calls:
             continue
+        if func.attr.value == "load_state_dict" and plan.target != "accelerate":
+            continue  # the runtime's prepared model takes the user's keys and DDP's `module.` ones alike
         if not roles.all_in(scope, model, roles.models):
             continue
         if scope is roles.home and (site.where.order <= prepared_at or _rebuilt_after(scope, model, prepared_at, site)):
