@@ -1,6 +1,7 @@
 """`verify --synthetic` on a GPU-only, already-distributed script without a GPU: the interception
 (migrate/verify_synthetic.txt) makes an NCCL process group a gloo one, drops DDP's `device_ids`,
-times `torch.cuda.Event` on the CPU clock, and answers a plain-text download (`requests.get`,
+times `torch.cuda.Event` on the CPU clock, runs the runtime's Accelerator without fp16 (the original's
+CUDA autocast does nothing on the CPU), and answers a plain-text download (`requests.get`,
 `urllib.request.urlopen` / `urlretrieve` of a `.txt` URL) with generated text when it fails
 offline; any other failing download still raises. Run in a subprocess (the interception patches
 torch for the rest of its process), with the requests stand-in of synthetic_scripts/standins."""
@@ -56,6 +57,8 @@ result["elapsed_ms"] = start.elapsed_time(end)
 result["grad"] = model.module.weight.grad is not None
 result["memory"] = torch.cuda.max_memory_allocated()
 dist.destroy_process_group()
+from runtime import Accelerator
+result["mixed_precision"] = Accelerator(mixed_precision="fp16").mixed_precision
 result["replaced"] = list(synthetic.replaced)
 print(json.dumps(result))
 '''
@@ -87,3 +90,5 @@ def test_gpu_only_distributed_script_runs_on_cpu(tmp_path: Path) -> None:
     assert "requests.get('https://example.org/books/novel.txt') (ConnectionError" in replaced
     assert "init_process_group(backend='nccl')" in replaced
     assert "DistributedDataParallel(device_ids=...)" in replaced
+    assert result["mixed_precision"] == "no"  # the original's CUDA autocast does nothing on the CPU either
+    assert "`runtime.Accelerator(mixed_precision='fp16')`: CUDA is not available here" in replaced
