@@ -1181,7 +1181,10 @@ def _main_process_forwards(roles: Roles, plan: EditPlan) -> None:
             visitor._is_no_grad(d.decorator) for d in function.decorators
         )
         reach = roles.can_reach(scope)
+        before_prepare = _calls_before_prepare(roles, scope)
         for call, test, no_grad in visitor.found:
+            if call in before_prepare:
+                continue  # the model is still the user's bare module there: no DDP forward, no collective
             ref = reference(call.func)
             if ref is not None and roles.all_in(scope, ref, roles.models):
                 _main_process_forward(plan, scope, call, call.func, ref, test, no_grad or decorated, mixed, reach)
@@ -1200,6 +1203,15 @@ def _main_process_forwards(roles: Roles, plan: EditPlan) -> None:
                 assert arg is not None
                 _main_process_forward(plan, scope, call, arg, name, test, no_grad or decorated or callee_no_grad,
                                       mixed, reach, through=callee.qualname)
+
+
+def _calls_before_prepare(roles: Roles, scope: Scope) -> set[cst.Call]:
+    """The calls of the training function (`scope` when it is the home) that run before the
+    prepare call this migration inserts: a forward there is the bare module's."""
+    if scope is not roles.home or roles.prepare_after is None:
+        return set()
+    order = roles.prepare_after.order
+    return {site.call for site in (*scope.calls, *scope.method_calls) if site.where.order <= order}
 
 
 def _forwards(function: Scope, param: str) -> bool:

@@ -41,7 +41,9 @@ Leaves alone:
     `.named_parameters()`, the optimizer's own statement (a factory or parameter-group helper
     given the model), `.train()` / `.eval()` / `.apply(init)` / `.load_state_dict(...)`, in-place
     tensor operations (`model.fc.weight.data.normal_(...)`, `nn.init.*_`), `torch.compile`,
-    `convert_sync_batchnorm`, a hand-written DDP wrapper, a forward pass and `print(model)`.
+    `convert_sync_batchnorm`, a hand-written DDP wrapper and `print(model)`. A forward pass before
+    the prepare call keeps the move too (`model(x.to(device))` to write reference outputs, a warm-up
+    step): its inputs are on the device, and the bare model must be there as well.
 
 Fix safety:
     Safe: a removed move only ever targeted the device the Accelerator uses.
@@ -415,9 +417,8 @@ class _ReadsAfterMove(Visitor):
     def visit_Call(self, node: cst.Call) -> bool:
         names = self.names
         func = node.func
-        if reference(func) in names:  # a forward pass: no copy of the model
-            for arg in node.args:
-                walk(arg.value, self)
+        if reference(func) in names:  # a forward pass: its inputs are on the device the model was moved to
+            self._read(func)
             return False
         # `model.fc.weight.data.normal_(0, 0.01)`: PyTorch's in-place operations end in `_`
         if isinstance(func, cst.Attribute) and (func.attr.value in _IN_PLACE_METHODS or func.attr.value.endswith("_")):
