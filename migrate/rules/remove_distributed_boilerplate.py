@@ -82,6 +82,9 @@ What it does:
       called only there, that only sets `MASTER_ADDR` / `MASTER_PORT`, pins the GPU and initialises
       the group from the spawn index and the process count) goes, its call becoming
       `accelerator = Accelerator()`.
+      The spawn itself becomes a direct call of the worker, reported: the script no longer starts
+      its processes, so `python script.py` trains on one process where it used every GPU, and
+      `accel launch --nproc-per-node N` starts the N.
       A spawn beside a direct call of the worker (`if ngpus > 1: mp.spawn(worker, nprocs=ngpus,
       args=(ngpus, args)) else: worker(0, 1, args)`, the ImageNet example's launcher) becomes that
       one call in place of the whole `if`: one process without a launcher, N under `accel launch`.
@@ -576,6 +579,10 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
     fallback = spawn.fallback
     if fallback is None:
         plan.replace_stmt[stmt] = [direct]
+        plan.report(CODE, spawn.call, (
+            "the script started its processes itself (`mp.spawn`); it now runs as one process of a launch: "
+            f"`python script.py` trains on one process, `accel launch --nproc-per-node {count} script.py` on "
+            f"{count}"))
     else:
         # `if ngpus > 1: mp.spawn(...) else: worker(0, ...)`: both paths are the one call, which
         # runs as one process without a launcher and as one of N under `accel launch`.
