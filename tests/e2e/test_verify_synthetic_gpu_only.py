@@ -1,6 +1,7 @@
 """`verify --synthetic` on a GPU-only, already-distributed script without a GPU: the interception
 (migrate/verify_synthetic.txt) makes an NCCL process group a gloo one, drops DDP's `device_ids`,
-times `torch.cuda.Event` on the CPU clock, runs the runtime's Accelerator without fp16 (the original's
+times `torch.cuda.Event` on the CPU clock, shuffles a one-process DistributedSampler as the loader's own shuffle would, runs the runtime's
+Accelerator without fp16 (the original's
 CUDA autocast does nothing on the CPU), and answers a plain-text download (`requests.get`,
 `urllib.request.urlopen` / `urlretrieve` of a `.txt` URL) with generated text when it fails
 offline; any other failing download still raises. Run in a subprocess (the interception patches
@@ -57,6 +58,13 @@ result["elapsed_ms"] = start.elapsed_time(end)
 result["grad"] = model.module.weight.grad is not None
 result["memory"] = torch.cuda.max_memory_allocated()
 dist.destroy_process_group()
+from torch.utils.data import DistributedSampler, RandomSampler
+torch.manual_seed(5)
+first = list(DistributedSampler(range(10), num_replicas=1, rank=0, shuffle=True))
+torch.manual_seed(5)
+result["sampler_as_random"] = first == list(RandomSampler(range(10))) and first != list(range(10))
+result["two_ranks_untouched"] = sorted(DistributedSampler(range(10), num_replicas=2, rank=1, seed=3)) == sorted(
+    list(DistributedSampler.__iter__.__wrapped__(DistributedSampler(range(10), num_replicas=2, rank=1, seed=3))))
 from runtime import Accelerator
 result["mixed_precision"] = Accelerator(mixed_precision="fp16").mixed_precision
 result["replaced"] = list(synthetic.replaced)
@@ -90,5 +98,6 @@ def test_gpu_only_distributed_script_runs_on_cpu(tmp_path: Path) -> None:
     assert "requests.get('https://example.org/books/novel.txt') (ConnectionError" in replaced
     assert "init_process_group(backend='nccl')" in replaced
     assert "DistributedDataParallel(device_ids=...)" in replaced
+    assert result["sampler_as_random"] is True and result["two_ranks_untouched"] is True
     assert result["mixed_precision"] == "no"  # the original's CUDA autocast does nothing on the CPU either
     assert "`runtime.Accelerator(mixed_precision='fp16')`: CUDA is not available here" in replaced
