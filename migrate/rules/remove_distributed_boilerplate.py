@@ -89,8 +89,11 @@ What it does:
       args=(ngpus, args)) else: worker(0, 1, args)`, the ImageNet example's launcher) becomes that
       one call in place of the whole `if`: one process without a launcher, N under `accel launch`.
       The direct call must pass the spawn's `args` (the process count may differ); a test other
-      than the removed process count (`if args.multiprocessing_distributed:`), and an index other
-      than 0 (`worker(args.gpu, ...)`: the GPU it picked), are reported: the launcher decides now.
+      than the removed process count (`if args.multiprocessing_distributed:`) is reported: the
+      launcher decides now. An index other than 0 or None (`worker(args.gpu, ...)`: the GPU it
+      picked) is still passed without a launcher and replaced by `LOCAL_RANK` under `accel launch`
+      (`int(environ["LOCAL_RANK"]) if "LOCAL_RANK" in environ else args.gpu`), and reported: the
+      worker's CPU paths that test it for None keep working on one process.
       When the spawning function computes the rank, the world size and the rendezvous address into
       the namespace it passes (`args.rank = node * ngpus`, `args.world_size = ...`,
       `args.dist_url = ...`, on SLURM or one node) and the worker joins the group from them
@@ -570,6 +573,12 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
         plan.imports.add(("os", "environ"))
         environ = "environ"
     rank = cst.parse_expression(f'int({environ}.get("LOCAL_RANK", "0"))')
+    direct_rank = spawn.fallback.rank if spawn.fallback is not None else None
+    if direct_rank is not None and not (type(direct_rank) is cst.Integer and direct_rank.value == "0"):
+        # `else: worker(args.gpu, ...)`: without a launcher the call is the direct one, as before (`args.gpu`
+        # is None on a CPU run, which the worker's CPU paths test); launched, each process its local rank
+        rank = cst.parse_expression(
+            f'int({environ}["LOCAL_RANK"]) if "LOCAL_RANK" in {environ} else {cst.Module([]).code_for_node(direct_rank)}')
     size = cst.parse_expression(f'int({environ}.get("WORLD_SIZE", "1"))')
     args = [cst.Arg(rank), *(cst.Arg(size if i in spawn.world_size_args else a) for i, a in enumerate(spawn.args))]
     stmt = spawn.stmt
@@ -599,11 +608,13 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
                 f"`python script.py` runs one process, `accel launch --nproc-per-node N script.py` runs N, "
                 f"whatever `{test}` is"))
         rank = fallback.rank
-        if not (type(rank) is cst.Integer and rank.value == "0"):
+        if not (type(rank) is cst.Integer and rank.value == "0") and not (type(rank) is cst.Name and rank.value == "None"):
             text = cst.Module([]).code_for_node(rank)
             plan.report(CODE, fallback.call, (
-                f"the direct call passed `{text}` as the worker's index; it now gets `LOCAL_RANK` (0 on one "
-                f"process), so `{text}` no longer picks the GPU: pick it with `CUDA_VISIBLE_DEVICES=N`"))
+                f"the direct call passed `{text}` as the worker's index; it still does without a launcher "
+                f"(`python script.py`), and under `accel launch` each process passes its `LOCAL_RANK` instead, "
+                f"as the spawn passed its index: there `{text}` no longer picks the GPU (pick GPUs with "
+                "`CUDA_VISIBLE_DEVICES`)"))
     plan.change(CODE, spawn.call, f"`mp.spawn` -> `{spawn.worker.name}(...)` called directly, its rank from "
                 f"`LOCAL_RANK`: launch the script with `accel launch --nproc-per-node {count}`")
     if spawn.nprocs_binding is not None:
