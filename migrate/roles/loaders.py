@@ -22,7 +22,7 @@ from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import drawn_from, seeded_generators
 from migrate.names import instance_attribute
-from migrate.walk import walk
+from migrate.walk import children, walk
 
 
 def find_loaders(roles: Roles) -> None:
@@ -252,11 +252,19 @@ def loaders_for_training_only(roles: Roles) -> None:
             for attribute in _instance_loaders(scope, source) or ():
                 if attribute in roles.loaders and scope not in drawn.setdefault(attribute, []):
                     drawn[attribute].append(scope)
-    reads = {id(m): _attribute_reads(m) for m in methods}
+    if not drawn:
+        return
+    cache: dict[int, dict[str, list[cst.Attribute]]] = {}
+
+    def reads_of(method: Scope) -> dict[str, list[cst.Attribute]]:
+        if id(method) not in cache:
+            cache[id(method)] = _attribute_reads(method)
+        return cache[id(method)]
+
     chosen: dict[Scope, list[tuple[str, str, list[cst.Attribute]]]] = {}
     for attribute, trainers in drawn.items():
         others = [m for m in methods if m not in trainers and m is not constructor and m is not home
-                  and reads[id(m)].get(attribute)]
+                  and reads_of(m).get(attribute)]
         if not others or any(m in roles._training_functions for m in others):
             continue
         if any(home is t or constructor is t or not roles.can_reach(t) for t in trainers):
@@ -269,7 +277,7 @@ def loaders_for_training_only(roles: Roles) -> None:
         if any(t.binds(local) or local in t.params or _reads_name(t, local) for t in trainers):
             continue
         for trainer in trainers:
-            chosen.setdefault(trainer, []).append((attribute, local, reads[id(trainer)][attribute]))
+            chosen.setdefault(trainer, []).append((attribute, local, reads_of(trainer)[attribute]))
     roles.method_loaders = chosen
 
 
@@ -293,40 +301,34 @@ def _attribute_reads(method: Scope) -> dict[str, list[cst.Attribute]]:
     """`self.x` expressions of a method's own body (not of functions nested in it), by attribute."""
     receiver = method.params[0] if method.params else "self"
     found: dict[str, list[cst.Attribute]] = {}
-
-    class Reads(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is method.node
-
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
-
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
+    stack: list[cst.CSTNode] = [method.node]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if (kind is cst.FunctionDef and node is not method.node) or kind is cst.Lambda:
+            continue
+        if kind is cst.Attribute:
             attribute = instance_attribute(node, receiver=receiver)
             if attribute is not None:
                 found.setdefault(attribute, []).append(node)
-                return False
-            return True
-
-    method.node.visit(Reads())
+                continue
+        stack.extend(reversed(children(node)))
     return found
 
 
 def _reads_name(scope: Scope, name: str) -> bool:
     """`name` appears as a plain name in the function (a global it reads, or anything else)."""
-    seen = False
-
-    class Names(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            node.value.visit(self)  # `self.name`: the attribute's own name is not a read of `name`
-            return False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            nonlocal seen
-            seen = seen or node.value == name
-
-    scope.node.visit(Names())
-    return seen
+    stack: list[cst.CSTNode] = [scope.node]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is cst.Name and node.value == name:
+            return True
+        if kind is cst.Attribute:
+            stack.append(node.value)  # `self.name`: the attribute's own name is not a read of `name`
+            continue
+        stack.extend(children(node))
+    return False
 
 
 def _hands_back_objects(roles: Roles, home: Scope) -> bool:

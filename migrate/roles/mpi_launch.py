@@ -73,6 +73,11 @@ class _Read:
 def refuse(roles: Roles) -> bool:
     """Refuse the file (or unit) when a process group is built from MPI; True when refused."""
     facts = roles.facts
+    # only a scope that builds a process group can make the program MPI's; the others are read
+    # (for the message) once one does
+    if not any(call.qualified == _INIT and (read := _reads(facts.aliases, scope)) is not None and read.always
+               for scope in facts.scopes for call in scope.library_calls):
+        return False
     reads = [read for scope in facts.scopes if (read := _reads(facts.aliases, scope)) is not None]
     by_scope = {id(read.scope): read for read in reads}
     init = next(((scope, call.call) for scope in facts.scopes for call in scope.library_calls
