@@ -38,6 +38,7 @@ from .checkpoint import (
 from .sharded_checkpoint import ShardedStates
 from .data import ActiveLoaders, PreparedDataLoader, prepare_data_loader
 from .errors import GradientSyncError, PrepareError, UnsupportedOptionError
+from .frozen_buffers import sync_frozen_buffers
 from .accumulation import GradientState, check_accumulation_steps
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, follow_parameters, unwrap_optimizer
 from . import unused_parameters
@@ -319,6 +320,7 @@ class Accelerator(ProcessView):
         loss.backward(**kwargs)
         if self._unverified_ddp:
             self._verify_gradient_sync()
+        sync_frozen_buffers()  # modules with nothing to train keep rank 0's buffers (runtime/frozen_buffers.py)
 
     def _verify_gradient_sync(self) -> None:
         """Once per prepared DDP model: check that its first synchronising backward synchronised.

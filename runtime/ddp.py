@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .frozen_buffers import sync_buffers_at_forward
+from .frozen_buffers import keep_in_step_with_rank0
 from .state import release_at_exit
 from .strategy import Strategy, wrapped_owns
 from .user_module import ForwardsToUserModule
@@ -168,7 +168,7 @@ class DDPStrategy(Strategy):
             return model
         # DDP refuses modules without trainable parameters (e.g. a frozen teacher, a metric).
         if not any(p.requires_grad for p in model.parameters()):
-            return sync_buffers_at_forward(model)  # rank 0's buffers, as DDP would broadcast them
+            return keep_in_step_with_rank0(model)  # rank 0's buffers, as DDP would broadcast them
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         wrapped = PreparedDDP(model, device_ids=device_ids, **self.ddp_kwargs)
         release_at_exit(wrapped)

@@ -11,25 +11,29 @@ or one stops while the others wait in the next collective.
 
 DDP keeps the modules it wraps alike: it broadcasts rank 0's parameters and buffers when it is
 built, and rank 0's buffers before each forward pass run with gradients enabled
-(``broadcast_buffers=True``). ``sync_buffers_at_forward`` gives the unwrapped module the same
-rule, one step tighter: on N processes rank 0's parameters and buffers are copied to every
-process at ``prepare``, and rank 0's buffers after each forward run with gradients enabled (one
-broadcast per dtype, flattened), through a forward hook. After, not before: DDP's copy before
-the forward leaves each process's last update in place, so a model evaluated after the last
-training step would still differ between processes; copied after, every process evaluates rank
-0's model, as every process of a DDP job that saves and reloads rank 0's checkpoint would. A
-forward under ``torch.no_grad()`` (evaluation) is left alone, as DDP leaves it; on one process
-nothing happens. The module stays the user's own object; the hook is a picklable object, so
-``torch.save(model)`` and ``copy.deepcopy`` keep working, and in a process with no process group
-it does nothing.
+(``broadcast_buffers=True``). ``keep_in_step_with_rank0`` gives the unwrapped module the same rule,
+one step tighter: on N processes rank 0's parameters and buffers are copied to every process at
+``prepare``, and ``sync_frozen_buffers`` copies rank 0's buffers of every such module after each
+``accelerator.backward`` (one broadcast per dtype, flattened, in the order the modules were
+prepared, which is every process's). After the step, not before the next forward: DDP's copy
+before the forward leaves each process's last update in place, so a model evaluated after the
+last training step would still differ between processes; copied after, every process evaluates
+rank 0's module, as every process of a DDP job that saves and reloads rank 0's checkpoint would.
+On one process nothing happens.
 
-As with DDP, every process must run the module's grad-enabled forwards the same number of times
-(a module run only on the main process with gradients enabled would wait for the others).
+Nothing is added to the module: no hook, no attribute (the runtime holds weak references), so
+the module stays the user's own object, and ``torch.save(module)`` / pickling write exactly what
+the user's script wrote, loadable where this runtime is not installed.
+
+Every process calls ``accelerator.backward`` the same number of times (DDP needs it too), so the
+broadcasts pair up. Buffers that change outside a training step (a forward under
+``torch.no_grad()`` in ``train()`` mode, run on one process only) are left to that process, as
+DDP leaves them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -53,22 +57,25 @@ def _broadcast_from_rank0(tensors: list[torch.Tensor]) -> None:
                 tensor.copy_(synced)
 
 
-class BroadcastBuffers:
-    """Forward hook: copy rank 0's buffers to every process after a grad-enabled forward."""
-
-    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
-        if torch.is_grad_enabled() and _in_a_group():
-            _broadcast_from_rank0(list(module.buffers()))
+_FROZEN: list[weakref.ref[nn.Module]] = []  # prepared modules with nothing to train, in prepare order
 
 
-def sync_buffers_at_forward(model: nn.Module) -> nn.Module:
-    """Copy rank 0's parameters and buffers to every process now, and register
-    ``BroadcastBuffers`` on ``model`` (once, when it holds buffers); returns ``model``."""
-    if _in_a_group():
-        _broadcast_from_rank0([*model.parameters(), *model.buffers()])
-    if next(model.buffers(), None) is None:
+def sync_frozen_buffers() -> None:
+    """Copy rank 0's buffers of every tracked module to every process (after a backward)."""
+    if not _FROZEN or not _in_a_group():
+        return
+    modules = [module for ref in _FROZEN if (module := ref()) is not None]
+    buffers = [buffer for module in modules for buffer in module.buffers()]
+    if buffers:
+        _broadcast_from_rank0(buffers)
+
+
+def keep_in_step_with_rank0(model: nn.Module) -> nn.Module:
+    """Copy rank 0's parameters and buffers to every process now, and track ``model`` (once, when
+    it holds buffers) for ``sync_frozen_buffers``; returns ``model`` itself."""
+    if not _in_a_group():
         return model
-    if any(isinstance(hook, BroadcastBuffers) for hook in model._forward_hooks.values()):
-        return model
-    model.register_forward_hook(BroadcastBuffers())
+    _broadcast_from_rank0([*model.parameters(), *model.buffers()])
+    if next(model.buffers(), None) is not None and not any(ref() is model for ref in _FROZEN):
+        _FROZEN.append(weakref.ref(model))
     return model

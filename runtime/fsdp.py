@@ -45,7 +45,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from .errors import PrepareError
-from .frozen_buffers import sync_buffers_at_forward
+from .frozen_buffers import keep_in_step_with_rank0
 from .strategy import Strategy
 
 WrapPolicy = tuple[type[nn.Module], ...] | Callable[[nn.Module], bool] | None
@@ -145,7 +145,7 @@ class FSDPStrategy(Strategy):
             return model
         if not any(p.requires_grad for p in model.parameters()):
             # a frozen module (teacher, metric) has nothing to shard or train; its buffers follow rank 0's
-            return sync_buffers_at_forward(model)
+            return keep_in_step_with_rank0(model)
         before = dict(model.named_parameters(remove_duplicate=False))
         options = self._shard_options()
         for block in policy_blocks(model, self.wrap_policy):

@@ -1,8 +1,9 @@
 """A prepared module with nothing to train (a frozen encoder with BatchNorm, run in train mode)
 keeps rank 0's parameters and buffers on every process, as DDP keeps those of the modules it wraps
 (runtime/frozen_buffers.py): at 2 processes both ranks hold rank 0's running statistics and
-compute the same evaluation metric; a forward under no_grad on one rank alone does not wait for
-the other; the module is still the user's object and still pickles."""
+compute the same evaluation metric after training; a forward under no_grad on one rank alone does
+not wait for the other; the module is still the user's object, with no hook of the runtime, so that
+`torch.save(module)` writes what the user's script wrote."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def test_the_frozen_module_is_the_users_own_and_pickles(ranks) -> None:
     for r in ranks:
         assert r["same_object"] is True
         assert r["pickled"] == "Sequential"
+        assert r["hooks"] == 0  # nothing of the runtime travels with `torch.save(module)`
 
 
 def test_one_process_is_unchanged(tmp_path) -> None:

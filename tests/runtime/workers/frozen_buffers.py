@@ -47,8 +47,8 @@ for x, y in loader:
 bn = user_encoder[1]
 after_training = bn.running_mean.tolist()
 
-# evaluation on every rank over the whole set; rank 1 alone runs one more no_grad forward,
-# which must not wait for the others
+# evaluation on every rank over the whole set; rank 1 alone runs one more train-mode forward under
+# no_grad, which must not wait for the others
 encoder.eval()
 with torch.no_grad():
     metric = nn.functional.mse_loss(head(encoder(val.tensors[0])), val.tensors[1]).item()
@@ -67,5 +67,6 @@ result = {
     "metric": metric,
     "batches_tracked": int(bn.num_batches_tracked),
     "pickled": type(reloaded).__name__,
+    "hooks": len(user_encoder._forward_hooks) + len(user_encoder._forward_pre_hooks),
 }
 (out_dir / f"rank{accelerator.process_index}.json").write_text(json.dumps(result))
