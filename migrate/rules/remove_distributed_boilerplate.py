@@ -1447,7 +1447,7 @@ def _defaults_launcher_env(call: cst.Call, where: StmtRef) -> str | None:
     WORLD_SIZE unless `rank=` / `world_size=` are given without an `os.environ[...]` read) are given
     defaults before it at the top of the function (`os.environ.setdefault("RANK", "0")`). The
     `os.environ.setdefault(...)` calls, shown, or None."""
-    if any(type(ref.stmt) is cst.If for ref in where.path):
+    if any(type(ref.stmt) is cst.If and not _every_branch_initialises(ref.stmt) for ref in where.path):
         return None
     keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
     if any(a.keyword is None for a in call.args[1:]) or "store" in keywords:
@@ -1467,6 +1467,10 @@ def _defaults_launcher_env(call: cst.Call, where: StmtRef) -> str | None:
     for stmt in top.block.body:
         if stmt is top.stmt:
             break
+        unset = _set_when_unset(stmt)
+        if unset is not None:
+            defaulted.append(unset)
+            continue
         if type(stmt) is not cst.SimpleStatementLine:
             continue
         for small in stmt.body:
@@ -1476,7 +1480,40 @@ def _defaults_launcher_env(call: cst.Call, where: StmtRef) -> str | None:
                 defaulted.append(value.args[0].value.evaluated_value)
     if not needed <= set(defaulted):
         return None
-    return ", ".join(f"`{name}`" for name in defaulted if name in needed) + " by `os.environ.setdefault`"
+    return ", ".join(f"`{name}`" for name in defaulted if name in needed) + " by default"
+
+
+def _set_when_unset(stmt: cst.BaseStatement) -> str | None:
+    """`if "MASTER_ADDR" not in os.environ: os.environ["MASTER_ADDR"] = "localhost"`: the variable's
+    name (a default, as `os.environ.setdefault` gives), else None."""
+    if type(stmt) is not cst.If or stmt.orelse is not None or type(stmt.test) is not cst.Comparison:
+        return None
+    test = stmt.test
+    if len(test.comparisons) != 1 or type(test.comparisons[0].operator) is not cst.NotIn \
+            or type(test.left) is not cst.SimpleString or _code(test.comparisons[0].comparator) != "os.environ":
+        return None
+    name = test.left.evaluated_value
+    body = stmt.body.body if type(stmt.body) is cst.IndentedBlock else ()
+    for line in body:
+        for small in line.body if type(line) is cst.SimpleStatementLine else ():
+            if type(small) is cst.Assign and any(
+                    _code(t.target) in (f'os.environ["{name}"]', f"os.environ['{name}']") for t in small.targets):
+                return str(name)
+    return None
+
+
+def _every_branch_initialises(stmt: cst.If) -> bool:
+    """`if platform.system() == "Windows": init_process_group("gloo", ...) else:
+    init_process_group("nccl", ...)`: every branch creates the group (so it exists on every run)."""
+    branches: list[cst.BaseSuite] = [stmt.body]
+    orelse = stmt.orelse
+    while type(orelse) is cst.If:
+        branches.append(orelse.body)
+        orelse = orelse.orelse
+    if orelse is None:
+        return False
+    branches.append(orelse.body)
+    return all("init_process_group(" in cst.Module([]).code_for_node(branch) for branch in branches)
 
 
 def _group_on_every_run(roles: Roles) -> bool:
