@@ -58,9 +58,10 @@ def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
     (corpus / "repos" / "proj").mkdir(parents=True)
     (corpus / "files" / "train.py").write_text(TRAIN)
     (corpus / "files" / "notes.py").write_text('print("no torch here")\n')
-    # migrated, but no DataLoader feeds the step: every process would train on the same data (AM004)
+    # migrated, but no DataLoader feeds the step and torch is seeded alike on every process: every
+    # process would train on the same data (AM004)
     (corpus / "files" / "partial.py").write_text(
-        "import torch\nmodel = torch.nn.Linear(4, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "for _ in range(3):\n    loss = model(torch.randn(8, 4)).sum()\n    optimizer.zero_grad()\n"
         "    loss.backward()\n    optimizer.step()\n")
     (corpus / "files" / "broken.py").write_text("import torch\noptimizer = torch.optim.SGD(\nloss.backward()\n")
@@ -92,7 +93,7 @@ def test_corpus_report_table_statuses_and_json(tmp_path: Path) -> None:
     [reason] = [line for line in lines if line.startswith("- `repos/proj` (refused): ")]
     assert reason.startswith("- `repos/proj` (refused): engine.py:8 AM003 [left unconverted] `.backward()`")
     [partial] = [line for line in lines if line.startswith("- `files/partial.py` (partial): ")]
-    assert "line 7 AM004 [left unconverted] no DataLoader feeds this training step" in partial
+    assert "line 8 AM004 [left unconverted] no DataLoader feeds this training step" in partial
     assert reason.endswith("; parsed, neither changed nor diagnosed: helpers.py")
     details = lines[lines.index("Every diagnostic:"):]  # --details
     assert "- `repos/proj` (refused):" in details and any(line.startswith("  - engine.py:8 AM003") for line in details)
