@@ -22,7 +22,7 @@ from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import drawn_from, seeded_generators
 from migrate.names import instance_attribute
-from migrate.walk import children, walk
+from migrate.walk import Visitor, walk
 
 
 def find_loaders(roles: Roles) -> None:
@@ -301,34 +301,40 @@ def _attribute_reads(method: Scope) -> dict[str, list[cst.Attribute]]:
     """`self.x` expressions of a method's own body (not of functions nested in it), by attribute."""
     receiver = method.params[0] if method.params else "self"
     found: dict[str, list[cst.Attribute]] = {}
-    stack: list[cst.CSTNode] = [method.node]
-    while stack:
-        node = stack.pop()
-        kind = type(node)
-        if (kind is cst.FunctionDef and node is not method.node) or kind is cst.Lambda:
-            continue
-        if kind is cst.Attribute:
+
+    class Reads(Visitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is method.node
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
             attribute = instance_attribute(node, receiver=receiver)
             if attribute is not None:
                 found.setdefault(attribute, []).append(node)
-                continue
-        stack.extend(reversed(children(node)))
+                return False
+            return True
+
+    walk(method.node, Reads())
     return found
 
 
 def _reads_name(scope: Scope, name: str) -> bool:
     """`name` appears as a plain name in the function (a global it reads, or anything else)."""
-    stack: list[cst.CSTNode] = [scope.node]
-    while stack:
-        node = stack.pop()
-        kind = type(node)
-        if kind is cst.Name and node.value == name:
-            return True
-        if kind is cst.Attribute:
-            stack.append(node.value)  # `self.name`: the attribute's own name is not a read of `name`
-            continue
-        stack.extend(children(node))
-    return False
+    seen = False
+
+    class Names(Visitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            walk(node.value, self)  # `self.name`: the attribute's own name is not a read of `name`
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            nonlocal seen
+            seen = seen or node.value == name
+
+    walk(scope.node, Names())
+    return seen
 
 
 def _hands_back_objects(roles: Roles, home: Scope) -> bool:

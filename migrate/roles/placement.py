@@ -188,12 +188,8 @@ def named_branch_choice(first: DeviceBinding) -> cst.BaseStatement | None:
     for block in (parent.body, parent.orelse.body):
         if type(block) is not cst.IndentedBlock or any(stmt is first.where.stmt for stmt in block.body):
             continue
-        if _assigned_in(block, first.name) is None:
-            return None
-        empty = cst.Module([])
-        return next(stmt for stmt in block.body if type(stmt) is cst.SimpleStatementLine and any(
-            type(small) is cst.Assign and len(small.targets) == 1
-            and empty.code_for_node(small.targets[0].target) == first.name for small in stmt.body))
+        assignment = _assignment_in(block, first.name)
+        return assignment[0] if assignment is not None else None
     return None
 
 
@@ -210,8 +206,23 @@ def _negated(test: cst.BaseExpression) -> cst.BaseExpression:
 
 def _assigned_in(block: cst.BaseSuite, name: str) -> cst.BaseExpression | None:
     """The value a statement of the block assigns to `name` alone (`device = config.device`)."""
+    assignment = _assignment_in(block, name)
+    return assignment[1] if assignment is not None else None
+
+
+def _assignment_in(block: cst.BaseSuite, name: str) -> tuple[cst.SimpleStatementLine, cst.BaseExpression] | None:
+    """The first statement of the block that assigns to `name` alone, and the value it assigns."""
     if type(block) is not cst.IndentedBlock:
         return None
+    empty = cst.Module([])
+    for stmt in block.body:
+        if type(stmt) is not cst.SimpleStatementLine:
+            continue
+        for small in stmt.body:
+            if type(small) is cst.Assign and len(small.targets) == 1 \
+                    and empty.code_for_node(small.targets[0].target) == name:
+                return stmt, small.value
+    return None
     empty = cst.Module([])
     for stmt in block.body:
         if type(stmt) is not cst.SimpleStatementLine:

@@ -5,8 +5,8 @@ seed from the operating system when the process starts (`torch.initial_seed()` d
 to run), and so do numpy's legacy global RNG and Python's `random`. A batch drawn from one of
 them without a seed is each process's own, as a sharded loader's would be. Seeded with a value
 every process shares (`torch.manual_seed(0)`, `np.random.seed(args.seed)`, `seed_everything(42)`)
-they draw alike. A draw on a CUDA device (`device=device`) uses the CUDA generator, which starts
-from torch's fixed default seed on every process; so does a `torch.Generator()` handed in with
+they draw alike. A draw on a CUDA device (`device=device`) uses the CUDA generator, which every
+process starts from the same fixed default seed; so does a `torch.Generator()` handed in with
 `generator=`, and a draw without `device=` in a file that moves torch's default device
 (`torch.set_default_device("cuda")`): these draw alike, seeded or not."""
 

@@ -234,7 +234,7 @@ from migrate.roles.model import WrappedOptimizer
 from migrate.roles.placement import first_code_statement
 from migrate.roles.rng import TORCH, draw_generator, seeded_generators
 from migrate.rules.base import assignment, early_prepare, indent_of, prepared_loaders
-from migrate.walk import children
+from migrate.walk import Visitor, walk
 
 CODE = "AM004"
 NAME = "prepare-training-objects"
@@ -247,14 +247,14 @@ def _sampler_epoch_calls(home: Scope, loader: str) -> list[str]:
     empty = cst.Module([])
     found: list[str] = []
 
-    stack: list[cst.CSTNode] = [home.node]
-    while stack:  # only the calls whose callee ends in `.set_epoch` are generated as code
-        node = stack.pop()
-        if type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "set_epoch" \
-                and type(node.func.value) is cst.Attribute and node.func.value.attr.value == "sampler" \
-                and empty.code_for_node(node.func.value) == f"{loader}.sampler":
-            found.append(empty.code_for_node(node))
-        stack.extend(reversed(children(node)))
+    class Calls(Visitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if type(func) is cst.Attribute and func.attr.value == "set_epoch" and type(func.value) is cst.Attribute \
+                    and func.value.attr.value == "sampler" and empty.code_for_node(func.value) == f"{loader}.sampler":
+                found.append(empty.code_for_node(node))
+
+    walk(home.node, Calls())
     return found
 
 
