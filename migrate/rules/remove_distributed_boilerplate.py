@@ -469,7 +469,10 @@ def _library_call(
                         "RANK / WORLD_SIZE (and LOCAL_RANK for a device) from the environment torchrun sets instead of "
                         "MPI, here and wherever this module reads MPI's rank, and launch with `accel launch`", unconverted=True)
         else:
-            plan.report(CODE, call, _kept_init_message(scope, call, where))
+            message = _kept_init_message(scope, call, where)
+            # one note per function: a group set up in each branch of an `if` (gloo on Windows, nccl elsewhere)
+            if not any(finding.message == message for finding in plan.findings):
+                plan.report(CODE, call, message)
     elif qualified == _CURRENT_DEVICE and type(where.stmt) is cst.With and any(
             item.item is call for item in where.stmt.items) and call.args \
             and not re.search(r"rank", cst.Module([]).code_for_node(call.args[0].value), re.IGNORECASE):
