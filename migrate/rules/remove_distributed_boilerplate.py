@@ -209,7 +209,7 @@ import libcst as cst
 
 from migrate.analysis import Loop, Scope, StmtRef
 from migrate.edits import EditPlan
-from migrate import local_rank_flag
+from migrate import ddp_options, local_rank_flag
 from migrate.hand_sharding import HandSharding
 from migrate.names import instance_attribute, root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
@@ -279,8 +279,10 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             _rank_checks(roles, plan, scope, rank_names)
             _module_accesses(roles, plan, scope)
     _local_rank_flag(roles, plan)
-    removed = _remove_wrappers(roles, plan)
-    _remove_class_wrappers(roles, plan)
+    wraps: list[ddp_options.Wrap] = []  # the removed DDP wraps, whose options go to the Accelerator
+    removed = _remove_wrappers(roles, plan, wraps)
+    _remove_class_wrappers(roles, plan, wraps)
+    ddp_options.carry(plan, CODE, wraps, roles.accelerator_scope or roles.home)
     _remove_samplers(roles, plan)
     _other_modules_rank_reads(roles, plan, deferred)
     for name, wrapper, where in removed:  # once the loaders that get prepared are known
@@ -794,7 +796,7 @@ def _module_accesses(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         plan.change(CODE, attribute, f"`{model}.module` -> `accelerator.unwrap_model({model})`")
 
 
-def _remove_class_wrappers(roles: Roles, plan: EditPlan) -> None:
+def _remove_class_wrappers(roles: Roles, plan: EditPlan, wraps: list[ddp_options.Wrap]) -> None:
     """`self.model = DDP(self.model, ...)` in a trainer class handed the prepared model
     (`migrate.roles.class_wrappers`): the statement goes, `self.model.module` and the reads of
     `self.model` that ran before the wrap (on the bare module) become `accelerator.unwrap_model(self.model)`."""
@@ -807,6 +809,8 @@ def _remove_class_wrappers(roles: Roles, plan: EditPlan) -> None:
             plan.calls[wrapper.call] = lambda updated: updated.args[0].value
         plan.change(CODE, wrapper.call, f"`{wrapper.attribute}` no longer wrapped by hand: `accelerator.prepare` "
                     "wraps the model it is given")
+        if roles.facts.aliases.qualify(wrapper.call.func) in ddp_options.DDP:
+            wraps.append(ddp_options.Wrap(wrapper.call, wrapper.constructor, wrapper.attribute))
         for method, node in wrapper.module_reads:
             inner = node.value
             plan.attributes[node] = lambda updated, inner=inner: accelerator_call("unwrap_model", [cst.Arg(inner)])
@@ -819,7 +823,7 @@ def _remove_class_wrappers(roles: Roles, plan: EditPlan) -> None:
                         f"`accelerator.unwrap_model({wrapper.attribute})`")
 
 
-def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, StmtRef]]:
+def _remove_wrappers(roles: Roles, plan: EditPlan, wraps: list[ddp_options.Wrap]) -> list[tuple[str, cst.Call, StmtRef]]:
     """`model = DDP(model, ...)`: the statement goes (and an `if` that only held it). Returns the
     removed wrappers that moved the model's inputs to its GPU (`_move_inputs`)."""
     home = roles.home
@@ -848,12 +852,14 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, 
             else:
                 plan.calls[value] = lambda updated: updated.args[0].value
             plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
+            if roles.facts.aliases.qualify(value.func) in ddp_options.DDP:
+                wraps.append(ddp_options.Wrap(value, home, name))
             _drop_emptied_if(plan, binding.where)
             # Under an `if` (`if torch.cuda.device_count() > 1:`), the script also ran its model
             # unwrapped, so it moves the inputs itself.
             if _moves_inputs(roles, value) and not any(type(ref.stmt) is cst.If for ref in binding.where.path):
                 moving.append((name, value, binding.where))
-    _unwrap_aliases(roles, plan)
+    _unwrap_aliases(roles, plan, wraps)
     return moving
 
 
@@ -1042,7 +1048,7 @@ def _inputs_to_device(call: cst.Call, indices: list[int]) -> cst.Call:
     return call.with_changes(args=args)
 
 
-def _unwrap_aliases(roles: Roles, plan: EditPlan) -> None:
+def _unwrap_aliases(roles: Roles, plan: EditPlan, wraps: list[ddp_options.Wrap]) -> None:
     """`self.ddp_model = DDP(self.model, ...)` / `self.ddp_model = self.model` after the prepare
     call (`roles.model_aliases`): the alias is what `accelerator.prepare` binds now, so its
     bindings go; `self.model` stays the bare module the trainer saves."""
@@ -1056,6 +1062,9 @@ def _unwrap_aliases(roles: Roles, plan: EditPlan) -> None:
             plan.replace_stmt[removed] = []
             plan.change(CODE, binding.value, f"`{alias}` is the prepared `{model}`: `accelerator.prepare` binds it "
                         "(and wraps it when several processes train)")
+            value = binding.value
+            if type(value) is cst.Call and roles.facts.aliases.qualify(value.func) in ddp_options.DDP:
+                wraps.append(ddp_options.Wrap(value, home, alias))
 
 
 def _convert_hand_sharding(roles: Roles, sharding: HandSharding, plan: EditPlan) -> None:
