@@ -309,6 +309,9 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     _report_visible_devices(roles, plan)
 
 
+_DDP_CODE = "AM007"  # remove-distributed-boilerplate removed the wrap and asked for its options
+
+
 def _ddp_handler(plan: EditPlan, target: str, scope: Scope, block: Sequence[cst.BaseStatement], index: int) -> None:
     """The options of a removed `DistributedDataParallel` wrap (AM007) as
     `kwargs_handlers=[DistributedDataParallelKwargs(...)]`; one that reads a name not bound yet
@@ -317,18 +320,19 @@ def _ddp_handler(plan: EditPlan, target: str, scope: Scope, block: Sequence[cst.
     for name, (value, wrap) in plan.ddp_kwargs.items():
         code = cst.Module([]).code_for_node(value)
         if not _bound_before(value, scope, block, index):
-            plan.report(CODE, wrap, (
-                f"`{name}={code}` of the removed `DistributedDataParallel` reads names that are not bound yet where "
+            unbound = ", ".join(f"`{n}`" for n in names_read(value) if not _bound_before(cst.Name(n), scope, block, index))
+            plan.report(_DDP_CODE, wrap, (
+                f"`{name}={code}` of the removed `DistributedDataParallel` reads {unbound}, not bound yet where "
                 "the Accelerator is created, so the prepared model trains without it: pass "
-                f"`kwargs_handlers=[DistributedDataParallelKwargs({name}=...)]` to `Accelerator(...)` yourself, "
-                "created where its value is known"), unconverted=True)
+                f"`kwargs_handlers=[DistributedDataParallelKwargs({name}={code})]` to `Accelerator(...)` yourself and move "
+                f"its creation below the statement that binds {unbound}"), unconverted=True)
             continue
         written.append(f"{name}={code}")
     if not written:
         return
     if "kwargs_handlers" in plan.accelerator_kwargs:
         wrap = next(iter(plan.ddp_kwargs.values()))[1]
-        plan.report(CODE, wrap, (
+        plan.report(_DDP_CODE, wrap, (
             f"the options `{', '.join(written)}` of the removed `DistributedDataParallel` were not carried: the "
             "Accelerator already takes other `kwargs_handlers`; add `DistributedDataParallelKwargs("
             f"{', '.join(written)})` to that list"), unconverted=True)
