@@ -105,6 +105,10 @@ What it does:
     as well, and is reported: the runtime's Accelerator uses CUDA GPUs or the CPU only
     (runtime/state.py), so where the original trained on mps or xpu the migrated script trains on
     the CPU; `--target accelerate` keeps those devices (HF Accelerate picks them), and is not told.
+    The options of a `DistributedDataParallel` wrap that AM007 removed are written as
+    `Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(...)])`, with the import from the
+    target (`runtime` or `accelerate`); an option whose value reads a name not bound yet where the
+    Accelerator is created is left out and reported at the wrap (AM007), with the option to write.
 
 Why:
     One Accelerator per process owns the device, the process group and the precision; the rest of

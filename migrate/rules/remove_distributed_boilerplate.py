@@ -25,6 +25,14 @@ What it does:
       (`self.ddp_model = DDP(self.model)`, and `self.ddp_model = self.model` without CUDA): prepare
       binds that name, and `self.model` stays the bare module the class saves;
       `model.module` becomes `accelerator.unwrap_model(model)`.
+      The options of a removed `DistributedDataParallel` go to the Accelerator
+      (`migrate.ddp_options`): `DDP(model, device_ids=[gpu], broadcast_buffers=False)` gives
+      `Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])`
+      (`dim`, `broadcast_buffers`, `bucket_cap_mb`, `find_unused_parameters`,
+      `gradient_as_bucket_view`, `static_graph`, by keyword or position, when not DDP's default;
+      a literal, a module-level constant, or a name of the function creating the Accelerator bound
+      before it), so the prepared model's DDP on N processes runs with them; `device_ids` and
+      `output_device` go (the Accelerator places the model), `check_reduction` too (DDP ignores it).
       A trainer class handed the model that `main` prepares, which wraps it again in its
       constructor (`self.model = DDP(self.model, device_ids=[gpu])`, the DDP tutorial's shape):
       the wrapper goes (`self.module = DataParallel(module)` becomes `self.module = module`),
@@ -168,6 +176,15 @@ Leaves alone:
     file, or the whole unit, is refused at that call, with every other place that reads MPI's rank
     reported at its own line and the changes that move it to `accel launch`
     (`migrate/roles/mpi_launch.py`: a partial conversion crashes at N processes under both launchers).
+    A DDP option that cannot be carried is reported at the wrap, naming it (the wrap still goes,
+    and the prepared model trains with DDP's default for it): any other option (`process_group=`,
+    `init_sync=`, `forward_sync_buffers=`, `mixed_precision=`, ...), `**options`, a value reading a
+    name of another function than the one creating the Accelerator (`self.find_unused` in a
+    trainer's constructor) or a name bound only after the Accelerator is created (`args.x` before
+    `args = parser.parse_args()`), two wraps with different values for one option (a GAN's
+    generator with `broadcast_buffers=False`, its discriminator without: the Accelerator gives
+    every prepared model the same options; those they agree on are carried), and options when the
+    Accelerator already takes other `kwargs_handlers`.
     A `DDP(...)` / `DataParallel(...)` outside the function that prepares the model, around that
     model, other than the trainer-class constructor above (in another method or function, under
     a branch, or in a constructor one of whose methods runs both before the wrap, on the bare
