@@ -328,8 +328,9 @@ def _ddp_handler(plan: EditPlan, target: str, scope: Scope, block: Sequence[cst.
             plan.report(_DDP_CODE, wrap, (
                 f"`{name}={code}` of the removed `DistributedDataParallel` reads {unbound}, not bound yet where "
                 "the Accelerator is created, so the prepared model trains without it: pass "
-                f"`kwargs_handlers=[DistributedDataParallelKwargs({name}={code})]` to `Accelerator(...)` yourself and move "
-                f"its creation below the statement that binds {unbound}"), unconverted=True)
+                f"`kwargs_handlers=[DistributedDataParallelKwargs({name}={code})]` to `Accelerator(...)` yourself, with "
+                f"{unbound} known there (move the creation below the statement that binds it, or compute the value "
+                "before the creation)"), unconverted=True)
             continue
         written.append(f"{name}={code}")
     if not written:
