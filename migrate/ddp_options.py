@@ -110,8 +110,9 @@ def carry(plan: EditPlan, code: str, wraps: Sequence[Wrap], accelerator_scope: S
                 plan.report(code, arg, (
                     f"`{arg.star}{_code(arg.value)}` passes options to the removed `DistributedDataParallel` of "
                     f"`{wrap.model}` that the migration cannot read, so none of them reach the Accelerator: write "
-                    "the ones that differ from DDP's defaults as `Accelerator(kwargs_handlers=["
-                    "DistributedDataParallelKwargs(...)])` (it takes " + ", ".join(f"`{k}`" for k in CARRIED) + ")"),
+                    "the ones that differ from DDP's defaults into `DistributedDataParallelKwargs(...)` in "
+                    "`Accelerator(kwargs_handlers=[...])` (adding it where the Accelerator has none; it takes "
+                    + ", ".join(f"`{k}`" for k in CARRIED) + ")"),
                     unconverted=True)
                 continue
             keyword = arg.keyword.value if arg.keyword is not None else (
