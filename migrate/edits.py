@@ -52,6 +52,10 @@ class EditPlan:
     # Accelerator(name=...) arguments that read names of the script (`args.amp`): written only
     # where those names are bound when the Accelerator is created.
     kwarg_reads: dict[str, cst.BaseExpression] = field(default_factory=dict)
+    # Options of a removed `DistributedDataParallel` wrap (AM007, `migrate.ddp_options`): option ->
+    # (its value, the wrap to report at when the names it reads are not bound where the Accelerator
+    # is created); written as `kwargs_handlers=[DistributedDataParallelKwargs(...)]`.
+    ddp_kwargs: dict[str, tuple[cst.BaseExpression, cst.CSTNode]] = field(default_factory=dict)
     eval_loaders: list[str] = field(default_factory=list)  # prepared because their metrics are gathered
     unsharded_loaders: set[str] = field(default_factory=set)  # DistributedSampler removed (AM007)
     attributes: dict[cst.Attribute, Callable[[cst.Attribute], cst.BaseExpression]] = edits(dict)

@@ -105,6 +105,10 @@ What it does:
     as well, and is reported: the runtime's Accelerator uses CUDA GPUs or the CPU only
     (runtime/state.py), so where the original trained on mps or xpu the migrated script trains on
     the CPU; `--target accelerate` keeps those devices (HF Accelerate picks them), and is not told.
+    The options of a `DistributedDataParallel` wrap that AM007 removed are written as
+    `Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(...)])`, with the import from the
+    target (`runtime` or `accelerate`); an option whose value reads a name not bound yet where the
+    Accelerator is created is left out and reported at the wrap (AM007), with the option to write.
 
 Why:
     One Accelerator per process owns the device, the process group and the precision; the rest of
@@ -229,6 +233,7 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
                 f"Accelerator is created, so it was not written: pass `{name}=` to the Accelerator yourself "
                 "(or the matching `accel launch` option)"
             ), unconverted=True)
+    _ddp_handler(plan, target, scope, block, index)
     kwargs = ", ".join(f"{name}={value}" for name, value in plan.accelerator_kwargs.items())
     create = statement(f"accelerator = Accelerator({kwargs})\n")
     replaced = plan.create_at if plan.create_at is not None else binding.where.stmt if binding is not None else None
@@ -306,6 +311,39 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     if target == "runtime":
         _report_other_accelerators(roles, plan)
     _report_visible_devices(roles, plan)
+
+
+_DDP_CODE = "AM007"  # remove-distributed-boilerplate removed the wrap and asked for its options
+
+
+def _ddp_handler(plan: EditPlan, target: str, scope: Scope, block: Sequence[cst.BaseStatement], index: int) -> None:
+    """The options of a removed `DistributedDataParallel` wrap (AM007) as
+    `kwargs_handlers=[DistributedDataParallelKwargs(...)]`; one that reads a name not bound yet
+    where the Accelerator is created is reported at the wrap instead."""
+    written: list[str] = []
+    for name, (value, wrap) in plan.ddp_kwargs.items():
+        code = cst.Module([]).code_for_node(value)
+        if not _bound_before(value, scope, block, index):
+            unbound = ", ".join(f"`{n}`" for n in names_read(value) if not _bound_before(cst.Name(n), scope, block, index))
+            plan.report(_DDP_CODE, wrap, (
+                f"`{name}={code}` of the removed `DistributedDataParallel` reads {unbound}, not bound yet where "
+                "the Accelerator is created, so the prepared model trains without it: pass "
+                f"`kwargs_handlers=[DistributedDataParallelKwargs({name}={code})]` to `Accelerator(...)` yourself, with "
+                f"{unbound} known there (move the creation below the statement that binds it, or compute the value "
+                "before the creation)"), unconverted=True)
+            continue
+        written.append(f"{name}={code}")
+    if not written:
+        return
+    if "kwargs_handlers" in plan.accelerator_kwargs:
+        wrap = next(iter(plan.ddp_kwargs.values()))[1]
+        plan.report(_DDP_CODE, wrap, (
+            f"the options `{', '.join(written)}` of the removed `DistributedDataParallel` were not carried: the "
+            "Accelerator already takes other `kwargs_handlers`; add `DistributedDataParallelKwargs("
+            f"{', '.join(written)})` to that list"), unconverted=True)
+        return
+    plan.accelerator_kwargs["kwargs_handlers"] = f"[DistributedDataParallelKwargs({', '.join(written)})]"
+    plan.imports.add((TARGET_MODULES[target], "DistributedDataParallelKwargs"))
 
 
 _OTHER_DEVICE = re.compile(r"^(mps|xpu)(:\d*)?$")

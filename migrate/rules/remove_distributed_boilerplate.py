@@ -25,6 +25,14 @@ What it does:
       (`self.ddp_model = DDP(self.model)`, and `self.ddp_model = self.model` without CUDA): prepare
       binds that name, and `self.model` stays the bare module the class saves;
       `model.module` becomes `accelerator.unwrap_model(model)`.
+      The options of a removed `DistributedDataParallel` go to the Accelerator
+      (`migrate.ddp_options`): `DDP(model, device_ids=[gpu], broadcast_buffers=False)` gives
+      `Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])`
+      (`dim`, `broadcast_buffers`, `bucket_cap_mb`, `find_unused_parameters`,
+      `gradient_as_bucket_view`, `static_graph`, by keyword or position, when not DDP's default;
+      a literal, a module-level constant, or a name of the function creating the Accelerator bound
+      before it), so the prepared model's DDP on N processes runs with them; `device_ids` and
+      `output_device` go (the Accelerator places the model), `check_reduction` too (DDP ignores it).
       A trainer class handed the model that `main` prepares, which wraps it again in its
       constructor (`self.model = DDP(self.model, device_ids=[gpu])`, the DDP tutorial's shape):
       the wrapper goes (`self.module = DataParallel(module)` becomes `self.module = module`),
@@ -168,6 +176,15 @@ Leaves alone:
     file, or the whole unit, is refused at that call, with every other place that reads MPI's rank
     reported at its own line and the changes that move it to `accel launch`
     (`migrate/roles/mpi_launch.py`: a partial conversion crashes at N processes under both launchers).
+    A DDP option that cannot be carried is reported at the wrap, naming it (the wrap still goes,
+    and the prepared model trains with DDP's default for it): any other option (`process_group=`,
+    `init_sync=`, `forward_sync_buffers=`, `mixed_precision=`, ...), `**options`, a value reading a
+    name of another function than the one creating the Accelerator (`self.find_unused` in a
+    trainer's constructor) or a name bound only after the Accelerator is created (`args.x` before
+    `args = parser.parse_args()`), two wraps with different values for one option (a GAN's
+    generator with `broadcast_buffers=False`, its discriminator without: the Accelerator gives
+    every prepared model the same options; those they agree on are carried), and options when the
+    Accelerator already takes other `kwargs_handlers`.
     A `DDP(...)` / `DataParallel(...)` outside the function that prepares the model, around that
     model, other than the trainer-class constructor above (in another method or function, under
     a branch, or in a constructor one of whose methods runs both before the wrap, on the bare
@@ -209,7 +226,7 @@ import libcst as cst
 
 from migrate.analysis import Loop, Scope, StmtRef
 from migrate.edits import EditPlan
-from migrate import local_rank_flag
+from migrate import ddp_options, local_rank_flag
 from migrate.hand_sharding import HandSharding
 from migrate.names import instance_attribute, root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
@@ -279,8 +296,10 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             _rank_checks(roles, plan, scope, rank_names)
             _module_accesses(roles, plan, scope)
     _local_rank_flag(roles, plan)
-    removed = _remove_wrappers(roles, plan)
-    _remove_class_wrappers(roles, plan)
+    wraps: list[ddp_options.Wrap] = []  # the removed DDP wraps, whose options go to the Accelerator
+    removed = _remove_wrappers(roles, plan, wraps)
+    _remove_class_wrappers(roles, plan, wraps)
+    ddp_options.carry(plan, CODE, wraps, roles.accelerator_scope or roles.home)
     _remove_samplers(roles, plan)
     _other_modules_rank_reads(roles, plan, deferred)
     for name, wrapper, where in removed:  # once the loaders that get prepared are known
@@ -797,7 +816,7 @@ def _module_accesses(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         plan.change(CODE, attribute, f"`{model}.module` -> `accelerator.unwrap_model({model})`")
 
 
-def _remove_class_wrappers(roles: Roles, plan: EditPlan) -> None:
+def _remove_class_wrappers(roles: Roles, plan: EditPlan, wraps: list[ddp_options.Wrap]) -> None:
     """`self.model = DDP(self.model, ...)` in a trainer class handed the prepared model
     (`migrate.roles.class_wrappers`): the statement goes, `self.model.module` and the reads of
     `self.model` that ran before the wrap (on the bare module) become `accelerator.unwrap_model(self.model)`."""
@@ -810,6 +829,8 @@ def _remove_class_wrappers(roles: Roles, plan: EditPlan) -> None:
             plan.calls[wrapper.call] = lambda updated: updated.args[0].value
         plan.change(CODE, wrapper.call, f"`{wrapper.attribute}` no longer wrapped by hand: `accelerator.prepare` "
                     "wraps the model it is given")
+        if roles.facts.aliases.qualify(wrapper.call.func) in ddp_options.DDP:
+            wraps.append(ddp_options.Wrap(wrapper.call, wrapper.constructor, wrapper.attribute))
         for method, node in wrapper.module_reads:
             inner = node.value
             plan.attributes[node] = lambda updated, inner=inner: accelerator_call("unwrap_model", [cst.Arg(inner)])
@@ -822,7 +843,7 @@ def _remove_class_wrappers(roles: Roles, plan: EditPlan) -> None:
                         f"`accelerator.unwrap_model({wrapper.attribute})`")
 
 
-def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, StmtRef]]:
+def _remove_wrappers(roles: Roles, plan: EditPlan, wraps: list[ddp_options.Wrap]) -> list[tuple[str, cst.Call, StmtRef]]:
     """`model = DDP(model, ...)`: the statement goes (and an `if` that only held it). Returns the
     removed wrappers that moved the model's inputs to its GPU (`_move_inputs`)."""
     home = roles.home
@@ -851,12 +872,14 @@ def _remove_wrappers(roles: Roles, plan: EditPlan) -> list[tuple[str, cst.Call, 
             else:
                 plan.calls[value] = lambda updated: updated.args[0].value
             plan.change(CODE, value, f"`{name}` no longer wrapped by hand: `accelerator.prepare` wraps it")
+            if roles.facts.aliases.qualify(value.func) in ddp_options.DDP:
+                wraps.append(ddp_options.Wrap(value, home, name))
             _drop_emptied_if(plan, binding.where)
             # Under an `if` (`if torch.cuda.device_count() > 1:`), the script also ran its model
             # unwrapped, so it moves the inputs itself.
             if _moves_inputs(roles, value) and not any(type(ref.stmt) is cst.If for ref in binding.where.path):
                 moving.append((name, value, binding.where))
-    _unwrap_aliases(roles, plan)
+    _unwrap_aliases(roles, plan, wraps)
     return moving
 
 
@@ -1045,7 +1068,7 @@ def _inputs_to_device(call: cst.Call, indices: list[int]) -> cst.Call:
     return call.with_changes(args=args)
 
 
-def _unwrap_aliases(roles: Roles, plan: EditPlan) -> None:
+def _unwrap_aliases(roles: Roles, plan: EditPlan, wraps: list[ddp_options.Wrap]) -> None:
     """`self.ddp_model = DDP(self.model, ...)` / `self.ddp_model = self.model` after the prepare
     call (`roles.model_aliases`): the alias is what `accelerator.prepare` binds now, so its
     bindings go; `self.model` stays the bare module the trainer saves."""
@@ -1059,6 +1082,9 @@ def _unwrap_aliases(roles: Roles, plan: EditPlan) -> None:
             plan.replace_stmt[removed] = []
             plan.change(CODE, binding.value, f"`{alias}` is the prepared `{model}`: `accelerator.prepare` binds it "
                         "(and wraps it when several processes train)")
+            value = binding.value
+            if type(value) is cst.Call and roles.facts.aliases.qualify(value.func) in ddp_options.DDP:
+                wraps.append(ddp_options.Wrap(value, home, alias))
 
 
 def _convert_hand_sharding(roles: Roles, sharding: HandSharding, plan: EditPlan) -> None:
