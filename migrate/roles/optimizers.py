@@ -128,7 +128,7 @@ def stepped_factory_results(roles: Roles) -> list[tuple[Scope, Binding]]:
                     continue
                 found.append((scope, binding))
                 if (id(scope), name) in hiding:
-                    _refuse_hidden_step(roles, binding, value, hiding[(id(scope), name)])
+                    pass  # the step is the call that hides it (`migrate.roles.hidden_step`)
                 elif not any(called_in_training_step(roles, scope, model) for model in models):
                     _refuse_untrained_factory_model(roles, binding, value, models)
     return found
