@@ -20,7 +20,7 @@ import libcst as cst
 from migrate.analysis import CallSite, Scope
 from migrate.roles.entry import training_functions
 from migrate.roles.model import BACKWARD, Finding, Roles
-from migrate.roles.model_use import hidden_step_calls
+from migrate.roles.model_use import hidden_step_calls, unread_function
 
 
 def find_hidden_steps(roles: Roles) -> None:
@@ -31,12 +31,12 @@ def find_hidden_steps(roles: Roles) -> None:
         return
     handed: list[tuple[Scope, CallSite, str]] = []
     for scope in roles.facts.scopes:
-        for call in hidden_step_calls(roles, scope):
+        for call in (*hidden_step_calls(roles, scope), *_unread_function_calls(roles, scope)):
             optimizer = _handed_optimizer(roles, scope, call)
             if optimizer is None:
                 continue
             handed.append((scope, call, optimizer))
-            if _handed_loss(roles, scope, call):
+            if _handed_loss(roles, scope, call, optimizer):
                 roles.hidden_steps.append((scope, call))
     if not roles.hidden_steps:
         if handed:
@@ -46,6 +46,16 @@ def find_hidden_steps(roles: Roles) -> None:
         for loop in call.loops:
             loop.has_backward = True
     roles._training_functions = training_functions(roles)
+
+
+def _unread_function_calls(roles: Roles, scope: Scope) -> list[CallSite]:
+    """Calls in a loop of `scope` of a function of a module outside the run (`scaled_step(loss,
+    optimizer)` imported from a package), as call sites named by their qualified name."""
+    return [
+        CallSite(call.qualified, call.call, call.where, call.loops)
+        for call in scope.library_calls
+        if call.loops and unread_function(roles, scope, call.call)
+    ]
 
 
 def _handed_optimizer(roles: Roles, scope: Scope, call: CallSite) -> str | None:
@@ -58,37 +68,35 @@ def _handed_optimizer(roles: Roles, scope: Scope, call: CallSite) -> str | None:
     return None
 
 
-def _handed_loss(roles: Roles, scope: Scope, call: CallSite) -> bool:
-    """An argument bound in `scope` from a value computed from a call of a model (followed through
-    the names it is computed from), before the call."""
+def _handed_loss(roles: Roles, scope: Scope, call: CallSite, optimizer: str) -> bool:
+    """An argument other than the optimizer computed in `scope` from a forward of a model: a call of
+    the model (`criterion(model(x), y)`) or a call handed it (`compute_loss(model, batch)`), directly
+    or through the names bound from it (`outputs = model(x)`, `loss = criterion(outputs, y)`)."""
     models = {(roles.home, m) for m in roles.models}
-    model_calls = [
-        site for site in scope.calls
-        if (origins := roles.origins(scope, site.callee)) and any(o in models for o in origins)
-    ]
-    if not model_calls:
-        return False
-    outputs = {name for site in model_calls for name in _bound_by(scope, site.call)}
-    derived = set(outputs)
-    for _ in range(4):  # `outputs = model(x)`, `loss = criterion(outputs, y)`, `loss = loss + ...`
+
+    def is_model(name: str) -> bool:
+        return any(o in models for o in roles.origins(scope, name) or ())
+
+    def runs_model(node: cst.CSTNode) -> bool:
+        if type(node) is cst.Call:
+            if type(node.func) is cst.Name and is_model(node.func.value):
+                return True
+            if any(type(a.value) is cst.Name and is_model(a.value.value) for a in node.args):
+                return True
+        return any(runs_model(child) for child in node.children)
+
+    derived: set[str] = set()
+    for _ in range(5):  # `outputs = model(x)`, `loss = criterion(outputs, y)`, `loss = loss + ...`
         for name, bindings in scope.bindings.items():
-            if name in derived:
-                continue
-            if any(b.value is not None and _reads(b.value, derived) for b in bindings):
+            if name not in derived and any(
+                b.value is not None and (runs_model(b.value) or _reads(b.value, derived)) for b in bindings
+            ):
                 derived.add(name)
-    return any(type(arg.value) is cst.Name and arg.value.value in derived for arg in call.call.args)
-
-
-def _bound_by(scope: Scope, call: cst.Call) -> list[str]:
-    return [name for name, bindings in scope.bindings.items() if any(_contains(b.value, call) for b in bindings)]
-
-
-def _contains(value: cst.CSTNode | None, node: cst.CSTNode) -> bool:
-    if value is None:
-        return False
-    if value is node:
-        return True
-    return any(_contains(child, node) for child in value.children)
+    return any(
+        not (type(arg.value) is cst.Name and arg.value.value == optimizer)
+        and (runs_model(arg.value) or _reads(arg.value, derived))
+        for arg in call.call.args
+    )
 
 
 def _reads(value: cst.CSTNode, names: set[str]) -> bool:
@@ -103,9 +111,32 @@ def _refuse(roles: Roles, scope: Scope, call: CallSite, optimizer: str) -> None:
     roles.findings.append(Finding(
         BACKWARD,
         call.where.stmt,
-        f"`{code[:80]}` is handed the optimizer `{optimizer}` and no `.backward()` shows anywhere, but it is not "
-        "handed a loss computed from the model in the same function, so the training step could not be found and "
-        "the file was left as it is: compute the loss where this call is made and pass it, or call "
-        f"`loss.backward()` and `{optimizer}.step()` in its place, then run the migration again",
+        f"`{code[:80]}` is handed the optimizer `{optimizer}` and no `.backward()` shows anywhere, but it is handed "
+        "nothing computed from a forward of the model in the function that calls it (a loss), so the training step "
+        "could not be found and the file was left as it is: call `loss.backward()` and "
+        f"`{optimizer}.step()` where the loss is computed, then run the migration again",
         unconverted=True,
     ))
+
+
+def refuse_for_options(roles: Roles, mixed_precision: str, strategy: str | None) -> None:
+    """`--mixed-precision` or a sharding `--strategy` asked of a file whose step is hidden: the
+    Accelerator's fp16 scaling needs `accelerator.backward`, and a sharded model needs its own
+    clipping and step, neither of which reaches inside the object: the file is left as it is."""
+    if not roles.hidden_steps or roles.refused:
+        return
+    asked = [f"`--mixed-precision {mixed_precision}`"] if mixed_precision != "no" else []
+    if strategy not in (None, "ddp"):
+        asked.append(f"`--strategy {strategy}`")
+    if not asked:
+        return
+    call = roles.hidden_steps[0][1]
+    code = " ".join(cst.Module([]).code_for_node(call.call.func).split())
+    roles.refused = True
+    roles.findings = [Finding(BACKWARD, call.where.stmt, (
+        f"the training step runs inside `{code}(...)`, an object the migration cannot read that is handed the loss "
+        f"and the optimizer, and {' and '.join(asked)} needs the backward, the clipping and the step to go through "
+        "the Accelerator, which cannot reach inside it, so the file was left as it is: run without that option "
+        f"(the step is then kept as it is), or replace the call by `accelerator.backward(loss)`, the clipping and "
+        "`optimizer.step()` and run again"
+    ), unconverted=True)]
