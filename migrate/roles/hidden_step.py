@@ -137,6 +137,6 @@ def refuse_for_options(roles: Roles, mixed_precision: str, strategy: str | None)
         f"the training step runs inside `{code}(...)`, an object the migration cannot read that is handed the loss "
         f"and the optimizer, and {' and '.join(asked)} needs the backward, the clipping and the step to go through "
         "the Accelerator, which cannot reach inside it, so the file was left as it is: run without that option "
-        f"(the step is then kept as it is), or replace the call by `accelerator.backward(loss)`, the clipping and "
-        "`optimizer.step()` and run again"
+        "(the step is then kept as it is), or replace the call by `loss.backward()`, the clipping "
+        "(`torch.nn.utils.clip_grad_norm_`) and `optimizer.step()` and run again"
     ), unconverted=True)]

@@ -168,9 +168,9 @@ def _held_by_the_hidden_step(roles: Roles, plan: EditPlan, autocasts: list) -> b
             f"the training step runs inside `{code}(...)`, an object the migration cannot read that is handed "
             "the loss and the optimizer (a loss scaler scaling the loss for this autocast itself): the AMP code "
             "was kept as it is, and is correct under `accelerator.prepare` (its backward all-reduces through the "
-            "prepared model). To hand precision to the Accelerator instead, replace the call by "
-            "`accelerator.backward(loss)`, the clipping and `optimizer.step()`, and create the Accelerator with "
-            "`mixed_precision=\"fp16\"`"))
+            "prepared model). To hand precision to the Accelerator instead, replace the call by `loss.backward()`, "
+            "the clipping (`torch.nn.utils.clip_grad_norm_`) and `optimizer.step()` and run the migration again: "
+            "the autocast then goes to `Accelerator(mixed_precision=...)`"))
     return True
 
 
