@@ -228,7 +228,7 @@ import libcst as cst
 
 from migrate.analysis import LibraryCall, Scope, StmtRef
 from migrate.edits import EditPlan
-from migrate.roles import Roles
+from migrate.roles import Roles, loader_calls, sampler_values
 from migrate.roles.calls import RNG_DRAWS, RNG_SEEDS
 from migrate.roles.model import WrappedOptimizer
 from migrate.roles.placement import first_code_statement
@@ -258,12 +258,42 @@ def _sampler_epoch_calls(home: Scope, loader: str) -> list[str]:
     return found
 
 
+def _other_samplers(roles: Roles, home: Scope, loader: str) -> list[str]:
+    """The samplers `loader` may be built with, besides torch's own (`RASampler` of the script's
+    package beside a DistributedSampler, in DeiT): as written, in order, once each."""
+    empty = cst.Module([])
+    found: list[str] = []
+    for scope, call in loader_calls(roles, home, loader):
+        for value in sampler_values(roles, scope, call):
+            if type(value) is not cst.Call:
+                continue
+            qualified = roles.facts.aliases.qualify(value.func) or ""
+            if qualified.startswith("torch."):
+                continue
+            shown = empty.code_for_node(value.func)
+            if shown not in found:
+                found.append(shown)
+    return found
+
+
 def apply(roles: Roles, plan: EditPlan) -> None:
     home = roles.home
     if home is None or not (roles.models or roles.optimizers):
         return
     for name, loop in roles.rank_sampled.items():
         if name not in plan.unsharded_loaders:
+            others = _other_samplers(roles, home, name)
+            if others:
+                shown = ", ".join(f"`{o}(...)`" for o in others)
+                plan.report(
+                    CODE,
+                    loop,
+                    f"`{name}` already shards the data by rank (a DistributedSampler, or {shown}, not torch's, which "
+                    "may do more than shard: repeated augmentation, say); preparing it "
+                    "would shard twice, so it was not prepared and it is sampled as before. Keep the samplers as "
+                    f"they are: `prepare` has no equivalent of {shown}",
+                )
+                continue
             plan.report(
                 CODE,
                 loop,
