@@ -153,7 +153,9 @@ Leaves alone:
     where the model is prepared (it is not prepared, so every process would see all the data: the
     report says to build the batches with a DataLoader, which is then prepared), a loader still
     sharded by a `DistributedSampler`
-    (when AM007 is off: preparing it would shard twice), and a training step that no DataLoader
+    (when AM007 is off: preparing it would shard twice; where it may also be built with a sampler
+    not of torch, DeiT's `RASampler` for repeated augmentation, the note says to keep the samplers),
+    and a training step that no DataLoader
     feeds (every process would train on the same data; not when the model's whole input is drawn
     from a global generator the file never seeds, `model(torch.randn(20, 10))`, `np.random.rand`,
     `random`, or rows picked by such a draw, `data[torch.randint(0, n, (b,))]`: each process then draws data of its own, as the original drew its own; seeded, drawn
