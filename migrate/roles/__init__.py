@@ -46,6 +46,7 @@ from migrate.roles.loaders import (
     report_unsharded_training,
     sampler_values,
 )
+from migrate.roles.hidden_step import find_hidden_steps
 from migrate.roles.model import Finding, Origin, Roles
 from migrate.roles.optimizers import (
     find_existing_accelerator,
@@ -96,6 +97,7 @@ def _find_roles(roles: Roles) -> None:
     if roles.home is None or built_in_a_class_body(roles):
         return
     find_models(roles)
+    find_hidden_steps(roles)
     find_loaders(roles)
     if roles.refused or is_library_module(roles):
         return

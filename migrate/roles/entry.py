@@ -17,9 +17,11 @@ from migrate.roles.model import ACCELERATOR, PREPARE, Finding, Roles, transitive
 
 def training_functions(roles: Roles) -> set[Scope]:
     """The functions (and methods) that call backward, directly or through others they call
-    (a callable object's `__call__` included, see `Roles.runs`)."""
+    (a callable object's `__call__` included, see `Roles.runs`), or that call an object the
+    migration cannot read that runs the backward and the step (`Roles.hidden_steps`)."""
     units = [s for s in roles.facts.scopes if s.is_function]
-    return transitive_callers(units, {scope for scope in units if scope.backwards}, roles.runs)
+    hidden = {id(scope) for scope, _ in roles.hidden_steps}
+    return transitive_callers(units, {scope for scope in units if scope.backwards or id(scope) in hidden}, roles.runs)
 
 
 def is_library_module(roles: Roles) -> bool:

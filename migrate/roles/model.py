@@ -155,6 +155,10 @@ class Roles:
     group_flag: "tuple[cst.If, cst.BaseExpression] | None" = None
     # `self.model = DDP(self.model)` in a trainer class handed the prepared model: AM007 removes it
     class_wrappers: list["ClassWrapper"] = field(default_factory=list)
+    # `loss_scaler(loss, optimizer, clip_grad=...)`: an object the migration cannot read that is
+    # handed the loss and the optimizer and runs the backward and the step, where no `.backward()`
+    # shows anywhere (`migrate.roles.hidden_step`): the training step, kept as it is
+    hidden_steps: list[tuple[Scope, CallSite]] = field(default_factory=list)
     _training_functions: set[Scope] = field(default_factory=set)
     _called_objects: dict[tuple[int, str], "Scope | None"] = field(default_factory=dict)
     # `can_reach` per (scope, accelerator scope), by ids: every rule asks it of every scope.

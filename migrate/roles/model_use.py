@@ -132,6 +132,24 @@ def hidden_step_calls(roles: Roles, scope: Scope) -> list[CallSite]:
     ]
 
 
+def unread_step_function_calls(roles: Roles, scope: Scope) -> list[CallSite]:
+    """Calls in a loop of `scope` of a function of a module outside the run that are handed a name
+    the same loop computes and another one it does not (`scaled_step(loss, optimizer)` imported from
+    a package: the step, when no `.backward()` shows), as call sites named by their qualified name.
+    `get_state_dict(model_ema)` or `math.isfinite(loss_value)` (one argument) are not."""
+    found: list[CallSite] = []
+    for call in scope.library_calls:
+        if not call.loops or not unread_function(roles, scope, call.call):
+            continue
+        loop = call.loops[-1].node
+        names = [arg.value.value for arg in call.call.args if type(arg.value) is cst.Name]
+        in_loop = [n for n in names if any(
+            any(ref.stmt is loop for ref in b.where.path) for b in scope.bindings.get(n, []))]
+        if in_loop and len(in_loop) < len(names):
+            found.append(CallSite(call.qualified, call.call, call.where, call.loops))
+    return found
+
+
 def _binds_an_object(roles: Roles, scope: Scope, name: str) -> bool:
     """`name` is bound by the code (not a builtin) and none of its bindings builds a `torch.nn`
     module: `model(x)` or `criterion(out, y)` run a forward, not a hidden training step."""

@@ -28,6 +28,7 @@ from migrate.roles.model import BACKWARD, Finding, ObjectBuilder, Roles, Wrapped
 from migrate.roles.model_use import (
     called_in_training_step,
     hidden_step_calls,
+    unread_step_function_calls,
     model_arguments,
     unread_builder_models,
     unread_function,
@@ -91,7 +92,7 @@ def stepped_factory_results(roles: Roles) -> list[tuple[Scope, Binding]]:
             # No `.backward()` anywhere: the step is hidden in an object the loop calls
             # (`loss_scaler(loss, optimizer, ...)`, timm's NativeScaler); an argument of such a
             # call in a loop is what it steps (reported by `report_hidden_training_step`).
-            for call in hidden_step_calls(roles, scope):
+            for call in (*hidden_step_calls(roles, scope), *unread_step_function_calls(roles, scope)):
                 for arg in call.call.args:
                     if type(arg.value) is cst.Name:
                         for origin, bound in roles.origins(scope, arg.value.value) or ():
@@ -128,7 +129,7 @@ def stepped_factory_results(roles: Roles) -> list[tuple[Scope, Binding]]:
                     continue
                 found.append((scope, binding))
                 if (id(scope), name) in hiding:
-                    _refuse_hidden_step(roles, binding, value, hiding[(id(scope), name)])
+                    pass  # the step is the call that hides it (`migrate.roles.hidden_step`)
                 elif not any(called_in_training_step(roles, scope, model) for model in models):
                     _refuse_untrained_factory_model(roles, binding, value, models)
     return found

@@ -19,7 +19,7 @@ from migrate.roles.model import BACKWARD, DISTRIBUTED, MIXED_PRECISION, PREPARE,
 
 def report_hidden_training_step(roles: Roles) -> None:
     """An optimizer and a model but no `.backward()`: the step is hidden in another module."""
-    if any(scope.backwards for scope in roles.facts.scopes) or not roles.models:
+    if any(scope.backwards for scope in roles.facts.scopes) or not roles.models or roles.hidden_steps:
         return
     if any(loop.has_backward for scope in roles.facts.scopes for loop in scope.loops) or roles.accelerator_exists:
         return  # already migrated: `accelerator.backward(...)`, maybe in a helper method outside the loop

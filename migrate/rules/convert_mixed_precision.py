@@ -85,7 +85,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     autocasts = [(scope, c) for scope in facts.scopes for c in scope.library_calls if c.qualified in _AUTOCASTS]
     if not scalers and not autocasts:
         return
-    if _held_by_an_object(plan, scalers):
+    if _held_by_an_object(plan, scalers) or _held_by_the_hidden_step(roles, plan, autocasts):
         return
     precision = _precision(roles, scalers, autocasts, plan)
     if precision is None:
@@ -151,6 +151,26 @@ def _held_by_an_object(plan: EditPlan, scalers: set) -> bool:  # type: ignore[ty
         "checks gradients the prepared model already synchronised); its backward and clipping go through the "
         "accelerator. To hand precision to the Accelerator instead, remove the scaler object and use "
         "`Accelerator(mixed_precision=\"fp16\")` with `accelerator.backward(loss)`"))
+    return True
+
+
+def _held_by_the_hidden_step(roles: Roles, plan: EditPlan, autocasts: list) -> bool:  # type: ignore[type-arg]
+    """The training step runs in an object the migration cannot read (`loss_scaler(loss, optimizer,
+    ...)`, timm's NativeScaler, `migrate.roles.hidden_step`): its own GradScaler scales the loss of
+    the autocast forward, so the autocasts are kept as they are (converted, they would run fp16
+    under an Accelerator whose own scaler the hidden step never uses). Reported at the first one."""
+    if not roles.hidden_steps:
+        return False
+    if autocasts:
+        step = roles.hidden_steps[0][1]
+        code = " ".join(cst.Module([]).code_for_node(step.call.func).split())
+        plan.report(CODE, autocasts[0][1].call, (
+            f"the training step runs inside `{code}(...)`, an object the migration cannot read that is handed "
+            "the loss and the optimizer (a loss scaler scaling the loss for this autocast itself): the AMP code "
+            "was kept as it is, and is correct under `accelerator.prepare` (its backward all-reduces through the "
+            "prepared model). To hand precision to the Accelerator instead, replace the call by `loss.backward()`, "
+            "the clipping (`torch.nn.utils.clip_grad_norm_`) and `optimizer.step()` and run the migration again: "
+            "the autocast then goes to `Accelerator(mixed_precision=...)`"))
     return True
 
 

@@ -153,7 +153,9 @@ Leaves alone:
     where the model is prepared (it is not prepared, so every process would see all the data: the
     report says to build the batches with a DataLoader, which is then prepared), a loader still
     sharded by a `DistributedSampler`
-    (when AM007 is off: preparing it would shard twice), and a training step that no DataLoader
+    (when AM007 is off: preparing it would shard twice; where it may also be built with a sampler
+    not of torch, DeiT's `RASampler` for repeated augmentation, the note says to keep the samplers),
+    and a training step that no DataLoader
     feeds (every process would train on the same data; not when the model's whole input is drawn
     from a global generator the file never seeds, `model(torch.randn(20, 10))`, `np.random.rand`,
     `random`, or rows picked by such a draw, `data[torch.randint(0, n, (b,))]`: each process then draws data of its own, as the original drew its own; seeded, drawn
@@ -228,7 +230,7 @@ import libcst as cst
 
 from migrate.analysis import LibraryCall, Scope, StmtRef
 from migrate.edits import EditPlan
-from migrate.roles import Roles
+from migrate.roles import Roles, loader_calls, sampler_values
 from migrate.roles.calls import RNG_DRAWS, RNG_SEEDS
 from migrate.roles.model import WrappedOptimizer
 from migrate.roles.placement import first_code_statement
@@ -258,12 +260,42 @@ def _sampler_epoch_calls(home: Scope, loader: str) -> list[str]:
     return found
 
 
+def _other_samplers(roles: Roles, home: Scope, loader: str) -> list[str]:
+    """The samplers `loader` may be built with, besides torch's own (`RASampler` of the script's
+    package beside a DistributedSampler, in DeiT): as written, in order, once each."""
+    empty = cst.Module([])
+    found: list[str] = []
+    for scope, call in loader_calls(roles, home, loader):
+        for value in sampler_values(roles, scope, call):
+            if type(value) is not cst.Call:
+                continue
+            qualified = roles.facts.aliases.qualify(value.func) or ""
+            if qualified.startswith("torch."):
+                continue
+            shown = empty.code_for_node(value.func)
+            if shown not in found:
+                found.append(shown)
+    return found
+
+
 def apply(roles: Roles, plan: EditPlan) -> None:
     home = roles.home
     if home is None or not (roles.models or roles.optimizers):
         return
     for name, loop in roles.rank_sampled.items():
         if name not in plan.unsharded_loaders:
+            others = _other_samplers(roles, home, name)
+            if others:
+                shown = ", ".join(f"`{o}(...)`" for o in others)
+                plan.report(
+                    CODE,
+                    loop,
+                    f"`{name}` already shards the data by rank (a DistributedSampler, or {shown}, not torch's, which "
+                    "may do more than shard: repeated augmentation, say); preparing it "
+                    "would shard twice, so it was not prepared and it is sampled as before. Keep the samplers as "
+                    f"they are: `prepare` has no equivalent of {shown}",
+                )
+                continue
             plan.report(
                 CODE,
                 loop,

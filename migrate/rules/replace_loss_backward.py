@@ -41,11 +41,21 @@ Leaves alone:
     own task), and a stop test on the step's loss (reduced by AM011 once migrated; bind it to a
     name first when the test reads `loss.item()` itself); a script that shows none may only
     compute gradients (of its inputs, say); otherwise the file reads as a library module. Also reported: an optimizer built in a file with
-    no `.backward()` at all (the step is hidden in another module, e.g. a trainer or a loss-scaler
-    object). When no `.backward()` shows anywhere and a loop hands a factory-built optimizer to an
-    object the migration cannot read (`loss_scaler(loss, optimizer, clip_grad=...)`, timm's
-    NativeScaler running the backward and the step), the file is left as it is, reported at that
-    call: call `loss.backward()`, clip and `optimizer.step()` in its place and run again.
+    no `.backward()` at all (the step is hidden in another module, e.g. a trainer).
+
+Training step inside an object the migration cannot read:
+    When no `.backward()` shows anywhere and a loop hands the optimizer and a loss computed from a
+    forward of the model to an object or a function of a module outside the run
+    (`loss_scaler(loss, optimizer, clip_grad=max_norm, parameters=model.parameters())`, timm's
+    NativeScaler running the backward, the clipping and the step; `scaled_step(loss, optimizer)`),
+    that call is the training step (`migrate/roles/hidden_step.py`): it is kept as it is, its loop
+    is a training loop and the model, the optimizer and the loaders are prepared as for a visible
+    backward. With the model prepared (DDP on N processes) its plain backward all-reduces the
+    gradients as the original's DDP did; its own AMP (the scaler inside it, the autocast around
+    the forward) is kept (AM006). `--mixed-precision` and a sharding `--strategy` need the
+    backward to go through the Accelerator: the file is then left as it is, reported at the call.
+    A call handed the optimizer but nothing computed from a forward of the model is reported (the
+    file is left as it is): call `loss.backward()` and `optimizer.step()` where the loss is computed.
 
 Fix safety:
     Safe: `accelerator.backward(loss)` calls `loss.backward()` when no scaling applies.
