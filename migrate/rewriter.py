@@ -153,6 +153,8 @@ class Rewriter(Transformer):
                 replacement = _drop_trivial(new)
             elif type(original) is cst.SimpleStatementLine and plan.remove_small.intersection(original.body):
                 replacement = _without(original, new, plan.remove_small)
+            elif original in plan.unwrap_with and type(original) is cst.With and type(new) is cst.With:
+                replacement, lost = _unwrapped(original, new, plan.unwrap_with[original])
             else:
                 replacement = [new]
             if type(original) is cst.SimpleStatementLine and any(s in plan.replace_small for s in original.body):
@@ -214,6 +216,32 @@ def _lost_comments(original: cst.BaseStatement, replacement: list[cst.BaseStatem
         else:
             lost.append(line)
     return lost
+
+
+def _unwrapped(
+    original: cst.With, new: cst.With, removed: set[cst.WithItem]
+) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+    """`new` (the rewritten `original`) without the items `removed` names; with none left, its body
+    (dedented: libcst indents relative to the block) in its place, the comments of the `with` line
+    and of the end of its body kept above and after it."""
+    kept = [item for item, before in zip(new.items, original.items) if before not in removed]
+    if kept:
+        last = kept[-1]
+        if last.comma is not cst.MaybeSentinel.DEFAULT:
+            kept[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        if new.lpar is not cst.MaybeSentinel.DEFAULT and len(kept) == 1:
+            new = new.with_changes(lpar=cst.MaybeSentinel.DEFAULT, rpar=cst.MaybeSentinel.DEFAULT)
+        return [new.with_changes(items=kept)], []
+    body = new.body
+    if type(body) is not cst.IndentedBlock:  # `with x: stmt` on one line
+        return [cst.SimpleStatementLine(body.body, leading_lines=new.leading_lines)], []
+    stmts = list(body.body)
+    above = list(new.leading_lines)
+    if body.header.comment is not None:  # `with torch.cuda.device(i):  # note`
+        above.append(cst.EmptyLine(comment=body.header.comment))
+    stmts[0] = stmts[0].with_changes(leading_lines=[*above, *stmts[0].leading_lines])
+    footer = [line for line in body.footer if line.comment is not None]
+    return stmts, footer
 
 
 def _main_process_only(stmt: cst.BaseStatement, guard: cst.BaseStatement | None) -> list[cst.BaseStatement]:
