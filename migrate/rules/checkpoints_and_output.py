@@ -292,6 +292,32 @@ def apply(roles: Roles, plan: EditPlan) -> None:
 _FORMATTING = frozenset({"str", "repr", "len", "round", "int", "float", "vars", "sorted", "type", "format", "abs"})
 
 
+def _environ_spelling(module: cst.CSTNode) -> str | None:
+    """How the module's own top-level imports spell `os.environ` (`os.environ`, `system.environ`
+    for `import os as system`, `environ` for `from os import environ`); None when they import
+    neither (the import aliases of a unit are merged over its modules: not those)."""
+    if not isinstance(module, cst.Module):
+        return None
+    for stmt in module.body:
+        if type(stmt) is not cst.SimpleStatementLine:
+            continue
+        for small in stmt.body:
+            if type(small) is cst.Import:
+                for alias in small.names:
+                    if type(alias.name) is cst.Name and alias.name.value == "os":
+                        local = alias.asname.name if alias.asname is not None else alias.name
+                        if type(local) is cst.Name:
+                            return f"{local.value}.environ"
+            elif type(small) is cst.ImportFrom and type(small.module) is cst.Name and small.module.value == "os" \
+                    and not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    if type(alias.name) is cst.Name and alias.name.value == "environ":
+                        local = alias.asname.name if alias.asname is not None else alias.name
+                        if type(local) is cst.Name:
+                            return local.value
+    return None
+
+
 def _in_handler(where: StmtRef) -> bool:
     """The statement runs in an `except` block: an error one process may meet alone, which that
     process must still report."""
@@ -342,10 +368,7 @@ def _launcher_rank_prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     sites = [site for site in scope.calls if site.callee == "print" and not scope.binds("print")]
     if not sites or roles.facts.patches_print:
         return
-    aliases = roles.facts.aliases
-    os_names = aliases.local_names_for("os")
-    environ_names = aliases.local_names_for("os.environ")
-    environ = f"{os_names[0]}.environ" if os_names else environ_names[0] if environ_names else None
+    environ = _environ_spelling(roles.facts.module_scope.node)
     opened: tuple[cst.BaseStatement, cst.BaseStatement] | None = None  # (last guarded print, first of its `if`)
     for site in sites:
         stmt = site.where.stmt
