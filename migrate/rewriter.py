@@ -229,9 +229,10 @@ def _unwrapped(
         last = kept[-1]
         if last.comma is not cst.MaybeSentinel.DEFAULT:
             kept[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        if new.lpar is not cst.MaybeSentinel.DEFAULT and len(kept) == 1:
-            new = new.with_changes(lpar=cst.MaybeSentinel.DEFAULT, rpar=cst.MaybeSentinel.DEFAULT)
-        return [new.with_changes(items=kept)], []
+        # comments written beside a removed item (`torch.cuda.device(0),  # the first GPU`) go above
+        dropped = [item for item, before in zip(new.items, original.items) if before in removed]
+        above = [cst.EmptyLine(comment=c) for item in dropped for c in _comments(item)]
+        return [new.with_changes(items=kept, leading_lines=[*new.leading_lines, *above])], []
     body = new.body
     if type(body) is not cst.IndentedBlock:  # `with x: stmt` on one line
         return [cst.SimpleStatementLine(body.body, leading_lines=new.leading_lines)], []
@@ -242,6 +243,17 @@ def _unwrapped(
     stmts[0] = stmts[0].with_changes(leading_lines=[*above, *stmts[0].leading_lines])
     footer = [line for line in body.footer if line.comment is not None]
     return stmts, footer
+
+
+def _comments(node: cst.CSTNode) -> list[cst.Comment]:
+    found: list[cst.Comment] = []
+
+    class Comments(cst.CSTVisitor):
+        def visit_Comment(self, comment: cst.Comment) -> None:
+            found.append(comment)
+
+    node.visit(Comments())
+    return found
 
 
 def _main_process_only(stmt: cst.BaseStatement, guard: cst.BaseStatement | None) -> list[cst.BaseStatement]:
