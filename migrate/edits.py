@@ -48,6 +48,9 @@ class EditPlan:
     new_params: dict[cst.FunctionDef, bool] = edits(dict)  # value: keyword-only
     new_args: dict[cst.Call, bool] = edits(dict)  # value: pass by keyword
     wrap_loop_body: dict[cst.For, cst.BaseExpression] = edits(dict)  # `with <expr>:`
+    # `with` statements losing some of their items (original `WithItem`s): with none left, the
+    # body takes the statement's place, dedented (`with torch.cuda.device(i):` under the Accelerator).
+    unwrap_with: dict[cst.BaseStatement, set[cst.WithItem]] = edits(dict)
     accelerator_kwargs: dict[str, str] = field(default_factory=dict)  # Accelerator(name=code)
     # Accelerator(name=...) arguments that read names of the script (`args.amp`): written only
     # where those names are bound when the Accelerator is created.

@@ -153,6 +153,8 @@ class Rewriter(Transformer):
                 replacement = _drop_trivial(new)
             elif type(original) is cst.SimpleStatementLine and plan.remove_small.intersection(original.body):
                 replacement = _without(original, new, plan.remove_small)
+            elif original in plan.unwrap_with and type(original) is cst.With and type(new) is cst.With:
+                replacement, lost = _unwrapped(original, new, plan.unwrap_with[original])
             else:
                 replacement = [new]
             if type(original) is cst.SimpleStatementLine and any(s in plan.replace_small for s in original.body):
@@ -214,6 +216,44 @@ def _lost_comments(original: cst.BaseStatement, replacement: list[cst.BaseStatem
         else:
             lost.append(line)
     return lost
+
+
+def _unwrapped(
+    original: cst.With, new: cst.With, removed: set[cst.WithItem]
+) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+    """`new` (the rewritten `original`) without the items `removed` names; with none left, its body
+    (dedented: libcst indents relative to the block) in its place, the comments of the `with` line
+    and of the end of its body kept above and after it."""
+    kept = [item for item, before in zip(new.items, original.items) if before not in removed]
+    if kept:
+        last = kept[-1]
+        if last.comma is not cst.MaybeSentinel.DEFAULT:
+            kept[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        # comments written beside a removed item (`torch.cuda.device(0),  # the first GPU`) go above
+        dropped = [item for item, before in zip(new.items, original.items) if before in removed]
+        above = [cst.EmptyLine(comment=c) for item in dropped for c in _comments(item)]
+        return [new.with_changes(items=kept, leading_lines=[*new.leading_lines, *above])], []
+    body = new.body
+    if type(body) is not cst.IndentedBlock:  # `with x: stmt` on one line
+        return [cst.SimpleStatementLine(body.body, leading_lines=new.leading_lines)], []
+    stmts = list(body.body)
+    above = list(new.leading_lines)
+    if body.header.comment is not None:  # `with torch.cuda.device(i):  # note`
+        above.append(cst.EmptyLine(comment=body.header.comment))
+    stmts[0] = stmts[0].with_changes(leading_lines=[*above, *stmts[0].leading_lines])
+    footer = [line for line in body.footer if line.comment is not None]
+    return stmts, footer
+
+
+def _comments(node: cst.CSTNode) -> list[cst.Comment]:
+    found: list[cst.Comment] = []
+
+    class Comments(cst.CSTVisitor):
+        def visit_Comment(self, comment: cst.Comment) -> None:
+            found.append(comment)
+
+    node.visit(Comments())
+    return found
 
 
 def _main_process_only(stmt: cst.BaseStatement, guard: cst.BaseStatement | None) -> list[cst.BaseStatement]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from migrate.analysis import Binding
-from migrate.names import root_name
+from migrate.names import instance_attribute, root_name
 
 if TYPE_CHECKING:
     from migrate.roles.model import Roles
@@ -73,13 +73,19 @@ def is_self_move(binding: Binding) -> bool:
     if type(value) is not cst.Call:
         return False
     if type(value.func) is cst.Attribute and value.func.attr.value in ("to", "cuda", "eval", "train"):
-        return root_name(value.func.value) == binding.name
+        return _spelled(value.func.value) == binding.name
     name = value.func.attr.value if type(value.func) is cst.Attribute else getattr(value.func, "value", "")
     return (
         name in ("DDP", "DistributedDataParallel", "DataParallel", "FSDP", "FullyShardedDataParallel")
         and bool(value.args)
-        and root_name(value.args[0].value) == binding.name
+        and _spelled(value.args[0].value) == binding.name
     )
+
+
+def _spelled(expr: cst.BaseExpression) -> str | None:
+    """The name a binding of `expr` is tracked by: `model` for `model` (or `model.x`), `self.model`
+    for `self.model` (`self.model = DDP(self.model)` wraps the attribute itself)."""
+    return instance_attribute(expr) or root_name(expr)
 
 
 def is_accelerator_device(expr: cst.BaseExpression) -> bool:

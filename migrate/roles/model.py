@@ -222,8 +222,16 @@ class Roles:
                     continue
                 value = binding.value
                 inner = value.func.value if is_move_call(value) else value
+                key = _keyword_read(method, inner)
+                if key is not None and method is not self.home:
+                    # `self.model = kwargs['model']` in a constructor taking `**kwargs`: what its
+                    # callers pass as `model=`.
+                    sub = self._keyword_origins(method, key, seen)
+                    if sub is None:
+                        return None
+                    found |= sub
                 # In the function that prepares (home), the attribute itself is what gets prepared.
-                if isinstance(inner, cst.Name) and method is not self.home:
+                elif isinstance(inner, cst.Name) and method is not self.home:
                     sub = self.origins(method, inner.value, seen)
                     if sub is None:
                         return None
@@ -231,6 +239,25 @@ class Roles:
                 else:
                     found.add((method, name))
         return found or None
+
+    def _keyword_origins(self, scope: Scope, key: str, seen: frozenset[tuple[int, str]]) -> set[Origin] | None:
+        """What every caller of `scope` passes as `key=` into its `**kwargs`; None when a caller
+        passes something else (or unpacks a mapping), or no caller is known."""
+        sites = self.call_sites(scope)
+        if not sites or not self._is_callable_unit(scope):
+            return None
+        found: set[Origin] = set()
+        for caller, call in sites:
+            if any(arg.star for arg in call.args):
+                return None
+            arg = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == key), None)
+            if not isinstance(arg, cst.Name):
+                return None
+            sub = self.origins(caller, arg.value, seen)
+            if sub is None:
+                return None
+            found |= sub
+        return found
 
     def methods_of(self, scope: Scope) -> list[Scope] | None:
         """The methods of the class `scope` is a method of (None when it is not a method)."""
@@ -499,6 +526,26 @@ def _enclosing_scopes(scope: Scope) -> list[Scope]:
         found.append(current)
         current = _enclosing_function_or_module(current)
     return found
+
+
+def _keyword_read(scope: Scope, expr: cst.BaseExpression | None) -> str | None:
+    """`kwargs["model"]` / `kwargs.get("model")` / `kwargs.pop("model")` on the `**kwargs` of
+    `scope`'s function: "model"."""
+    node = scope.node
+    star = node.params.star_kwarg if isinstance(node, cst.FunctionDef) else None
+    if not isinstance(star, cst.Param):
+        return None
+    kwargs = star.name.value
+    key: cst.BaseExpression | None = None
+    if type(expr) is cst.Subscript and type(expr.value) is cst.Name and expr.value.value == kwargs \
+            and len(expr.slice) == 1 and type(expr.slice[0].slice) is cst.Index:
+        key = expr.slice[0].slice.value
+    elif type(expr) is cst.Call and type(expr.func) is cst.Attribute and type(expr.func.value) is cst.Name \
+            and expr.func.value.value == kwargs and expr.func.attr.value in ("get", "pop") and len(expr.args) == 1:
+        key = expr.args[0].value
+    if type(key) is cst.SimpleString and isinstance(key.evaluated_value, str):
+        return key.evaluated_value
+    return None
 
 
 def _enclosing_function_or_module(scope: Scope) -> Scope | None:

@@ -29,6 +29,11 @@ Example:
     (on one process the prepared model is the bare module, which has no `no_sync`)
 
 Leaves alone:
+    A loop whose body names no prepared model, neither itself nor in the methods of its class it
+    calls (`loss = self.step(x, y)` running `self.model`): reported, never wrapped in a bare `accumulate()`,
+    which would still all-reduce every micro-step. A model handed to a trainer class through
+    `**kwargs` (`self.model = kwargs['model']`, `SimCLR(model=model, ...)`) is traced to what the
+    callers pass, and named.
     Loops already inside `accelerator.accumulate(...)`, loops over data that is not a prepared
     loader, and loops whose backward sits in a helper function (the helper's own loop, if any, is
     wrapped instead). A `require_backward_grad_sync` toggle on another condition is kept and
@@ -67,7 +72,18 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 continue
             done.add(id(loop))
             prepared = [*roles.models, *roles.model_aliases]  # an alias is what prepare binds the model to
-            models = [n for n in references_in(loop.node.body) if roles.all_in(scope, n, prepared)]
+            models = _step_models(roles, scope, loop, prepared)
+            if not models:
+                # `accumulate()` without the model would skip the optimizer step on micro-steps but
+                # still all-reduce every one of them: no half-measure, the loop is left as it is.
+                plan.report(CODE, loop.node, (
+                    "loop body not wrapped in `accelerator.accumulate(...)`: the prepared model this step "
+                    "trains is named neither in the loop nor in the methods of its class it calls (it is reached "
+                    "through another function, or through a value the migration does not trace to the prepared one), and `accumulate` needs it to skip the gradient "
+                    "all-reduce on micro-steps. It trains as before with one accumulation step; for "
+                    "`--gradient-accumulation-steps`, wrap the loop body in `with accelerator.accumulate(model):` "
+                    "with the prepared model"))
+                continue
             plan.wrap_loop_body[loop.node] = accelerator_call(
                 "accumulate", [cst.Arg(cst.parse_expression(m)) for m in models]
             )
@@ -75,6 +91,39 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             plan.change(CODE, loop.node, f"loop body wrapped in `accelerator.accumulate({', '.join(models)})`")
             gate = _manual_accumulation(roles, plan, scope, loop)
             _sync_toggles(roles, plan, scope, loop, gate)
+
+
+def _step_models(roles: Roles, scope: Scope, loop: Loop, prepared: list[str]) -> list[str]:
+    """The prepared models the loop body uses: named in it, or (`self.model`) in the methods of
+    its class that it calls (`loss = self.step(x, y)`), in first-seen order."""
+    def is_model(where: Scope, name: str) -> bool:
+        # in the function that prepares, the name prepare rebinds (also a parameter of it)
+        return roles.all_in(where, name, prepared) or (where is roles.home and name in prepared)
+
+    models: list[str] = []
+    called = {site.callee for site in scope.calls if loop in site.loops}
+    for name in references_in(loop.node.body):
+        found = [name] if is_model(scope, name) else []
+        bound = scope.bindings.get(name, [])
+        if not found and name in called and len(bound) == 1 and type(bound[0].value) is cst.Call:
+            # `runner = Wrapper(model)` called in the loop (`runner(x)`): the prepared model inside it
+            found = [a.value.value for a in bound[0].value.args
+                     if type(a.value) is cst.Name and is_model(scope, a.value.value)]
+        models += [n for n in found if n not in models]
+    methods = {m.name: m for m in roles.methods_of(scope) or []}
+    seen: set[str] = set()
+    pending = [site.callee for site in scope.calls if loop in site.loops]
+    while pending:
+        callee = pending.pop(0)
+        method = methods.get(callee.removeprefix("self.")) if callee.startswith("self.") else None
+        if method is None or callee in seen:
+            continue
+        seen.add(callee)
+        for name in references_in(method.node.body):
+            if name.startswith("self.") and name not in models and is_model(method, name):
+                models.append(name)
+        pending.extend(site.callee for site in method.calls)
+    return models
 
 
 def _training_loop(roles: Roles, scope: Scope, loops: tuple[Loop, ...], loaders: list[str]) -> Loop | None:

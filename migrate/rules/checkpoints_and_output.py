@@ -7,7 +7,17 @@ What it does:
     module, `torch.save(model, path)`, becomes `accelerator.save(accelerator.unwrap_model(model),
     path)` (the file still holds the user's module, as before: not the wrapper); a path naming the
     process's rank keeps `torch.save` (with the unwrapped model): each process saves its own file.
-    `print(...)` becomes `accelerator.print(...)`; `tqdm(...)` gets
+    `print(...)` becomes `accelerator.print(...)`; a print of the script's own module where no
+    Accelerator is in scope (at module level, `print(config)` under `if __name__ == "__main__":`,
+    or in a function that runs before the one, or the other module's class, that creates it) goes
+    under `if int(os.environ.get("RANK", "0")) == 0:` (neighbouring prints share one `if`): the
+    launcher's rank, which `accelerator.is_main_process` is made from (torchrun, `accel launch` and
+    `accelerate launch` set RANK; plain `python` is rank 0), on either target. Not Accelerate's
+    `PartialState().print`: creating the process state there would initialise the process group
+    before the script's own setup, and fix the device before the Accelerator's `cpu=` is known.
+    Only a print that formats and nothing else (its arguments call no function but `str`, `len`,
+    `"...".format` and the like: `print(epoch, train_epoch(loader))` trains, on every process) and
+    not in an `except` block (an error one process may meet alone); `tqdm(...)` gets
     `disable=not accelerator.is_local_main_process`; `model.state_dict()` on a prepared model,
     after the prepare call, goes through `accelerator.unwrap_model(model)`, and so does
     `model.load_state_dict(...)` under `--target accelerate` (Accelerate's wrapped model's keys
@@ -195,6 +205,7 @@ from migrate.analysis import Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import nested_in
+from migrate.roles.calls import is_expression_statement
 from migrate.rules.base import accelerator_call, names_read, reference
 from migrate.rules.download_main_process_first import (
     _downloading_datasets,
@@ -267,6 +278,124 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 if call.qualified in _TQDM:
                     _quiet_progress_bar(plan, scope, call.call)
             _prints(roles, plan, scope)
+    # Prints of the script's own module where no Accelerator is in scope: at module level or in a
+    # function that runs before (or without) the one that creates it (`print(config)` under
+    # `if __name__ == "__main__":`, the Accelerator created in another module's class).
+    for scope in roles.facts.scopes:
+        if (scope is roles.facts.module_scope or (scope.is_function and not scope.is_method)) \
+                and nested_in(scope, roles.facts.module_scope) and not roles.can_reach(scope):
+            _launcher_rank_prints(roles, plan, scope)
+
+
+# Calls a print's arguments may make and still only format (a print that also runs something,
+# `print(epoch, trainer.train_epoch(loader))`, must run on every process).
+_FORMATTING = frozenset({"str", "repr", "len", "round", "int", "float", "vars", "sorted", "type", "format", "abs"})
+
+
+def _environ_spelling(module: cst.CSTNode) -> str | None:
+    """How the module's own top-level imports spell `os.environ` (`os.environ`, `system.environ`
+    for `import os as system`, `environ` for `from os import environ`); None when they import
+    neither (the import aliases of a unit are merged over its modules: not those)."""
+    if not isinstance(module, cst.Module):
+        return None
+    for stmt in module.body:
+        if type(stmt) is not cst.SimpleStatementLine:
+            continue
+        for small in stmt.body:
+            if type(small) is cst.Import:
+                for alias in small.names:
+                    if type(alias.name) is cst.Name and alias.name.value == "os":
+                        local = alias.asname.name if alias.asname is not None else alias.name
+                        if type(local) is cst.Name:
+                            return f"{local.value}.environ"
+            elif type(small) is cst.ImportFrom and type(small.module) is cst.Name and small.module.value == "os" \
+                    and not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    if type(alias.name) is cst.Name and alias.name.value == "environ":
+                        local = alias.asname.name if alias.asname is not None else alias.name
+                        if type(local) is cst.Name:
+                            return local.value
+    return None
+
+
+def _in_handler(where: StmtRef) -> bool:
+    """The statement runs in an `except` block: an error one process may meet alone, which that
+    process must still report."""
+    for ref in where.path:
+        if type(ref.stmt) in (cst.Try, cst.TryStar):
+            for handler in ref.stmt.handlers:  # type: ignore[union-attr]
+                found: list[bool] = []
+
+                class Find(Visitor):
+                    def on_visit(self, node: cst.CSTNode) -> bool:
+                        if node is where.stmt:
+                            found.append(True)
+                        return not found
+
+                walk(handler, Find())
+                if found:
+                    return True
+    return False
+
+
+def _only_formats(call: cst.Call) -> bool:
+    """The print's arguments call nothing but formatting builtins and `"...".format(...)`."""
+    found: list[cst.CSTNode] = []
+
+    class Effects(Visitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if type(func) is cst.Name and func.value in _FORMATTING:
+                return
+            if type(func) is cst.Attribute and func.attr.value == "format" and type(func.value) is cst.SimpleString:
+                return
+            found.append(node)
+
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            found.append(node)
+
+    for arg in call.args:
+        walk(arg, Effects())
+    return not found
+
+
+def _launcher_rank_prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
+    """`print(...)` as a statement of its own -> `if int(os.environ.get("RANK", "0")) == 0:
+    print(...)`: the launcher's rank, which the Accelerator's `is_main_process` is made from (RANK
+    is set by torchrun, `accel launch` and `accelerate launch`; plain `python` sets none: rank 0).
+    Creating process state here instead (Accelerate's `PartialState().print`) would initialise the
+    process group before the script's own setup or the Accelerator's `cpu=` choice."""
+    sites = [site for site in scope.calls if site.callee == "print" and not scope.binds("print")]
+    if not sites or roles.facts.patches_print:
+        return
+    environ = _environ_spelling(roles.facts.module_scope.node)
+    opened: tuple[cst.BaseStatement, cst.BaseStatement] | None = None  # (last guarded print, first of its `if`)
+    for site in sites:
+        stmt = site.where.stmt
+        if _rank_guarded(site.where) or _says_its_rank(site.call) or _patched_print_call(site.call) \
+                or not is_expression_statement(stmt, site.call) or stmt in plan.replace_stmt \
+                or stmt in plan.main_process_only or not _only_formats(site.call) or _in_handler(site.where):
+            continue
+        if environ is None:
+            plan.imports.add(("os", "environ"))
+            environ = "environ"
+        inner = stmt.with_changes(leading_lines=[])
+        block = site.where.block.body
+        index = next(i for i, b in enumerate(block) if b is stmt)
+        if opened is not None and index > 0 and block[index - 1] is opened[0]:
+            # the print right before is guarded already: one `if` for both
+            first, guard = opened[1], plan.replace_stmt[opened[1]][0]
+            assert type(guard) is cst.If and type(guard.body) is cst.IndentedBlock
+            body = guard.body
+            plan.replace_stmt[first] = [guard.with_changes(body=body.with_changes(body=[*body.body, stmt]))]
+            plan.replace_stmt[stmt] = []
+            opened = (stmt, first)
+        else:
+            test = cst.parse_expression(f'int({environ}.get("RANK", "0")) == 0')
+            plan.replace_stmt[stmt] = [cst.If(test=test, body=cst.IndentedBlock([inner]), leading_lines=stmt.leading_lines)]
+            opened = (stmt, stmt)
+        plan.change(CODE, site.call, "`print` runs where no Accelerator exists yet: on the launcher's rank 0 only "
+                    "(`RANK`, which `accelerator.is_main_process` is made from)")
 
 
 

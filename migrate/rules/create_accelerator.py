@@ -99,6 +99,16 @@ What it does:
     GPU 0; pick the GPU with `CUDA_VISIBLE_DEVICES`. Not for index 0 (what `accelerator.device` is
     on one process) nor for an index read from the process's rank (`f"cuda:{local_rank}"`, a
     spawned worker's own parameter): the Accelerator gives each process its GPU the same way.
+    A `with torch.cuda.device(i):` or `with torch.cuda.device_of(tensor):` that runs once the
+    Accelerator exists (after its creation in the same function, or in a function only called
+    from there) goes, its body kept and dedented (`with torch.cuda.device(i), other():` keeps
+    `with other():`): the Accelerator makes each process's own GPU the current device
+    (`torch.cuda.set_device(local_rank)`, as HF Accelerate does), where the prepared objects are;
+    inside the block every process would make GPU `i` current instead (a CUDA context on that GPU
+    each) and a bare `.cuda()` / `"cuda"` in the body would land there, away from the prepared
+    model. Without the block they land on the process's own GPU, as the prepared model does. An
+    index other than 0 or the process's rank is reported as above: it is no longer honoured.
+    A `with` that runs before the Accelerator exists is AM007's (kept and reported).
     A device choice that can pick Apple's `mps` or Intel's `xpu` (`"mps" if
     torch.backends.mps.is_available() else "cpu"`, an `elif` branch choosing `"mps"`,
     `torch.device("xpu")`, `torch.accelerator.current_accelerator()`) becomes `accelerator.device`
@@ -171,11 +181,14 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if not plan.uses_accelerator:
         return
     if not roles.accelerator_exists:
-        _create(roles, plan, plan.target)
+        place = _create(roles, plan, plan.target)
+        if place is not None:
+            _drop_current_device(roles, plan, place)
     _thread_parameter(roles, plan)
 
 
-def _create(roles: Roles, plan: EditPlan, target: str) -> None:
+def _create(roles: Roles, plan: EditPlan, target: str) -> tuple[Sequence[cst.BaseStatement], int] | None:
+    """Create the Accelerator; return the block and index before which it goes (None: not created)."""
     cpu = _cpu_flag(roles)
     binding = roles.device_binding
     scope = roles.accelerator_scope
@@ -203,11 +216,11 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
             message = (f"created the Accelerator where `{cst.Module([]).code_for_node(first.test)}` is known: every "
                        f"device move of the script is switched by it, so `cpu={cpu[0]}`")
     else:
-        return
+        return None
     body = _scope_body(roles, scope)
     chain = _chain(body, default)
     if chain is None:
-        return
+        return None
     place = _placement(roles, plan, scope, chain, default)
     block, index = place
     if cpu is not None and "cpu" not in plan.accelerator_kwargs and _bound_before(cpu[1], scope, block, index):
@@ -311,6 +324,7 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> None:
     if target == "runtime":
         _report_other_accelerators(roles, plan)
     _report_visible_devices(roles, plan)
+    return place
 
 
 _DDP_CODE = "AM007"  # remove-distributed-boilerplate removed the wrap and asked for its options
@@ -443,6 +457,53 @@ def _keep_setup_call(
 
 
 _RANK = re.compile(r"rank", re.IGNORECASE)
+# Context managers that make a GPU the current CUDA device for their block.
+_CURRENT_DEVICE = frozenset({"torch.cuda.device", "torch.cuda.device_of"})
+
+
+def _drop_current_device(roles: Roles, plan: EditPlan, place: tuple[Sequence[cst.BaseStatement], int]) -> None:
+    """`with torch.cuda.device(i):` / `with torch.cuda.device_of(t):` that runs once the
+    Accelerator exists: the item goes (its body is kept, dedented, when it was the only item). The
+    Accelerator makes each process's own GPU current (`torch.cuda.set_device(local_rank)`, as HF
+    Accelerate does), where the prepared objects are; inside the block every process would make GPU
+    `i` current instead (a CUDA context on it each), and a bare `"cuda"` / `.cuda()` in the body
+    would land there, away from the prepared model. A GPU named by an index that is neither 0 nor
+    the process's rank is reported: that index is no longer honoured."""
+    empty = cst.Module([])
+    for scope in roles.facts.scopes:
+        if not roles.can_reach(scope):
+            continue
+        for call in scope.library_calls:
+            stmt = call.where.stmt
+            if call.qualified not in _CURRENT_DEVICE or type(stmt) is not cst.With or stmt in plan.main_process_only \
+                    or stmt in plan.main_process_first or stmt in plan.replace_stmt:
+                continue
+            item = next((i for i in stmt.items if i.item is call.call and i.asname is None), None)
+            if item is None or (scope is roles.accelerator_scope and not _after_creation(place, call.where)):
+                continue
+            plan.unwrap_with.setdefault(stmt, set()).add(item)
+            # AM007's advice to remove it, given before the Accelerator's place was known, is done
+            plan.findings = [f for f in plan.findings if f.node is not call.call]
+            text = empty.code_for_node(call.call)
+            plan.change(CODE, call.call, f"`with {text}:` removed, its body kept: the Accelerator makes this "
+                        "process's own GPU the current device, where the prepared objects are")
+            index = empty.code_for_node(call.call.args[0].value) if call.call.args else "0"
+            if call.qualified == "torch.cuda.device" and index not in ("0", "None", "-1") \
+                    and not _RANK.search(index) and index not in scope.params:
+                flag = f" (`{index}` set to 1, say, trains on GPU 0)" if re.fullmatch(r"args\.\w+", index) else ""
+                plan.report(CODE, call.call, (
+                    f"`with {text}:` removed: every process now runs its body on its own GPU (GPU 0 on one "
+                    f"process), so the index `{index}` is no longer honoured{flag}: pick the GPU with "
+                    "`CUDA_VISIBLE_DEVICES=N`"))
+
+
+def _after_creation(place: tuple[Sequence[cst.BaseStatement], int], where: StmtRef) -> bool:
+    """In the function that creates the Accelerator: the statement at `where` runs after the
+    creation, which goes before `block[index]`: it, or a statement holding it, is that statement
+    or a later one of the same block."""
+    block, index = place
+    later = {id(stmt) for stmt in block[index:]}
+    return any(id(ref.stmt) in later for ref in (*where.path, where))
 
 
 def _report_ignored_index(roles: Roles, plan: EditPlan, scope: Scope, chosen: DeviceBinding) -> bool:

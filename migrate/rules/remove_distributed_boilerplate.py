@@ -154,10 +154,12 @@ Example:
     fully_shard(model)                              (removed)
 
 Leaves alone:
-    `with torch.cuda.device(i):` for an index that is not the process's rank (`args.gpu_index`):
+    `with torch.cuda.device(i):` for an index that is not the process's rank (`args.gpu_index`)
+    that runs before the Accelerator exists (around the call of the function that creates it):
     kept and reported, since inside it every process makes that GPU current (a CUDA context on it
     each, and tensors created on `"cuda"` land there) while the Accelerator gives each process its
-    own; the advice is to drop the `with` and keep its body.
+    own; the advice is to drop the `with` and keep its body. Where it runs after the Accelerator
+    is created, AM001 removes it.
     `mp.spawn` launchers of another shape (`migrate.roles.SpawnLaunch`): the process group set up
     in a helper that does more than the setup above, `rank=` / `world_size=` computed in other ways
     than the spawn index and the process count or the namespace shape above (the namespace's rank
