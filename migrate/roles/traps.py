@@ -297,3 +297,100 @@ def _distributed_optimizer_wrappers(roles: Roles) -> list[Finding]:
                     "wrapper and leave the model unprepared)"
                 ), unconverted=True))
     return found
+
+
+def refuse_kept_wraps(roles: Roles) -> None:
+    """A hand-written DDP / DataParallel that the training step runs, which AM007 would not remove
+    (it removes `model = DDP(model)`, the wrapper bound to the model's own name, and the second name
+    prepare binds, `roles.model_aliases`). Found from use, not from where it is written:
+
+    - a wrap in home bound to anything else (`model, opt = DDP(model), opt`, `model = DDP(model) if
+      args.distributed else model`, a second name read before the prepare point);
+    - a model of home bound from a function of the file that wraps it (`model = wrap(Net())` with
+      `def wrap(m): return DDP(m)`, `model = build(args)` whose `if args.distributed: model =
+      DDP(model)` runs before `return model`).
+
+    Kept, the wrap runs beside `accelerator.prepare(...)`: DDP without a process group under plain
+    `python`, DDP inside DDP at N processes, or a DDP the Accelerator does not know trained in place
+    of the prepared model. The file is refused on the wrap's line, with how to remove it by hand."""
+    home = roles.home
+    if home is None or not roles.models or roles.refused or roles.accelerator_exists:
+        return
+    removed = _removed_wraps(roles, home)
+    for call in home.library_calls:
+        if call.qualified not in HAND_WRAPPERS or not call.call.args or id(call.call) in removed:
+            continue
+        arg = call.call.args[0].value
+        ref = arg.value if isinstance(arg, cst.Name) else instance_attribute(arg)
+        if ref is None or ref not in roles.models:
+            continue
+        _refuse_kept_wrap(roles, call, home, ref, (
+            f"the wrapper's value is not bound to `{ref}` itself, so it cannot go as a whole here. Remove the wrap by "
+            f"hand (`{ref}` alone where the wrapped model was used: prepare wraps it), read the bare module with "
+            "`accelerator.unwrap_model(...)` instead of `.module`, and run again"))
+        return
+    for name in roles.models:
+        for binding in home.bindings.get(name, []):
+            value = binding.value
+            if not isinstance(value, cst.Call):
+                continue
+            helper = roles.facts.function_called(value)
+            if helper is None or helper is home:
+                continue
+            for call in helper.library_calls:
+                if call.qualified in HAND_WRAPPERS and call.call.args:
+                    wrapped = cst.Module([]).code_for_node(call.call.args[0].value)
+                    _refuse_kept_wrap(roles, call, helper, wrapped, (
+                        f"`{name}` in `{home.qualname}` is what `{helper.qualname}` returns, and it is wrapped there, "
+                        f"outside the function that prepares it. Return the bare model from `{helper.qualname}` "
+                        "(remove this wrap, and an `if` left empty by it: prepare wraps the model), read the bare "
+                        "module with `accelerator.unwrap_model(...)` instead of `.module`, and run again"))
+                    return
+
+
+def _removed_wraps(roles: Roles, home: Scope) -> set[int]:
+    """The wrapper calls of home that AM007 removes (`_remove_wrappers`, `alias_removal`)."""
+    found: set[int] = set()
+    for name in (*roles.models, *roles.model_aliases):
+        for binding in home.bindings.get(name, []):
+            value = binding.value
+            while (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+                   and value.func.attr.value in ("cuda", "to") and isinstance(value.func.value, cst.Call)):
+                value = value.func.value
+            conditional = wrapped_or_itself(roles, value, name)
+            if conditional is not None and isinstance(binding.where.stmt, cst.SimpleStatementLine) \
+                    and len(binding.where.stmt.body) == 1:
+                found.add(id(conditional))
+            elif isinstance(value, cst.Call):
+                found.add(id(value))
+    return found
+
+
+def wrapped_or_itself(roles: Roles, value: cst.BaseExpression | None, name: str) -> cst.Call | None:
+    """`model = DDP(model, ...) if args.distributed else model` (or the branches the other way
+    round): the wrapper call, which AM007 removes with its statement as it removes `if
+    args.distributed: model = DDP(model)`; None for any other value."""
+    if not isinstance(value, cst.IfExp):
+        return None
+    for wrapped, other in ((value.body, value.orelse), (value.orelse, value.body)):
+        bare = other.value if isinstance(other, cst.Name) else instance_attribute(other)
+        if bare != name or not isinstance(wrapped, cst.Call) or not wrapped.args:
+            continue
+        if roles.facts.aliases.qualify(wrapped.func) not in HAND_WRAPPERS:
+            continue
+        inner = wrapped.args[0].value
+        if (inner.value if isinstance(inner, cst.Name) else instance_attribute(inner)) == name:
+            return wrapped
+    return None
+
+
+def _refuse_kept_wrap(roles: Roles, call: object, scope: Scope, ref: str, advice: str) -> None:
+    qualified = call.qualified  # type: ignore[attr-defined]
+    kind = "DataParallel" if qualified.endswith(".DataParallel") else "DistributedDataParallel"
+    roles.refused = True
+    roles.findings = [Finding(DISTRIBUTED, call.call, (  # type: ignore[attr-defined]
+        f"this line wraps `{ref}` in {kind} by hand in `{scope.qualname}`, and the training step runs the wrapped "
+        "model: kept beside `accelerator.prepare(...)` it would fail under plain `python` (no process group) and "
+        "wrap the prepared model again at N processes (or train a copy the Accelerator does not know); "
+        f"the file was left as it is: {advice}"
+    ), unconverted=True)]
