@@ -155,6 +155,10 @@ class Roles:
     group_flag: "tuple[cst.If, cst.BaseExpression] | None" = None
     # `self.model = DDP(self.model)` in a trainer class handed the prepared model: AM007 removes it
     class_wrappers: list["ClassWrapper"] = field(default_factory=list)
+    # (model of home, the wrapper call, its statement in the helper, the helper): a hand wrap inside
+    # a function of the file whose return value home binds to the model (`model = wrap(Net())`,
+    # `def wrap(m): return DDP(m)`), removed there by AM007 (`migrate.roles.traps.refuse_kept_wraps`)
+    helper_wraps: list[tuple[str, cst.Call, StmtRef, Scope]] = field(default_factory=list)
     _training_functions: set[Scope] = field(default_factory=set)
     _called_objects: dict[tuple[int, str], "Scope | None"] = field(default_factory=dict)
     # `can_reach` per (scope, accelerator scope), by ids: every rule asks it of every scope.

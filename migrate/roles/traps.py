@@ -308,7 +308,8 @@ def refuse_kept_wraps(roles: Roles) -> None:
       args.distributed else model`, a second name read before the prepare point);
     - a model of home bound from a function of the file that wraps it (`model = wrap(Net())` with
       `def wrap(m): return DDP(m)`, `model = build(args)` whose `if args.distributed: model =
-      DDP(model)` runs before `return model`).
+      DDP(model)` runs before `return model`): where the wrap can go there whole
+      (`_helper_wraps_go`), it is kept in `roles.helper_wraps` for AM007 to remove; otherwise refused.
 
     Kept, the wrap runs beside `accelerator.prepare(...)`: DDP without a process group under plain
     `python`, DDP inside DDP at N processes, or a DDP the Accelerator does not know trained in place
@@ -337,15 +338,60 @@ def refuse_kept_wraps(roles: Roles) -> None:
             helper = roles.facts.function_called(value)
             if helper is None or helper is home:
                 continue
-            for call in helper.library_calls:
-                if call.qualified in HAND_WRAPPERS and call.call.args:
+            wraps = [call for call in helper.library_calls if call.qualified in HAND_WRAPPERS and call.call.args]
+            why = _helper_wraps_go(roles, helper, value, wraps) if wraps else None
+            if wraps and why is None:
+                roles.helper_wraps.extend((name, call.call, call.where, helper) for call in wraps)
+                continue
+            for call in wraps:
+                if True:
                     wrapped = cst.Module([]).code_for_node(call.call.args[0].value)
                     _refuse_kept_wrap(roles, call, helper, wrapped, (
                         f"`{name}` in `{home.qualname}` is what `{helper.qualname}` returns, and it is wrapped there, "
-                        f"outside the function that prepares it. Return the bare model from `{helper.qualname}` "
+                        f"outside the function that prepares it, where the wrap cannot go as a whole ({why}). Return the bare model from `{helper.qualname}` "
                         "(remove this wrap, and an `if` left empty by it: prepare wraps the model), read the bare "
                         "module with `accelerator.unwrap_model(...)` instead of `.module`, and run again"))
                     return
+
+
+def _helper_wraps_go(roles: Roles, helper: Scope, called: cst.Call, wraps: list) -> str | None:  # type: ignore[type-arg]
+    """The hand wraps of `helper` can go there, so that it returns the bare model that prepare then
+    wraps at the call site: home's `called` is the helper's only call in the file (no other caller
+    gets a bare model where it had a wrapped one), and each wrap is `return DDP(m, ...)` or `m =
+    DDP(m, ...)` (a statement of its own, alone in an `if` without `else` or in a block that keeps
+    others) of a name the helper returns, with no `m.module` in the helper; every `return` returns
+    a plain name or such a wrap. Returns None when they go, else why they cannot."""
+    sites = [site for scope in roles.facts.scopes for site in scope.calls
+             if roles.facts.function_called(site.call) is helper]
+    if len(sites) != 1 or sites[0].call is not called:
+        return f"`{helper.qualname}` is called {len(sites)} times in the file, and every caller would get the bare model"
+    if helper.module_accesses:
+        return f"`{helper.qualname}` reads `.module` of what it wraps"
+    wrap_calls = {id(call.call) for call in wraps}
+    returned: set[str] = set()
+    for value in helper.returns:
+        if isinstance(value, cst.Name):
+            returned.add(value.value)
+        elif id(value) not in wrap_calls:
+            return f"`{helper.qualname}` returns another value than a name or the wrap"
+    for call in wraps:
+        inner = call.call.args[0].value
+        stmt = call.where.stmt
+        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+        shape = "the wrap is not `return DDP(m)` or `m = DDP(m)` of a name the helper returns"
+        if not isinstance(inner, cst.Name) or call.where.in_loop:
+            return shape
+        if isinstance(small, cst.Return) and small.value is call.call:
+            continue
+        if not (isinstance(small, cst.Assign) and small.value is call.call and len(small.targets) == 1):
+            return shape
+        target = small.targets[0].target
+        if not (isinstance(target, cst.Name) and target.value == inner.value and inner.value in returned):
+            return shape
+        parent = call.where.path[-1].stmt if call.where.path else None
+        if len(getattr(call.where.block, "body", ())) == 1 and not (isinstance(parent, cst.If) and parent.orelse is None):
+            return shape
+    return None
 
 
 def _removed_wraps(roles: Roles, home: Scope) -> set[int]:

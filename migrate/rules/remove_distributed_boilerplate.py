@@ -27,6 +27,10 @@ What it does:
       written before the last training object (the loader) is built, provided nothing reads that name
       (nor a method of the class is called) between the wrap and the prepare call;
       `model = DDP(model) if args.distributed else model` goes whole, as the same `if` statement does;
+      a wrap inside a function of the file whose value home binds to the model (`model = wrap(Net())`
+      with `def wrap(m): return DDP(m)`, or a builder's `if args.distributed: model = DDP(model)`
+      before `return model`) goes there, when home's call is the function's only call: it then
+      returns the bare model, which prepare wraps (its DDP options go to the Accelerator as above);
       `model.module` becomes `accelerator.unwrap_model(model)`.
       The options of a removed `DistributedDataParallel` go to the Accelerator
       (`migrate.ddp_options`): `DDP(model, device_ids=[gpu], broadcast_buffers=False)` gives
@@ -194,8 +198,8 @@ Leaves alone:
     model, and after it): kept, it would wrap the prepared model in a second DDP (gradients
     all-reduced twice, `module.module.` checkpoint keys). The whole file is refused with the line
     and the reason. So is a wrap the training step runs that cannot go whole (`migrate.roles.traps`,
-    found from use): a model returned by a helper of the file that wraps it (`model = wrap(Net())`
-    with `def wrap(m): return DDP(m)`, a builder's `if args.distributed: model = DDP(model)`), a
+    found from use): a model returned by a helper of the file that wraps it where the wrap cannot
+    go there (the helper is called elsewhere too, reads `.module`, or wraps in another shape), a
     wrap bound through a tuple (`model, opt = DDP(model), opt`), and a second name read before the
     prepare point; the advice (return the bare model, remove the wrap) migrates when followed.
     Also a process group initialised in another function than the one that
@@ -893,6 +897,27 @@ def _remove_wrappers(roles: Roles, plan: EditPlan, wraps: list[ddp_options.Wrap]
             # unwrapped, so it moves the inputs itself.
             if _moves_inputs(roles, value) and conditional is None and not any(type(ref.stmt) is cst.If for ref in binding.where.path):
                 moving.append((name, value, binding.where))
+    for name, value, where, helper in roles.helper_wraps:
+        # `def wrap(m): return DDP(m)` / `if args.distributed: model = DDP(model)` in a helper whose
+        # value home binds to the model: the helper returns the bare model, prepare wraps it
+        small = where.stmt.body[0]  # type: ignore[attr-defined]
+        if isinstance(small, cst.Return):
+            plan.calls[value] = lambda updated: updated.args[0].value
+        else:
+            parent = where.path[-1].stmt if where.path else None
+            if type(parent) is cst.If and parent.orelse is None and _only_statement(parent, where.stmt):
+                plan.replace_stmt[parent] = []
+            else:
+                plan.replace_stmt[where.stmt] = []
+        plan.change(CODE, value, f"`{name}` (returned by `{helper.qualname}`) no longer wrapped by hand: "
+                    "`accelerator.prepare` wraps it")
+        if roles.facts.aliases.qualify(value.func) in ddp_options.DDP:
+            wraps.append(ddp_options.Wrap(value, helper, name))
+        if _moves_inputs(roles, value) and not any(type(ref.stmt) is cst.If for ref in where.path):
+            bound = [b.where for b in home.bindings.get(name, []) if b.value is not None
+                     and roles.facts.function_called(b.value) is helper]  # type: ignore[arg-type]
+            if bound:
+                moving.append((name, value, bound[0]))
     _unwrap_aliases(roles, plan, wraps)
     return moving
 
