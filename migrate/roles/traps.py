@@ -352,6 +352,46 @@ def refuse_kept_wraps(roles: Roles) -> None:
                         "(remove this wrap, and an `if` left empty by it: prepare wraps the model), read the bare "
                         "module with `accelerator.unwrap_model(...)` instead of `.module`, and run again"))
                     return
+    _refuse_returned_wraps(roles, home)
+
+
+def _refuse_returned_wraps(roles: Roles, home: Scope) -> None:
+    """A function or method of the file that home calls, and that returns a hand wrap in any other
+    shape than the one `refuse_kept_wraps` removes: in a tuple (`model, k = build()` with `return
+    DDP(m), k`), or bound by home to a name the step runs (`self.ddp_model = self.wrap(self.model)`).
+    Kept, the step would run a hand-written DDP beside the prepared model: refused on the wrap."""
+    handled = {id(call) for _, call, _, _ in roles.helper_wraps}
+    for site in home.calls:
+        helper = roles.facts.resolve(site.callee, home)
+        if helper is None or helper is home:
+            continue
+        wraps = [call for call in helper.library_calls
+                 if call.qualified in HAND_WRAPPERS and call.call.args and id(call.call) not in handled]
+        returned = _returned_nodes(helper)
+        for call in wraps:
+            small = call.where.stmt.body[0] if isinstance(call.where.stmt, cst.SimpleStatementLine) else None
+            bound = (small.targets[0].target.value if isinstance(small, cst.Assign) and small.value is call.call
+                     and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name) else None)
+            if id(call.call) not in returned and (bound is None or bound not in returned.values()):
+                continue
+            wrapped = cst.Module([]).code_for_node(call.call.args[0].value)
+            _refuse_kept_wrap(roles, call, helper, wrapped, (
+                f"`{home.qualname}` runs what `{helper.qualname}` returns, which is wrapped there, and the wrap cannot go "
+                f"as a whole (`{helper.qualname}` returns it in another shape than `return DDP(m)` bound to the model). "
+                "Remove this wrap by hand and have the training step run the model itself (the one whose parameters "
+                "the optimizer trains) where it ran the wrapped one: prepare wraps it; read the bare module with "
+                "`accelerator.unwrap_model(...)` instead of `.module`, and run again"))
+            return
+
+
+def _returned_nodes(helper: Scope) -> dict[int, str]:
+    """id -> name (or "") of every node a `return` of `helper` hands back: the value itself and the
+    elements of a returned tuple or list."""
+    found: dict[int, str] = {}
+    for value in helper.returns:
+        for node in (value, *(e.value for e in getattr(value, "elements", ()) if isinstance(value, (cst.Tuple, cst.List)))):
+            found[id(node)] = node.value if isinstance(node, cst.Name) else ""
+    return found
 
 
 def _helper_wraps_go(roles: Roles, helper: Scope, called: cst.Call, wraps: list) -> str | None:  # type: ignore[type-arg]

@@ -200,7 +200,8 @@ Leaves alone:
     and the reason. So is a wrap the training step runs that cannot go whole (`migrate.roles.traps`,
     found from use): a model returned by a helper of the file that wraps it where the wrap cannot
     go there (the helper is called elsewhere too, reads `.module`, or wraps in another shape), a
-    wrap bound through a tuple (`model, opt = DDP(model), opt`), and a second name read before the
+    function or method home calls that returns a wrap in another way (inside a tuple, or bound to a
+    second name: `self.ddp_model = self.wrap(self.model)`), a wrap bound through a tuple (`model, opt = DDP(model), opt`), and a second name read before the
     prepare point; the advice (return the bare model, remove the wrap) migrates when followed.
     Also a process group initialised in another function than the one that
     builds the optimizer (kept: the Accelerator reuses an existing group; the report says how the
