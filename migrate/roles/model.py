@@ -159,6 +159,10 @@ class Roles:
     # handed the loss and the optimizer and runs the backward and the step, where no `.backward()`
     # shows anywhere (`migrate.roles.hidden_step`): the training step, kept as it is
     hidden_steps: list[tuple[Scope, CallSite]] = field(default_factory=list)
+    # (model of home, the wrapper call, its statement in the helper, the helper): a hand wrap inside
+    # a function of the file whose return value home binds to the model (`model = wrap(Net())`,
+    # `def wrap(m): return DDP(m)`), removed there by AM007 (`migrate.roles.traps.refuse_kept_wraps`)
+    helper_wraps: list[tuple[str, cst.Call, StmtRef, Scope]] = field(default_factory=list)
     _training_functions: set[Scope] = field(default_factory=set)
     _called_objects: dict[tuple[int, str], "Scope | None"] = field(default_factory=dict)
     # `can_reach` per (scope, accelerator scope), by ids: every rule asks it of every scope.

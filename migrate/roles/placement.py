@@ -426,9 +426,64 @@ def _find_wrapped_aliases(roles: Roles) -> None:
             continue
         model = models.pop()
         if model in roles.models and all(
-            b.where.order > after.order and alias_removal(b.where, home.bindings[name]) is not None for b in bindings
+            (b.where.order > after.order or _unread_until_prepare(roles, home, name, b.where, after))
+            and alias_removal(b.where, home.bindings[name]) is not None for b in bindings
         ):
             roles.model_aliases[name] = model  # type: ignore[index]
+
+
+def _unread_until_prepare(roles: Roles, home: Scope, name: str, where: StmtRef, after: StmtRef) -> bool:
+    """An alias bound before the prepare point (`self.ddp_model = DDP(self.model)` written before
+    the loader is built): prepare binds it in place of that binding when nothing between the two
+    reads it, neither a statement of home (the statements after the binding's, up to the prepare
+    point, in home's own block) nor a method it calls there (`self.m(...)` or `self` handed on) or a
+    function of the file (which may read a module-level alias).
+    The order the setup is written in then makes no difference."""
+    body = home.node.body if isinstance(home.node, cst.Module) else getattr(getattr(home.node, "body", None), "body", None)
+    if not isinstance(body, (list, tuple)):
+        return False
+    top = [ref.stmt for ref in (*where.path, where)][0]
+    last = [ref.stmt for ref in (*after.path, after)][0]
+    ids = [id(stmt) for stmt in body]
+    if id(top) not in ids or id(last) not in ids or ids.index(id(top)) >= ids.index(id(last)):
+        return False
+    owner = home.params[0] if home.is_method and home.params else None
+    functions = set(roles.facts.functions)
+    return not any(_reads(stmt, name, owner, functions) for stmt in body[ids.index(id(top)) + 1 : ids.index(id(last)) + 1])
+
+
+def _reads(stmt: cst.CSTNode, name: str, owner: str | None, functions: set[str]) -> bool:
+    """`stmt` mentions `name` (`ddp_model` or `self.ddp_model`), or calls a method of `owner` /
+    hands `owner` itself to a call (which may read the alias)."""
+    found = False
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            nonlocal found
+            if instance_attribute(node) == name:
+                found = True
+            return True
+
+        def visit_Name(self, node: cst.Name) -> bool:
+            nonlocal found
+            if node.value == name:
+                found = True
+            return True
+
+        def visit_Call(self, node: cst.Call) -> bool:
+            nonlocal found
+            func = node.func
+            if owner is not None and isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) \
+                    and func.value.value == owner:
+                found = True
+            if owner is not None and any(isinstance(a.value, cst.Name) and a.value.value == owner for a in node.args):
+                found = True
+            if isinstance(func, cst.Name) and func.value in functions:
+                found = True
+            return True
+
+    stmt.visit(_Visitor())
+    return found
 
 
 def alias_removal(where: StmtRef, bindings: list[Binding]) -> cst.BaseStatement | None:

@@ -297,3 +297,186 @@ def _distributed_optimizer_wrappers(roles: Roles) -> list[Finding]:
                     "wrapper and leave the model unprepared)"
                 ), unconverted=True))
     return found
+
+
+def refuse_kept_wraps(roles: Roles) -> None:
+    """A hand-written DDP / DataParallel that the training step runs, which AM007 would not remove
+    (it removes `model = DDP(model)`, the wrapper bound to the model's own name, and the second name
+    prepare binds, `roles.model_aliases`). Found from use, not from where it is written:
+
+    - a wrap in home bound to anything else (`model, opt = DDP(model), opt`, `model = DDP(model) if
+      args.distributed else model`, a second name read before the prepare point);
+    - a model of home bound from a function of the file that wraps it (`model = wrap(Net())` with
+      `def wrap(m): return DDP(m)`, `model = build(args)` whose `if args.distributed: model =
+      DDP(model)` runs before `return model`): where the wrap can go there whole
+      (`_helper_wraps_go`), it is kept in `roles.helper_wraps` for AM007 to remove; otherwise refused.
+
+    Kept, the wrap runs beside `accelerator.prepare(...)`: DDP without a process group under plain
+    `python`, DDP inside DDP at N processes, or a DDP the Accelerator does not know trained in place
+    of the prepared model. The file is refused on the wrap's line, with how to remove it by hand."""
+    home = roles.home
+    if home is None or not roles.models or roles.refused or roles.accelerator_exists:
+        return
+    removed = _removed_wraps(roles, home)
+    for call in home.library_calls:
+        if call.qualified not in HAND_WRAPPERS or not call.call.args or id(call.call) in removed:
+            continue
+        arg = call.call.args[0].value
+        ref = arg.value if isinstance(arg, cst.Name) else instance_attribute(arg)
+        if ref is None or ref not in roles.models:
+            continue
+        _refuse_kept_wrap(roles, call, home, ref, (
+            f"the wrapper's value is not bound to `{ref}` itself, so it cannot go as a whole here. Remove the wrap by "
+            f"hand (`{ref}` alone where the wrapped model was used: prepare wraps it), read the bare module with "
+            "`accelerator.unwrap_model(...)` instead of `.module`, and run again"))
+        return
+    for name in roles.models:
+        for binding in home.bindings.get(name, []):
+            value = binding.value
+            if not isinstance(value, cst.Call):
+                continue
+            helper = roles.facts.function_called(value)
+            if helper is None or helper is home:
+                continue
+            wraps = [call for call in helper.library_calls if call.qualified in HAND_WRAPPERS and call.call.args]
+            why = _helper_wraps_go(roles, helper, value, wraps) if wraps else None
+            if wraps and why is None:
+                roles.helper_wraps.extend((name, call.call, call.where, helper) for call in wraps)
+                continue
+            for call in wraps:
+                if True:
+                    wrapped = cst.Module([]).code_for_node(call.call.args[0].value)
+                    _refuse_kept_wrap(roles, call, helper, wrapped, (
+                        f"`{name}` in `{home.qualname}` is what `{helper.qualname}` returns, and it is wrapped there, "
+                        f"outside the function that prepares it, where the wrap cannot go as a whole ({why}). Return the bare model from `{helper.qualname}` "
+                        "(remove this wrap, and an `if` left empty by it: prepare wraps the model), read the bare "
+                        "module with `accelerator.unwrap_model(...)` instead of `.module`, and run again"))
+                    return
+    _refuse_returned_wraps(roles, home)
+
+
+def _refuse_returned_wraps(roles: Roles, home: Scope) -> None:
+    """A function or method of the file that home calls, and that returns a hand wrap in any other
+    shape than the one `refuse_kept_wraps` removes: in a tuple (`model, k = build()` with `return
+    DDP(m), k`), or bound by home to a name the step runs (`self.ddp_model = self.wrap(self.model)`).
+    Kept, the step would run a hand-written DDP beside the prepared model: refused on the wrap."""
+    handled = {id(call) for _, call, _, _ in roles.helper_wraps}
+    for site in home.calls:
+        helper = roles.facts.resolve(site.callee, home)
+        if helper is None or helper is home:
+            continue
+        wraps = [call for call in helper.library_calls
+                 if call.qualified in HAND_WRAPPERS and call.call.args and id(call.call) not in handled]
+        returned = _returned_nodes(helper)
+        for call in wraps:
+            small = call.where.stmt.body[0] if isinstance(call.where.stmt, cst.SimpleStatementLine) else None
+            bound = (small.targets[0].target.value if isinstance(small, cst.Assign) and small.value is call.call
+                     and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name) else None)
+            if id(call.call) not in returned and (bound is None or bound not in returned.values()):
+                continue
+            wrapped = cst.Module([]).code_for_node(call.call.args[0].value)
+            _refuse_kept_wrap(roles, call, helper, wrapped, (
+                f"`{home.qualname}` runs what `{helper.qualname}` returns, which is wrapped there, and the wrap cannot go "
+                f"as a whole (`{helper.qualname}` returns it in another shape than `return DDP(m)` bound to the model). "
+                "Remove this wrap by hand and have the training step run the model itself (the one whose parameters "
+                "the optimizer trains) where it ran the wrapped one: prepare wraps it; read the bare module with "
+                "`accelerator.unwrap_model(...)` instead of `.module`, and run again"))
+            return
+
+
+def _returned_nodes(helper: Scope) -> dict[int, str]:
+    """id -> name (or "") of every node a `return` of `helper` hands back: the value itself and the
+    elements of a returned tuple or list."""
+    found: dict[int, str] = {}
+    for value in helper.returns:
+        for node in (value, *(e.value for e in getattr(value, "elements", ()) if isinstance(value, (cst.Tuple, cst.List)))):
+            found[id(node)] = node.value if isinstance(node, cst.Name) else ""
+    return found
+
+
+def _helper_wraps_go(roles: Roles, helper: Scope, called: cst.Call, wraps: list) -> str | None:  # type: ignore[type-arg]
+    """The hand wraps of `helper` can go there, so that it returns the bare model that prepare then
+    wraps at the call site: home's `called` is the helper's only call in the file (no other caller
+    gets a bare model where it had a wrapped one), and each wrap is `return DDP(m, ...)` or `m =
+    DDP(m, ...)` (a statement of its own, alone in an `if` without `else` or in a block that keeps
+    others) of a name the helper returns, with no `m.module` in the helper; every `return` returns
+    a plain name or such a wrap. Returns None when they go, else why they cannot."""
+    sites = [site for scope in roles.facts.scopes for site in scope.calls
+             if roles.facts.function_called(site.call) is helper]
+    if len(sites) != 1 or sites[0].call is not called:
+        return f"`{helper.qualname}` is called {len(sites)} times in the file, and every caller would get the bare model"
+    if helper.module_accesses:
+        return f"`{helper.qualname}` reads `.module` of what it wraps"
+    wrap_calls = {id(call.call) for call in wraps}
+    returned: set[str] = set()
+    for value in helper.returns:
+        if isinstance(value, cst.Name):
+            returned.add(value.value)
+        elif id(value) not in wrap_calls:
+            return f"`{helper.qualname}` returns another value than a name or the wrap"
+    for call in wraps:
+        inner = call.call.args[0].value
+        stmt = call.where.stmt
+        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+        shape = "the wrap is not `return DDP(m)` or `m = DDP(m)` of a name the helper returns"
+        if not isinstance(inner, cst.Name) or call.where.in_loop:
+            return shape
+        if isinstance(small, cst.Return) and small.value is call.call:
+            continue
+        if not (isinstance(small, cst.Assign) and small.value is call.call and len(small.targets) == 1):
+            return shape
+        target = small.targets[0].target
+        if not (isinstance(target, cst.Name) and target.value == inner.value and inner.value in returned):
+            return shape
+        parent = call.where.path[-1].stmt if call.where.path else None
+        if len(getattr(call.where.block, "body", ())) == 1 and not (isinstance(parent, cst.If) and parent.orelse is None):
+            return shape
+    return None
+
+
+def _removed_wraps(roles: Roles, home: Scope) -> set[int]:
+    """The wrapper calls of home that AM007 removes (`_remove_wrappers`, `alias_removal`)."""
+    found: set[int] = set()
+    for name in (*roles.models, *roles.model_aliases):
+        for binding in home.bindings.get(name, []):
+            value = binding.value
+            while (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+                   and value.func.attr.value in ("cuda", "to") and isinstance(value.func.value, cst.Call)):
+                value = value.func.value
+            conditional = wrapped_or_itself(roles, value, name)
+            if conditional is not None and isinstance(binding.where.stmt, cst.SimpleStatementLine) \
+                    and len(binding.where.stmt.body) == 1:
+                found.add(id(conditional))
+            elif isinstance(value, cst.Call):
+                found.add(id(value))
+    return found
+
+
+def wrapped_or_itself(roles: Roles, value: cst.BaseExpression | None, name: str) -> cst.Call | None:
+    """`model = DDP(model, ...) if args.distributed else model` (or the branches the other way
+    round): the wrapper call, which AM007 removes with its statement as it removes `if
+    args.distributed: model = DDP(model)`; None for any other value."""
+    if not isinstance(value, cst.IfExp):
+        return None
+    for wrapped, other in ((value.body, value.orelse), (value.orelse, value.body)):
+        bare = other.value if isinstance(other, cst.Name) else instance_attribute(other)
+        if bare != name or not isinstance(wrapped, cst.Call) or not wrapped.args:
+            continue
+        if roles.facts.aliases.qualify(wrapped.func) not in HAND_WRAPPERS:
+            continue
+        inner = wrapped.args[0].value
+        if (inner.value if isinstance(inner, cst.Name) else instance_attribute(inner)) == name:
+            return wrapped
+    return None
+
+
+def _refuse_kept_wrap(roles: Roles, call: object, scope: Scope, ref: str, advice: str) -> None:
+    qualified = call.qualified  # type: ignore[attr-defined]
+    kind = "DataParallel" if qualified.endswith(".DataParallel") else "DistributedDataParallel"
+    roles.refused = True
+    roles.findings = [Finding(DISTRIBUTED, call.call, (  # type: ignore[attr-defined]
+        f"this line wraps `{ref}` in {kind} by hand in `{scope.qualname}`, and the training step runs the wrapped "
+        "model: kept beside `accelerator.prepare(...)` it would fail under plain `python` (no process group) and "
+        "wrap the prepared model again at N processes (or train a copy the Accelerator does not know); "
+        f"the file was left as it is: {advice}"
+    ), unconverted=True)]

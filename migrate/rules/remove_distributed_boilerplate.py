@@ -23,7 +23,14 @@ What it does:
     - `model = DDP(model, ...)` and `model = nn.DataParallel(model)` go (prepare wraps the model);
       so does a second name a trainer class wraps the model into after building the optimizer
       (`self.ddp_model = DDP(self.model)`, and `self.ddp_model = self.model` without CUDA): prepare
-      binds that name, and `self.model` stays the bare module the class saves;
+      binds that name, and `self.model` stays the bare module the class saves; also when the wrap is
+      written before the last training object (the loader) is built, provided nothing reads that name
+      (nor a method of the class is called) between the wrap and the prepare call;
+      `model = DDP(model) if args.distributed else model` goes whole, as the same `if` statement does;
+      a wrap inside a function of the file whose value home binds to the model (`model = wrap(Net())`
+      with `def wrap(m): return DDP(m)`, or a builder's `if args.distributed: model = DDP(model)`
+      before `return model`) goes there, when home's call is the function's only call: it then
+      returns the bare model, which prepare wraps (its DDP options go to the Accelerator as above);
       `model.module` becomes `accelerator.unwrap_model(model)`.
       The options of a removed `DistributedDataParallel` go to the Accelerator
       (`migrate.ddp_options`): `DDP(model, device_ids=[gpu], broadcast_buffers=False)` gives
@@ -192,7 +199,12 @@ Leaves alone:
     a branch, or in a constructor one of whose methods runs both before the wrap, on the bare
     model, and after it): kept, it would wrap the prepared model in a second DDP (gradients
     all-reduced twice, `module.module.` checkpoint keys). The whole file is refused with the line
-    and the reason.
+    and the reason. So is a wrap the training step runs that cannot go whole (`migrate.roles.traps`,
+    found from use): a model returned by a helper of the file that wraps it where the wrap cannot
+    go there (the helper is called elsewhere too, reads `.module`, or wraps in another shape), a
+    function or method home calls that returns a wrap in another way (inside a tuple, or bound to a
+    second name: `self.ddp_model = self.wrap(self.model)`), a wrap bound through a tuple (`model, opt = DDP(model), opt`), and a second name read before the
+    prepare point; the advice (return the bare model, remove the wrap) migrates when followed.
     Also a process group initialised in another function than the one that
     builds the optimizer (kept: the Accelerator reuses an existing group; the report says how the
     migrated script is launched: where the call runs only when the launcher's variables are set,
@@ -234,6 +246,7 @@ from migrate.names import instance_attribute, root_name
 from migrate.roles import Roles, SpawnLaunch, loader_calls
 from migrate.roles.model import nested_in
 from migrate.roles.placement import alias_removal
+from migrate.roles.traps import wrapped_or_itself
 from migrate.rules.base import accelerator_call, prepared_loaders, reference, remove_statement, statement
 from migrate.walk import walk
 
@@ -859,13 +872,19 @@ def _remove_wrappers(roles: Roles, plan: EditPlan, wraps: list[ddp_options.Wrap]
             while (type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in ("cuda", "to")
                    and type(value.func.value) is cst.Call):
                 value = value.func.value
+            conditional = wrapped_or_itself(roles, value, name)
+            if conditional is not None:
+                value = moved = conditional  # `model = DDP(model) if args.distributed else model`
             if not (type(value) is cst.Call and roles.facts.aliases.qualify(value.func) in _WRAPPERS):
                 continue
             if not value.args:
                 continue
             inner = value.args[0].value
             stmt = binding.where.stmt
-            if root_name(inner) == name and type(inner) is cst.Name:
+            if conditional is not None:
+                if not remove_statement(plan, stmt, binding.value):
+                    continue  # not a statement of its own: the roles refused the file (`refuse_kept_wraps`)
+            elif root_name(inner) == name and type(inner) is cst.Name:
                 parent = binding.where.path[-1].stmt if binding.where.path else None
                 if type(parent) is cst.If and parent.orelse is None and _only_statement(parent, stmt):
                     plan.replace_stmt[parent] = []
@@ -879,8 +898,29 @@ def _remove_wrappers(roles: Roles, plan: EditPlan, wraps: list[ddp_options.Wrap]
             _drop_emptied_if(plan, binding.where)
             # Under an `if` (`if torch.cuda.device_count() > 1:`), the script also ran its model
             # unwrapped, so it moves the inputs itself.
-            if _moves_inputs(roles, value) and not any(type(ref.stmt) is cst.If for ref in binding.where.path):
+            if _moves_inputs(roles, value) and conditional is None and not any(type(ref.stmt) is cst.If for ref in binding.where.path):
                 moving.append((name, value, binding.where))
+    for name, value, where, helper in roles.helper_wraps:
+        # `def wrap(m): return DDP(m)` / `if args.distributed: model = DDP(model)` in a helper whose
+        # value home binds to the model: the helper returns the bare model, prepare wraps it
+        small = where.stmt.body[0]  # type: ignore[attr-defined]
+        if isinstance(small, cst.Return):
+            plan.calls[value] = lambda updated: updated.args[0].value
+        else:
+            parent = where.path[-1].stmt if where.path else None
+            if type(parent) is cst.If and parent.orelse is None and _only_statement(parent, where.stmt):
+                plan.replace_stmt[parent] = []
+            else:
+                plan.replace_stmt[where.stmt] = []
+        plan.change(CODE, value, f"`{name}` (returned by `{helper.qualname}`) no longer wrapped by hand: "
+                    "`accelerator.prepare` wraps it")
+        if roles.facts.aliases.qualify(value.func) in ddp_options.DDP:
+            wraps.append(ddp_options.Wrap(value, helper, name))
+        if _moves_inputs(roles, value) and not any(type(ref.stmt) is cst.If for ref in where.path):
+            bound = [b.where for b in home.bindings.get(name, []) if b.value is not None
+                     and roles.facts.function_called(b.value) is helper]  # type: ignore[arg-type]
+            if bound:
+                moving.append((name, value, bound[0]))
     _unwrap_aliases(roles, plan, wraps)
     return moving
 
