@@ -66,7 +66,11 @@ Leaves alone:
     args.log_dir: log_writer = utils.TensorboardLogger(...) else: log_writer = None`, or the
     `else` of `if rank != 0:`): its methods run on the main process only, so the logging in them
     (a SummaryWriter made in `__init__`, written in `update`) is neither guarded nor reported; a
-    subclass, the class passed on, or an instance built anywhere else keeps them in. Not converted, guarded instead: a writer whose directory is
+    subclass, the class passed on, or an instance built anywhere else keeps them in. A writer the
+    script itself builds on the main process only, every binding of its name either that call in
+    such a branch or `None` (`if global_rank == 0: log_writer = SummaryWriter(...) else: log_writer
+    = None`), is the script's own business wherever it is passed (`if log_writer is not None:`):
+    neither guarded nor reported. Not converted, guarded instead: a writer whose directory is
     computed (`SummaryWriter(args.log_dir)`: which project_dir and run name it splits into is
     not known before it runs) or missing (`SummaryWriter()` picks a dated directory), created in
     a loop, one of two writers, or written with anything but `add_scalar` (`add_histogram`,
