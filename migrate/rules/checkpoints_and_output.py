@@ -94,7 +94,8 @@ What it does:
     import save_checkpoint`, `import utils`, or a name bound by no statement under a star import;
     not the standard library's) is known by its name alone, its last name split at `_`: one that
     saves or writes (`save_checkpoint`, `save_config_file`, `write_summary`, `dump_results`: the
-    name starts with save, write or dump) or draws a progress bar (`progress_bar`), called as a
+    name starts with save, write or dump, after a private helper's leading `_`: `_save_checkpoint`)
+    or draws a progress bar (`progress_bar`), called as a
     statement of its own, runs under `if accelerator.is_main_process:` like the writers above (a
     prepared model handed to a saving one is handed as `accelerator.unwrap_model(model)`, a state
     dict as `accelerator.unwrap_model(model).state_dict()`: it saves what the single-device script

@@ -732,9 +732,9 @@ def _rank_key(key: cst.BaseExpression) -> bool:
 # Functions the migration cannot read (of a module it does not have: `from utils import
 # save_checkpoint`, a star import, a package), known by their name alone: the last name, split at
 # `_`, says it saves or writes files (`save_checkpoint`, `save_config_file`, `write_results`,
-# `dump_predictions`), downloads (`download_and_load_gpt2`, `maybe_download`, `fetch_data`,
+# `dump_predictions`, and a private helper's `_save_checkpoint`), downloads (`download_and_load_gpt2`, `maybe_download`, `fetch_data`,
 # `hf_hub_download`) or draws a progress bar (`progress_bar`).
-_SAVES_BY_NAME = re.compile(r"^(save|write|dump)(_|$)", re.IGNORECASE)
+_SAVES_BY_NAME = re.compile(r"^_*(save|write|dump)(_|$)", re.IGNORECASE)
 _DOWNLOADS_BY_NAME = re.compile(r"(^|_)(download|fetch)", re.IGNORECASE)
 _PROGRESS_BY_NAME = re.compile(r"(^|_)progress(_|$)", re.IGNORECASE)
 
