@@ -52,7 +52,10 @@ What it does:
     a `torch.save(...)` of something else than the model in the script's own module (a cache of
     computed vectors, an optimizer's state), `torchvision.utils.save_image(...)`,
     `matplotlib.pyplot.savefig(...)`, `numpy.save(...)`, `df.to_csv(...)` (also `to_json`,
-    `to_parquet`, `to_pickle`, on a plain name) and
+    `to_parquet`, `to_pickle`, on a plain name), `X.save_pretrained(path)` (a transformers model,
+    tokenizer or config writing its folder; a prepared model saves unwrapped:
+    `accelerator.unwrap_model(model).save_pretrained(path)`, the module the single-device script
+    saved, where HF Accelerate's DistributedDataParallel has no such method) and
     `open(path, <literal mode with w, a or x>)` (the statement holding the call; for `with open(...)
     as f:` the whole block, and `with` blocks around it that hold nothing else); so does a status
     line written with `sys.stdout.write(...)`, as a print would. A file written and then read back
