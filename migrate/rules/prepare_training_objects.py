@@ -212,7 +212,11 @@ Leaves alone:
     is averaged (the runtime's check raises GradientSyncError). So does an optimizer rebound to
     another library's distributed optimizer (`optimizer = cherry.optim.Distributed(params,
     opt=optimizer)`, `hvd.DistributedOptimizer(optimizer, ...)`): it averages gradients with its own
-    collectives, beside the ones DDP would add.
+    collectives, beside the ones DDP would add. So does a model loaded split over the GPUs
+    (`from_pretrained(..., device_map="auto")`, also `"balanced"`, `"balanced_low_0"`,
+    `"sequential"`): one process trains it across every GPU (model parallel), where `prepare`
+    needs a whole copy on each process's device; the advice is to drop `device_map=` and migrate
+    again. A single-device map (`device_map={"": 0}`) is prepared as usual.
     A second training section in the same scope that builds its optimizer again after the prepare
     call (a notebook-style file training a baseline, then another model) is reported and the
     file left as it is: that section's model would train unprepared.
