@@ -593,6 +593,14 @@ def report_unsharded_training(roles: Roles) -> None:
             f"(`{seed}(seed + accelerator.process_index)`), or build the batches with a "
             "torch.utils.data.DataLoader (prepared, it shards them)"
         )
+    elif source is not None and (inline := _inline_loader(roles, source)) is not None:
+        roles.findings.append(Finding(PREPARE, inline.where.stmt, (
+            f"the training batches come from `{source}(DataLoader(...))`: `{source}` draws them from the "
+            "DataLoader built inside the call, which has no name to prepare, so every process would train on "
+            "all of the data: build it under a name of its own (`loader = DataLoader(...)`) and take "
+            f"`{inline.name} = {source}(loader)` below the line that builds the optimizer, then run again: the "
+            "loader is then prepared with the model and the optimizer"), unconverted=True))
+        return
     elif source is not None:
         drawn = stream.drawn if stream is not None and stream.drawn else f"{source}()"
         message = (
@@ -641,6 +649,19 @@ def report_unsharded_training(roles: Roles) -> None:
                 "\"mean\")` from it, so that every process takes the same decisions"
             )
     roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
+
+
+def _inline_loader(roles: Roles, function: str) -> Binding | None:
+    """`batches = cycle(DataLoader(...))`: a generator of the module that yields a loader's batches,
+    handed a DataLoader built in the call (the binding)."""
+    for scope in roles.facts.scopes:
+        for bindings in scope.bindings.values():
+            for binding in bindings:
+                value = binding.value
+                if (isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == function
+                        and draws_through(roles, value) and call_name(roles, value.args[0].value, DATALOADER)):
+                    return binding
+    return None
 
 
 def _stepped_closure(scope: Scope) -> str | None:
