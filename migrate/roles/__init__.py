@@ -58,7 +58,14 @@ from migrate.roles.placement import place_accelerator, place_prepare
 from migrate.roles.schedulers import find_schedulers
 from migrate.roles.spawn import SpawnLaunch, check_spawn_worker, find_group_flag, spawn_launch
 from migrate.roles.unread_handoffs import report_prepared_models_handed_to_unread_code
-from migrate.roles.traps import refuse_forward_bypassing_copies, refuse_kept_wraps, refuse_rewrapped_models, report_hidden_training_step, report_library_traps
+from migrate.roles.traps import (
+    refuse_forward_bypassing_copies,
+    refuse_kept_wraps,
+    refuse_models_spread_by_device_map,
+    refuse_rewrapped_models,
+    report_hidden_training_step,
+    report_library_traps,
+)
 
 __all__ = [
     "Finding", "Origin", "Roles", "SpawnLaunch", "find_roles", "kept_as_attribute", "loader_calls", "sampler_values",
@@ -107,6 +114,7 @@ def _find_roles(roles: Roles) -> None:
     report_library_traps(roles)
     refuse_rewrapped_models(roles)
     refuse_forward_bypassing_copies(roles)
+    refuse_models_spread_by_device_map(roles)
     find_schedulers(roles)
     find_eval_loops(roles)
     place_accelerator(roles)

@@ -143,9 +143,9 @@ def training_sources(roles: Roles, scope: Scope) -> list[tuple[cst.CSTNode, str]
         if not any(roles.is_training_loop(l) for l in site.loops) and not _in_training_while(roles, scope, site):
             continue
         drawn = site.call.args[0].value
-        iterated = [drawn] if _is_iter_call(drawn) else [
+        iterated = [drawn] if draws_through(roles, drawn) else [
             b.value for b in scope.bindings.get(drawn.value, [])] if isinstance(drawn, cst.Name) else []
-        if not iterated or not all(_is_iter_call(v) for v in iterated):
+        if not iterated or not all(draws_through(roles, v) for v in iterated):
             continue
         for value in iterated:
             assert isinstance(value, cst.Call)
@@ -165,6 +165,36 @@ def _in_training_while(roles: Roles, scope: Scope, site: CallSite) -> bool:
     training = [b.where for b in scope.backwards]
     training += [c.where for c in scope.calls if roles.calls_training(c, scope)]
     return any(any(ref.stmt is loop for ref in where.path) for loop in whiles for where in training)
+
+
+def draws_through(roles: Roles, value: cst.BaseExpression | None) -> bool:
+    """`iter(loader)`, or a generator of the module that yields the batches of a `for` over its one
+    parameter (`def cycle(dl): while True: for data in dl: yield data`, then `cycle(loader)`)."""
+    if _is_iter_call(value):
+        return True
+    if not (isinstance(value, cst.Call) and len(value.args) == 1 and value.args[0].keyword is None
+            and not value.args[0].star):
+        return False
+    helper = roles.facts.function_called(value)
+    if helper is None or helper.is_method or len(helper.params) != 1:
+        return False
+    param = helper.params[0]
+    return any(loop.source == param and _yields(loop.node.body) for loop in helper.loops)
+
+
+def _yields(node: cst.CSTNode) -> bool:
+    class Yields(cst.CSTVisitor):
+        found = False
+
+        def visit_Yield(self, node: cst.Yield) -> None:
+            self.found = True
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    finder = Yields()
+    walk(node, finder)
+    return finder.found
 
 
 def _is_iter_call(value: cst.BaseExpression | None) -> bool:
@@ -563,6 +593,14 @@ def report_unsharded_training(roles: Roles) -> None:
             f"(`{seed}(seed + accelerator.process_index)`), or build the batches with a "
             "torch.utils.data.DataLoader (prepared, it shards them)"
         )
+    elif source is not None and (inline := _inline_loader(roles, source)) is not None:
+        roles.findings.append(Finding(PREPARE, inline.where.stmt, (
+            f"the training batches come from `{source}(DataLoader(...))`: `{source}` draws them from the "
+            "DataLoader built inside the call, which has no name to prepare, so every process would train on "
+            "all of the data: build it under a name of its own (`loader = DataLoader(...)`) and take "
+            f"`{inline.name} = {source}(loader)` below the line that builds the optimizer, then run again: the "
+            "loader is then prepared with the model and the optimizer"), unconverted=True))
+        return
     elif source is not None:
         drawn = stream.drawn if stream is not None and stream.drawn else f"{source}()"
         message = (
@@ -611,6 +649,19 @@ def report_unsharded_training(roles: Roles) -> None:
                 "\"mean\")` from it, so that every process takes the same decisions"
             )
     roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
+
+
+def _inline_loader(roles: Roles, function: str) -> Binding | None:
+    """`batches = cycle(DataLoader(...))`: a generator of the module that yields a loader's batches,
+    handed a DataLoader built in the call (the binding)."""
+    for scope in roles.facts.scopes:
+        for bindings in scope.bindings.values():
+            for binding in bindings:
+                value = binding.value
+                if (isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == function
+                        and draws_through(roles, value) and call_name(roles, value.args[0].value, DATALOADER)):
+                    return binding
+    return None
 
 
 def _stepped_closure(scope: Scope) -> str | None:

@@ -668,13 +668,19 @@ def _starts_empty(binding: Binding) -> bool:
 
 
 def _held_names(value: cst.BaseExpression) -> list[str]:
-    """The names and `self.` attributes an argument passes on: itself, or the arguments of the call
-    it is (`list(params)`, `make_master_params(self.model_params)`)."""
+    """The names and `self.` attributes an argument passes on: itself, the arguments of the call
+    it is (`list(params)`, `make_master_params(self.model_params)`), or the values of the
+    parameter groups it lists (`[{"params": params, "lr": lr}]`, after `params = [p for _, p in
+    model.named_parameters() if p.requires_grad]`)."""
     name = value.value if type(value) is cst.Name else instance_attribute(value)
     if name is not None:
         return [name]
     if type(value) is cst.Call:
         return [n for arg in value.args for n in _held_names(arg.value)]
+    if type(value) in (cst.List, cst.Tuple):
+        return [n for e in value.elements for n in _held_names(e.value)]
+    if type(value) is cst.Dict:
+        return [n for e in value.elements if type(e) is cst.DictElement for n in _held_names(e.value)]
     return []
 
 

@@ -15,6 +15,7 @@ from migrate.analysis import Binding, DeviceBinding, Facts, Scope, StmtRef
 from migrate.imports import is_docstring
 from migrate.names import instance_attribute
 from migrate.roles.calls import HAND_WRAPPERS, is_expression_statement
+from migrate.roles.loaders import draws_through
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.setup_device import setup_device_choices
 
@@ -357,9 +358,36 @@ def place_prepare(roles: Roles) -> None:
             f"training object, so the file was left as it is. Build `{late[0]}` before the first training loop or "
             "call, and run again"), unconverted=True)]
         return
+    captured = _drawn_before(roles, home, point)
+    if captured is not None:
+        binding, loader = captured
+        roles.refused = True
+        roles.findings = [Finding(PREPARE, binding.where.stmt, (
+            f"`{binding.name}` takes its batches from `{loader}` here, before `accelerator.prepare(...)`, which can "
+            "only run once the model and the optimizer are built, further down: it would keep drawing from the "
+            f"unprepared `{loader}` (every process all of the data, none of it on the device), whatever the "
+            f"prepare call rebinds `{loader}` to. The file was left as it is: move this line below the line "
+            "that builds the optimizer (before the training loop), and run again"), unconverted=True)]
+        return
     roles.prepare_after = point
     _find_wrapped_aliases(roles)
     _early_prepare(roles, home, names, first_use, creation)
+
+
+def _drawn_before(roles: Roles, home: Scope, point: StmtRef) -> tuple[Binding, str] | None:
+    """A training loader handed to `iter(...)` or to a generator of the module that draws from it
+    (`batches = cycle(loader)`), bound before the prepare point: the iterator holds the loader
+    object as it was, so rebinding the name by `prepare` does not reach it."""
+    for bindings in home.bindings.values():
+        for binding in bindings:
+            value = binding.value
+            if binding.where.order >= point.order or not draws_through(roles, value):
+                continue
+            assert isinstance(value, cst.Call)
+            arg = value.args[0].value
+            if isinstance(arg, cst.Name) and arg.value in roles.loaders:
+                return binding, arg.value
+    return None
 
 
 def _early_prepare(roles: Roles, home: Scope, names: list[str], first_use: int, creation: StmtRef | None) -> None:

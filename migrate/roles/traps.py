@@ -3,8 +3,9 @@
 A training step hidden in another module (an optimizer but no backward in the file: AM003), apex
 AMP (AM006), `torch.compile` of the model before the prepare call (AM004), and a prepared model
 wrapped again by hand in DDP / DataParallel where AM007 cannot remove the wrapper (AM007), a copy
-of the prepared model trained in its place (`learner = maml.clone()`) and an optimizer rebound to
-another library's distributed optimizer (AM004): the last three refuse the file."""
+of the prepared model trained in its place (`learner = maml.clone()`), an optimizer rebound to
+another library's distributed optimizer (AM004) and a model split over the GPUs by
+`device_map="auto"` (AM004): the last four refuse the file."""
 
 from __future__ import annotations
 
@@ -242,6 +243,44 @@ def refuse_forward_bypassing_copies(roles: Roles) -> None:
     if wrappers:
         roles.refused = True
         roles.findings = wrappers
+
+
+# `device_map=` values that spread a model over the GPUs of one process (transformers / Accelerate's
+# big-model loading): model parallel, where `prepare` needs a whole copy on each process's device.
+_SPREADING_DEVICE_MAPS = frozenset({"auto", "balanced", "balanced_low_0", "sequential"})
+
+
+def refuse_models_spread_by_device_map(roles: Roles) -> None:
+    """A model loaded with `device_map="auto"` (or `"balanced"`, `"balanced_low_0"`, `"sequential"`:
+    `from_pretrained(..., device_map="auto")`) is split over every GPU the process sees, layer by
+    layer: one process trains one model across the GPUs. `prepare` needs a whole copy on each
+    process's own device: on N processes each would load its own copy spread over all the same
+    GPUs, and `prepare` would wrap a model that is not on one device. The file is refused with the
+    line; a single-device map (`device_map={"": 0}`, `"cuda"`) is not this shape."""
+    home = roles.home
+    if home is None or not roles.models or roles.refused or roles.accelerator_exists:
+        return
+    for model in roles.models:
+        for binding in home.bindings.get(model, []):
+            value = binding.value
+            if type(value) is not cst.Call:
+                continue
+            spread = next((arg.value for arg in value.args if arg.keyword is not None
+                           and arg.keyword.value == "device_map" and type(arg.value) is cst.SimpleString
+                           and arg.value.evaluated_value in _SPREADING_DEVICE_MAPS), None)
+            if spread is None:
+                continue
+            roles.refused = True
+            roles.findings = [Finding(PREPARE, value, (
+                f"`{model}` is loaded with `device_map={spread.value}`, which splits it over all the GPUs this "
+                "process sees (model parallel: one process trains one model across the GPUs), while "
+                "`accelerator.prepare` trains data parallel, a whole copy of the model on each process's own "
+                "device: on N processes each would load its own copy spread over all the same GPUs, and `prepare` "
+                "would wrap a model that is not on one device. The file was left as it is: to train data parallel, drop `device_map=` (prepare puts the "
+                "whole model on each process's device) and run the migration again; to keep the model split over "
+                "the GPUs, run the script as it is, on one process"
+            ), unconverted=True)]
+            return
 
 
 def _bound_name(stmt: cst.BaseStatement, call: cst.Call) -> str | None:

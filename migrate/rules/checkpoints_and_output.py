@@ -62,7 +62,10 @@ What it does:
     a `torch.save(...)` of something else than the model in the script's own module (a cache of
     computed vectors, an optimizer's state), `torchvision.utils.save_image(...)`,
     `matplotlib.pyplot.savefig(...)`, `numpy.save(...)`, `df.to_csv(...)` (also `to_json`,
-    `to_parquet`, `to_pickle`, on a plain name) and
+    `to_parquet`, `to_pickle`, on a plain name), `X.save_pretrained(path)` (a transformers model,
+    tokenizer or config writing its folder; a prepared model saves unwrapped:
+    `accelerator.unwrap_model(model).save_pretrained(path)`, the module the single-device script
+    saved, where HF Accelerate's DistributedDataParallel has no such method) and
     `open(path, <literal mode with w, a or x>)` (the statement holding the call; for `with open(...)
     as f:` the whole block, and `with` blocks around it that hold nothing else); so does a status
     line written with `sys.stdout.write(...)`, as a print would. A file written and then read back
@@ -104,7 +107,8 @@ What it does:
     import save_checkpoint`, `import utils`, or a name bound by no statement under a star import;
     not the standard library's) is known by its name alone, its last name split at `_`: one that
     saves or writes (`save_checkpoint`, `save_config_file`, `write_summary`, `dump_results`: the
-    name starts with save, write or dump) or draws a progress bar (`progress_bar`), called as a
+    name starts with save, write or dump, after a private helper's leading `_`: `_save_checkpoint`)
+    or draws a progress bar (`progress_bar`), called as a
     statement of its own, runs under `if accelerator.is_main_process:` like the writers above (a
     prepared model handed to a saving one is handed as `accelerator.unwrap_model(model)`, a state
     dict as `accelerator.unwrap_model(model).state_dict()`: it saves what the single-device script

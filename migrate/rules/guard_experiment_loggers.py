@@ -66,7 +66,11 @@ Leaves alone:
     args.log_dir: log_writer = utils.TensorboardLogger(...) else: log_writer = None`, or the
     `else` of `if rank != 0:`): its methods run on the main process only, so the logging in them
     (a SummaryWriter made in `__init__`, written in `update`) is neither guarded nor reported; a
-    subclass, the class passed on, or an instance built anywhere else keeps them in. Not converted, guarded instead: a writer whose directory is
+    subclass, the class passed on, or an instance built anywhere else keeps them in. A writer the
+    script itself builds on the main process only, every binding of its name either that call in
+    such a branch or `None` (`if global_rank == 0: log_writer = SummaryWriter(...) else: log_writer
+    = None`), is the script's own business wherever it is passed (`if log_writer is not None:`):
+    neither guarded nor reported. Not converted, guarded instead: a writer whose directory is
     computed (`SummaryWriter(args.log_dir)`: which project_dir and run name it splits into is
     not known before it runs) or missing (`SummaryWriter()` picks a dated directory), created in
     a loop, one of two writers, or written with anything but `add_scalar` (`add_histogram`,
@@ -374,6 +378,11 @@ def _collect(item: _Found, known_writers: frozenset[str]) -> None:
         created_by = creation.qualified
         sites, bad = _writer_uses(scope, name)
         family = _family(created_by)
+        if bad is not None and _main_only_writer(scope, name):
+            # The script's own `if rank == 0: w = Writer(...) else: w = None`: it exists on the
+            # main process only already, and every use is the script's (`if w is not None:`).
+            item.unconvertible.add(_tracker_kind(created_by))
+            continue
         if bad is not None:
             item.problems.append((family, bad, _unguardable_writer(name, created_by)))
             item.unconvertible.add(_tracker_kind(created_by))
@@ -607,6 +616,37 @@ def _already_guarded(where: StmtRef) -> bool:
     for outer in where.path:
         stmt = outer.stmt
         if isinstance(stmt, (cst.If, cst.While)) and _RANK_TEST.search(empty.code_for_node(stmt.test)):
+            return True
+    return False
+
+
+def _main_only_writer(scope: Scope, name: str) -> bool:
+    """Every binding of `name` in `scope` is either a call made in the branch of an `if` taken on the
+    main process only (`if global_rank == 0 and args.log_dir:`, the `else` of `if rank != 0:`) or
+    `None`: the writer exists on the main process only, as the script wrote it."""
+    bindings = scope.bindings.get(name, [])
+    made = False
+    for binding in bindings:
+        value = binding.value
+        if isinstance(value, cst.Name) and value.value == "None":
+            continue
+        if not isinstance(value, cst.Call) or not _in_main_branch(binding.where):
+            return False
+        made = True
+    return made
+
+
+def _in_main_branch(where: StmtRef) -> bool:
+    """The statement sits in the body of an `if` true on the main process only, or in the `else`
+    of one false there only (`if rank != 0:`)."""
+    for outer, nested in zip(where.path, (*where.path[1:], where)):
+        stmt = outer.stmt
+        if not isinstance(stmt, cst.If):
+            continue
+        if nested.block is stmt.body and _main_process_test(stmt.test):
+            return True
+        if (isinstance(stmt.orelse, cst.Else) and nested.block is stmt.orelse.body
+                and _main_process_test(stmt.test, negated=True)):
             return True
     return False
 

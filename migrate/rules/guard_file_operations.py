@@ -258,8 +258,9 @@ _FILE_WRITERS = frozenset({"torchvision.utils.save_image", "matplotlib.pyplot.sa
 # barrier); `.extractall(...)` (tarfile, zipfile) is recognised as a method.
 _FETCHERS = frozenset({"urllib.request.urlretrieve", "shutil.unpack_archive"})
 _FETCH_METHODS = frozenset({"extractall"})
-# Methods that write a table or an array to the path they are given (pandas' writers).
-_WRITE_METHODS = frozenset({"to_csv", "to_json", "to_parquet", "to_pickle"})
+# Methods that write to the path they are given: pandas' writers, and `save_pretrained` (a
+# transformers model, tokenizer or config writing its folder).
+_WRITE_METHODS = frozenset({"to_csv", "to_json", "to_parquet", "to_pickle", "save_pretrained"})
 # Console output that is not `print`: a status line written on every process would repeat N times.
 _CONSOLE = frozenset({"sys.stdout.write"})
 # Writers recognised by their qualified name (and `torch.save`, a checkpoint or a cache).
@@ -275,11 +276,12 @@ _PATH_ARG = {
     "to_json": (0, "path_or_buf"),
     "to_parquet": (0, "path"),
     "to_pickle": (0, "path"),
+    "save_pretrained": (0, "save_directory"),
 }
 # Methods of a model that only read it (no forward): `model.parameters()` in a guarded write is fine.
 _READS_MODEL_ONLY = frozenset({
     "state_dict", "parameters", "named_parameters", "buffers", "named_buffers", "modules",
-    "named_modules", "children", "named_children",
+    "named_modules", "children", "named_children", "save_pretrained",
 })
 # A call reading a file back: its function's last name.
 _READS_BACK = re.compile(r"load|read|^open$", re.IGNORECASE)
@@ -372,6 +374,7 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
             plan.change(CODE, unit.stmt, f"{write.what} on the main process only")
             if write.helper:
                 _unwrapped_arguments(roles, plan, scope, write.call)
+            _unwrapped_receiver(roles, plan, scope, write.call)
             _report_share_written(roles, plan, scope, write)
     _barriers_after(plan, read_back, barriers)
     return guarded, barriers
@@ -403,6 +406,28 @@ def _unwrapped_arguments(roles: Roles, plan: EditPlan, scope: Scope, call: cst.C
     plan.calls[call] = unwrapped
     names = ", ".join(f"`{cst.Module([]).code_for_node(m)}`" for m in models)
     plan.change(CODE, call, f"{names} handed to it unwrapped: it saves the module the single-device script saved")
+
+
+def _unwrapped_receiver(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> None:
+    """A prepared model that saves itself (`model.save_pretrained(path)`) saves unwrapped
+    (`accelerator.unwrap_model(model).save_pretrained(path)`): the module, its config and its keys
+    as the single-device script saved them, not the DistributedDataParallel around it (which has no
+    such method under HF Accelerate)."""
+    func = call.func
+    if type(func) is not cst.Attribute or func.attr.value not in _WRITE_METHODS or call in plan.calls:
+        return
+    ref = reference(func.value)
+    if ref is None or not (ref in roles.models or roles.all_in(scope, ref, roles.models)):
+        return
+
+    def unwrapped(updated: cst.Call) -> cst.Call:
+        assert type(updated.func) is cst.Attribute
+        receiver = cst.Call(func=cst.Attribute(cst.Name("accelerator"), cst.Name("unwrap_model")),
+                            args=[cst.Arg(updated.func.value)])
+        return updated.with_changes(func=updated.func.with_changes(value=receiver))
+
+    plan.calls[call] = unwrapped
+    plan.change(CODE, call, f"`{ref}` saves itself unwrapped: the module the single-device script saved")
 
 
 def _report_share_written(roles: Roles, plan: EditPlan, scope: Scope, write: _Write) -> None:
@@ -732,9 +757,9 @@ def _rank_key(key: cst.BaseExpression) -> bool:
 # Functions the migration cannot read (of a module it does not have: `from utils import
 # save_checkpoint`, a star import, a package), known by their name alone: the last name, split at
 # `_`, says it saves or writes files (`save_checkpoint`, `save_config_file`, `write_results`,
-# `dump_predictions`), downloads (`download_and_load_gpt2`, `maybe_download`, `fetch_data`,
+# `dump_predictions`, and a private helper's `_save_checkpoint`), downloads (`download_and_load_gpt2`, `maybe_download`, `fetch_data`,
 # `hf_hub_download`) or draws a progress bar (`progress_bar`).
-_SAVES_BY_NAME = re.compile(r"^(save|write|dump)(_|$)", re.IGNORECASE)
+_SAVES_BY_NAME = re.compile(r"^_*(save|write|dump)(_|$)", re.IGNORECASE)
 _DOWNLOADS_BY_NAME = re.compile(r"(^|_)(download|fetch)", re.IGNORECASE)
 _PROGRESS_BY_NAME = re.compile(r"(^|_)progress(_|$)", re.IGNORECASE)
 

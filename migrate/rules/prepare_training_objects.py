@@ -214,7 +214,16 @@ Leaves alone:
     is averaged (the runtime's check raises GradientSyncError). So does an optimizer rebound to
     another library's distributed optimizer (`optimizer = cherry.optim.Distributed(params,
     opt=optimizer)`, `hvd.DistributedOptimizer(optimizer, ...)`): it averages gradients with its own
-    collectives, beside the ones DDP would add.
+    collectives, beside the ones DDP would add. So does a model loaded split over the GPUs
+    (`from_pretrained(..., device_map="auto")`, also `"balanced"`, `"balanced_low_0"`,
+    `"sequential"`): one process trains it across every GPU (model parallel), where `prepare`
+    needs a whole copy on each process's device; the advice is to drop `device_map=` and migrate
+    again. A single-device map (`device_map={"": 0}`) is prepared as usual.
+    A training loader handed to `iter(...)` or to a generator of the script that yields its
+    batches (`batches = cycle(loader)`, then `next(batches)` in the training loop) before the
+    prepare point (above the optimizer) refuses the file at that line: the iterator holds the
+    loader as it was, so rebinding the name by `prepare` does not reach it; moving the line below
+    the optimizer makes the loader prepared (a generator's loader is followed like `iter`'s).
     A second training section in the same scope that builds its optimizer again after the prepare
     call (a notebook-style file training a baseline, then another model) is reported and the
     file left as it is: that section's model would train unprepared.
