@@ -299,6 +299,61 @@ def statement_texts(module: cst.Module, text: str, counts: dict[int, int] | None
     return out if line == len(ends) else None
 
 
+def inner_statement_texts(item: cst.CSTNode, text: str, wanted: set[int], opened: set[int],
+                          default_indent: str) -> dict[int, tuple[cst.CSTNode, str, str]] | None:
+    """The code of some statements inside the top-level compound statement `item`, cut from
+    `text` (the code of `item`, as `statement_texts` cuts it), with the indentation each is
+    generated at there: {id: (statement, code, indentation)} for the statements of an indented
+    block whose `id` is in `wanted`. `opened`: the ids of `item` and of every statement or clause
+    between it and a wanted statement (the others are passed by their line counts alone). A
+    statement in an indented block spans whole lines: its leading lines, its own lines, and the
+    newline that ends it. None when the counts do not add up to the lines of `text`."""
+    ends = [match.end() for match in _NEWLINES.finditer(text)]
+    out: dict[int, tuple[cst.CSTNode, str, str]] = {}
+
+    def place(node: object, line: int, indent: str) -> int:
+        kind = type(node)
+        if kind is tuple or kind is list:
+            for each in node:  # type: ignore[attr-defined]
+                line = place(each, line, indent)
+            return line
+        if node is None:
+            return line
+        if kind is cst.IndentedBlock:
+            line += _line_count(node.header)  # type: ignore[attr-defined]
+            inner = indent + (default_indent if node.indent is None else node.indent)  # type: ignore[attr-defined]
+            body = node.body  # type: ignore[attr-defined]
+            for stmt in body:
+                if id(stmt) in wanted:
+                    end = line + _line_count(stmt)
+                    if not line < end <= len(ends):
+                        raise _Uncut
+                    out[id(stmt)] = (stmt, text[ends[line - 1] if line else 0:ends[end - 1]], inner)
+                    line = end
+                else:
+                    line = place(stmt, line, inner)
+            return place(node.footer, line + (0 if body else 1), indent)  # type: ignore[attr-defined]
+        parts = _PARTS.get(kind)
+        if parts is None or id(node) not in opened:
+            return line + _line_count(node)
+        leading_of, header_of, blocks_of = parts
+        line += _line_count(leading_of(node)) + _line_count(header_of(node))  # type: ignore[arg-type]
+        for block in blocks_of(node):  # type: ignore[arg-type]
+            line = place(block, line, indent)
+        return line
+
+    try:
+        if place(item, 0, "") != len(ends) or not ends or ends[-1] != len(text):
+            return None
+    except _Uncut:
+        return None
+    return out
+
+
+class _Uncut(Exception):
+    """A statement's lines run past the text it is cut from."""
+
+
 # Per node type: a getter of every field (formatting included) but the module's settings.
 _ALL_FIELDS: dict[type, Callable[[cst.CSTNode], tuple[object, ...]]] = {}
 _SETTINGS = frozenset({"default_indent", "default_newline", "encoding"})
