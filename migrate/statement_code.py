@@ -48,7 +48,8 @@ class StatementCode:
         # top-level item they are in, the statement or clause they are directly in); made on demand
         self._owners: dict[int, tuple[cst.CSTNode, cst.CSTNode]] | None = None
         self._original = original
-        # `counts`: line counts of `original`'s top-level items, from `start_lines` (by `id`)
+        self._counts = counts
+        # `counts`: line counts of `original`'s statements, from `start_lines` (by `id`)
         texts = statement_texts(original, text, counts) if original is not None and text is not None else None
         if texts is not None and original is not None:
             self._settings = (original.default_indent, original.default_newline)
@@ -110,7 +111,8 @@ class StatementCode:
                 while id(parent) not in opened:
                     opened.add(id(parent))
                     parent = owners[id(parent)][1]
-            texts = inner_statement_texts(item, text, {id(stmt) for stmt in statements}, opened, self._settings[0])
+            texts = inner_statement_texts(item, text, {id(stmt) for stmt in statements}, opened, self._settings[0],
+                                          self._counts)
             if texts:
                 cuts.update(texts)
         return module.code_for_node(_with_cuts(node, cuts) if cuts else node)

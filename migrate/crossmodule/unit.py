@@ -44,7 +44,7 @@ from migrate.rewriter import Rewriter
 from migrate.roles import find_roles
 from migrate.statement_code import StatementCode
 from migrate.suppression import drop_skipped, skip_lines
-from migrate.walk import NOT_NODES, child_getter
+from migrate.walk import NOT_NODES, AllFound, child_getter
 
 # What the single-file engine says of a module whose training objects come from elsewhere.
 _LIBRARY = ("a library module", "no optimizer is built in this file")
@@ -411,6 +411,8 @@ class _Located:
             if key in left:
                 left.discard(key)
                 owners[key] = m
+                if not left:  # every target is found too: the rest of the module is not needed
+                    raise AllFound
             path.append(node)
             for value in child_getter(type(node))(node):
                 kind = type(value)
@@ -421,7 +423,10 @@ class _Located:
                     visit(value)  # type: ignore[arg-type]
             path.pop()
 
-        visit(m.module)
+        try:
+            visit(m.module)
+        except AllFound:
+            pass
         return found
 
     def owner(self, node: cst.CSTNode) -> _Parsed | None:

@@ -5,6 +5,7 @@ units with two entries sharing a module and a function imported under another na
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -193,7 +194,8 @@ _NO_TRAILING_NEWLINE = ["x = 1\ny = 2", "x = 1\r\ny = 2", "x=1\r\ny=2\n# tail", 
 @pytest.mark.parametrize("text", _NO_TRAILING_NEWLINE)
 def test_statement_code_without_a_trailing_newline(text: str) -> None:
     """A module without a trailing newline (libcst drops the last newline token of its code):
-    kept, replaced and removed last items, and imports added, give `Module.code`."""
+    kept, replaced and removed last items, a new last item ending with a statement it kept, and
+    imports added, give `Module.code`."""
     import libcst as cst
 
     from migrate.imports import add_imports
@@ -208,6 +210,11 @@ def test_statement_code_without_a_trailing_newline(text: str) -> None:
         module.with_changes(body=body[:-1]),
         module.with_changes(body=[*body, cst.parse_statement("if z:\n    w = 4\n")]),
     ]
+    last = body[-1]
+    if type(last) in (cst.If, cst.FunctionDef):  # a new last item ending with a kept statement
+        block = last.body  # type: ignore[attr-defined]
+        new_block = block.with_changes(body=[cst.parse_statement("v = 0\n"), *block.body])
+        variants.append(module.with_changes(body=[*body[:-1], last.with_changes(body=new_block)]))
     code = StatementCode(module, text)
     for variant in variants:
         assert code(variant) == variant.code
@@ -271,11 +278,11 @@ def test_inner_statement_texts_are_the_code_of_each_inner_statement() -> None:
     statement from its code: each equals libcst's code for it, generated at the indentation it has
     there, on every fixture and layout: every simple statement at every depth; the statements of
     the first block (compound ones whole); the last statement alone, with only the statements
-    around it opened."""
+    around it opened; each with and without the line counts `start_lines` records on its way."""
     import libcst as cst
     from libcst._nodes.internal import CodegenState
 
-    from migrate.positions import _PARTS, inner_statement_texts, statement_texts
+    from migrate.positions import _PARTS, _line_count, inner_statement_texts, start_lines, statement_texts
     from migrate.statement_code import _index
 
     cut = 0
@@ -300,8 +307,14 @@ def test_inner_statement_texts_are_the_code_of_each_inner_statement() -> None:
             everything = {id(parent) for _, parent in owners.values()}
             simple = {id(stmt) for stmt in blocks if type(stmt) not in _PARTS}
             first = {id(stmt) for stmt in walk_blocks(item)[0]}  # compound ones cut whole
-            for wanted, opened in ((simple, everything), (first, everything), ({id(last)}, enclosing)):
-                found = inner_statement_texts(item, texts[id(item)], wanted, opened, module.default_indent)
+            # the line counts the placing walk records on its way to a node (here: the last one)
+            counts: dict[int, int] = {}
+            start_lines(module, [last], counts)
+            for stmt in blocks:
+                assert counts.get(id(stmt), _line_count(stmt)) == _line_count(stmt)
+            for (wanted, opened), known in itertools.product(
+                    ((simple, everything), (first, everything), ({id(last)}, enclosing)), (None, counts)):
+                found = inner_statement_texts(item, texts[id(item)], wanted, opened, module.default_indent, known)
                 assert found is not None and set(found) == wanted
                 for node, code, indent in found.values():
                     state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
