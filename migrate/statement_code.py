@@ -77,10 +77,19 @@ class StatementCode:
         token of its last item (a newline) is dropped."""
         done = self._last.get(id(node))
         if done is None:
+            generated, cuts = self._with_cuts(node)
             state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
-            node._codegen(state)
+            generated._codegen(state)
+            tokens = state.tokens
+            last = next((cut for cut in cuts.values() if tokens and tokens[-1] is cut[1]), None)
+            if last is not None:  # a cut statement ends the item: its own last token is the one to drop
+                tokens.pop()
+                again = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
+                again.indent_tokens = [last[2]]
+                last[0]._codegen(again)
+                tokens.extend(again.tokens)
             state.pop_trailing_newline()
-            done = self._last[id(node)] = (node, "".join(state.tokens))
+            done = self._last[id(node)] = (node, "".join(tokens))
         return done[1]
 
     def _code(self, module: cst.Module, node: cst.CSTNode) -> str:
@@ -92,8 +101,14 @@ class StatementCode:
     def _generate(self, module: cst.Module, node: cst.CSTNode) -> str:
         """The code of a new top-level item, with the statements it kept from the original (inside
         its blocks) cut from the source (`inner_statement_texts`)."""
+        return module.code_for_node(self._with_cuts(node)[0])
+
+    def _with_cuts(self, node: cst.CSTNode) -> tuple[cst.CSTNode, dict[int, tuple[cst.CSTNode, str, str]]]:
+        """`node` with the statements it kept from the original standing as `_Cut`s, and those
+        statements' (statement, code, indentation) by id."""
+        cuts: dict[int, tuple[cst.CSTNode, str, str]] = {}
         if self._settings is None or type(node) not in _PARTS:
-            return module.code_for_node(node)
+            return node, cuts
         owners = self._owners
         if owners is None:
             owners = self._owners = {}
@@ -102,7 +117,6 @@ class StatementCode:
                     _index(item, item, owners)
         kept: dict[int, list[cst.CSTNode]] = {}  # by the id of the original top-level item they are in
         _kept(node, owners, kept)
-        cuts: dict[int, tuple[cst.CSTNode, str, str]] = {}
         for key, statements in kept.items():
             item, text = self._done[key]
             opened = {key}
@@ -115,7 +129,7 @@ class StatementCode:
                                           self._counts)
             if texts:
                 cuts.update(texts)
-        return module.code_for_node(_with_cuts(node, cuts) if cuts else node)
+        return (_with_cuts(node, cuts) if cuts else node), cuts
 
 
 def _index(node: cst.CSTNode, top: cst.CSTNode, owners: dict[int, tuple[cst.CSTNode, cst.CSTNode]]) -> None:
