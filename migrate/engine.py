@@ -121,7 +121,7 @@ def run_rules(
     roles = find_roles(analyze(module, text))
     plan = plan_edits(roles, options)
 
-    counts: dict[int, int] = {}  # line counts of top-level statements, shared by the two passes below
+    counts: dict[int, int] = {}  # line counts of statements, shared by the passes below
     if (plan.changes or plan.findings) and (report or skipped):
         # Skip comments and annotations look up other nodes' lines; otherwise only the reported ones.
         line = start_lines(module, None if skipped or options.annotate else

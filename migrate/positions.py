@@ -119,7 +119,8 @@ def start_lines(module: cst.Module, wanted: Iterable[cst.CSTNode] | None = None,
                 counts: dict[int, int] | None = None) -> dict[cst.CSTNode, int]:
     """Map every node of `module` to the (1-based) line its code starts on. With `wanted`, only
     those nodes are guaranteed to be in the map. `counts`, when given, receives the newlines in
-    the code of each top-level item the walk went past (by `id`), for `statement_texts`."""
+    the code of each top-level item and each statement of an indented block the walk went past
+    (by `id`), for `statement_texts` and `inner_statement_texts`."""
     if wanted is None:
         return _whole_pass(module, None)
     left = set(wanted)
@@ -176,7 +177,7 @@ class _Placer:
         self.wanted = wanted  # those not placed yet
         self.ids = frozenset(map(id, wanted))  # id() tests: a node's own __hash__ is Python code
         self.starts: dict[cst.CSTNode, int] = {}
-        self.counts: dict[int, int] | None = None  # newlines of each top-level item passed (`start_lines`)
+        self.counts: dict[int, int] | None = None  # newlines of each statement passed (`start_lines`)
 
     def record(self, node: cst.CSTNode, line: int) -> None:
         if id(node) in self.ids:
@@ -237,7 +238,14 @@ class _Placer:
                 parts = _PARTS.get(type(first))
                 leading = parts[0](first) if parts is not None else first.leading_lines  # type: ignore[attr-defined]
                 self.record(block, line + _line_count(leading))
-            line = self.place(body, line)
+            counts = self.counts
+            if counts is None:
+                line = self.place(body, line)
+            else:  # for `inner_statement_texts`, as for the top-level items
+                for stmt in body:
+                    end = self.place(stmt, line)
+                    counts[id(stmt)] = end - line
+                    line = end
         else:
             self.record(block, line)  # a generated `pass`
             line += 1
@@ -297,6 +305,65 @@ def statement_texts(module: cst.Module, text: str, counts: dict[int, int] | None
         out[id(item)] = text[start:end]
         start = end
     return out if line == len(ends) else None
+
+
+def inner_statement_texts(item: cst.CSTNode, text: str, wanted: set[int], opened: set[int],
+                          default_indent: str, counts: dict[int, int] | None = None,
+                          ) -> dict[int, tuple[cst.CSTNode, str, str]] | None:
+    """The code of some statements inside the top-level compound statement `item`, cut from
+    `text` (the code of `item`, as `statement_texts` cuts it), with the indentation each is
+    generated at there: {id: (statement, code, indentation)} for the statements of an indented
+    block whose `id` is in `wanted`. `opened`: the ids of `item` and of every statement or clause
+    between it and a wanted statement (the others are passed by their line counts alone). A
+    statement in an indented block spans whole lines: its leading lines, its own lines, and the
+    newline that ends it. None when the counts do not add up to the lines of `text`. `counts`:
+    the line counts of statements `start_lines` already went past."""
+    ends = [match.end() for match in _NEWLINES.finditer(text)]
+    out: dict[int, tuple[cst.CSTNode, str, str]] = {}
+    known = counts or {}
+
+    def place(node: object, line: int, indent: str) -> int:
+        kind = type(node)
+        if kind is tuple or kind is list:
+            for each in node:  # type: ignore[attr-defined]
+                line = place(each, line, indent)
+            return line
+        if node is None:
+            return line
+        if kind is cst.IndentedBlock:
+            line += _line_count(node.header)  # type: ignore[attr-defined]
+            inner = indent + (default_indent if node.indent is None else node.indent)  # type: ignore[attr-defined]
+            body = node.body  # type: ignore[attr-defined]
+            for stmt in body:
+                count = known.get(id(stmt))
+                if id(stmt) in wanted:
+                    end = line + (_line_count(stmt) if count is None else count)
+                    if not line < end <= len(ends):
+                        raise _Uncut
+                    out[id(stmt)] = (stmt, text[ends[line - 1] if line else 0:ends[end - 1]], inner)
+                    line = end
+                else:
+                    line = line + count if count is not None and id(stmt) not in opened else place(stmt, line, inner)
+            return place(node.footer, line + (0 if body else 1), indent)  # type: ignore[attr-defined]
+        parts = _PARTS.get(kind)
+        if parts is None or id(node) not in opened:
+            return line + _line_count(node)
+        leading_of, header_of, blocks_of = parts
+        line += _line_count(leading_of(node)) + _line_count(header_of(node))  # type: ignore[arg-type]
+        for block in blocks_of(node):  # type: ignore[arg-type]
+            line = place(block, line, indent)
+        return line
+
+    try:
+        if place(item, 0, "") != len(ends) or not ends or ends[-1] != len(text):
+            return None
+    except _Uncut:
+        return None
+    return out
+
+
+class _Uncut(Exception):
+    """A statement's lines run past the text it is cut from."""
 
 
 # Per node type: a getter of every field (formatting included) but the module's settings.

@@ -263,14 +263,22 @@ def own_method(cls: type, name: str) -> Callable[..., object] | None:
 
 
 def with_ancestors(root: cst.CSTNode, targets: set[cst.CSTNode]) -> set[cst.CSTNode]:
-    """`targets` (those inside `root`) and every node on the way from `root` down to one of them."""
+    """`targets` (those inside `root`) and every node on the way from `root` down to one of them.
+    `root` holds each node once (a parsed tree, or an output `each_node_once` passed): the walk
+    stops at the last target."""
     found: set[cst.CSTNode] = set()
     path: list[cst.CSTNode] = []
+    ids = {id(node) for node in targets}  # (a node's own __hash__ is Python code)
+    left = len(ids)
 
     def visit(node: cst.CSTNode) -> None:
-        if node in targets:
+        nonlocal left
+        if id(node) in ids:
             found.add(node)
             found.update(path)
+            left -= 1
+            if not left:
+                raise AllFound
         path.append(node)
         for value in (_GETTERS.get(type(node)) or _getter(type(node)))(node):
             kind = type(value)
@@ -281,8 +289,16 @@ def with_ancestors(root: cst.CSTNode, targets: set[cst.CSTNode]) -> set[cst.CSTN
                 visit(value)  # type: ignore[arg-type]
         path.pop()
 
-    visit(root)
+    if left:
+        try:
+            visit(root)
+        except AllFound:
+            pass
     return found
+
+
+class AllFound(Exception):
+    """Every node a walk looks for is found: the rest of the tree is not needed."""
 
 
 def statement_blocks(stmt: cst.BaseStatement) -> list[Sequence[cst.BaseStatement]]:

@@ -44,7 +44,7 @@ from migrate.rewriter import Rewriter
 from migrate.roles import find_roles
 from migrate.statement_code import StatementCode
 from migrate.suppression import drop_skipped, skip_lines
-from migrate.walk import NOT_NODES, child_getter
+from migrate.walk import NOT_NODES, AllFound, child_getter
 
 # What the single-file engine says of a module whose training objects come from elsewhere.
 _LIBRARY = ("a library module", "no optimizer is built in this file")
@@ -279,13 +279,14 @@ def _migrate_entry(
     for m in modules:
         if m is not head and id(m) not in edited and id(m) not in reported:
             continue  # neither rewritten nor told anything (a module with findings keeps them)
-        rewritten = _rewrite(m, plan, located.touched(m))
+        mine = [r for r in plan.changes if owner(r.node) is m], [f for f in plan.findings if owner(f.node) is m]
+        counts: dict[int, int] = {}  # line counts the start-line pass goes past, for the rewrite's code
+        line = lines.of(m.source.path, {x.node for group in mine for x in group}, counts)
+        rewritten = _rewrite(m, plan, located.touched(m), counts)
         if rewritten is None:
             return _Outcome(reason=f"the rewrite of {m.source.display} would not compile (please report this)")
         new_module, new_text = rewritten
         outcome.trees[m.source.path] = new_module
-        mine = [r for r in plan.changes if owner(r.node) is m], [f for f in plan.findings if owner(f.node) is m]
-        line = lines.of(m.source.path, {x.node for group in mine for x in group})
         changes = sorted({Change(r.code, line[r.node], r.message) for r in mine[0]},
                          key=lambda c: (c.line, c.code, c.message))
         diagnostics = sorted({Diagnostic(f.code, line[f.node], f.message, unconverted=f.unconverted) for f in mine[1]},
@@ -299,15 +300,17 @@ def _migrate_entry(
     return outcome
 
 
-def _rewrite(m: _Parsed, plan, touched: set[cst.CSTNode]) -> tuple[cst.Module, str] | None:  # type: ignore[no-untyped-def]
-    """`touched`: the module's planned edits and the nodes on the way to them (`_Located.touched`)."""
+def _rewrite(m: _Parsed, plan, touched: set[cst.CSTNode],  # type: ignore[no-untyped-def]
+             counts: dict[int, int] | None = None) -> tuple[cst.Module, str] | None:
+    """`touched`: the module's planned edits and the nodes on the way to them (`_Located.touched`);
+    `counts`: statement line counts from a start-line pass over the module (`start_lines`)."""
     rewriter = Rewriter(plan, touched)
     new_module = m.module.visit(rewriter)
     if plan.removes_boilerplate or rewriter.rebound:
         new_module = remove_unused(m.module, new_module, rewriter.rebound)
     # the entry may create nothing (a trainer class of another module creates the Accelerator):
     # each file takes only the imports its rewritten code reads
-    code = StatementCode(m.module, m.source.text)
+    code = StatementCode(m.module, m.source.text, counts)
     new_text = code(new_module)
     wanted = {
         item for item in plan.imports
@@ -411,6 +414,8 @@ class _Located:
             if key in left:
                 left.discard(key)
                 owners[key] = m
+                if not left:  # every target is found too: the rest of the module is not needed
+                    raise AllFound
             path.append(node)
             for value in child_getter(type(node))(node):
                 kind = type(value)
@@ -421,7 +426,10 @@ class _Located:
                     visit(value)  # type: ignore[arg-type]
             path.pop()
 
-        visit(m.module)
+        try:
+            visit(m.module)
+        except AllFound:
+            pass
         return found
 
     def owner(self, node: cst.CSTNode) -> _Parsed | None:
@@ -448,9 +456,10 @@ class _StartLines:
             self._tables[path] = start_lines(self._modules[path])
         return self._tables[path]
 
-    def of(self, path: Path, nodes: Iterable[cst.CSTNode]) -> dict[cst.CSTNode, int]:
+    def of(self, path: Path, nodes: Iterable[cst.CSTNode], counts: dict[int, int] | None = None) -> dict[cst.CSTNode, int]:
+        """`counts`: receives the statement line counts the pass goes past (`start_lines`)."""
         table = self._tables.get(path)
-        return table if table is not None else start_lines(self._modules[path], nodes)
+        return table if table is not None else start_lines(self._modules[path], nodes, counts)
 
     def line(self, path: Path, node: cst.CSTNode) -> int:
         return self.of(path, [node])[node]

@@ -5,6 +5,7 @@ units with two entries sharing a module and a function imported under another na
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -193,7 +194,8 @@ _NO_TRAILING_NEWLINE = ["x = 1\ny = 2", "x = 1\r\ny = 2", "x=1\r\ny=2\n# tail", 
 @pytest.mark.parametrize("text", _NO_TRAILING_NEWLINE)
 def test_statement_code_without_a_trailing_newline(text: str) -> None:
     """A module without a trailing newline (libcst drops the last newline token of its code):
-    kept, replaced and removed last items, and imports added, give `Module.code`."""
+    kept, replaced and removed last items, a new last item ending with a statement it kept, and
+    imports added, give `Module.code`."""
     import libcst as cst
 
     from migrate.imports import add_imports
@@ -208,6 +210,11 @@ def test_statement_code_without_a_trailing_newline(text: str) -> None:
         module.with_changes(body=body[:-1]),
         module.with_changes(body=[*body, cst.parse_statement("if z:\n    w = 4\n")]),
     ]
+    last = body[-1]
+    if type(last) in (cst.If, cst.FunctionDef):  # a new last item ending with a kept statement
+        block = last.body  # type: ignore[attr-defined]
+        new_block = block.with_changes(body=[cst.parse_statement("v = 0\n"), *block.body])
+        variants.append(module.with_changes(body=[*body[:-1], last.with_changes(body=new_block)]))
     code = StatementCode(module, text)
     for variant in variants:
         assert code(variant) == variant.code
@@ -264,3 +271,96 @@ def test_a_unit_parses_each_module_once(tmp_path: Path, monkeypatch: pytest.Monk
     assert report["main.py"][1] is not None and report["other.py"][1] is not None  # both entries migrated
     for name, text in files.items():
         assert parsed.count(text) == 1, name
+
+
+def test_inner_statement_texts_are_the_code_of_each_inner_statement() -> None:
+    """`inner_statement_texts` cuts the statements of the blocks inside a top-level compound
+    statement from its code: each equals libcst's code for it, generated at the indentation it has
+    there, on every fixture and layout: every simple statement at every depth; the statements of
+    the first block (compound ones whole); the last statement alone, with only the statements
+    around it opened; each with and without the line counts `start_lines` records on its way."""
+    import libcst as cst
+    from libcst._nodes.internal import CodegenState
+
+    from migrate.positions import _PARTS, _line_count, inner_statement_texts, start_lines, statement_texts
+    from migrate.statement_code import _index
+
+    cut = 0
+    for text in _fixture_texts():
+        module = cst.parse_module(text)
+        texts = statement_texts(module, text)
+        if texts is None:
+            continue
+        for item in module.body:
+            if type(item) not in _PARTS:
+                continue
+            owners: dict[int, tuple[cst.CSTNode, cst.CSTNode]] = {}
+            _index(item, item, owners)
+            blocks = [stmt for block in walk_blocks(item) for stmt in block]
+            if not blocks:
+                continue
+            last = blocks[-1]
+            enclosing, parent = {id(item)}, owners[id(last)][1]
+            while id(parent) != id(item):
+                enclosing.add(id(parent))
+                parent = owners[id(parent)][1]
+            everything = {id(parent) for _, parent in owners.values()}
+            simple = {id(stmt) for stmt in blocks if type(stmt) not in _PARTS}
+            first = {id(stmt) for stmt in walk_blocks(item)[0]}  # compound ones cut whole
+            # the line counts the placing walk records on its way to a node (here: the last one)
+            counts: dict[int, int] = {}
+            start_lines(module, [last], counts)
+            for stmt in blocks:
+                assert counts.get(id(stmt), _line_count(stmt)) == _line_count(stmt)
+            for (wanted, opened), known in itertools.product(
+                    ((simple, everything), (first, everything), ({id(last)}, enclosing)), (None, counts)):
+                found = inner_statement_texts(item, texts[id(item)], wanted, opened, module.default_indent, known)
+                assert found is not None and set(found) == wanted
+                for node, code, indent in found.values():
+                    state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
+                    state.indent_tokens = [indent]
+                    node._codegen(state)
+                    assert "".join(state.tokens) == code
+                    cut += 1
+    assert cut > 1000
+
+
+def walk_blocks(node: object) -> list[list[object]]:
+    """The statement lists of every indented block under a compound statement, outermost first."""
+    import libcst as cst
+
+    from migrate.positions import _PARTS
+
+    out: list[list[object]] = []
+    parts = _PARTS.get(type(node))
+    if parts is None:
+        return out
+    for block in parts[2](node):  # type: ignore[arg-type]
+        for value in block if isinstance(block, (tuple, list)) else (block,):
+            if type(value) is cst.IndentedBlock:
+                out.append(list(value.body))
+                for stmt in value.body:
+                    out.extend(walk_blocks(stmt))
+            else:
+                out.extend(walk_blocks(value))
+    return out
+
+
+def test_statement_code_cuts_kept_inner_statements_only_at_their_indentation() -> None:
+    """In a new function, a statement kept at its indentation is cut from the source (its odd
+    spacing shows it), one moved into a new block is generated at the new indentation."""
+    import libcst as cst
+
+    text = "def f():\n    a  =  1  # kept\n    if a:\n        b  =  2\n    c  =  3\n"
+    module = cst.parse_module(text)
+    function = module.body[0]
+    kept, branch, moved = function.body.body  # type: ignore[attr-defined]
+    new = function.with_changes(body=function.body.with_changes(body=[  # type: ignore[attr-defined]
+        kept,
+        cst.parse_statement("d = 4\n"),
+        branch,
+        cst.If(test=cst.Name("a"), body=cst.IndentedBlock(body=[moved])),
+    ]))
+    rewritten = module.with_changes(body=[new])
+    assert StatementCode(module, text)(rewritten) == rewritten.code == (
+        "def f():\n    a  =  1  # kept\n    d = 4\n    if a:\n        b  =  2\n    if a:\n        c  =  3\n")

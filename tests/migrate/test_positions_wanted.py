@@ -140,10 +140,11 @@ def test_the_pass_stops_after_the_last_wanted_node() -> None:
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=[str(p.relative_to(FIXTURES)) for p in SOURCES])
-def test_counts_of_the_placing_walk_are_the_top_level_line_counts(path: Path) -> None:
-    """`start_lines(..., counts)` records the newlines of each top-level item it went past
-    (`engine.run_rules` hands them to `statement_texts`): each is `_line_count`'s, and the
-    statement texts cut with them are the texts cut without."""
+def test_counts_of_the_placing_walk_are_the_statement_line_counts(path: Path) -> None:
+    """`start_lines(..., counts)` records the newlines of each top-level item and each statement
+    of an indented block it went past (`engine.run_rules` hands them to `statement_texts` and
+    `inner_statement_texts`): each is `_line_count`'s, and the statement texts cut with them are
+    the texts cut without."""
     from migrate.positions import statement_texts
 
     text = path.read_text()
@@ -155,6 +156,7 @@ def test_counts_of_the_placing_walk_are_the_top_level_line_counts(path: Path) ->
         counts: dict[int, int] = {}
         start_lines(module, wanted, counts)
         items = {id(item): item for item in (*module.header, *module.body, *module.footer)}
+        items.update((id(stmt), stmt) for node in code if type(node) is cst.IndentedBlock for stmt in node.body)
         assert set(counts) <= set(items)
         assert all(count == _line_count(items[key]) for key, count in counts.items())
         assert statement_texts(module, text, counts) == alone
