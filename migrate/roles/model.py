@@ -131,6 +131,9 @@ class Roles:
     # (`self.ddp_model = DDP(self.model)` beside `self.ddp_model = self.model`); prepare binds the
     # alias, and the model's own name keeps the bare module its checkpoints are saved from
     model_aliases: dict[str, str] = field(default_factory=dict)
+    # alias -> prepared name: a plain alias the training step uses, bound before prepare_after
+    # (`net = model` ... `net(x)`); bound again right after the prepare call (migrate/roles/step_aliases.py)
+    step_aliases: dict[str, str] = field(default_factory=dict)
     # optimizer -> its wrapped form (`optimizer = ScheduledOptim(Adam(...), ...)`): prepared as the
     # inner optimizer, then wrapped again after the prepare call (AM004)
     wrapped_optimizers: dict[str, "WrappedOptimizer"] = field(default_factory=dict)

@@ -17,6 +17,7 @@ from migrate.names import instance_attribute
 from migrate.roles.calls import HAND_WRAPPERS, is_expression_statement
 from migrate.roles.loaders import draws_through
 from migrate.roles.model import PREPARE, Finding, Roles
+from migrate.roles import step_aliases
 from migrate.roles.setup_device import setup_device_choices
 
 
@@ -371,6 +372,8 @@ def place_prepare(roles: Roles) -> None:
         return
     roles.prepare_after = point
     _find_wrapped_aliases(roles)
+    if not _find_step_aliases(roles, names, first_use):
+        return
     _early_prepare(roles, home, names, first_use, creation)
 
 
@@ -458,6 +461,47 @@ def _find_wrapped_aliases(roles: Roles) -> None:
             and alias_removal(b.where, home.bindings[name]) is not None for b in bindings
         ):
             roles.model_aliases[name] = model  # type: ignore[index]
+
+
+def _find_step_aliases(roles: Roles, names: list[str], first_use: int) -> bool:
+    """A plain alias of a prepared object bound before the prepare point that the training step
+    uses (`net = model` ... `net(x)`; see `migrate.roles.step_aliases`): prepare binds it again
+    (`roles.step_aliases`). False, with the file refused on the alias line, when the alias is handed
+    on before the prepare point, where rebinding it cannot reach what holds it."""
+    home, after = roles.home, roles.prepare_after
+    assert home is not None and after is not None
+    prepared = set(names)
+    methods = [m for m in roles.methods_of(home) or [] if m is not home]
+    for alias, bindings in home.bindings.items():
+        if alias in prepared or alias in roles.model_aliases or not bindings:
+            continue
+        origins = {step_aliases.origin(home, b) for b in bindings}
+        if len(origins) != 1 or None in origins or not origins <= prepared:
+            continue
+        (target,) = origins
+        if any(b.is_loop_target or b.where.order > after.order for b in bindings):
+            continue
+        steps = [loop.node for loop in home.loops if roles.is_training_loop(loop)]
+        steps += [site.call for site in home.calls if roles.calls_training(site, home)
+                  and any(step_aliases.handed_on([arg.value], home, alias) is not None for arg in site.call.args)]
+        steps += [m.node for m in methods]
+        if not any(s is not None and (step_aliases.used_by_step(s, home, alias) or isinstance(s, cst.Call))
+                   for s in steps):
+            continue
+        where = bindings[-1].where
+        stmts = step_aliases.between(home, where, after)
+        held = step_aliases.handed_on(stmts, home, alias) if stmts is not None else where.stmt
+        if stmts is None or held is not None or len(bindings) != 1:
+            roles.refused = True
+            roles.findings = [Finding(PREPARE, bindings[0].where.stmt, (
+                f"`{alias}` names `{target}` here, before `accelerator.prepare(...)`, and the training step uses "
+                f"`{alias}`; prepare rebinds `{target}` only, and `{alias}` is handed on before the prepare point, "
+                f"so whatever holds it would keep the unprepared object (no gradient sync across processes). The "
+                f"file was left as it is: write `{target}` wherever `{alias}` is used, drop this line, and run again"
+            ), unconverted=True)]
+            return False
+        roles.step_aliases[alias] = target
+    return True
 
 
 def _unread_until_prepare(roles: Roles, home: Scope, name: str, where: StmtRef, after: StmtRef) -> bool:

@@ -71,7 +71,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             if loop is None or id(loop) in done or loop.accumulating:
                 continue
             done.add(id(loop))
-            prepared = [*roles.models, *roles.model_aliases]  # an alias is what prepare binds the model to
+            prepared = [*roles.models, *roles.model_aliases, *(a for a, n in roles.step_aliases.items() if n in roles.models)]  # an alias is what prepare binds the model to
             models = _step_models(roles, scope, loop, prepared)
             if not models:
                 # `accumulate()` without the model would skip the optimizer step on micro-steps but

@@ -244,7 +244,7 @@ from migrate.roles.calls import RNG_DRAWS, RNG_SEEDS
 from migrate.roles.model import WrappedOptimizer
 from migrate.roles.placement import first_code_statement
 from migrate.roles.rng import TORCH, draw_generator, seeded_generators
-from migrate.rules.base import assignment, early_prepare, indent_of, prepared_loaders
+from migrate.rules.base import assignment, early_prepare, indent_of, prepared_loaders, statement
 from migrate.walk import Visitor, walk
 
 CODE = "AM004"
@@ -356,15 +356,17 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     bound = {model: alias for alias, model in roles.model_aliases.items()}
     targets = [bound.get(n, n) for n in names]
     stmt = assignment(targets, "accelerator.prepare", names, indent_of(home, where))
+    # an alias the step uses, bound before the prepare point, names the prepared object again
+    rebound = [statement(f"{alias} = {bound.get(n, n)}\n") for alias, n in roles.step_aliases.items() if n in names]
     if where is not None:
-        plan.insert_after.setdefault(where.stmt, []).append(stmt)
+        plan.insert_after.setdefault(where.stmt, []).extend([stmt, *rebound])
         anchor = where.stmt
     else:
         anchor = roles.create_before
         if anchor is None:
             _batches_left_alike(roles, plan)
             return
-        plan.insert_before.setdefault(anchor, []).append(stmt)
+        plan.insert_before.setdefault(anchor, []).extend([stmt, *rebound])
     for name in names:
         wrapped = roles.wrapped_optimizers.get(name)
         if wrapped is not None:
