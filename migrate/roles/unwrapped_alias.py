@@ -10,7 +10,9 @@ and wrap the module a second time. nanoGPT's `raw_model = model.module if ddp el
 binding, both branches aliases of `model`) is the same alias, and `raw_model.configure_optimizers()`
 builds the optimizer over `model`. After a migration, `model` is bound by `accelerator.prepare(...)`
 instead of the hand DDP (`model_without_ddp = model` on both paths): the same alias, so a second run
-changes nothing.
+changes nothing. Without a hand wrap the same holds when the training step (a loop of home that
+calls backward) calls `model` and never `name`: `model_without_ddp = model` then builds the
+optimizer or saves, and stays the user's module, while `model` is prepared.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import libcst as cst
 
 from migrate.analysis import Scope
 from migrate.names import ImportAliases
+from migrate.roles.step_aliases import used_by_step
 
 _WRAPPERS = frozenset(
     {"torch.nn.parallel.DistributedDataParallel", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}
@@ -54,6 +57,9 @@ def wrapped_model(home: Scope, name: str, aliases: ImportAliases) -> str:
         if (isinstance(value, cst.Call) and aliases.qualify(value.func) in _WRAPPERS and value.args
                 and isinstance(value.args[0].value, cst.Name) and value.args[0].value.value == model):
             return model
+    steps = [loop.node for loop in home.loops if loop.has_backward]
+    if any(used_by_step(s, home, model) for s in steps) and not any(used_by_step(s, home, name) for s in steps):
+        return model  # no hand wrap, but the step calls `model` itself: `name` stays the user's module
     return name
 
 
