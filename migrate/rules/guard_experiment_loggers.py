@@ -87,7 +87,10 @@ Leaves alone:
     writer passed on: `writer = SummaryWriter(...) if accelerator.is_main_process else None`, and
     write through it under `if writer is not None:`). When one wandb
     (or mlflow) call cannot be guarded, none of that library's calls in the file is: `wandb.log`
-    on a process where `wandb.init` did not run raises.
+    on a process where `wandb.init` did not run raises. One exception: a `logging.basicConfig(...)`
+    that writes to the console only (no `filename=`, no `handlers=`) where the accelerator cannot
+    reach (at module level, above training code in functions) is reported as a note that leaves the
+    file migrated: its only effect on N processes is each log line printed N times.
 
 Fix safety:
     On one process the main process is the only process: nothing changes. On N processes the
@@ -162,6 +165,16 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             continue
         if not roles.can_reach(scope) or _unreachable_method(roles, scope) is not None:
             first = item.guarded[0][1] if item.guarded else item.problems[0][1]
+            if _console_logging_setup_only(item):
+                # Console lines repeated on every process: cosmetic, nothing for the file to fail on.
+                plan.report(
+                    CODE, first,
+                    f"`logging.basicConfig(...)` in `{scope.name}`, which cannot reach the accelerator, "
+                    "stays on every process, so each log line it turns on is printed by every process "
+                    "(console output only; training is unaffected): to print them once, move it below "
+                    "the line that creates the accelerator, under `if accelerator.is_main_process:`",
+                )
+                continue
             plan.report(
                 CODE, first,
                 f"experiment logging in `{scope.name}`, which cannot reach the accelerator, runs on every "
@@ -178,6 +191,22 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 plan.change(CODE, stmt, "experiment logging on the main process only")
         if guarded:
             plan.use_accelerator(scope)
+
+
+def _console_logging_setup_only(item: _Found) -> bool:
+    """Everything to guard in `item` is `logging.basicConfig(...)` writing to the console: no
+    `filename=` and no `handlers=` (a file handler writes a file on every process)."""
+    if item.problems or not item.guarded:
+        return False
+    setups = {id(c.where.stmt): c for c in item.scope.library_calls if c.qualified in _LOGGING_SETUP}
+    for _, stmt in item.guarded:
+        call = setups.get(id(stmt))
+        if call is None or any(
+            arg.keyword is not None and arg.keyword.value in ("filename", "handlers") or arg.star
+            for arg in call.call.args
+        ):
+            return False
+    return True
 
 
 def _within(scope: Scope, classes: set[int]) -> bool:
