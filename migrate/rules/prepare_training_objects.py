@@ -251,18 +251,25 @@ CODE = "AM004"
 NAME = "prepare-training-objects"
 
 
-def _sampler_epoch_calls(home: Scope, loader: str) -> list[str]:
-    """The `<loader>.sampler.set_epoch(...)` calls of the training function, as written: with the
-    sampler dropped (as the report on an already-sharded loader asks) the loader's sampler is a
-    plain one without `set_epoch`, and the call would raise AttributeError."""
+def _sampler_epoch_calls(roles: Roles, home: Scope, loader: str) -> list[str]:
+    """The `set_epoch(...)` calls of the training function on the loader's sampler, as written
+    (`<loader>.sampler.set_epoch(e)`, or `train_sampler.set_epoch(e)` on the name passed as
+    `sampler=`): with the sampler dropped (as the report on an already-sharded loader asks) they
+    would raise AttributeError (the loader's sampler is a plain one) or NameError."""
     empty = cst.Module([])
     found: list[str] = []
+    receivers = {f"{loader}.sampler"} | {
+        arg.value.value
+        for _, call in loader_calls(roles, home, loader)
+        for arg in call.args
+        if arg.keyword is not None and arg.keyword.value == "sampler" and type(arg.value) is cst.Name
+    }
 
     class Calls(Visitor):
         def visit_Call(self, node: cst.Call) -> None:
             func = node.func
-            if type(func) is cst.Attribute and func.attr.value == "set_epoch" and type(func.value) is cst.Attribute \
-                    and func.value.attr.value == "sampler" and empty.code_for_node(func.value) == f"{loader}.sampler":
+            if type(func) is cst.Attribute and func.attr.value == "set_epoch" \
+                    and empty.code_for_node(func.value) in receivers:
                 found.append(empty.code_for_node(node))
 
     walk(home.node, Calls())
@@ -310,7 +317,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 loop,
                 f"`{name}` already shards the data by rank (DistributedSampler); preparing it would shard "
                 "twice, so it was not prepared: drop the sampler (keep its shuffle on the DataLoader)"
-                + "".join(f", remove `{call}`" for call in _sampler_epoch_calls(home, name))
+                + "".join(f", remove `{call}`" for call in _sampler_epoch_calls(roles, home, name))
                 + " and migrate again: the loader is then prepared, which shards it by rank and reshuffles "
                 "it each epoch",
             )
