@@ -8,8 +8,10 @@ already-initialised group.
 A script that initialises the group itself (``init_distributed_mode(args)``, ``setup()``) works in
 either order:
 
-* the script's ``dist.init_process_group`` first, then ``Accelerator()``: the Accelerator reuses
-  that group (after checking its rank and size against torchrun's environment) and leaves it to
+* the script's ``dist.init_process_group`` first, then ``Accelerator()``: the Accelerator joins
+  that group, with its rank and size, also when the environment has no torchrun variables (a
+  helper that read ``SLURM_PROCID`` under ``srun``); RANK / WORLD_SIZE that contradict it raise. It
+  leaves the group to
   the script: ``end_training`` waits for every process but does not destroy it, so the script's
   own ``dist.destroy_process_group()`` still works. At exit the group is torn down like one the
   runtime created (barrier, destroy) if the script did not destroy it.
