@@ -184,7 +184,7 @@ Leaves alone:
     rank or an MPI launcher's variable such as `PMI_RANK`: processes started by `mpiexec`): the
     file, or the whole unit, is refused at that call, with every other place that reads MPI's rank
     reported at its own line and the changes that move it to `accel launch`
-    (`migrate/roles/mpi_launch.py`: a partial conversion crashes at N processes under both launchers).
+    (`migrate/roles/mpi_launch.py`: a partial conversion is wrong at N processes under `accel launch`).
     A DDP option that cannot be carried is reported at the wrap, naming it (the wrap still goes,
     and the prepared model trains with DDP's default for it): any other option (`process_group=`,
     `init_sync=`, `forward_sync_buffers=`, `mixed_precision=`, ...), `**options`, a value reading a
@@ -211,8 +211,10 @@ Leaves alone:
     under a test of `os.environ` or after an `if` chain on them whose `else` returns, one process
     without a launcher stays non-distributed as before; where it reads the launcher's environment,
     `env://` or `os.environ[...]`, the script needed torchrun's variables before too; where it
-    takes its own values, flags or an address, it now needs `accel launch` with values that
-    agree, since the Accelerator reads RANK / WORLD_SIZE / LOCAL_RANK; where the call runs outside
+    takes its own values, flags or an address, the Accelerator joins that group with its rank and
+    size, as it joins any group that exists before it (under `srun`, say, from `SLURM_PROCID`), so
+    the script trains distributed where it did before, and RANK / WORLD_SIZE set beside it must
+    agree with it (creating the Accelerator fails otherwise); where the call runs outside
     any `if` after `os.environ.setdefault(...)` of every variable it reads, one plain `python`
     process trains in a group of its own, as before), samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
@@ -497,9 +499,9 @@ def _library_call(
     elif qualified == _INIT and where.stmt is not plan.create_at and where.stmt not in plan.replace_stmt:
         if _reads_mpi(roles, scope):
             plan.report(CODE, call, f"process group initialised in `{scope.name}` from MPI's rank and size; it was "
-                        "kept (the runtime reuses an existing group), but it is right under neither launcher: under "
-                        "`accel launch` (torchrun) every process is MPI's rank 0 of 1 and trains alone, and under "
-                        "mpiexec LOCAL_RANK is not set, so the Accelerator puts every process of a node on GPU 0. Read "
+                        "kept (the runtime reuses an existing group), but it is wrong under `accel launch` (torchrun), "
+                        "which the migrated script is launched with: every process is MPI's rank 0 of 1 and trains "
+                        "alone. Read "
                         "RANK / WORLD_SIZE (and LOCAL_RANK for a device) from the environment torchrun sets instead of "
                         "MPI, here and wherever this module reads MPI's rank, and launch with `accel launch`", unconverted=True)
         else:
@@ -1404,18 +1406,19 @@ def _standalone(where: StmtRef, call: cst.Call) -> bool:
 
 
 def _kept_init_message(scope: Scope, call: cst.Call, where: StmtRef) -> str:
-    """What a kept `init_process_group` means for how the migrated script is launched. The
-    Accelerator reads its rank and world size from torchrun's variables (RANK, WORLD_SIZE,
-    LOCAL_RANK) and reuses the group when it exists; without them it is one process."""
+    """What a kept `init_process_group` means for how the migrated script is launched. An
+    Accelerator created after the call joins the group it made, with the group's rank and world
+    size, whatever launched the processes; RANK / WORLD_SIZE in the environment that contradict the
+    group make creating it fail (runtime/state.py). Without a group, it reads torchrun's variables,
+    and without those it is one process."""
     head = f"process group initialised in `{scope.name}`; it was kept (the Accelerator reuses an existing group)"
     gate = _launcher_gate(where)
     if gate is not None:
         return (
             f"{head}. It runs only when the launcher's variables are set ({gate}): on one process started "
-            "without a launcher the script runs non-distributed, as before, and under `accel launch` (torchrun) "
-            "the Accelerator joins this group. The Accelerator takes its rank and world size from RANK, "
-            "WORLD_SIZE and LOCAL_RANK: a launcher that does not set them (before the Accelerator is created) "
-            "would leave it training as one process in a group of N"
+            "without a launcher the script runs non-distributed, as before, and wherever it runs (under `accel "
+            "launch` or torchrun, or another launcher whose variables it reads) the Accelerator joins this group, "
+            "with its rank and world size"
         )
     defaults = _defaults_launcher_env(call, where)
     if defaults is not None:
@@ -1433,12 +1436,10 @@ def _kept_init_message(scope: Scope, call: cst.Call, where: StmtRef) -> str:
             "torchrun); to drop the setup, let the Accelerator create the group"
         )
     return (
-        f"{head}, but from values of its own, not from the launcher's environment, while the Accelerator takes "
-        "its rank and world size from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK) and checks them "
-        "against this group: the script now trains distributed only under `accel launch` (or torchrun) with "
-        "values that agree, where before any launcher passing them did (started otherwise, the Accelerator "
-        "sees one process in a group of N). Move the setup to the Accelerator (remove this call), or launch "
-        "it so"
+        f"{head}, from values of its own, not from the launcher's environment: the Accelerator joins this group "
+        "with its rank and world size, so the script trains distributed wherever it did before (a launcher "
+        "passing these values); where RANK / WORLD_SIZE are also set (`accel launch`, torchrun), they must "
+        "agree with the group's, or creating the Accelerator fails naming both"
     )
 
 
