@@ -84,8 +84,10 @@ What it does:
       state. The script's own choice wins over `--strategy`. Which shapes and options amount to the
       same training is decided in `migrate.hand_sharding`.
     - An `mp.spawn(worker, args=(a, n), nprocs=n)` launcher becomes the direct call
-      `worker(int(os.environ.get("LOCAL_RANK", "0")), a, int(os.environ.get("WORLD_SIZE", "1")))`
-      (an argument that passes `nprocs` gets the launcher's process count), `os.environ["MASTER_ADDR"]`
+      `worker(int(os.environ.get("LOCAL_RANK", "0")), a, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))`
+      (an argument that passes `nprocs` gets the launcher's process count on this node, as spawn
+      started `nprocs` processes on one node: on one node that is the job's process count, on
+      several nodes a worker dividing the node's batch by it divides as before), `os.environ["MASTER_ADDR"]`
       / `["MASTER_PORT"]` assignments in the worker or the spawning block go (torchrun sets them),
       and so does `world_size = torch.cuda.device_count()` when only the spawn read it. The worker's
       process group becomes the Accelerator as above; launch the script with
@@ -125,11 +127,13 @@ What it does:
       the device), and the worker then sets `args.distributed = accelerator.num_processes > 1`, and so
       does the spawn's flag where the worker reads it (`args.multiprocessing_distributed`, say in the
       save guard `not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0`, which with
-      `args.rank = accelerator.process_index` and the process count passed for `ngpus_per_node`
-      saves on the main process only). Every later `if args.distributed:` then takes the branch the
+      `args.rank = accelerator.process_index` and the node's process count passed for
+      `ngpus_per_node` saves on the first process of each node, as before). Every later
+      `if args.distributed:` then takes the branch the
       original took with that many processes: the DDP and DataParallel wrappers of the device chain
       go (with their `.cuda()`; an `if`/`else` left empty goes whole), the per-process batch
-      `args.batch_size / ngpus_per_node` divides by the launcher's process count, and a
+      `args.batch_size / ngpus_per_node` (`-b` being the batch of one node) divides by the
+      launcher's process count on the node, and a
       `DistributedSampler` built only `if args.distributed` (also `DistributedSampler(d) if
       args.distributed else None`) keeps sharding that loader, which is then not prepared (AM004
       says so), with its `set_epoch`.
@@ -606,7 +610,7 @@ def _guard_collective(plan: EditPlan, stmt: cst.BaseStatement, call: cst.Call, f
 
 
 def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
-    """`mp.spawn(worker, args=(a, n), nprocs=n)` -> `worker(<LOCAL_RANK>, a, <WORLD_SIZE>)`."""
+    """`mp.spawn(worker, args=(a, n), nprocs=n)` -> `worker(<LOCAL_RANK>, a, <LOCAL_WORLD_SIZE>)`."""
     environ = spawn.environ
     if environ is None:
         plan.imports.add(("os", "environ"))
@@ -618,7 +622,9 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
         # is None on a CPU run, which the worker's CPU paths test); launched, each process its local rank
         rank = cst.parse_expression(
             f'int({environ}["LOCAL_RANK"]) if "LOCAL_RANK" in {environ} else {cst.Module([]).code_for_node(direct_rank)}')
-    size = cst.parse_expression(f'int({environ}.get("WORLD_SIZE", "1"))')
+    # spawn starts the processes of one node, `nprocs` of them: the launcher's count on this node
+    # (`ngpus_per_node`, by which the ImageNet example divides the node's batch), not the job's
+    size = cst.parse_expression(f'int({environ}.get("LOCAL_WORLD_SIZE", "1"))')
     args = [cst.Arg(rank), *(cst.Arg(size if i in spawn.world_size_args else a) for i, a in enumerate(spawn.args))]
     stmt = spawn.stmt
     assert type(stmt) is cst.SimpleStatementLine

@@ -81,7 +81,7 @@ def test_the_launcher_is_converted_whole() -> None:
         assert gone not in text, gone
     # without a launcher the direct call's `args.gpu` (None on a CPU run), launched each process's local rank
     assert ('main_worker(int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else args.gpu, '
-            'int(os.environ.get("WORLD_SIZE", "1")), args)') in text
+            'int(os.environ.get("LOCAL_WORLD_SIZE", "1")), args)') in text
     assert "args.distributed = accelerator.num_processes > 1" in text
     assert "args.multiprocessing_distributed = accelerator.num_processes > 1" in text
     assert "args.rank = accelerator.process_index" in text
