@@ -8,8 +8,10 @@ already-initialised group.
 A script that initialises the group itself (``init_distributed_mode(args)``, ``setup()``) works in
 either order:
 
-* the script's ``dist.init_process_group`` first, then ``Accelerator()``: the Accelerator reuses
-  that group (after checking its rank and size against torchrun's environment) and leaves it to
+* the script's ``dist.init_process_group`` first, then ``Accelerator()``: the Accelerator joins
+  that group, with its rank and size, also when the environment has no torchrun variables (a
+  helper that read ``SLURM_PROCID`` under ``srun``); RANK / WORLD_SIZE that contradict it raise. It
+  leaves the group to
   the script: ``end_training`` waits for every process but does not destroy it, so the script's
   own ``dist.destroy_process_group()`` still works. At exit the group is torn down like one the
   runtime created (barrier, destroy) if the script did not destroy it.
@@ -93,6 +95,8 @@ class ProcessState:
         where CUDA is available.
         """
         env = os.environ if environ is None else environ
+        if dist.is_available() and dist.is_initialized():
+            return cls._join_existing_group(env, cpu)
         world_size = _int_env(env, "WORLD_SIZE", 1)
         rank = _int_env(env, "RANK", 0)
         local_rank = _int_env(env, "LOCAL_RANK", 0)
@@ -111,19 +115,6 @@ class ProcessState:
 
         if world_size == 1:
             return cls(rank, local_rank, 1, local_world_size, None, device)
-
-        if dist.is_initialized():
-            group_size = dist.get_world_size()
-            if group_size != world_size or dist.get_rank() != rank:
-                raise DistributedEnvironmentError(
-                    f"a process group already exists with rank {dist.get_rank()} of "
-                    f"{group_size}, but the environment says RANK={rank}, WORLD_SIZE={world_size}.",
-                    "the existing default process group to match torchrun's environment.",
-                    "create the group with the environment's rank and world size, or let the "
-                    "Accelerator create it.",
-                )
-            _install_exit_handler()
-            return cls(rank, local_rank, world_size, local_world_size, dist.get_backend(), device)
 
         if env is os.environ:
             _restore_launcher_rendezvous(rank)
@@ -146,6 +137,41 @@ class ProcessState:
         _created.append(dist.group.WORLD)
         _install_exit_handler()
         return cls(rank, local_rank, world_size, local_world_size, chosen, device)
+
+    @classmethod
+    def _join_existing_group(cls, env: Mapping[str, str], cpu: bool) -> ProcessState:
+        """The script built the default group itself (``init_distributed_mode(args)``, from torchrun's
+        variables, SLURM's ``SLURM_PROCID`` or its own arguments): the Accelerator takes that group's
+        rank and size, whatever launched the processes. A torchrun variable that contradicts the
+        group is an error: the job would shard data by one count and average gradients over another.
+        """
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        said = {name: _int_env(env, name, 0) for name in ("RANK", "WORLD_SIZE") if env.get(name, "") != ""}
+        if said.get("RANK", rank) != rank or said.get("WORLD_SIZE", world_size) != world_size:
+            told = ", ".join(f"{name}={value}" for name, value in said.items())
+            raise DistributedEnvironmentError(
+                f"a process group already exists with rank {rank} of {world_size}, but the environment "
+                f"says {told}.",
+                "the process group the script initialised and the launcher's RANK / WORLD_SIZE to agree "
+                "(or no RANK / WORLD_SIZE, as under `srun`: the Accelerator then joins the group as it is).",
+                "initialise the group with the environment's rank and world size, or launch without "
+                "stale RANK / WORLD_SIZE variables (a launcher inside a launcher).",
+            )
+        local_rank = _local_rank(env, rank)
+        local_world_size = _int_env(env, "LOCAL_WORLD_SIZE", world_size)
+        device = torch.device("cpu")
+        if not cpu and torch.cuda.is_available():
+            index = local_rank
+            if index >= torch.cuda.device_count():
+                # fewer GPUs visible than the local rank (one GPU bound per task, as `srun --gpus-per-task`
+                # does): the device the script set, else the local rank among the visible ones
+                index = torch.cuda.current_device() if torch.cuda.is_initialized() else index % torch.cuda.device_count()
+            device = torch.device("cuda", index)
+            torch.cuda.set_device(device)
+        if world_size == 1:
+            return cls(rank, local_rank, 1, local_world_size, None, device)
+        _install_exit_handler()
+        return cls(rank, local_rank, world_size, local_world_size, dist.get_backend(), device)
 
 
 class ProcessView:
@@ -357,6 +383,21 @@ def _drop_groups() -> None:
     time.sleep(0.05)
     _groups.clear()
     gc.collect()
+
+
+def _local_rank(env: Mapping[str, str], rank: int) -> int:
+    """This process's index on its node, for a process group the script built itself: LOCAL_RANK
+    (torchrun), else SLURM_LOCALID (srun), else the CUDA device the script already set (CUDA
+    initialised: `torch.cuda.set_device(args.gpu)`), else the rank modulo the node's GPUs, else
+    (no GPU) the rank itself, as on one node."""
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        if env.get(name, "") != "":
+            return _int_env(env, name, 0)
+    if torch.cuda.is_available():
+        if torch.cuda.is_initialized():
+            return torch.cuda.current_device()
+        return rank % torch.cuda.device_count()
+    return rank
 
 
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:

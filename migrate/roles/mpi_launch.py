@@ -18,11 +18,10 @@ MPI's variables in one branch of a launcher test (`if "OMPI_COMM_WORLD_RANK" in 
 beside an `elif "RANK" in os.environ:` branch, ConvNeXt's `init_distributed_mode`) is not this
 shape: under `accel launch` it takes torchrun's branch.
 
-Why nothing is written: a partial conversion crashes at N processes under both launchers. Under
-`accel launch` (torchrun) MPI does not start the processes, so each is MPI's rank 0 of 1: the
-helper overwrites `RANK=0` / `WORLD_SIZE=1`, every process trains alone on the whole data, and the
-batches go to `dev()` = GPU 0 while the prepared model is on GPU k. Under `mpiexec`, `LOCAL_RANK`
-is not set, so the Accelerator puts every process of a node on GPU 0. So the file (or the whole
+Why nothing is written: a partial conversion is wrong at N processes under `accel launch`
+(torchrun), the launcher a migrated script runs under: MPI does not start the processes, so each
+is MPI's rank 0 of 1: the helper overwrites `RANK=0` / `WORLD_SIZE=1`, every process trains alone
+on the whole data, and the batches go to `dev()` = GPU 0 while the prepared model is on GPU k. So the file (or the whole
 unit: no file of it is written) is left as it is, with AM007 at the `init_process_group` call: the
 reason, every place that reads MPI's rank, size or communicator or an MPI launcher variable
 (function, and in a unit each at its own line), and what to do: start the processes with
@@ -99,9 +98,9 @@ def _message(roles: Roles, setup: Scope, read: _Read, others: list[_Read]) -> st
     elsewhere = f". MPI is also read by {named}" if named else ""
     return (
         f"this program starts its processes with MPI (mpiexec): `{setup.name}` builds the process group from "
-        f"{source}{elsewhere}. Nothing was written: a partial conversion crashes at N processes under both "
-        "launchers (under `accel launch` each process is MPI's rank 0 of 1 and trains alone, with its batches on "
-        "GPU 0; under mpiexec LOCAL_RANK is not set, so every process of a node takes GPU 0). To migrate it, "
+        f"{source}{elsewhere}. Nothing was written: a partial conversion is wrong at N processes under "
+        "`accel launch` (each process is MPI's rank 0 of 1 and trains alone, with its batches on GPU 0). To "
+        "migrate it, "
         "start it with `accel launch` and remove MPI: "
         f"in `{setup.name}` build the group from the launcher's environment "
         "(`dist.init_process_group(backend, init_method=\"env://\")`, with RANK, WORLD_SIZE, MASTER_ADDR and "

@@ -50,7 +50,7 @@ class SpawnLaunch:
     stmt: cst.BaseStatement
     worker: Scope
     args: list[cst.BaseExpression]
-    world_size_args: set[int]  # indexes of `args` that pass `nprocs` (the number of processes)
+    world_size_args: set[int]  # indexes of `args` that pass `nprocs` (the number of processes on this node)
     nprocs: cst.BaseExpression
     nprocs_binding: cst.BaseStatement | None  # `world_size = torch.cuda.device_count()`, read only by the spawn
     master_env: list[cst.BaseStatement]  # `os.environ["MASTER_PORT"] = ...`: torchrun sets them

@@ -12,8 +12,7 @@ step gets no loader. Whether it is still right at N processes depends on where t
   nothing to report;
 - an MPI rank (`MPI.COMM_WORLD.Get_rank()` of mpi4py): under `accel launch` (torchrun) MPI is
   not what started the processes, and every process is MPI's rank 0 of 1, so every process would
-  read the whole data (and mpiexec sets no LOCAL_RANK, so the Accelerator would put every process
-  of a node on GPU 0); reported (AM004) at the rank read, with the fix: the process group's rank;
+  read the whole data; reported (AM004) at the rank read, with the fix: the process group's rank;
 - no rank at all: an unsharded stream, reported by the loaders' own AM004 message with the name of
   the generator that must take the rank.
 

@@ -84,8 +84,10 @@ What it does:
       state. The script's own choice wins over `--strategy`. Which shapes and options amount to the
       same training is decided in `migrate.hand_sharding`.
     - An `mp.spawn(worker, args=(a, n), nprocs=n)` launcher becomes the direct call
-      `worker(int(os.environ.get("LOCAL_RANK", "0")), a, int(os.environ.get("WORLD_SIZE", "1")))`
-      (an argument that passes `nprocs` gets the launcher's process count), `os.environ["MASTER_ADDR"]`
+      `worker(int(os.environ.get("LOCAL_RANK", "0")), a, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))`
+      (an argument that passes `nprocs` gets the launcher's process count on this node, as spawn
+      started `nprocs` processes on one node: on one node that is the job's process count, on
+      several nodes a worker dividing the node's batch by it divides as before), `os.environ["MASTER_ADDR"]`
       / `["MASTER_PORT"]` assignments in the worker or the spawning block go (torchrun sets them),
       and so does `world_size = torch.cuda.device_count()` when only the spawn read it. The worker's
       process group becomes the Accelerator as above; launch the script with
@@ -125,11 +127,13 @@ What it does:
       the device), and the worker then sets `args.distributed = accelerator.num_processes > 1`, and so
       does the spawn's flag where the worker reads it (`args.multiprocessing_distributed`, say in the
       save guard `not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0`, which with
-      `args.rank = accelerator.process_index` and the process count passed for `ngpus_per_node`
-      saves on the main process only). Every later `if args.distributed:` then takes the branch the
+      `args.rank = accelerator.process_index` and the node's process count passed for
+      `ngpus_per_node` saves on the first process of each node, as before). Every later
+      `if args.distributed:` then takes the branch the
       original took with that many processes: the DDP and DataParallel wrappers of the device chain
       go (with their `.cuda()`; an `if`/`else` left empty goes whole), the per-process batch
-      `args.batch_size / ngpus_per_node` divides by the launcher's process count, and a
+      `args.batch_size / ngpus_per_node` (`-b` being the batch of one node) divides by the
+      launcher's process count on the node, and a
       `DistributedSampler` built only `if args.distributed` (also `DistributedSampler(d) if
       args.distributed else None`) keeps sharding that loader, which is then not prepared (AM004
       says so), with its `set_epoch`.
@@ -184,7 +188,7 @@ Leaves alone:
     rank or an MPI launcher's variable such as `PMI_RANK`: processes started by `mpiexec`): the
     file, or the whole unit, is refused at that call, with every other place that reads MPI's rank
     reported at its own line and the changes that move it to `accel launch`
-    (`migrate/roles/mpi_launch.py`: a partial conversion crashes at N processes under both launchers).
+    (`migrate/roles/mpi_launch.py`: a partial conversion is wrong at N processes under `accel launch`).
     A DDP option that cannot be carried is reported at the wrap, naming it (the wrap still goes,
     and the prepared model trains with DDP's default for it): any other option (`process_group=`,
     `init_sync=`, `forward_sync_buffers=`, `mixed_precision=`, ...), `**options`, a value reading a
@@ -211,8 +215,10 @@ Leaves alone:
     under a test of `os.environ` or after an `if` chain on them whose `else` returns, one process
     without a launcher stays non-distributed as before; where it reads the launcher's environment,
     `env://` or `os.environ[...]`, the script needed torchrun's variables before too; where it
-    takes its own values, flags or an address, it now needs `accel launch` with values that
-    agree, since the Accelerator reads RANK / WORLD_SIZE / LOCAL_RANK; where the call runs outside
+    takes its own values, flags or an address, the Accelerator joins that group with its rank and
+    size, as it joins any group that exists before it (under `srun`, say, from `SLURM_PROCID`), so
+    the script trains distributed where it did before, and RANK / WORLD_SIZE set beside it must
+    agree with it (creating the Accelerator fails otherwise); where the call runs outside
     any `if` after `os.environ.setdefault(...)` of every variable it reads, one plain `python`
     process trains in a group of its own, as before), samplers with options that have no DataLoader equivalent, a loader
     helper whose sampler also shards loaders other than the training one (those loaders keep
@@ -497,9 +503,9 @@ def _library_call(
     elif qualified == _INIT and where.stmt is not plan.create_at and where.stmt not in plan.replace_stmt:
         if _reads_mpi(roles, scope):
             plan.report(CODE, call, f"process group initialised in `{scope.name}` from MPI's rank and size; it was "
-                        "kept (the runtime reuses an existing group), but it is right under neither launcher: under "
-                        "`accel launch` (torchrun) every process is MPI's rank 0 of 1 and trains alone, and under "
-                        "mpiexec LOCAL_RANK is not set, so the Accelerator puts every process of a node on GPU 0. Read "
+                        "kept (the runtime reuses an existing group), but it is wrong under `accel launch` (torchrun), "
+                        "which the migrated script is launched with: every process is MPI's rank 0 of 1 and trains "
+                        "alone. Read "
                         "RANK / WORLD_SIZE (and LOCAL_RANK for a device) from the environment torchrun sets instead of "
                         "MPI, here and wherever this module reads MPI's rank, and launch with `accel launch`", unconverted=True)
         else:
@@ -604,7 +610,7 @@ def _guard_collective(plan: EditPlan, stmt: cst.BaseStatement, call: cst.Call, f
 
 
 def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
-    """`mp.spawn(worker, args=(a, n), nprocs=n)` -> `worker(<LOCAL_RANK>, a, <WORLD_SIZE>)`."""
+    """`mp.spawn(worker, args=(a, n), nprocs=n)` -> `worker(<LOCAL_RANK>, a, <LOCAL_WORLD_SIZE>)`."""
     environ = spawn.environ
     if environ is None:
         plan.imports.add(("os", "environ"))
@@ -616,7 +622,9 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
         # is None on a CPU run, which the worker's CPU paths test); launched, each process its local rank
         rank = cst.parse_expression(
             f'int({environ}["LOCAL_RANK"]) if "LOCAL_RANK" in {environ} else {cst.Module([]).code_for_node(direct_rank)}')
-    size = cst.parse_expression(f'int({environ}.get("WORLD_SIZE", "1"))')
+    # spawn starts the processes of one node, `nprocs` of them: the launcher's count on this node
+    # (`ngpus_per_node`, by which the ImageNet example divides the node's batch), not the job's
+    size = cst.parse_expression(f'int({environ}.get("LOCAL_WORLD_SIZE", "1"))')
     args = [cst.Arg(rank), *(cst.Arg(size if i in spawn.world_size_args else a) for i, a in enumerate(spawn.args))]
     stmt = spawn.stmt
     assert type(stmt) is cst.SimpleStatementLine
@@ -1404,18 +1412,19 @@ def _standalone(where: StmtRef, call: cst.Call) -> bool:
 
 
 def _kept_init_message(scope: Scope, call: cst.Call, where: StmtRef) -> str:
-    """What a kept `init_process_group` means for how the migrated script is launched. The
-    Accelerator reads its rank and world size from torchrun's variables (RANK, WORLD_SIZE,
-    LOCAL_RANK) and reuses the group when it exists; without them it is one process."""
+    """What a kept `init_process_group` means for how the migrated script is launched. An
+    Accelerator created after the call joins the group it made, with the group's rank and world
+    size, whatever launched the processes; RANK / WORLD_SIZE in the environment that contradict the
+    group make creating it fail (runtime/state.py). Without a group, it reads torchrun's variables,
+    and without those it is one process."""
     head = f"process group initialised in `{scope.name}`; it was kept (the Accelerator reuses an existing group)"
     gate = _launcher_gate(where)
     if gate is not None:
         return (
             f"{head}. It runs only when the launcher's variables are set ({gate}): on one process started "
-            "without a launcher the script runs non-distributed, as before, and under `accel launch` (torchrun) "
-            "the Accelerator joins this group. The Accelerator takes its rank and world size from RANK, "
-            "WORLD_SIZE and LOCAL_RANK: a launcher that does not set them (before the Accelerator is created) "
-            "would leave it training as one process in a group of N"
+            "without a launcher the script runs non-distributed, as before, and wherever it runs (under `accel "
+            "launch` or torchrun, or another launcher whose variables it reads) the Accelerator joins this group, "
+            "with its rank and world size"
         )
     defaults = _defaults_launcher_env(call, where)
     if defaults is not None:
@@ -1433,12 +1442,10 @@ def _kept_init_message(scope: Scope, call: cst.Call, where: StmtRef) -> str:
             "torchrun); to drop the setup, let the Accelerator create the group"
         )
     return (
-        f"{head}, but from values of its own, not from the launcher's environment, while the Accelerator takes "
-        "its rank and world size from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK) and checks them "
-        "against this group: the script now trains distributed only under `accel launch` (or torchrun) with "
-        "values that agree, where before any launcher passing them did (started otherwise, the Accelerator "
-        "sees one process in a group of N). Move the setup to the Accelerator (remove this call), or launch "
-        "it so"
+        f"{head}, from values of its own, not from the launcher's environment: the Accelerator joins this group "
+        "with its rank and world size, so the script trains distributed wherever it did before (a launcher "
+        "passing these values); where RANK / WORLD_SIZE are also set (`accel launch`, torchrun), they must "
+        "agree with the group's, or creating the Accelerator fails naming both"
     )
 
 

@@ -125,7 +125,7 @@ def test_trainer_class_wrapper_goes_with_its_readers() -> None:
 def test_spawn_and_direct_call_become_one_call() -> None:
     text = _migrated("spawn_or_direct_call").read_text()
     assert "mp.spawn(" not in text and "init_process_group" not in text and "else:" not in text
-    assert 'worker(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")), sys.argv[1])' in text
+    assert 'worker(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")), sys.argv[1])' in text
 
 
 @pytest.mark.parametrize(("name", "how"), [

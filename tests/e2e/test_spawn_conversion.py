@@ -2,7 +2,8 @@
 
 `spawn_scripts/spawn_ddp.py` trains a DDP model on CPU with gloo, its 2 processes started by
 `mp.spawn` and its data split by a DistributedSampler. AM007 calls the worker directly (rank from
-`LOCAL_RANK`, world size from `WORLD_SIZE`) and replaces the process group, the sampler and DDP by
+`LOCAL_RANK`, process count from `LOCAL_WORLD_SIZE`: the processes of one node, as spawn's
+`nprocs`) and replaces the process group, the sampler and DDP by
 the Accelerator. Launched with `accel launch --nproc-per-node 2`, both ranks must run and see 2
 processes, each must train on its own half of every epoch, the final weights must be equal on both
 ranks and equal to the original's, and every step's loss averaged over the ranks (the loss of the
@@ -62,7 +63,7 @@ def _run(how: str) -> tuple[dict, ...]:
 def test_the_spawn_launcher_is_converted() -> None:
     text = _migrated().read_text()
     assert "mp.spawn(" not in text and "init_process_group" not in text and "MASTER_PORT" not in text
-    assert 'worker(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")), sys.argv[1])' in text
+    assert 'worker(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")), sys.argv[1])' in text
     assert "accelerator = Accelerator()" in text
 
 

@@ -8,7 +8,11 @@ data with a DistributedSampler only when distributed and saves a checkpoint only
 started plainly trains exactly as the original's direct path (same weights, same samples, same
 accuracy); under `accel launch --nproc-per-node 2` each rank trains on its own half of every epoch
 (together every sample once), both end with the same weights, the validation counts every sample
-once, and only rank 0 saves (one checkpoint file per epoch, not one per rank).
+once, and only rank 0 saves (one checkpoint file per epoch, not one per rank). On two nodes of
+one process each (`accel launch --nnodes 2 --nproc-per-node 1`, two launches on this machine, each
+node with its own directory): the worker's `ngpus_per_node` is the node's process count (1, as
+the original's spawn passed; the job's 2 would halve `-b` per process), so the first process of
+each node saves, as the original's multi-node runs do, and the two train as one job.
 
 `spawn_scripts/group_flag_options.py` has no spawn: it joins its group only under `if cfg.multi:`
 (`--world-size` above 1), which also chooses DDP and a DistributedSampler (`if cfg.multi:` /
@@ -31,7 +35,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from rt_helpers import run_cmd  # noqa: E402
+from rt_helpers import child_env, free_port, run_cmd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "spawn_scripts" / "spawn_flag_fallback.py"
@@ -81,7 +85,7 @@ def test_the_launcher_is_converted_whole() -> None:
         assert gone not in text, gone
     # without a launcher the direct call's `args.gpu` (None on a CPU run), launched each process's local rank
     assert ('main_worker(int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else args.gpu, '
-            'int(os.environ.get("WORLD_SIZE", "1")), args)') in text
+            'int(os.environ.get("LOCAL_WORLD_SIZE", "1")), args)') in text
     assert "args.distributed = accelerator.num_processes > 1" in text
     assert "args.multiprocessing_distributed = accelerator.num_processes > 1" in text
     assert "args.rank = accelerator.process_index" in text
@@ -112,6 +116,39 @@ def test_two_processes_split_every_epoch_and_agree() -> None:
     assert checkpoint["epoch"] == EPOCHS
     saved = [w for t in checkpoint["state_dict"].values() for w in t.flatten().tolist()]
     assert saved == pytest.approx([w for p in first["weights"] for w in p], abs=0)
+
+
+def test_two_nodes_pass_the_nodes_process_count() -> None:
+    accel = shutil.which("accel", path=str(Path(sys.executable).parent)) or shutil.which("accel")
+    assert accel, "the `accel` console script is not installed"
+    port = str(free_port())
+    procs, outs = [], []
+    for node in range(2):
+        out = _workdir() / f"node{node}"
+        out.mkdir()
+        outs.append(out)
+        cmd = [accel, "launch", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+               "--master-addr", "127.0.0.1", "--master-port", port, str(_migrated()), str(out)]
+        procs.append(subprocess.Popen(cmd, cwd=out, env=child_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    try:
+        results = [proc.communicate(timeout=TIMEOUT) for proc in procs]
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        pytest.fail(f"two one-process nodes hung for {TIMEOUT}s")
+    for proc, (stdout, stderr) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, f"{stdout[-3000:]}\n{stderr[-3000:]}"
+    first, second = (json.loads((out / f"rank{node}.json").read_text()) for node, out in enumerate(outs))
+    for epoch in range(EPOCHS):
+        a, b = first["seen"][epoch], second["seen"][epoch]
+        assert len(a) == len(b) == SAMPLES // 2 and sorted(a + b) == list(range(SAMPLES))
+    assert first["weights"] == second["weights"]
+    # `args.rank % ngpus_per_node == 0` with the node's count (1): each node's first process saves
+    assert (first["saves"], second["saves"]) == ([1, 2], [1, 2])
+    for out in outs:
+        assert torch.load(out / "checkpoint.pth.tar", weights_only=True)["epoch"] == EPOCHS
 
 
 def test_options_flag_follows_the_launcher() -> None:

@@ -68,3 +68,39 @@ def run_worker_once(name: str, tmp_root: Path, nproc: int = 2) -> tuple[list[dic
         assert proc.returncode == 0, proc.stdout + proc.stderr
         _worker_runs[name] = (read_ranks(out, nproc), proc.stdout)
     return _worker_runs[name]
+
+
+_LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                       "TORCHELASTIC_USE_AGENT_STORE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def srun(cmd: list[str], cwd: Path, nproc: int = 2, timeout: float = TIMEOUT_S,
+         extra_env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess[str]]:
+    """Start ``cmd`` as ``nproc`` plain processes with SLURM's variables only (SLURM_PROCID,
+    SLURM_NTASKS, SLURM_LOCALID; no RANK / WORLD_SIZE), as ``srun --ntasks N`` on one node does.
+    Every process is killed when one of them runs past ``timeout``."""
+    procs = []
+    for rank in range(nproc):
+        env = {k: v for k, v in child_env().items() if k not in _LAUNCHER_VARIABLES and not k.startswith("SLURM_")}
+        env.update({"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(nproc), "SLURM_LOCALID": str(rank)})
+        env.update(extra_env or {})
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        pytest.fail(f"{cmd} x{nproc} (srun-like) hung for {timeout}s")
+    return done
