@@ -5,8 +5,10 @@ A repository's training is split over files: `main.py` builds the model and call
 Python files given in one run, the names each is importable as and the imports among them, resolved
 as Python would: a plain `import engine` / `from engine import f` from the importing script's own
 folder (the first entry of `sys.path` for `python main.py`) or from a package root (the folder
-above the outermost package, a folder with `__init__.py`, that holds the file); relative imports
-from the importing file's package. Imports of modules outside the run are ignored.
+above the outermost package, a folder with `__init__.py`, that holds the file), unless that root
+holds a script of the run besides and is not above the importer (another repository given in the
+same run: `_on_path`); relative imports from the importing file's package. Imports of modules
+outside the run are ignored.
 
 A script and the files it reaches through such imports form a *unit* (`units()`; units sharing a
 file are one): they are migrated together
@@ -123,6 +125,8 @@ def build_index(sources: dict[Path, str]) -> ModuleIndex:
         index.modules[path] = info
         for name in info.names:
             by_name.setdefault(name, []).append(path)
+    # folders holding a script of the run: a package beside one is that script's project
+    scripts = frozenset(path.parent for path, text in sources.items() if "__main__" in text)
     read: set[Path] = set()
     for entry, text in sources.items():
         if "__main__" not in text or "import" not in text:
@@ -131,8 +135,8 @@ def build_index(sources: dict[Path, str]) -> ModuleIndex:
         for path in reached:
             if path not in read:
                 read.add(path)
-                _read_imports(index.modules[path], sources[path], by_name)
-            _follow_reexports(index.modules[path], index, sources, by_name, read)
+                _read_imports(index.modules[path], sources[path], by_name, scripts)
+            _follow_reexports(index.modules[path], index, sources, by_name, read, scripts)
             for other in index.modules[path].imports:
                 if other not in seen and "torch" in sources[other]:
                     reached.append(other)
@@ -144,7 +148,7 @@ def build_index(sources: dict[Path, str]) -> ModuleIndex:
 
 
 def _follow_reexports(info: ModuleInfo, index: ModuleIndex, sources: dict[Path, str],
-                      by_name: dict[str, list[Path]], read: set[Path]) -> None:
+                      by_name: dict[str, list[Path]], read: set[Path], scripts: frozenset[Path]) -> None:
     """`from data import build_loader` where data/__init__.py only re-exports it (`from .build
     import build_loader`): the name is recorded as imported from the module that defines it, as
     Python binds it. A package `__init__` holds no training code of its own, so it is read for
@@ -154,7 +158,7 @@ def _follow_reexports(info: ModuleInfo, index: ModuleIndex, sources: dict[Path, 
     for target in [t for t in info.imports if t.name == "__init__.py"]:
         if target not in read:
             read.add(target)
-            _read_imports(index.modules[target], sources[target], by_name, package=True)
+            _read_imports(index.modules[target], sources[target], by_name, scripts, package=True)
         exported = {n.local: (module, n) for module, names in index.modules[target].imports.items()
                     for n in names if n.name is not None}
         kept: list[ImportedName] = []
@@ -207,7 +211,8 @@ def _import_statements(text: str) -> Iterator[tuple[int, ast.stmt]]:
             yield start, tree.body[0]
 
 
-def _read_imports(info: ModuleInfo, text: str, by_name: dict[str, list[Path]], package: bool = False) -> None:
+def _read_imports(info: ModuleInfo, text: str, by_name: dict[str, list[Path]], scripts: frozenset[Path],
+                  package: bool = False) -> None:
     path = info.path
     if "import" not in text or ("torch" not in text and "__main__" not in text and not package):
         return  # no training code (see migrate/prefilter.py) and not a script: it joins no unit
@@ -215,7 +220,7 @@ def _read_imports(info: ModuleInfo, text: str, by_name: dict[str, list[Path]], p
     for line, node in _import_statements(text):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                target = _resolve(alias.name, path, by_name)
+                target = _resolve(alias.name, path, by_name, scripts)
                 if target is not None and target != path:
                     local = alias.asname or alias.name.split(".", 1)[0]
                     info.imports.setdefault(target, []).append(ImportedName(None, local, line))
@@ -225,12 +230,12 @@ def _read_imports(info: ModuleInfo, text: str, by_name: dict[str, list[Path]], p
                 continue
             for alias in node.names:
                 # `from pkg import module` imports a module when one of that name is in the run
-                submodule = _resolve(f"{base}.{alias.name}" if base else alias.name, path, by_name)
+                submodule = _resolve(f"{base}.{alias.name}" if base else alias.name, path, by_name, scripts)
                 local = alias.asname or alias.name
                 if submodule is not None and submodule != path:
                     info.imports.setdefault(submodule, []).append(ImportedName(None, local, line))
                     continue
-                target = _resolve(base, path, by_name) if base else None
+                target = _resolve(base, path, by_name, scripts) if base else None
                 if target is not None and target != path and alias.name != "*":
                     info.imports.setdefault(target, []).append(ImportedName(alias.name, local, line))
 
@@ -259,15 +264,28 @@ def _is_package(folder: Path, sources: dict[Path, str] | Iterable[Path]) -> bool
     return init in sources or os.path.isfile(init)
 
 
-def _resolve(name: str, importer: Path, by_name: dict[str, list[Path]]) -> Path | None:
+def _resolve(name: str, importer: Path, by_name: dict[str, list[Path]], scripts: frozenset[Path]) -> Path | None:
     """The run's file `name` refers to from `importer`: a module of the importer's own folder
-    first (the script's folder), else the one package or package module of that dotted name."""
+    first (the script's folder), else the one package or package module of that dotted name that
+    the importer's Python can find (`_on_path`)."""
     candidates = by_name.get(name, [])
     for candidate in candidates:
         if candidate.stem == name and candidate.name != "__init__.py" and candidate.parent == importer.parent:
             return candidate
-    packaged = [c for c in candidates if "." in name or c.name == "__init__.py"]
+    packaged = [c for c in candidates
+                if ("." in name or c.name == "__init__.py") and _on_path(c, name, importer, scripts)]
     return packaged[0] if len(packaged) == 1 else None
+
+
+def _on_path(candidate: Path, name: str, importer: Path, scripts: frozenset[Path]) -> bool:
+    """`candidate` is importable as `name` from the folder its outermost package sits in (its
+    root). The importer finds it when that root is the importer's own folder or one above it (the
+    project's root: `python -m` from there, or `pip install -e .`), or when the package is
+    installed from a folder of its own (`src/pkg` beside `scripts/train.py`). A root that holds a
+    script of the run besides is another project, one more repository given in the same run
+    (`a/main.py`'s `import models` is not `b/models/`, beside `b/main.py`)."""
+    root = candidate.parents[name.count(".") + (candidate.name == "__init__.py")]
+    return root == importer.parent or root in importer.parent.parents or root not in scripts
 
 
 def _absolute(node: ast.ImportFrom, path: Path, info: ModuleInfo) -> str | None:

@@ -206,7 +206,10 @@ def _parse(path: Path, parsed: _Parses) -> _Parsed | None:
 def _migrate_entry(
     entry: Path, members: list[Path], by_path: dict[Path, Source], index: ModuleIndex,
     parsed: _Parses, options,  # type: ignore[no-untyped-def]
+    check: bool = True,
 ) -> _Outcome:
+    """`check=False`: the outcome is not checked (`_check`); the checks' second run checks only
+    an outcome that would change a rewritten file again."""
     from migrate.engine import plan_edits
 
     modules: list[_Parsed] = []
@@ -294,7 +297,7 @@ def _migrate_entry(
         outcome.results[m.source.path] = FileResult(
             m.source.display, m.source.text, new_text=new_text if new_text != m.source.text else None,
             changes=changes, diagnostics=diagnostics, parsed=True)
-    failure = _check(outcome, parsed, options)
+    failure = _check(outcome, parsed, options) if check else None
     if failure is not None:
         return _Outcome(reason=failure)
     return outcome
@@ -367,12 +370,16 @@ def _check(outcome: _Outcome, parsed: _Parses, options) -> str | None:  # type: 
     same = frozenset(p for p in by_path if p not in outcome.results or outcome.results[p].new_text is None)
     second_parses = _Parses(again_by_path, {**unchanged, **outputs}, facts, parsed, same)
     for entry in _entries(index, again_by_path):
-        second = _migrate_entry(entry, _reached(index, entry, again_by_path), again_by_path, index, second_parses,
-                                options)
+        reached = _reached(index, entry, again_by_path)
+        if not any(p in outcome.results for p in reached):
+            continue  # an entry's run edits only the modules it reaches: none of this unit's rewritten files
+        second = _migrate_entry(entry, reached, again_by_path, index, second_parses, options, check=False)
         # only this unit's rewritten files must stay as they are: an entry the first run refused (it
         # shares a module with the entry migrated) may well be migrated by a second run
         again_changed = [r.path for p, r in second.results.items() if r.changed and p in outcome.results]
-        if second.reason is None and again_changed:
+        # the second run's own check (a third run over its rewrite) is made only where it decides:
+        # an outcome that fails it is a refusal, which changes nothing
+        if second.reason is None and again_changed and _check(second, second_parses, options) is None:
             changed = again_changed[0]
             return (f"a second run over the rewritten unit would change {changed} again (AM103 idempotent); "
                     "please report this")

@@ -47,6 +47,42 @@ def test_index_resolves_siblings_packages_and_relative_imports(tmp_path: Path) -
     assert [tmp_path / "alone.py"] in index.units()
 
 
+def test_index_resolves_a_package_only_from_where_the_importer_finds_it(tmp_path: Path) -> None:
+    """Two repositories given in one run: `a/main.py`'s `import models` (its own models.py was not
+    given) is not `b/models/`, the package beside `b/main.py`, and `c/train.py`'s `from models import
+    Encoder` neither: each script is a unit of its own. A package installed from a folder of its own
+    (`src/pkg` beside `scripts/train.py`) and one in the project's root are still found."""
+    main = "import torch\nimport models\nif __name__ == '__main__':\n    models.build()\n"
+    files = {
+        tmp_path / "a" / "main.py": main,
+        tmp_path / "a" / "engine.py": "import torch\ndef train(): pass\n",
+        tmp_path / "b" / "main.py": main,
+        tmp_path / "b" / "models" / "__init__.py": "from .build import build\n",
+        tmp_path / "b" / "models" / "build.py": "import torch\ndef build(): return torch.nn.Linear(1, 1)\n",
+        tmp_path / "c" / "train.py": "import torch\nfrom models import Encoder\nif __name__ == '__main__':\n    Encoder()\n",
+        tmp_path / "d" / "scripts" / "train.py": "import torch\nfrom pkg.loop import step\nif __name__ == '__main__':\n    step()\n",
+        tmp_path / "d" / "src" / "pkg" / "__init__.py": "",
+        tmp_path / "d" / "src" / "pkg" / "loop.py": "import torch\ndef step(): pass\n",
+        tmp_path / "e" / "tools" / "train.py": "import torch\nfrom lib.loop import step\nif __name__ == '__main__':\n    step()\n",
+        tmp_path / "e" / "lib" / "__init__.py": "",
+        tmp_path / "e" / "lib" / "loop.py": "import torch\ndef step(): pass\n",
+        tmp_path / "e" / "run.py": "import torch\nfrom lib.loop import step\nif __name__ == '__main__':\n    step()\n",
+    }
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    index = build_index(files)
+    a, b, c = tmp_path / "a" / "main.py", tmp_path / "b" / "main.py", tmp_path / "c" / "train.py"
+    assert index.modules[a].imports == {} and index.modules[c].imports == {}
+    assert set(index.modules[b].imports) == {tmp_path / "b" / "models" / "__init__.py"}
+    assert [a] in index.units() and [c] in index.units()
+    d, loop = tmp_path / "d" / "scripts" / "train.py", tmp_path / "d" / "src" / "pkg" / "loop.py"
+    assert [n.name for n in index.modules[d].imports[loop]] == ["step"]
+    e_loop = tmp_path / "e" / "lib" / "loop.py"
+    for script in (tmp_path / "e" / "tools" / "train.py", tmp_path / "e" / "run.py"):
+        assert [n.name for n in index.modules[script].imports[e_loop]] == ["step"]
+
+
 def test_a_training_step_imported_under_another_name_is_followed(tmp_path: Path) -> None:
     repo = _copy(tmp_path)
     main = (repo / "main.py").read_text()

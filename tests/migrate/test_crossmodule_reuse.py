@@ -364,3 +364,37 @@ def test_statement_code_cuts_kept_inner_statements_only_at_their_indentation() -
     rewritten = module.with_changes(body=[new])
     assert StatementCode(module, text)(rewritten) == rewritten.code == (
         "def f():\n    a  =  1  # kept\n    d = 4\n    if a:\n        b  =  2\n    if a:\n        c  =  3\n")
+
+
+def test_a_check_reruns_only_the_entries_that_reach_a_rewritten_file(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two entries of one unit (they share utils.py, which neither rewrites), each migrating its
+    own engine: the second run of an entry's checks reruns that entry only (the other reaches no
+    file the first rewrote), and a rerun that changes nothing is not checked again. Each entry
+    thus runs twice: before, each check also reran the other entry, with its own nested check."""
+    engine2 = ENGINE.replace("import torch\n", "import torch\nimport math\n", 1)
+    files = {"utils.py": UTILS, "engine.py": ENGINE, "engine2.py": engine2,
+             "main.py": MAIN.format(alias="", call="train_one_epoch"),
+             "other.py": MAIN.replace("from engine import", "from engine2 import").format(alias=" as step", call="step")}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    runs: list[str] = []
+    checks: list[str] = []
+    migrate_entry, check = unit._migrate_entry, unit._check
+
+    def counted_entry(entry, *args, **kwargs):  # type: ignore[no-untyped-def]
+        runs.append(entry.name)
+        return migrate_entry(entry, *args, **kwargs)
+
+    def counted_check(outcome, *args, **kwargs):  # type: ignore[no-untyped-def]
+        checks.append(",".join(sorted(p.name for p in outcome.results)))
+        return check(outcome, *args, **kwargs)
+
+    monkeypatch.setattr(unit, "_migrate_entry", counted_entry)
+    monkeypatch.setattr(unit, "_check", counted_check)
+    report = {Path(r[0]).name: r for r in _report(tmp_path)}
+    for name in ("main.py", "other.py", "engine.py", "engine2.py"):
+        assert report[name][1] is not None, name  # both entries migrated with their engines
+    assert report["utils.py"][1] is None
+    assert sorted(runs) == ["main.py", "main.py", "other.py", "other.py"]
+    assert sorted(checks) == ["engine.py,main.py", "engine2.py,other.py"]
