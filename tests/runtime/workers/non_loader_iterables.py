@@ -3,7 +3,9 @@ are not torch DataLoaders, and with a DataLoader subclass.
 
 Run under torchrun (1 or 2 processes); writes OUT_DIR/rank{r}.json: the samples this rank drew
 from a prepared DataLoader subclass over two epochs, and, for each non-DataLoader iterable, either
-"unchanged" (prepare returned the very object) or the PrepareError's message.
+"unchanged" (prepare returned the very object), the batches this rank drew from what prepare
+returned, or the PrepareError's message; and this rank's share of a batch source of its own
+(7 batches) over two epochs.
 """
 
 from __future__ import annotations
@@ -27,13 +29,34 @@ class CountingLoader(DataLoader):
 
 
 class BatchList:
-    """A batch source of the script's own, iterable but no DataLoader (a torchtext-style iterator)."""
+    """A batch source of the script's own, iterable but no DataLoader (a torchtext-style iterator),
+    with an epoch counter and a length."""
 
     def __init__(self, batches: list[torch.Tensor]) -> None:
         self.batches = batches
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def init_epoch(self) -> None:
+        self.epoch += 1
 
     def __iter__(self):
         return iter(self.batches)
+
+
+class UnseededShuffle:
+    """Shuffles its batches with a generator seeded differently on each process (the state a
+    torchtext iterator takes from an unseeded python `random`)."""
+
+    def __init__(self, batches: list[torch.Tensor]) -> None:
+        self.batches = batches
+        self.generator = torch.Generator().manual_seed(1000 + accelerator.process_index)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.batches), generator=self.generator).tolist()
+        return iter([self.batches[i] for i in order])
 
 
 loader = accelerator.prepare(CountingLoader(TensorDataset(torch.arange(12)), batch_size=2, shuffle=True))
@@ -41,20 +64,36 @@ epochs = []
 for epoch in range(2):
     epochs.append([int(i) for (batch,) in loader for i in batch])
 
+# 7 batches of 2 samples (14 samples), 7 % 2 != 0: sharded, the last round completed
+batch_list = BatchList([torch.arange(2 * i, 2 * i + 2) for i in range(7)])
+prepared = accelerator.prepare(batch_list)
+iterable_epochs = []
+for epoch in range(2):
+    prepared.init_epoch()
+    iterable_epochs.append([[int(i) for i in batch] for batch in prepared])
+iterable = {
+    "same_object": prepared is batch_list,
+    "len": len(prepared),
+    "epoch_seen_by_source": batch_list.epoch,
+    "epochs": iterable_epochs,
+}
+
 results: dict[str, str] = {}
 sources = {
-    "batch_list": BatchList([torch.arange(2), torch.arange(2, 4)]),
-    "python_list": [torch.arange(2), torch.arange(2, 4)],
+    "python_list": [torch.arange(2), torch.arange(2, 4), torch.arange(4, 6)],
     "dataset": TensorDataset(torch.arange(4)),  # iterable through __getitem__, no __iter__
+    "unseeded_shuffle": UnseededShuffle([torch.arange(2 * i, 2 * i + 2) for i in range(6)]),
 }
 for name, source in sources.items():
     try:
-        prepared = accelerator.prepare(source)
+        prepared_source = accelerator.prepare(source)
+        batches = [[int(i) for i in batch] for batch in prepared_source]
     except PrepareError as error:
         results[name] = str(error)
     else:
-        results[name] = "unchanged" if prepared is source else f"changed to {type(prepared).__name__}"
+        results[name] = "unchanged" if prepared_source is source else f"{type(prepared_source).__name__}: {batches}"
 passed = accelerator.prepare(None)
 results["none"] = "unchanged" if passed is None else "changed"
 
-(out_dir / f"rank{accelerator.process_index}.json").write_text(json.dumps({"epochs": epochs, "results": results}))
+(out_dir / f"rank{accelerator.process_index}.json").write_text(
+    json.dumps({"epochs": epochs, "iterable": iterable, "results": results}))
