@@ -504,6 +504,7 @@ def prefer_attributes(roles: Roles) -> None:
     for group in (roles.models, roles.loaders):
         group[:] = [kept_as_attribute(home, name) or name for name in group]
     roles.unread_loaders = {kept_as_attribute(home, n) or n: shown for n, shown in roles.unread_loaders.items()}
+    roles.iterable_loaders = {kept_as_attribute(home, n) or n: why for n, why in roles.iterable_loaders.items()}
 
 
 def kept_as_attribute(home: Scope, name: str) -> str | None:
@@ -895,6 +896,8 @@ _BUILTIN_ITERABLES = frozenset({
 })
 # Libraries whose calls return no torch DataLoader (a tensor, a dataset, a torchtext iterator).
 _NOT_LOADER_LIBRARIES = ("torch.", "torchtext.", "numpy.", "itertools.", "builtins.")
+# ... of which those whose calls make batch iterators (prepared: the runtime shares out their batches)
+_BATCH_LIBRARIES = ("torchtext.",)
 _DEPTH = 4
 
 
@@ -909,6 +912,10 @@ class _Source:
     kind: str
     shown: str  # how the report names it
     call: cst.Call | None = None  # the unread call
+    # a "not_loader" that makes batches of its own (an instance of a class of this file, a generator
+    # function's generator, an installed package's iterator such as torchtext's): `prepare` shares
+    # them out by position; not data (a tensor, a list, `zip(...)`), whose other uses a wrapper would break
+    batches: bool = False
 
 
 def _loader_by_use(roles: Roles, home: Scope, node: cst.CSTNode, source: str, name: str) -> None:
@@ -922,13 +929,33 @@ def _loader_by_use(roles: Roles, home: Scope, node: cst.CSTNode, source: str, na
       is not; its batches keep their moves to the device. Given the distributed flag or the rank
       (`create_loader(..., distributed=args.distributed)`), the factory shards by rank itself: kept
       as it is and not prepared (it would be sharded twice), with a note (`roles.self_sharded`);
-    - shown not to be a DataLoader (a torchtext `BucketIterator`, also returned by a helper of this
-      file; an instance of a class of this file; `zip(...)`; a list): reported, with what it is;
+    - shown not to be a DataLoader but an iterator that makes batches of its own (a torchtext
+      `BucketIterator`, also returned by a helper of this file; an instance of a class of this file; a
+      generator function's generator): prepared (`roles.iterable_loaders`); the runtime's `prepare`
+      gives each process every N-th of its batches (runtime/batch_iterables.py), which keep their
+      moves to the device (`device=device` given to the iterator is the Accelerator's device);
+      reported instead under `--target accelerate`, whose `prepare` returns it unchanged;
+    - shown to be data that is no DataLoader (`zip(...)`, a list, a tensor, a torch Dataset): reported,
+      with what it is;
     - anything else: reported as not a recognised DataLoader."""
     sources = [_binding_source(roles, home, b, _DEPTH) for b in home.bindings.get(name, [])]
     known = [s for s in sources if s is not None]
     refused = [s for s in known if s.kind == "not_loader"]
     unread = [s for s in known if s.kind == "unread"]
+    if refused and len(known) == len(sources) and all(s.batches for s in refused) and not unread:
+        # What the loop iterates is the loader, whatever built it: prepared, the runtime shares out its
+        # batches by position (runtime/batch_iterables.py); they are not moved, so they keep their moves.
+        # HF Accelerate's `prepare` returns it as it is: reported instead under --target accelerate.
+        roles.iterable_loaders.setdefault(name, (
+            f"training loop iterates `{source}`, {_what(refused[0].shown)}, which is not a torch DataLoader: "
+            "HF Accelerate's `accelerator.prepare` returns it unchanged, so it was not prepared and every process "
+            "would see all the data. Build the training batches with torch.utils.data.DataLoader over the same "
+            "data (a `collate_fn` that batches them as it does) and run again: that loader is prepared, and "
+            "sharded; or migrate with `--target runtime`, whose `prepare` gives each process its share of the "
+            "iterator's batches"))
+        if name not in roles.loaders:
+            roles.loaders.append(name)
+        return
     if refused:
         roles.cannot_prepare(node, (
             f"training loop iterates `{source}`, {_what(refused[0].shown)}, which is not a torch DataLoader: "
@@ -1018,7 +1045,8 @@ def _expr_source(
     helper = roles.facts.function_called(value)
     if helper is not None:
         if yields(helper.node):
-            return _Source("not_loader", f"made by `{shown}(...)`, a generator function of this file") if index is None else None
+            return _Source("not_loader", f"made by `{shown}(...)`, a generator function of this file",
+                           batches=True) if index is None else None
         if not helper.returns:
             return None
         found_in: list[_Source | None] = []
@@ -1034,7 +1062,8 @@ def _expr_source(
         if first is None or any(f != first for f in found_in):
             return None
         if first.kind == "not_loader":
-            return _Source("not_loader", f"returned by `{shown}(...)` of this file, which builds it as {first.shown}")
+            return _Source("not_loader", f"returned by `{shown}(...)` of this file, which builds it as {first.shown}",
+                           batches=first.batches)
         return first
     func = value.func
     if isinstance(func, cst.Name) and func.value in roles.facts.classes:
@@ -1042,7 +1071,8 @@ def _expr_source(
         assert isinstance(cls.node, cst.ClassDef)
         if any(roles.facts.aliases.qualify(base.value) in DATALOADER for base in cls.node.bases):
             return _Source("loader", f"a `{func.value}`") if index is None else None
-        return _Source("not_loader", f"an instance of `{func.value}`, a class of this file") if index is None else None
+        return _Source("not_loader", f"an instance of `{func.value}`, a class of this file",
+                       batches=True) if index is None else None
     qualified = roles.facts.aliases.qualify(func)
     if qualified is None and isinstance(func, cst.Name):
         if func.value in _BUILTIN_ITERABLES and not roles.facts.module_scope.binds(func.value):
@@ -1050,7 +1080,7 @@ def _expr_source(
         return None
     if qualified is not None and qualified.startswith(_NOT_LOADER_LIBRARIES):
         library = qualified.split(".", 1)[0]
-        return _Source("not_loader", f"`{shown}(...)` of {library}")
+        return _Source("not_loader", f"`{shown}(...)` of {library}", batches=qualified.startswith(_BATCH_LIBRARIES))
     return _Source("unread", shown, value)
 
 

@@ -330,7 +330,11 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 "read: it may not be a torch DataLoader, and HF Accelerate's `prepare` returns anything else "
                 "unchanged, so every process would see all the data; it was not prepared. If it is a DataLoader, "
                 f"add `{name}` to `accelerator.prepare(...)` by hand; or migrate with `--target runtime`, whose "
-                "`prepare` shards a DataLoader and refuses anything else on N processes"), unconverted=True)
+                "`prepare` shards a DataLoader and gives each process its share of another iterator's batches"),
+                unconverted=True)
+        for name, why in roles.iterable_loaders.items():
+            if name not in home.prepared:
+                plan.report(CODE, _loader_line(roles, home, name), why, unconverted=True)
     moved = roles.training_only_loaders
     loaders = [n for n in prepared_loaders(roles, plan) if n not in moved]
     names = [
