@@ -19,27 +19,33 @@ exactly as before). On N processes it returns a ``PreparedIterable``:
 - attribute reads and writes go to the source (``train_iter.epoch``, ``init_epoch()``,
   ``dataset``, ``batch_size``...); ``len()`` is this rank's number of batches per epoch.
 
-Sharding by position needs every rank to see the same batches in the same order: a source that
-shuffles with an unseeded RNG (a torchtext iterator with ``train=True`` takes python ``random``'s
-state when it is built) would give each rank another epoch, and the shares would overlap. So each
-epoch the ranks compare a digest of the first round's batches (one small ``all_gather_object``),
-and all raise ``PrepareError`` when they differ, before any step of that round. Every rank must
-therefore start iterating the prepared source, as every rank does in a training loop.
+Sharding by position needs every rank to see the same batches in the same order. A source that
+shuffles with a random generator of its own, built from RNGs seeded differently on each process (a
+torchtext iterator with ``train=True`` keeps python ``random``'s state taken when it is built),
+would give each rank another epoch, and the shares would overlap: at ``prepare`` the random
+generators the source holds (``torch.Generator``, ``random.Random``, a python ``random`` state,
+numpy's ``RandomState`` / ``Generator``, found among its attributes and theirs) take rank 0's
+states (one object broadcast), as a DataLoader's ``generator`` does. A source that draws from the
+global RNGs while it iterates is not changed: each epoch the ranks compare a digest of the first
+round's batches (one small ``all_gather_object``), and all raise ``PrepareError`` when they differ,
+before any step of that round, saying to seed those RNGs alike. Every rank must therefore start
+iterating the prepared source, as every rank does in a training loop.
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from .errors import PrepareError
-from .ops import gather_object
+from .ops import broadcast_object, gather_object
 from .state import ProcessState
 
-__all__ = ["PreparedIterable", "batch_digest"]
+__all__ = ["PreparedIterable", "batch_digest", "share_own_generators"]
 
 _OWN = ("_source", "_state", "_even_batches")
 _ITEMS = 16  # items of a list / dict / object a digest looks at
@@ -49,6 +55,7 @@ class PreparedIterable:
     """This rank's share of the batches of ``source`` (see the module docstring)."""
 
     def __init__(self, source: Any, state: ProcessState, even_batches: bool = True) -> None:
+        share_own_generators(source, state)
         object.__setattr__(self, "_source", source)
         object.__setattr__(self, "_state", state)
         object.__setattr__(self, "_even_batches", even_batches)
@@ -171,3 +178,85 @@ def _tensor_summary(tensor: torch.Tensor) -> Any:
         return ("tensor", str(tensor.dtype), shape)
     weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device)
     return ("tensor", str(tensor.dtype), shape, float(flat.sum()), float((flat * weights).sum()))
+
+
+# -- the source's own random generators ---------------------------------------------------------
+
+_DEPTH = 2  # the source's attributes, and theirs (torchtext: `iterator.random_shuffler._random_state`)
+
+
+def share_own_generators(source: Any, state: ProcessState) -> None:
+    """Give the random generators ``source`` holds rank 0's states (a collective: every rank calls
+    it with a source of the same structure); on one process nothing happens."""
+    if not state.distributed:
+        return
+    own = _generators(source)
+    ranks0 = broadcast_object([(path, kind, _get_state(kind, value)) for path, kind, value, _ in own], state)
+    if state.rank == 0:
+        return
+    mine = {path: (kind, value, parent) for path, kind, value, parent in own}
+    for path, kind, rank0_state in ranks0:
+        found = mine.get(path)
+        if found is not None and found[0] == kind:
+            _set_state(kind, found[1], found[2], path[-1], rank0_state)
+
+
+def _generators(obj: Any, depth: int = _DEPTH, path: tuple[str, ...] = (),
+                seen: set[int] | None = None) -> list[tuple[tuple[str, ...], str, Any, Any]]:
+    """(attribute path, kind, generator, the object holding it) for each random generator found."""
+    seen = set() if seen is None else seen
+    fields = getattr(obj, "__dict__", None)
+    if not isinstance(fields, dict) or id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    found = []
+    for name in sorted(k for k in fields if isinstance(k, str)):
+        value = fields[name]
+        kind = _kind(value)
+        if kind is not None:
+            found.append(((*path, name), kind, value, obj))
+        elif depth > 1 and not isinstance(value, (type, torch.Tensor, list, tuple, dict, set)):
+            found += _generators(value, depth - 1, (*path, name), seen)
+    return found
+
+
+def _kind(value: Any) -> str | None:
+    if isinstance(value, torch.Generator):
+        return "torch"
+    if isinstance(value, random.Random):
+        return "random"
+    if (isinstance(value, tuple) and len(value) == 3 and value[0] == 3 and isinstance(value[1], tuple)
+            and len(value[1]) == 625):  # `random.getstate()` kept as a value (torchtext's RandomShuffler)
+        return "random_state"
+    module = type(value).__module__ or ""
+    if module.startswith("numpy.random"):
+        if type(value).__name__ == "RandomState":
+            return "numpy_random_state"
+        if type(value).__name__ == "Generator":
+            return "numpy_generator"
+    return None
+
+
+def _get_state(kind: str, value: Any) -> Any:
+    if kind == "torch":
+        return value.get_state()
+    if kind == "random":
+        return value.getstate()
+    if kind == "random_state":
+        return value
+    if kind == "numpy_random_state":
+        return value.get_state()
+    return value.bit_generator.state
+
+
+def _set_state(kind: str, value: Any, parent: Any, name: str, state: Any) -> None:
+    if kind == "torch":
+        value.set_state(state)
+    elif kind == "random":
+        value.setstate(state)
+    elif kind == "random_state":
+        setattr(parent, name, state)
+    elif kind == "numpy_random_state":
+        value.set_state(state)
+    else:
+        value.bit_generator.state = state

@@ -46,6 +46,7 @@ def same_everywhere(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         return calls[-1]
 
     monkeypatch.setattr(batch_iterables, "gather_object", gather)
+    monkeypatch.setattr(batch_iterables, "broadcast_object", lambda obj, state: obj)
     return calls
 
 
@@ -117,6 +118,7 @@ def test_attributes_are_the_sources(same_everywhere) -> None:
 
 def test_ranks_with_other_batches_all_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(batch_iterables, "gather_object", lambda digest, state: [digest, "other"])
+    monkeypatch.setattr(batch_iterables, "broadcast_object", lambda obj, state: obj)
     prepared = PreparedIterable(Buckets(8, 2), ProcessState(rank=0, world_size=2))
     with pytest.raises(PrepareError, match=r"(?s)other batches on process\(es\) \[1\].*random.seed"):
         next(iter(prepared))
@@ -134,3 +136,35 @@ def test_digest_reads_tensors_lists_and_attributes() -> None:
     assert batch_digest([a]) != batch_digest([swapped]), "the order of the rows counts"
     assert batch_digest([a]) != batch_digest([a, same])
     assert batch_digest({"x": torch.ones(3)}) != batch_digest({"x": torch.zeros(3)})
+
+
+def test_own_generators_take_rank0_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    import numpy as np
+
+    class Shuffler:
+        def __init__(self) -> None:
+            self._random_state = random.getstate()
+
+    class Iterator:
+        def __init__(self, seed: int) -> None:
+            random.seed(seed)
+            self.random_shuffler = Shuffler()
+            self.generator = torch.Generator().manual_seed(seed)
+            self.rng = random.Random(seed)
+            self.np_rng = np.random.default_rng(seed)
+            self.dataset = [1, 2, 3]
+
+    rank0, rank1 = Iterator(1), Iterator(2)
+    sent: list = []
+    monkeypatch.setattr(batch_iterables, "broadcast_object", lambda obj, state: sent.append(obj) or obj)
+    batch_iterables.share_own_generators(rank0, ProcessState(rank=0, world_size=2))
+    assert [path for path, _, _ in sent[0]] == [
+        ("generator",), ("np_rng",), ("random_shuffler", "_random_state"), ("rng",)]
+    monkeypatch.setattr(batch_iterables, "broadcast_object", lambda obj, state: sent[0])
+    batch_iterables.share_own_generators(rank1, ProcessState(rank=1, world_size=2))
+    assert rank1.random_shuffler._random_state == rank0.random_shuffler._random_state
+    assert torch.equal(torch.randn(3, generator=rank1.generator), torch.randn(3, generator=rank0.generator))
+    assert rank1.rng.random() == rank0.rng.random()
+    assert rank1.np_rng.random() == rank0.np_rng.random()

@@ -1,11 +1,13 @@
 """prepare() given a batch source that is not a torch DataLoader: returned as it is on one process;
 on 2 gloo processes an iterable of batches is shared out (batch i to rank i % 2, the last round
-completed, equal step counts), a source whose batches differ between the processes stops both with
-PrepareError, and a map-style Dataset raises PrepareError naming its type and the fix; a DataLoader
+completed, equal step counts), also one shuffling with a generator of its own seeded apart (it takes
+rank 0's state at prepare), a source whose batches still differ between the processes (shuffled with
+the global RNG seeded apart) stops both with PrepareError, and a map-style Dataset raises PrepareError naming its type and the fix; a DataLoader
 subclass is sharded. (HF Accelerate returns such objects as they are: docs/runtime.md.)"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rt_helpers import WORKERS, read_ranks, torchrun
@@ -19,8 +21,7 @@ def _run(tmp_path: Path, nproc: int) -> list[dict]:
 
 def test_one_process_returns_non_loaders_unchanged(tmp_path: Path) -> None:
     (rank0,) = _run(tmp_path, 1)
-    assert rank0["results"] == {
-        "python_list": "unchanged", "dataset": "unchanged", "unseeded_shuffle": "unchanged", "none": "unchanged"}
+    assert set(rank0["results"].values()) == {"unchanged"}
     for epoch in rank0["epochs"]:
         assert sorted(epoch) == list(range(12))
     iterable = rank0["iterable"]
@@ -36,11 +37,15 @@ def test_two_processes_share_iterables_and_shard_a_subclass(tmp_path: Path) -> N
         dataset = results["dataset"]
         assert "torch.utils.data.dataset.TensorDataset" in dataset and "neither a torch.utils.data.DataLoader" in dataset
         assert "fix: wrap the dataset in a torch.utils.data.DataLoader" in dataset
-        shuffle = results["unseeded_shuffle"]
-        assert "UnseededShuffle gave other batches on process(es) [1] than on process 0" in shuffle
+        shuffle = results["global_shuffle"]
+        assert "GlobalShuffle gave other batches on process(es) [1] than on process 0" in shuffle
         assert "random.seed(s)" in shuffle
-    lists = [rank["results"]["python_list"] for rank in ranks]
-    assert lists == ["PreparedIterable: [[0, 1], [4, 5]]", "PreparedIterable: [[2, 3], [0, 1]]"]
+    lists = [json.loads(rank["results"]["python_list"]) for rank in ranks]
+    assert lists == [[[0, 1], [4, 5]], [[2, 3], [0, 1]]]
+    for name in ("own_generator_shuffle", "kept_state_shuffle"):
+        first, second = (json.loads(rank["results"][name]) for rank in ranks)
+        assert len(first) == len(second) == 3
+        assert sorted(i for b in first + second for i in b) == list(range(12)), name + ": disjoint and complete"
     for epoch in range(2):
         first, second = (r["epochs"][epoch] for r in ranks)
         assert len(first) == len(second) == 6

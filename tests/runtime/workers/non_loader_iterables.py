@@ -11,6 +11,7 @@ returned, or the PrepareError's message; and this rank's share of a batch source
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -46,9 +47,8 @@ class BatchList:
         return iter(self.batches)
 
 
-class UnseededShuffle:
-    """Shuffles its batches with a generator seeded differently on each process (the state a
-    torchtext iterator takes from an unseeded python `random`)."""
+class OwnGeneratorShuffle:
+    """Shuffles its batches with a torch.Generator of its own, seeded differently on each process."""
 
     def __init__(self, batches: list[torch.Tensor]) -> None:
         self.batches = batches
@@ -57,6 +57,44 @@ class UnseededShuffle:
     def __iter__(self):
         order = torch.randperm(len(self.batches), generator=self.generator).tolist()
         return iter([self.batches[i] for i in order])
+
+
+class Shuffler:
+    """torchtext's RandomShuffler: python `random`'s state, taken when it is built, used for each shuffle."""
+
+    def __init__(self) -> None:
+        self._random_state = random.getstate()
+
+    def __call__(self, data: list) -> list:
+        old = random.getstate()
+        random.setstate(self._random_state)
+        data = random.sample(data, len(data))
+        self._random_state = random.getstate()
+        random.setstate(old)
+        return data
+
+
+class KeptStateShuffle:
+    """A torchtext-style iterator: its shuffler keeps the (here per-process) state of python `random`."""
+
+    def __init__(self, batches: list[torch.Tensor]) -> None:
+        random.seed(2000 + accelerator.process_index)
+        self.batches = batches
+        self.random_shuffler = Shuffler()
+
+    def __iter__(self):
+        return iter(self.random_shuffler(self.batches))
+
+
+class GlobalShuffle:
+    """Shuffles with the global python `random`, seeded differently on each process."""
+
+    def __init__(self, batches: list[torch.Tensor]) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        random.seed(3000 + accelerator.process_index)
+        return iter(random.sample(self.batches, len(self.batches)))
 
 
 loader = accelerator.prepare(CountingLoader(TensorDataset(torch.arange(12)), batch_size=2, shuffle=True))
@@ -82,7 +120,9 @@ results: dict[str, str] = {}
 sources = {
     "python_list": [torch.arange(2), torch.arange(2, 4), torch.arange(4, 6)],
     "dataset": TensorDataset(torch.arange(4)),  # iterable through __getitem__, no __iter__
-    "unseeded_shuffle": UnseededShuffle([torch.arange(2 * i, 2 * i + 2) for i in range(6)]),
+    "own_generator_shuffle": OwnGeneratorShuffle([torch.arange(2 * i, 2 * i + 2) for i in range(6)]),
+    "kept_state_shuffle": KeptStateShuffle([torch.arange(2 * i, 2 * i + 2) for i in range(6)]),
+    "global_shuffle": GlobalShuffle([torch.arange(2 * i, 2 * i + 2) for i in range(6)]),
 }
 for name, source in sources.items():
     try:
@@ -91,7 +131,7 @@ for name, source in sources.items():
     except PrepareError as error:
         results[name] = str(error)
     else:
-        results[name] = "unchanged" if prepared_source is source else f"{type(prepared_source).__name__}: {batches}"
+        results[name] = "unchanged" if prepared_source is source else json.dumps(batches)
 passed = accelerator.prepare(None)
 results["none"] = "unchanged" if passed is None else "changed"
 
