@@ -102,9 +102,16 @@ What it does:
     (`data_loader = get_loader(...)` or `train_dl, valid_dl, ... = get_data(opts)` from a module it
     was not given). Such a loader is prepared all the same, and its batches keep their moves to the
     device: the runtime's `prepare` shards it when it is a torch DataLoader (any subclass) and,
-    on N processes, raises PrepareError naming its type when it is not (on one process it returns
-    it as it is; see docs/runtime.md). Under `--target accelerate` it is reported at its binding
-    and not prepared: HF Accelerate's `prepare` would return a non-DataLoader unchanged, silently.
+    on N processes, gives each process every N-th of its batches when it is another iterable (on
+    one process it returns it as it is; see docs/runtime.md). So is an iterator the code shows is
+    no DataLoader but makes batches of its own: a torchtext `BucketIterator` (also one a helper of
+    this file returns, `train_iter, val_iter = prepare_dataloaders(opt, device)`), an instance of a
+    class of this file, a generator function's generator. It is prepared with the model, its
+    batches keep their moves (and a `device=device` it is given is the Accelerator's device), and
+    its other uses (`train_iter.init_epoch()`, `len(train_iter)`, its attributes) reach it through
+    the prepared object; an evaluation iterator of the same kind stays whole.
+    Under `--target accelerate` both are reported at their binding and not prepared: HF
+    Accelerate's `prepare` would return a non-DataLoader unchanged, silently.
     A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
     `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
     it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
@@ -146,10 +153,9 @@ Leaves alone:
     reported and the file left as it is: no placement of `prepare` there is right for its methods.
     Also reported: `torch.compile(model)` before the prepare call (it would compile the unwrapped
     model: compile the prepared one; not in a branch that never runs, `if False:` or a switch the
-    file binds only to `False`, `use_compile = False` ... `if use_compile:`), a training loop over something the code shows is no
-    `DataLoader` (a torchtext `BucketIterator`, also one a helper of this file returns; a generator
-    function of this file; an instance of a class of this file that does not subclass DataLoader;
-    `zip(...)` or another builtin; a list), named with what builds it, or over a loader not bound
+    file binds only to `False`, `use_compile = False` ... `if use_compile:`), a training loop over data the code shows is no
+    `DataLoader` and no iterator of batches (`zip(...)` or another builtin; a list; a tensor or a
+    torch Dataset), named with what builds it, or over a loader not bound
     where the model is prepared (it is not prepared, so every process would see all the data: the
     report says to build the batches with a DataLoader, which is then prepared), a loader still
     sharded by a `DistributedSampler`
