@@ -916,6 +916,9 @@ class _Source:
     # function's generator, an installed package's iterator such as torchtext's): `prepare` shares
     # them out by position; not data (a tensor, a list, `zip(...)`), whose other uses a wrapper would break
     batches: bool = False
+    # its `device=` argument when that is not the script's device choice (which becomes
+    # `accelerator.device`): `device=torch.device("cuda", 0)`, `device=0`
+    fixed_device: str | None = None
 
 
 def _loader_by_use(roles: Roles, home: Scope, node: cst.CSTNode, source: str, name: str) -> None:
@@ -942,6 +945,16 @@ def _loader_by_use(roles: Roles, home: Scope, node: cst.CSTNode, source: str, na
     known = [s for s in sources if s is not None]
     refused = [s for s in known if s.kind == "not_loader"]
     unread = [s for s in known if s.kind == "unread"]
+    fixed = next((s for s in refused if s.fixed_device is not None), None)
+    if fixed is not None and all(s.batches for s in refused):
+        roles.cannot_prepare(node, (
+            f"training loop iterates `{source}`, {_what(fixed.shown)}, which is not a torch DataLoader; it places "
+            f"its batches with `device={fixed.fixed_device}`, not the script's device choice, so on N GPUs every "
+            "process would put its batches on that one device, away from its model: it was not prepared, and every "
+            "process would see all the data. Bind the device choice to a name first (`device = torch.device(...)`, "
+            "chosen as the script chooses it), pass `device=device` and run again: the migration makes that name "
+            "`accelerator.device`, prepares the iterator, and each process takes its share of its batches"))
+        return
     if refused and len(known) == len(sources) and all(s.batches for s in refused) and not unread:
         # What the loop iterates is the loader, whatever built it: prepared, the runtime shares out its
         # batches by position (runtime/batch_iterables.py); they are not moved, so they keep their moves.
@@ -1063,7 +1076,7 @@ def _expr_source(
             return None
         if first.kind == "not_loader":
             return _Source("not_loader", f"returned by `{shown}(...)` of this file, which builds it as {first.shown}",
-                           batches=first.batches)
+                           batches=first.batches, fixed_device=first.fixed_device)
         return first
     func = value.func
     if isinstance(func, cst.Name) and func.value in roles.facts.classes:
@@ -1072,7 +1085,7 @@ def _expr_source(
         if any(roles.facts.aliases.qualify(base.value) in DATALOADER for base in cls.node.bases):
             return _Source("loader", f"a `{func.value}`") if index is None else None
         return _Source("not_loader", f"an instance of `{func.value}`, a class of this file",
-                       batches=True) if index is None else None
+                       batches=True, fixed_device=_fixed_device(roles, scope, value)) if index is None else None
     qualified = roles.facts.aliases.qualify(func)
     if qualified is None and isinstance(func, cst.Name):
         if func.value in _BUILTIN_ITERABLES and not roles.facts.module_scope.binds(func.value):
@@ -1080,8 +1093,33 @@ def _expr_source(
         return None
     if qualified is not None and qualified.startswith(_NOT_LOADER_LIBRARIES):
         library = qualified.split(".", 1)[0]
-        return _Source("not_loader", f"`{shown}(...)` of {library}", batches=qualified.startswith(_BATCH_LIBRARIES))
+        batches = qualified.startswith(_BATCH_LIBRARIES)
+        return _Source("not_loader", f"`{shown}(...)` of {library}", batches=batches,
+                       fixed_device=_fixed_device(roles, scope, value) if batches else None)
     return _Source("unread", shown, value)
+
+
+def _fixed_device(roles: Roles, scope: Scope, call: cst.Call) -> str | None:
+    """The `device=` argument of the call building a batch iterator, when it is not the script's
+    device choice (a name the migration binds to `accelerator.device`): on N GPUs every process
+    would place its batches on that one device."""
+    for arg in call.args:
+        if arg.keyword is None or arg.keyword.value != "device":
+            continue
+        value = arg.value
+        if isinstance(value, cst.Name) and value.value == "None":
+            return None
+        if isinstance(value, (cst.Name, cst.Attribute)):
+            name = value.value if isinstance(value, cst.Name) else instance_attribute(value)
+            # the device choice (made `accelerator.device`), or a name the code does not show the
+            # origin of (a parameter no caller of this file passes): left to the caller
+            if roles.is_device(scope, value) or name is None:
+                return None
+            found = roles.origins(scope, name)
+            if not found or not any(origin.bindings.get(n) for origin, n in found):
+                return None
+        return cst.Module([]).code_for_node(value)
+    return None
 
 
 def _sharding_keywords(roles: Roles, scope: Scope, call: cst.Call) -> list[str]:
