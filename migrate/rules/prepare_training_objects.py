@@ -109,7 +109,9 @@ What it does:
     class of this file, a generator function's generator. It is prepared with the model, its
     batches keep their moves (and a `device=device` it is given is the Accelerator's device), and
     its other uses (`train_iter.init_epoch()`, `len(train_iter)`, its attributes) reach it through
-    the prepared object; an evaluation iterator of the same kind stays whole.
+    the prepared object; an evaluation iterator of the same kind stays whole. One given another
+    device than the script's choice (`device=torch.device("cuda", gpu)`, `device=0`) is reported
+    instead: on N GPUs every process would place its batches on that one device.
     Under `--target accelerate` both are reported at their binding and not prepared: HF
     Accelerate's `prepare` would return a non-DataLoader unchanged, silently.
     A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
