@@ -137,8 +137,9 @@ class PreparedIterable:
 
 def batch_digest(batches: Any) -> str:
     """A short digest of what a batch holds: its tensors' shapes, dtypes and (position-weighted)
-    sums, its numbers and strings, looked up through lists, dicts and object attributes (the first
-    few items of each, a few levels deep): equal on every rank when the batches are."""
+    sums, its numbers and strings, looked up through lists, dicts and the tensor / list / dict
+    attributes of objects (the first few items of each, a few levels deep): equal on every rank
+    when the batches are."""
     return hashlib.sha256(repr(_summary(batches, 4)).encode()).hexdigest()
 
 
@@ -162,9 +163,16 @@ def _summary(obj: Any, depth: int) -> Any:
         return (name, len(obj), [(repr(k), _summary(v, depth - 1)) for k, v in items])
     fields = getattr(obj, "__dict__", None)
     if isinstance(fields, dict):
-        items = sorted(fields.items())[:_ITEMS]
+        # an object's data: its tensors and arrays, and the lists / dicts holding them; not its
+        # other attributes (a `dataset` it points to, a device name, a rank), which may differ per process
+        items = sorted((k, v) for k, v in fields.items() if isinstance(k, str) and _is_data(v))[:_ITEMS]
         return (name, [(k, _summary(v, depth - 1)) for k, v in items])
     return name
+
+
+def _is_data(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, list, tuple, dict)) or (
+        type(value).__module__ == "numpy" and hasattr(value, "shape"))
 
 
 def _tensor_summary(tensor: torch.Tensor) -> Any:

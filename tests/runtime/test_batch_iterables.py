@@ -136,6 +136,8 @@ def test_digest_reads_tensors_lists_and_attributes() -> None:
     assert batch_digest([a]) != batch_digest([swapped]), "the order of the rows counts"
     assert batch_digest([a]) != batch_digest([a, same])
     assert batch_digest({"x": torch.ones(3)}) != batch_digest({"x": torch.zeros(3)})
+    same.device, same.dataset = "cuda:1", object()  # not data: may differ per process
+    assert batch_digest([a]) == batch_digest([same])
 
 
 def test_own_generators_take_rank0_states(monkeypatch: pytest.MonkeyPatch) -> None:
