@@ -40,6 +40,8 @@ def test_two_processes_share_iterables_and_shard_a_subclass(tmp_path: Path) -> N
         shuffle = results["global_shuffle"]
         assert "GlobalShuffle gave other batches on process(es) [1] than on process 0" in shuffle
         assert "random.seed(s)" in shuffle
+        split = results["split_batches"]
+        assert "with split_batches=True" in split and "fix: run without split_batches" in split
     lists = [json.loads(rank["results"]["python_list"]) for rank in ranks]
     assert lists == [[[0, 1], [4, 5]], [[2, 3], [0, 1]]]
     for name in ("own_generator_shuffle", "kept_state_shuffle"):

@@ -132,6 +132,11 @@ for name, source in sources.items():
         results[name] = str(error)
     else:
         results[name] = "unchanged" if prepared_source is source else json.dumps(batches)
+try:
+    split = Accelerator(split_batches=True).prepare([torch.arange(2), torch.arange(2, 4)])
+    results["split_batches"] = "unchanged" if isinstance(split, list) else "changed"
+except PrepareError as error:
+    results["split_batches"] = str(error)
 passed = accelerator.prepare(None)
 results["none"] = "unchanged" if passed is None else "changed"
 
