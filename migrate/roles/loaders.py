@@ -20,7 +20,7 @@ from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
-from migrate.roles.rng import drawn_from, seeded_generators
+from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
 from migrate.names import instance_attribute
 from migrate.walk import Visitor, walk
 
@@ -1059,7 +1059,7 @@ def _expr_source(
     if helper is not None:
         if yields(helper.node):
             return _Source("not_loader", f"made by `{shown}(...)`, a generator function of this file",
-                           batches=True) if index is None else None
+                           batches=not _draws_unseeded(roles, helper.node)) if index is None else None
         if not helper.returns:
             return None
         found_in: list[_Source | None] = []
@@ -1085,7 +1085,8 @@ def _expr_source(
         if any(roles.facts.aliases.qualify(base.value) in DATALOADER for base in cls.node.bases):
             return _Source("loader", f"a `{func.value}`") if index is None else None
         return _Source("not_loader", f"an instance of `{func.value}`, a class of this file",
-                       batches=True, fixed_device=_fixed_device(roles, scope, value)) if index is None else None
+                       batches=not _draws_unseeded(roles, cls.node),
+                       fixed_device=_fixed_device(roles, scope, value)) if index is None else None
     qualified = roles.facts.aliases.qualify(func)
     if qualified is None and isinstance(func, cst.Name):
         if func.value in _BUILTIN_ITERABLES and not roles.facts.module_scope.binds(func.value):
@@ -1097,6 +1098,23 @@ def _expr_source(
         return _Source("not_loader", f"`{shown}(...)` of {library}", batches=batches,
                        fixed_device=_fixed_device(roles, scope, value) if batches else None)
     return _Source("unread", shown, value)
+
+
+def _draws_unseeded(roles: Roles, node: cst.CSTNode) -> bool:
+    """The code of a batch iterator of this file (a class, a generator function) draws from a global
+    random generator the file never seeds: each process draws its own batches, so sharing them out by
+    position is not what the script does (and the runtime would find the processes' batches differ);
+    such an iterator is left as it was (reported as no DataLoader)."""
+    drawn: set[str] = set()
+
+    class Draws(Visitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            kind = draw_generator(roles.facts, call)
+            if kind is not None:
+                drawn.add(kind)
+
+    walk(node, Draws())
+    return bool(drawn - seeded_generators(roles.facts))
 
 
 def _fixed_device(roles: Roles, scope: Scope, call: cst.Call) -> str | None:
