@@ -934,7 +934,8 @@ def _loader_by_use(roles: Roles, home: Scope, node: cst.CSTNode, source: str, na
       as it is and not prepared (it would be sharded twice), with a note (`roles.self_sharded`);
     - shown not to be a DataLoader but an iterator that makes batches of its own (a torchtext
       `BucketIterator`, also returned by a helper of this file; an instance of a class of this file; a
-      generator function's generator): prepared (`roles.iterable_loaders`); the runtime's `prepare`
+      generator function's generator; not one of this file whose code draws from a global RNG the
+      file never seeds, `torch.randn(...)`: reported): prepared (`roles.iterable_loaders`); the runtime's `prepare`
       gives each process every N-th of its batches (runtime/batch_iterables.py), which keep their
       moves to the device (`device=device` given to the iterator is the Accelerator's device);
       reported instead under `--target accelerate`, whose `prepare` returns it unchanged;

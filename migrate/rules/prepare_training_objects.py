@@ -106,7 +106,9 @@ What it does:
     one process it returns it as it is; see docs/runtime.md). So is an iterator the code shows is
     no DataLoader but makes batches of its own: a torchtext `BucketIterator` (also one a helper of
     this file returns, `train_iter, val_iter = prepare_dataloaders(opt, device)`), an instance of a
-    class of this file, a generator function's generator. It is prepared with the model, its
+    class of this file, a generator function's generator (not one whose code draws from a global
+    random generator the file never seeds, `torch.randn(...)`: each process draws its own batches,
+    and it is reported as before). It is prepared with the model, its
     batches keep their moves (and a `device=device` it is given is the Accelerator's device), and
     its other uses (`train_iter.init_epoch()`, `len(train_iter)`, its attributes) reach it through
     the prepared object; an evaluation iterator of the same kind stays whole. One given another
