@@ -78,6 +78,9 @@ class PreparedIterable:
         state = self._state
         return f"PreparedIterable({self._source!r}, rank {state.rank} of {state.world_size})"
 
+    def __bool__(self) -> bool:  # as the source answers (without it, `len()` would decide)
+        return bool(self._source)
+
     def __len__(self) -> int:
         total = len(self._source)
         n, rank = self._state.world_size, self._state.rank

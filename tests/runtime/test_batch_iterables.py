@@ -112,8 +112,10 @@ def test_attributes_are_the_sources(same_everywhere) -> None:
     assert prepared.size == 2
     with pytest.raises(AttributeError):
         prepared.missing  # noqa: B018
+    unsized = PreparedIterable(iter([1, 2]), ProcessState(rank=0, world_size=2))
     with pytest.raises(TypeError):
-        len(PreparedIterable(iter([1, 2]), ProcessState(rank=0, world_size=2)))
+        len(unsized)
+    assert unsized, "truthy as the source is"
 
 
 def test_ranks_with_other_batches_all_stop(monkeypatch: pytest.MonkeyPatch) -> None:
