@@ -36,6 +36,7 @@ from .checkpoint import (
     write_file,
 )
 from .sharded_checkpoint import ShardedStates
+from .batch_iterables import PreparedIterable
 from .data import ActiveLoaders, PreparedDataLoader, prepare_data_loader
 from .errors import GradientSyncError, PrepareError, UnsupportedOptionError
 from .frozen_buffers import sync_frozen_buffers
@@ -181,8 +182,9 @@ class Accelerator(ProcessView):
         """Prepare models, optimizers, data loaders and schedulers; return them in the same order.
 
         A single argument is returned as itself, several as a tuple (like Accelerate). An iterable
-        that is not a DataLoader is returned as it is on one process and raises PrepareError on
-        more (Accelerate returns it silently; see docs/runtime.md).
+        of batches that is not a DataLoader is returned as it is on one process and as a
+        ``PreparedIterable`` yielding this process's share of its batches on more (Accelerate
+        returns it as it is; see docs/runtime.md); a map-style Dataset raises PrepareError on more.
         """
         # Models first (fsdp replaces their parameters, and the optimizers must see the new ones),
         # schedulers last (each looks up its prepared optimizer), whatever their positions.
@@ -210,25 +212,41 @@ class Accelerator(ProcessView):
             return self.prepare_optimizer(obj)
         if isinstance(obj, LRScheduler):
             return self.prepare_scheduler(obj)
-        batches = isinstance(obj, Iterable) or hasattr(type(obj), "__getitem__")  # `iter(obj)` works: a map-style Dataset too
-        if batches and not isinstance(obj, (str, bytes, Mapping)) and self.state.distributed:
-            # A batch source that is not a torch DataLoader (a torchtext iterator, a loader wrapper
-            # of another library, a list of batches, a Dataset): it cannot be sharded, and returned as it is,
-            # every process would train on all of its batches. HF Accelerate returns it silently.
-            kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        if isinstance(obj, PreparedIterable):
             raise PrepareError(
-                f"prepare() was given a {kind}, an iterable that is not a torch.utils.data.DataLoader; on "
-                f"{self.state.world_size} processes it cannot be sharded, and each process would iterate all "
-                "of it.",
+                "a batch source was passed to prepare() twice.",
+                "each batch source to be prepared exactly once.",
+                "pass the original object to prepare() once and keep using the returned one.",
+            )
+        if isinstance(obj, (str, bytes, Mapping)) or not self.state.distributed:
+            return obj
+        kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        if isinstance(obj, Iterable):
+            # A batch source that is not a torch DataLoader (a torchtext iterator, a loader wrapper
+            # of another library, a class of the script's own, a list of batches): this process's
+            # share of what it yields (runtime/batch_iterables.py). HF Accelerate returns it as it is.
+            if self.split_batches:
+                raise PrepareError(
+                    f"prepare() was given a {kind}, an iterable that is not a torch.utils.data.DataLoader, "
+                    "with split_batches=True: its batches are of a type the runtime does not know, and cannot be "
+                    "split between the processes.",
+                    "a torch.utils.data.DataLoader (or a subclass) when split_batches=True.",
+                    "run without split_batches (each process then takes every N-th batch of it), or build the "
+                    "batches with a torch.utils.data.DataLoader and prepare that.",
+                )
+            return PreparedIterable(obj, self.state, self.even_batches)
+        if hasattr(type(obj), "__getitem__"):  # `iter(obj)` works: a map-style Dataset
+            raise PrepareError(
+                f"prepare() was given a {kind}, indexable but neither a torch.utils.data.DataLoader nor an "
+                f"iterable of batches; on {self.state.world_size} processes it cannot be sharded, and each "
+                "process would iterate all of it.",
                 "a torch.utils.data.DataLoader (or a subclass), which prepare() shards so that every sample "
                 "reaches one process per epoch.",
-                "build the training batches with torch.utils.data.DataLoader over the same dataset (a "
-                "collate_fn doing what the iterator's batching does) and prepare that; or give each process "
+                "wrap the dataset in a torch.utils.data.DataLoader and prepare the loader; or give each process "
                 "its own share of the data (accelerator.process_index of accelerator.num_processes) and do not "
-                "pass the iterable to prepare().",
+                "pass it to prepare().",
             )
-        # Anything else (None, a custom scheduler, an iterable on one process) is returned as it is:
-        # on one process there is nothing to shard, so a non-DataLoader iterable trains as before.
+        # Anything else (None, a custom scheduler) is returned as it is.
         return obj
 
     def prepare_model(self, model: nn.Module) -> nn.Module:

@@ -20,7 +20,7 @@ from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
-from migrate.roles.rng import drawn_from, seeded_generators
+from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
 from migrate.names import instance_attribute
 from migrate.walk import Visitor, walk
 
@@ -504,6 +504,7 @@ def prefer_attributes(roles: Roles) -> None:
     for group in (roles.models, roles.loaders):
         group[:] = [kept_as_attribute(home, name) or name for name in group]
     roles.unread_loaders = {kept_as_attribute(home, n) or n: shown for n, shown in roles.unread_loaders.items()}
+    roles.iterable_loaders = {kept_as_attribute(home, n) or n: why for n, why in roles.iterable_loaders.items()}
 
 
 def kept_as_attribute(home: Scope, name: str) -> str | None:
@@ -895,6 +896,8 @@ _BUILTIN_ITERABLES = frozenset({
 })
 # Libraries whose calls return no torch DataLoader (a tensor, a dataset, a torchtext iterator).
 _NOT_LOADER_LIBRARIES = ("torch.", "torchtext.", "numpy.", "itertools.", "builtins.")
+# ... of which those whose calls make batch iterators (prepared: the runtime shares out their batches)
+_BATCH_LIBRARIES = ("torchtext.",)
 _DEPTH = 4
 
 
@@ -909,6 +912,13 @@ class _Source:
     kind: str
     shown: str  # how the report names it
     call: cst.Call | None = None  # the unread call
+    # a "not_loader" that makes batches of its own (an instance of a class of this file, a generator
+    # function's generator, an installed package's iterator such as torchtext's): `prepare` shares
+    # them out by position; not data (a tensor, a list, `zip(...)`), whose other uses a wrapper would break
+    batches: bool = False
+    # its `device=` argument when that is not the script's device choice (which becomes
+    # `accelerator.device`): `device=torch.device("cuda", 0)`, `device=0`
+    fixed_device: str | None = None
 
 
 def _loader_by_use(roles: Roles, home: Scope, node: cst.CSTNode, source: str, name: str) -> None:
@@ -922,13 +932,44 @@ def _loader_by_use(roles: Roles, home: Scope, node: cst.CSTNode, source: str, na
       is not; its batches keep their moves to the device. Given the distributed flag or the rank
       (`create_loader(..., distributed=args.distributed)`), the factory shards by rank itself: kept
       as it is and not prepared (it would be sharded twice), with a note (`roles.self_sharded`);
-    - shown not to be a DataLoader (a torchtext `BucketIterator`, also returned by a helper of this
-      file; an instance of a class of this file; `zip(...)`; a list): reported, with what it is;
+    - shown not to be a DataLoader but an iterator that makes batches of its own (a torchtext
+      `BucketIterator`, also returned by a helper of this file; an instance of a class of this file; a
+      generator function's generator; not one of this file whose code draws from a global RNG the
+      file never seeds, `torch.randn(...)`: reported): prepared (`roles.iterable_loaders`); the runtime's `prepare`
+      gives each process every N-th of its batches (runtime/batch_iterables.py), which keep their
+      moves to the device (`device=device` given to the iterator is the Accelerator's device);
+      reported instead under `--target accelerate`, whose `prepare` returns it unchanged;
+    - shown to be data that is no DataLoader (`zip(...)`, a list, a tensor, a torch Dataset): reported,
+      with what it is;
     - anything else: reported as not a recognised DataLoader."""
     sources = [_binding_source(roles, home, b, _DEPTH) for b in home.bindings.get(name, [])]
     known = [s for s in sources if s is not None]
     refused = [s for s in known if s.kind == "not_loader"]
     unread = [s for s in known if s.kind == "unread"]
+    fixed = next((s for s in refused if s.fixed_device is not None), None)
+    if fixed is not None and all(s.batches for s in refused):
+        roles.cannot_prepare(node, (
+            f"training loop iterates `{source}`, {_what(fixed.shown)}, which is not a torch DataLoader; it places "
+            f"its batches with `device={fixed.fixed_device}`, not the script's device choice, so on N GPUs every "
+            "process would put its batches on that one device, away from its model: it was not prepared, and every "
+            "process would see all the data. Bind the device choice to a name first (`device = torch.device(...)`, "
+            "chosen as the script chooses it), pass `device=device` and run again: the migration makes that name "
+            "`accelerator.device`, prepares the iterator, and each process takes its share of its batches"))
+        return
+    if refused and len(known) == len(sources) and all(s.batches for s in refused) and not unread:
+        # What the loop iterates is the loader, whatever built it: prepared, the runtime shares out its
+        # batches by position (runtime/batch_iterables.py); they are not moved, so they keep their moves.
+        # HF Accelerate's `prepare` returns it as it is: reported instead under --target accelerate.
+        roles.iterable_loaders.setdefault(name, (
+            f"training loop iterates `{source}`, {_what(refused[0].shown)}, which is not a torch DataLoader: "
+            "HF Accelerate's `accelerator.prepare` returns it unchanged, so it was not prepared and every process "
+            "would see all the data. Build the training batches with torch.utils.data.DataLoader over the same "
+            "data (a `collate_fn` that batches them as it does) and run again: that loader is prepared, and "
+            "sharded; or migrate with `--target runtime`, whose `prepare` gives each process its share of the "
+            "iterator's batches"))
+        if name not in roles.loaders:
+            roles.loaders.append(name)
+        return
     if refused:
         roles.cannot_prepare(node, (
             f"training loop iterates `{source}`, {_what(refused[0].shown)}, which is not a torch DataLoader: "
@@ -1018,7 +1059,8 @@ def _expr_source(
     helper = roles.facts.function_called(value)
     if helper is not None:
         if yields(helper.node):
-            return _Source("not_loader", f"made by `{shown}(...)`, a generator function of this file") if index is None else None
+            return _Source("not_loader", f"made by `{shown}(...)`, a generator function of this file",
+                           batches=not _draws_unseeded(roles, helper.node)) if index is None else None
         if not helper.returns:
             return None
         found_in: list[_Source | None] = []
@@ -1034,7 +1076,8 @@ def _expr_source(
         if first is None or any(f != first for f in found_in):
             return None
         if first.kind == "not_loader":
-            return _Source("not_loader", f"returned by `{shown}(...)` of this file, which builds it as {first.shown}")
+            return _Source("not_loader", f"returned by `{shown}(...)` of this file, which builds it as {first.shown}",
+                           batches=first.batches, fixed_device=first.fixed_device)
         return first
     func = value.func
     if isinstance(func, cst.Name) and func.value in roles.facts.classes:
@@ -1042,7 +1085,9 @@ def _expr_source(
         assert isinstance(cls.node, cst.ClassDef)
         if any(roles.facts.aliases.qualify(base.value) in DATALOADER for base in cls.node.bases):
             return _Source("loader", f"a `{func.value}`") if index is None else None
-        return _Source("not_loader", f"an instance of `{func.value}`, a class of this file") if index is None else None
+        return _Source("not_loader", f"an instance of `{func.value}`, a class of this file",
+                       batches=not _draws_unseeded(roles, cls.node),
+                       fixed_device=_fixed_device(roles, scope, value)) if index is None else None
     qualified = roles.facts.aliases.qualify(func)
     if qualified is None and isinstance(func, cst.Name):
         if func.value in _BUILTIN_ITERABLES and not roles.facts.module_scope.binds(func.value):
@@ -1050,8 +1095,50 @@ def _expr_source(
         return None
     if qualified is not None and qualified.startswith(_NOT_LOADER_LIBRARIES):
         library = qualified.split(".", 1)[0]
-        return _Source("not_loader", f"`{shown}(...)` of {library}")
+        batches = qualified.startswith(_BATCH_LIBRARIES)
+        return _Source("not_loader", f"`{shown}(...)` of {library}", batches=batches,
+                       fixed_device=_fixed_device(roles, scope, value) if batches else None)
     return _Source("unread", shown, value)
+
+
+def _draws_unseeded(roles: Roles, node: cst.CSTNode) -> bool:
+    """The code of a batch iterator of this file (a class, a generator function) draws from a global
+    random generator the file never seeds: each process draws its own batches, so sharing them out by
+    position is not what the script does (and the runtime would find the processes' batches differ);
+    such an iterator is left as it was (reported as no DataLoader)."""
+    drawn: set[str] = set()
+
+    class Draws(Visitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            kind = draw_generator(roles.facts, call)
+            if kind is not None:
+                drawn.add(kind)
+
+    walk(node, Draws())
+    return bool(drawn - seeded_generators(roles.facts))
+
+
+def _fixed_device(roles: Roles, scope: Scope, call: cst.Call) -> str | None:
+    """The `device=` argument of the call building a batch iterator, when it is not the script's
+    device choice (a name the migration binds to `accelerator.device`): on N GPUs every process
+    would place its batches on that one device."""
+    for arg in call.args:
+        if arg.keyword is None or arg.keyword.value != "device":
+            continue
+        value = arg.value
+        if isinstance(value, cst.Name) and value.value == "None":
+            return None
+        if isinstance(value, (cst.Name, cst.Attribute)):
+            name = value.value if isinstance(value, cst.Name) else instance_attribute(value)
+            # the device choice (made `accelerator.device`), or a name the code does not show the
+            # origin of (a parameter no caller of this file passes): left to the caller
+            if roles.is_device(scope, value) or name is None:
+                return None
+            found = roles.origins(scope, name)
+            if not found or not any(origin.bindings.get(n) for origin, n in found):
+                return None
+        return cst.Module([]).code_for_node(value)
+    return None
 
 
 def _sharding_keywords(roles: Roles, scope: Scope, call: cst.Call) -> list[str]:

@@ -98,9 +98,13 @@ class Roles:
     # home's class that trains on it (`trainer.fit(loader)`); prepared at the top of that method
     received_loaders: list[tuple[Scope, str]] = field(default_factory=list)
     # loader -> the call that builds it, a function the migration cannot read (`get_loader(...)` of
-    # a module not given): prepared with the others (the runtime's prepare refuses a non-DataLoader
-    # on N processes), its batches keep their moves; reported instead under --target accelerate
+    # a module not given): prepared with the others (the runtime's prepare shares out a non-DataLoader's
+    # batches on N processes), its batches keep their moves; reported instead under --target accelerate
     unread_loaders: dict[str, str] = field(default_factory=dict)
+    # loader -> the report for --target accelerate: an iterator shown not to be a DataLoader that makes
+    # batches of its own (a torchtext `BucketIterator`, a class of this file): prepared (the runtime
+    # shares out its batches by position on N processes), its batches keep their moves
+    iterable_loaders: dict[str, str] = field(default_factory=dict)
     # loader -> the note that its unread factory shards by rank itself (`distributed=...`): not prepared
     self_sharded: dict[str, cst.CSTNode] = field(default_factory=dict)
     # method -> (attribute, local name, its reads there): training loaders the instance holds

@@ -103,11 +103,11 @@ def accelerator_call(method: str, args: list[cst.Arg]) -> cst.Call:
 def prepared_loaders(roles: Roles, plan: EditPlan) -> list[str]:
     """Training loaders that will be prepared: not those still sharded by a DistributedSampler, nor,
     under `--target accelerate` (whose `prepare` returns a non-DataLoader unchanged), those built by
-    a function the migration cannot read."""
+    a function the migration cannot read or shown to be another iterator of batches."""
     return [
         n for n in roles.loaders
         if (n not in roles.rank_sampled or n in plan.unsharded_loaders)
-        and not (plan.target == "accelerate" and n in roles.unread_loaders)
+        and not (plan.target == "accelerate" and (n in roles.unread_loaders or n in roles.iterable_loaders))
     ]
 
 
@@ -119,9 +119,10 @@ def early_prepare(roles: Roles, plan: EditPlan) -> tuple[StmtRef, list[str]] | N
 
 def placed_loaders(roles: Roles, plan: EditPlan) -> list[str]:
     """Prepared training loaders whose batches come out on the device: not those built by a function
-    the migration cannot read (prepared, a non-DataLoader comes back as it is on one process, so
-    its batches keep their moves)."""
-    return [n for n in prepared_loaders(roles, plan) if n not in roles.unread_loaders]
+    the migration cannot read, nor iterators shown not to be DataLoaders (prepared, a non-DataLoader
+    comes back as it is on one process and yields its own batches, unmoved, on N: its batches keep
+    their moves)."""
+    return [n for n in prepared_loaders(roles, plan) if n not in roles.unread_loaders and n not in roles.iterable_loaders]
 
 
 def reference(expr: cst.BaseExpression) -> str | None:

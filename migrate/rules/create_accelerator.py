@@ -670,7 +670,9 @@ def _trains_on_cpu_only(roles: Roles, plan: EditPlan) -> bool:
     (`torch.float64`, `x.dtype`), a `device=` argument other than `"cpu"`, a `"cuda"`/`"mps"`/`"xpu"`
     string, `torch.device(...)`, `torch.set_default_device`, or anything of `torch.cuda`,
     `torch.accelerator`, `torch.backends.mps`, `torch.mps`, `torch.xpu`."""
-    if roles.later_device_bindings or prepared_loaders(roles, plan) or plan.eval_loaders:
+    # (an iterator that is no DataLoader, prepared, yields its batches unmoved: not a device choice)
+    moving = [n for n in prepared_loaders(roles, plan) if n not in roles.iterable_loaders]
+    if roles.later_device_bindings or moving or plan.eval_loaders:
         return False
     finder = _DeviceChoice(roles.facts.aliases)
     # Every module of the run, not only the entry: a script whose `main.py` builds nothing but

@@ -56,6 +56,10 @@ Example:
         correct += pred.eq(target).sum().item()
 
 Leaves alone (each reported unless no metric is recognised):
+    - a loop that does not train over a prepared training iterator that is no DataLoader (a
+      torchtext `BucketIterator`: each process gets every N-th of its batches, the last round
+      completed with the epoch's first ones, which `gather_for_metrics` cannot tell apart):
+      reported, metric or not, with an iterator of its own to evaluate over;
     - evaluation loops with no metric accumulation it recognises, or whose metric statements sit
       in nested blocks;
     - a metric that is not a sum over samples once computed from gathered batches: a sum of
@@ -149,6 +153,7 @@ class _Plan:
 def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models or roles.home.prepared:
         return
+    _iterators_evaluated(roles, plan)
     _main_process_forwards(roles, plan)
     # An evaluation function may be called with several loaders (`evaluate(model, train_loader)`
     # and `evaluate(model, val_loader)`): its loop is converted once, for all of them, or not at all.
@@ -235,6 +240,31 @@ def _decide(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop, loaders: lis
         refuse(found.node, found.message)
         return None
     return found
+
+
+def _iterators_evaluated(roles: Roles, plan: EditPlan) -> None:
+    """A loop that does not train over a prepared training iterator that is no DataLoader (a
+    torchtext `BucketIterator`, AM004): each process gets every N-th of its batches, and the last
+    round is completed with the epoch's first batches, which `gather_for_metrics` cannot tell apart:
+    reported, with a loop of its own to evaluate over."""
+    home = roles.home
+    assert home is not None
+    if not roles.iterable_loaders or plan.target == "accelerate":
+        return
+    for scope in roles.facts.scopes:
+        for loop in scope.loops:
+            if loop.source is None or roles.is_training_loop(loop):
+                continue
+            found = roles.origins(scope, loop.source) or set()
+            names = sorted(n for s, n in found if s is home and n in roles.iterable_loaders)
+            if not names:
+                continue
+            plan.report(CODE, loop.node, (
+                f"this loop iterates the training iterator `{names[0]}` outside training: prepared, it gives each "
+                "process every N-th of its batches (and, to end an epoch evenly, some of its first batches again), so "
+                "what the loop computes covers one process's share, and `gather_for_metrics` cannot drop the repeated "
+                "batches of a source that is no DataLoader. Evaluate over an iterator of its own, built the same way "
+                "and not prepared (whole on every process), or over a torch.utils.data.DataLoader"), unconverted=True)
 
 
 def _report_sharded(plan: EditPlan, node: cst.CSTNode, loader: str, why: str) -> None:

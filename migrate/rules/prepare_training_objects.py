@@ -102,9 +102,20 @@ What it does:
     (`data_loader = get_loader(...)` or `train_dl, valid_dl, ... = get_data(opts)` from a module it
     was not given). Such a loader is prepared all the same, and its batches keep their moves to the
     device: the runtime's `prepare` shards it when it is a torch DataLoader (any subclass) and,
-    on N processes, raises PrepareError naming its type when it is not (on one process it returns
-    it as it is; see docs/runtime.md). Under `--target accelerate` it is reported at its binding
-    and not prepared: HF Accelerate's `prepare` would return a non-DataLoader unchanged, silently.
+    on N processes, gives each process every N-th of its batches when it is another iterable (on
+    one process it returns it as it is; see docs/runtime.md). So is an iterator the code shows is
+    no DataLoader but makes batches of its own: a torchtext `BucketIterator` (also one a helper of
+    this file returns, `train_iter, val_iter = prepare_dataloaders(opt, device)`), an instance of a
+    class of this file, a generator function's generator (not one whose code draws from a global
+    random generator the file never seeds, `torch.randn(...)`: each process draws its own batches,
+    and it is reported as before). It is prepared with the model, its
+    batches keep their moves (and a `device=device` it is given is the Accelerator's device), and
+    its other uses (`train_iter.init_epoch()`, `len(train_iter)`, its attributes) reach it through
+    the prepared object; an evaluation iterator of the same kind stays whole. One given another
+    device than the script's choice (`device=torch.device("cuda", gpu)`, `device=0`) is reported
+    instead: on N GPUs every process would place its batches on that one device.
+    Under `--target accelerate` both are reported at their binding and not prepared: HF
+    Accelerate's `prepare` would return a non-DataLoader unchanged, silently.
     A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
     `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
     it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
@@ -146,10 +157,9 @@ Leaves alone:
     reported and the file left as it is: no placement of `prepare` there is right for its methods.
     Also reported: `torch.compile(model)` before the prepare call (it would compile the unwrapped
     model: compile the prepared one; not in a branch that never runs, `if False:` or a switch the
-    file binds only to `False`, `use_compile = False` ... `if use_compile:`), a training loop over something the code shows is no
-    `DataLoader` (a torchtext `BucketIterator`, also one a helper of this file returns; a generator
-    function of this file; an instance of a class of this file that does not subclass DataLoader;
-    `zip(...)` or another builtin; a list), named with what builds it, or over a loader not bound
+    file binds only to `False`, `use_compile = False` ... `if use_compile:`), a training loop over data the code shows is no
+    `DataLoader` and no iterator of batches (`zip(...)` or another builtin; a list; a tensor or a
+    torch Dataset), named with what builds it, or over a loader not bound
     where the model is prepared (it is not prepared, so every process would see all the data: the
     report says to build the batches with a DataLoader, which is then prepared), a loader still
     sharded by a `DistributedSampler`
@@ -330,7 +340,11 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 "read: it may not be a torch DataLoader, and HF Accelerate's `prepare` returns anything else "
                 "unchanged, so every process would see all the data; it was not prepared. If it is a DataLoader, "
                 f"add `{name}` to `accelerator.prepare(...)` by hand; or migrate with `--target runtime`, whose "
-                "`prepare` shards a DataLoader and refuses anything else on N processes"), unconverted=True)
+                "`prepare` shards a DataLoader and gives each process its share of another iterator's batches"),
+                unconverted=True)
+        for name, why in roles.iterable_loaders.items():
+            if name not in home.prepared:
+                plan.report(CODE, _loader_line(roles, home, name), why, unconverted=True)
     moved = roles.training_only_loaders
     loaders = [n for n in prepared_loaders(roles, plan) if n not in moved]
     names = [
