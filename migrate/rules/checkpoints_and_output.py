@@ -91,8 +91,9 @@ What it does:
     `with accelerator.main_process_first():` (neighbouring statements share one `with`): the main
     process downloads and unpacks, the others then find the files and only load them. Built in a
     function that does not hold the accelerator (a helper of another module, `build_dataset(args)`
-    of a repository's datasets.py; a Dataset class's constructor), the statements calling it are
-    wrapped instead; a `download=download` passed on from a parameter is left to those callers.
+    of a repository's datasets.py; a Dataset class's constructor, also the script's subclass of a
+    library's dataset downloading through `super().__init__(root, download=True)`), the statements
+    calling it are wrapped instead; a `download=download` passed on from a parameter is left to those callers.
     torchtext's legacy data sets download their files when missing without any `download=`
     (`datasets.SNLI.splits(text, label)`, `.iters(...)`): the statement gets the same `with` (in a
     function that cannot reach the accelerator, it is reported). A DataLoader's dataset built by a
