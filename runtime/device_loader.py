@@ -19,8 +19,22 @@ T = TypeVar("T")
 
 
 def send_to_device(batch: T, device: torch.device, non_blocking: bool = False) -> T:
-    """Move every tensor in a (nested) batch to ``device``; tensors already there are not copied."""
-    return apply_to_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking))
+    """Move every tensor in a (nested) batch to ``device``; tensors already there are not copied.
+
+    Another object with a ``to`` method (PyG's ``Batch``, a collate function's own batch class) is
+    moved with it, as HF Accelerate's ``send_to_device`` does: the migration drops the script's own
+    ``batch = batch.to(device)`` for a prepared loader's batches."""
+
+    def move_object(obj: Any) -> Any:
+        to = getattr(obj, "to", None)
+        if isinstance(obj, type) or not callable(to):
+            return obj  # strings, numbers, None...: left as they are
+        try:
+            return to(device, non_blocking=non_blocking)
+        except TypeError:  # a `to(device)` without non_blocking
+            return to(device)
+
+    return apply_to_tensors(batch, lambda t: t.to(device, non_blocking=non_blocking), move_object)
 
 
 class ActiveLoaders:

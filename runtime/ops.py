@@ -23,20 +23,22 @@ from .state import ProcessState
 T = TypeVar("T")
 
 
-def apply_to_tensors(obj: T, fn: Callable[[torch.Tensor], torch.Tensor]) -> T:
+def apply_to_tensors(
+    obj: T, fn: Callable[[torch.Tensor], torch.Tensor], other: Callable[[Any], Any] | None = None
+) -> T:
     """Return ``obj`` with ``fn`` applied to every tensor inside it, keeping container types.
 
     Handles lists, tuples, namedtuples, mappings and dataclass instances; anything else is
-    returned unchanged.
+    returned unchanged, or passed to ``other`` when given.
     """
     if isinstance(obj, torch.Tensor):
         return fn(obj)  # type: ignore[return-value]
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(apply_to_tensors(item, fn) for item in obj))  # type: ignore[return-value]
+        return type(obj)(*(apply_to_tensors(item, fn, other) for item in obj))  # type: ignore[return-value]
     if isinstance(obj, (list, tuple)):
-        return type(obj)(apply_to_tensors(item, fn) for item in obj)  # type: ignore[return-value]
+        return type(obj)(apply_to_tensors(item, fn, other) for item in obj)  # type: ignore[return-value]
     if isinstance(obj, Mapping):
-        items = {key: apply_to_tensors(value, fn) for key, value in obj.items()}
+        items = {key: apply_to_tensors(value, fn, other) for key, value in obj.items()}
         try:
             return type(obj)(items)  # type: ignore[call-arg,return-value]
         except TypeError:  # mappings whose constructor takes other arguments (defaultdict, ...)
@@ -45,9 +47,9 @@ def apply_to_tensors(obj: T, fn: Callable[[torch.Tensor], torch.Tensor]) -> T:
         new = copy.copy(obj)
         for field in dataclasses.fields(obj):
             # object.__setattr__ also works for frozen dataclasses.
-            object.__setattr__(new, field.name, apply_to_tensors(getattr(obj, field.name), fn))
+            object.__setattr__(new, field.name, apply_to_tensors(getattr(obj, field.name), fn, other))
         return new
-    return obj
+    return other(obj) if other is not None else obj
 
 
 def gather(obj: T, state: ProcessState) -> T:

@@ -21,7 +21,7 @@ from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
-from migrate.names import instance_attribute
+from migrate.names import dotted_name, instance_attribute
 from migrate.walk import Visitor, walk
 
 
@@ -529,6 +529,7 @@ def find_eval_loops(roles: Roles) -> None:
     loader itself): candidates for gather_for_metrics."""
     home = roles.home
     assert home is not None
+    trained = _loader_makers(roles, home)
     for scope in roles.facts.scopes:
         for loop in scope.loops:
             if loop.source is None or roles.is_training_loop(loop):
@@ -539,8 +540,33 @@ def find_eval_loops(roles: Roles) -> None:
             names = sorted(name for _, name in found)
             # every loader the loop can iterate is one of home's (a function evaluating both the
             # training loader and a test loader): the loop is decided once, for all of them
-            if all(any(call_name(roles, b.value, DATALOADER) for b in home.bindings.get(n, [])) for n in names):
+            if all(_builds_loader(roles, home, n, trained) for n in names):
                 roles.eval_loops.extend((scope, loop, name) for name in names)
+
+
+def _loader_makers(roles: Roles, home: Scope) -> set[str]:
+    """The callables that build the loaders the training step draws its batches from (found from
+    use): `DataLoader` of torch_geometric.loader, say, as well as torch's. A loader of home built by
+    one of them is a loader of the same kind, wherever its batches go."""
+    makers: set[str] = set()
+    for name in roles.loaders:
+        for binding in home.bindings.get(name, []):
+            if type(binding.value) is cst.Call:
+                qualified = roles.facts.aliases.qualify(binding.value.func) or dotted_name(binding.value.func)
+                if qualified:
+                    makers.add(qualified)
+    return makers
+
+
+def _builds_loader(roles: Roles, home: Scope, name: str, makers: set[str]) -> bool:
+    for binding in home.bindings.get(name, []):
+        if call_name(roles, binding.value, DATALOADER):
+            return True
+        if type(binding.value) is cst.Call:
+            qualified = roles.facts.aliases.qualify(binding.value.func) or dotted_name(binding.value.func)
+            if qualified and qualified in makers:
+                return True
+    return False
 
 
 def report_unsharded_training(roles: Roles) -> None:

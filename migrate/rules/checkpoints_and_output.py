@@ -56,7 +56,9 @@ What it does:
     every process may find it missing, and all but the first would fail with FileExistsError (on
     one process the test already made sure it is missing; `os.mkdir` with a mode is left alone).
     A checkpoint saved and then loaded again in the same function (train, save, reload for
-    testing) gets `accelerator.wait_for_everyone()` before the first `torch.load` after the save.
+    testing) gets `accelerator.wait_for_everyone()` before the first `torch.load` after the save,
+    or before the first call that hands its path (a name) to a function the migration cannot read
+    (`evaluate(model_path, ...)` of an evaluation module: it may load it).
     The script's other file writes, from a short explicit list, run under
     `if accelerator.is_main_process:` (neighbouring statements share one `if`):
     a `torch.save(...)` of something else than the model in the script's own module (a cache of
@@ -91,8 +93,9 @@ What it does:
     `with accelerator.main_process_first():` (neighbouring statements share one `with`): the main
     process downloads and unpacks, the others then find the files and only load them. Built in a
     function that does not hold the accelerator (a helper of another module, `build_dataset(args)`
-    of a repository's datasets.py; a Dataset class's constructor), the statements calling it are
-    wrapped instead; a `download=download` passed on from a parameter is left to those callers.
+    of a repository's datasets.py; a Dataset class's constructor, also the script's subclass of a
+    library's dataset downloading through `super().__init__(root, download=True)`), the statements
+    calling it are wrapped instead; a `download=download` passed on from a parameter is left to those callers.
     torchtext's legacy data sets download their files when missing without any `download=`
     (`datasets.SNLI.splits(text, label)`, `.iters(...)`): the statement gets the same `with` (in a
     function that cannot reach the accelerator, it is reported). A DataLoader's dataset built by a
@@ -107,8 +110,9 @@ What it does:
     import save_checkpoint`, `import utils`, or a name bound by no statement under a star import;
     not the standard library's) is known by its name alone, its last name split at `_`: one that
     saves or writes (`save_checkpoint`, `save_config_file`, `write_summary`, `dump_results`: the
-    name starts with save, write or dump, after a private helper's leading `_`: `_save_checkpoint`)
-    or draws a progress bar (`progress_bar`), called as a
+    name starts with save, write or dump, after a private helper's leading `_`: `_save_checkpoint`),
+    uploads (`push_to_hub`, `upload_results`: it starts with push or upload; N processes would
+    push the same files N times, at once) or draws a progress bar (`progress_bar`), called as a
     statement of its own, runs under `if accelerator.is_main_process:` like the writers above (a
     prepared model handed to a saving one is handed as `accelerator.unwrap_model(model)`, a state
     dict as `accelerator.unwrap_model(model).state_dict()`: it saves what the single-device script
@@ -227,6 +231,7 @@ from migrate.rules.guard_file_operations import (
     _rank_guarded,
     _removals,
     _unreachable_method,
+    _unreadable_function,
     _whole_file_operations,
 )
 from migrate.walk import Visitor, walk
@@ -270,7 +275,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             continue
         reachable.append(scope)
         _unwrapped_state_dicts(roles, plan, scope)
-        _wait_before_reload(plan, scope, saves)
+        _wait_before_reload(roles, plan, scope, saves)
         _removals(roles, plan, scope, saves, guarded, barriers)
     # Progress bars and prints last: a method whose class now holds `self.accelerator` for its
     # checkpoint or its backward (another method's) prints through it at no cost; a function of the
@@ -412,13 +417,16 @@ def _reached(roles: Roles, plan: EditPlan, scope: Scope) -> bool:
     return scope.is_method and any(m in plan.uses_accelerator for m in roles.methods_of(scope) or [])
 
 
-def _wait_before_reload(plan: EditPlan, scope: Scope, saves: list[StmtRef]) -> None:
+def _wait_before_reload(roles: Roles, plan: EditPlan, scope: Scope, saves: list[StmtRef]) -> None:
     """`accelerator.wait_for_everyone()` before the first `torch.load` that follows a checkpoint
-    saved by the main process, in the innermost block holding both (not inside a rank check)."""
+    saved by the main process, in the innermost block holding both (not inside a rank check); or
+    before the first call handing the checkpoint's path (a name) to a function of a module the
+    migration cannot read (`evaluate(model_path, ...)`), which may load it."""
     if not saves:
         return
     save = min(saves, key=lambda ref: ref.order)
     loads = [c.where for c in scope.library_calls if c.qualified == "torch.load" and c.where.order > save.order]
+    loads += _path_handed_on(roles, scope, saves)
     if not loads:
         return
     load = min(loads, key=lambda ref: ref.order)
@@ -437,6 +445,25 @@ def _wait_before_reload(plan: EditPlan, scope: Scope, saves: list[StmtRef]) -> N
             return  # only some processes get here: a barrier would hang
     plan.insert_before.setdefault(before.stmt, []).append(cst.parse_statement("accelerator.wait_for_everyone()\n"))
     plan.change(CODE, before.stmt, "every process waits for the main process to finish the checkpoint before loading it")
+
+
+def _path_handed_on(roles: Roles, scope: Scope, saves: list[StmtRef]) -> list[StmtRef]:
+    """Calls after a save that pass its path, a name bound once in this scope, to a function the
+    migration cannot read (`evaluate(model_path, make_env, ...)` of an evaluation module)."""
+    paths: dict[str, int] = {}
+    for site in scope.library_calls:
+        if site.qualified == "torch.save" and site.where in saves:
+            path = _path_of(site.call, "torch.save")
+            if type(path) is cst.Name and len(scope.bindings.get(path.value, [])) == 1:
+                paths[path.value] = min(paths.get(path.value, site.where.order), site.where.order)
+    found: list[StmtRef] = []
+    for site in (*scope.calls, *scope.library_calls):
+        after = [name for name, order in paths.items() if site.where.order > order]
+        if not after or not any(type(a.value) is cst.Name and a.value.value in after for a in site.call.args):
+            continue
+        if _unreadable_function(roles, scope, site.call) is not None:
+            found.append(site.where)
+    return found
 
 
 def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> bool:

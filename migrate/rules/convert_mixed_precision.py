@@ -11,7 +11,9 @@ What it does:
     AMP switched by one flag (`GradScaler(enabled=args.amp)` with `autocast(enabled=args.amp)`,
     or `ctx = autocast() if args.amp else nullcontext()`) becomes
     `Accelerator(mixed_precision="fp16" if args.amp else "no")`; a chosen context keeps its
-    choice, with `accelerator.autocast()` as the AMP branch.
+    choice, with `accelerator.autocast()` as the AMP branch. The condition may also call an
+    imported function, the same wherever it is read (`enabled=torch.cuda.is_available()`:
+    `Accelerator(mixed_precision="fp16" if torch.cuda.is_available() else "no")`).
 
 Why:
     The Accelerator owns precision per device: the same script then runs fp16 on GPUs and
@@ -283,6 +285,8 @@ def _readable_at_creation(roles: Roles, plan: EditPlan, scope: Scope, condition:
         created = roles.device_binding.where.order
     for name in names_read(condition):
         here, there = roles.origins(scope, name), roles.origins(target, name)
+        if here is None and there is None and roles.facts.aliases.qualify(cst.Name(name)) is not None:
+            continue  # an imported module or function (`torch.cuda.is_available()`): the same everywhere
         if not here or here != there:
             return False
         for origin_scope, origin_name in there:

@@ -27,6 +27,7 @@ from migrate.rules.guard_file_operations import (
     _unreachable_method,
     _unreadable_function,
 )
+from migrate.walk import walk
 
 # Implicit downloads: torchtext's legacy data sets fetch and unpack their files when missing.
 _IMPLICIT_DOWNLOAD = re.compile(r"^torchtext\.(legacy\.)?datasets\.\w+\.(splits|iters)$")
@@ -181,6 +182,10 @@ def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         if site.call not in seen and _downloads(scope, site.call):
             seen.add(site.call)
             found.append((site.call, site.where))
+    for call, where in _super_calls(scope):
+        if call not in seen and _downloads(scope, call):
+            seen.add(call)
+            found.append((call, where))
     for call, where in sorted(found, key=lambda f: f[1].order):
         if _rank_guarded(where) or _goes_first(where):
             continue  # the script lets one process go first itself (or a second run)
@@ -191,6 +196,31 @@ def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
             plan.report(CODE, call, (
                 f"this dataset is built with `download=` {place}, so every process downloads and unpacks it into the same folder at once: build it "
                 "under `with accelerator.main_process_first():` (or download it once before launching)"), unconverted=True)
+
+
+def _super_calls(scope: Scope) -> list[tuple[cst.Call, StmtRef]]:
+    """`super().__init__(root, download=True)` in the constructor of the script's subclass of a
+    library's dataset (`class Subset(SPEECHCOMMANDS)`): the call the analysis records is `super()`;
+    this is the method called on it, which builds (and downloads) the data set."""
+    found: list[tuple[cst.Call, StmtRef]] = []
+    for site in scope.calls:
+        if site.callee == "super":
+            finder = _CalledOn(site.call)
+            walk(site.where.stmt, finder)
+            found += [(call, site.where) for call in finder.found]
+    return found
+
+
+class _CalledOn(cst.CSTVisitor):
+    """The calls of a method of `receiver`'s value: `receiver.method(...)`."""
+
+    def __init__(self, receiver: cst.Call) -> None:
+        self.receiver = receiver
+        self.found: list[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if type(node.func) is cst.Attribute and node.func.value is self.receiver:
+            self.found.append(node)
 
 
 def _first_where_called(

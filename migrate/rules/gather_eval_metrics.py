@@ -1,7 +1,9 @@
 """Prepare evaluation loaders and pass the per-sample tensors that feed a metric through `gather_for_metrics`.
 
 What it does:
-    For an evaluation loop (no backward) over a DataLoader built next to the model, finds the
+    For an evaluation loop (no backward) over a DataLoader built next to the model (torch's, or
+    whatever callable built the loaders the training step draws its batches from:
+    `torch_geometric.loader.DataLoader`, say), finds the
     statements that accumulate a metric across batches (`correct += (pred == y).sum().item()`,
     `total += y.size(0)`, `preds.append(pred)`, `meter.update(loss.item(), x.size(0))`) and traces
     what they read back to per-sample tensors: batch values and model outputs (and values derived
@@ -78,6 +80,10 @@ Leaves alone (each reported unless no metric is recognised):
       `test_loss += loss.item()`) that the loop also reads for something else (a progress print):
       it would need one copy for the metric and one for this process;
     - loaders iterated by several loops not all of which it can convert;
+    - a metric that reads a field of the loader's batch object (`for data in loader:` then
+      `pred.eq(data.y)`: PyG's Batch, a collate function's own class): `gather_for_metrics`
+      gathers tensors and tuples, lists and dicts of them, not such an object (the field itself,
+      `accelerator.gather_for_metrics(data.y)`, can be);
     - an evaluation under a rank-0 check (`if args.rank == 0:`): only the main process evaluates,
       over the whole loader, as before (gathering there would wait for processes that never come).
     Those loaders stay unprepared and keep their `.to(device)`: each process evaluates all of it
@@ -153,13 +159,13 @@ class _Plan:
 def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models or roles.home.prepared:
         return
-    _iterators_evaluated(roles, plan)
+    reported = _iterators_evaluated(roles, plan)
     _main_process_forwards(roles, plan)
     # An evaluation function may be called with several loaders (`evaluate(model, train_loader)`
     # and `evaluate(model, val_loader)`): its loop is converted once, for all of them, or not at all.
     loops: dict[int, tuple[Scope, Loop, list[str]]] = {}
     for scope, loop, loader in roles.eval_loops:
-        if not loop.gathers:
+        if not loop.gathers and id(loop) not in reported:  # reported: no gather can make it right
             loops.setdefault(id(loop), (scope, loop, []))[2].append(loader)
     # prepared for training already: sharded whatever happens here (not those prepared on entry to
     # the training methods only: the instance keeps the user's loader for the others)
@@ -242,15 +248,17 @@ def _decide(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop, loaders: lis
     return found
 
 
-def _iterators_evaluated(roles: Roles, plan: EditPlan) -> None:
+def _iterators_evaluated(roles: Roles, plan: EditPlan) -> set[int]:
     """A loop that does not train over a prepared training iterator that is no DataLoader (a
     torchtext `BucketIterator`, AM004): each process gets every N-th of its batches, and the last
     round is completed with the epoch's first batches, which `gather_for_metrics` cannot tell apart:
-    reported, with a loop of its own to evaluate over."""
+    reported, with a loop of its own to evaluate over. Returns the ids of the loops reported, which
+    the gathering below leaves alone."""
     home = roles.home
     assert home is not None
+    reported: set[int] = set()
     if not roles.iterable_loaders or plan.target == "accelerate":
-        return
+        return reported
     for scope in roles.facts.scopes:
         for loop in scope.loops:
             if loop.source is None or roles.is_training_loop(loop):
@@ -265,6 +273,8 @@ def _iterators_evaluated(roles: Roles, plan: EditPlan) -> None:
                 "what the loop computes covers one process's share, and `gather_for_metrics` cannot drop the repeated "
                 "batches of a source that is no DataLoader. Evaluate over an iterator of its own, built the same way "
                 "and not prepared (whole on every process), or over a torch.utils.data.DataLoader"), unconverted=True)
+            reported.add(id(loop))
+    return reported
 
 
 def _report_sharded(plan: EditPlan, node: cst.CSTNode, loader: str, why: str) -> None:
@@ -282,6 +292,8 @@ def _packed(names: list[str]) -> str:
 
 
 _NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode"})
+# Attributes of a tensor (not fields of a batch object): `x.shape[0]`, `x.T`.
+_TENSOR_FIELDS = frozenset({"shape", "T", "mT", "H", "data", "device", "dtype", "ndim", "real", "imag", "grad", "is_cuda"})
 
 
 def _without_grad(roles: Roles, scope: Scope, loop: Loop) -> bool:
@@ -466,9 +478,50 @@ class _Loop:
         if any(index >= first for index in self.leaves.values()):
             late_name = next(name for name, index in self.leaves.items() if index >= first)
             return _Refusal(self.lines[first].stmt, f"`{late_name}` is bound after the metric that reads it starts")
+        field_read = self._batch_field(first, {line.index for line, _, _ in metrics})
+        if field_read is not None:
+            name, node = field_read
+            return _Refusal(node, (
+                f"the metric reads `{_code(node)}`, a field of the batch object `{name}` the loader yields "
+                "(not a tensor, nor a tuple, list or dict of tensors), which `accelerator.gather_for_metrics` "
+                f"cannot gather whole (the field can be: `accelerator.gather_for_metrics({_code(node)})`, with "
+                "the model's outputs)"))
         found = _Plan(insert_at=self.lines[first].stmt, names=list(self.leaves), wraps=self.wraps)
         separated = self._separate(found, first, {line.index for line, _, _ in metrics})
         return separated if separated is not None else found
+
+    def _batch_field(self, first: int, metric_lines: set[int]) -> tuple[str, cst.Attribute] | None:
+        """A gathered name that is the loader's whole batch (`for data in loader`), read by the
+        metric through a field (`data.y`, PyG's Batch or a collate function's own class): the gather
+        would get an object it cannot gather as tensors. Tensor attributes (`x.shape`) do not count."""
+        target = self.loop.node.target
+        if type(target) is not cst.Name or target.value not in self.leaves:
+            return None
+        name = target.value
+        metric = metric_lines | {i for i in self.recomputed if i >= first}
+        found: list[cst.Attribute] = []
+        wrapped = set(self.wraps)
+
+        class Visitor(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> bool:
+                if node in wrapped:
+                    return False  # the model's inputs: its outputs are what is gathered
+                # `data.y.sum()`: `data.y` is read; `data.to(device)` is a method call, not a field
+                walk(node.func.value if type(node.func) is cst.Attribute else node.func, self)
+                for arg in node.args:
+                    walk(arg, self)
+                return False
+
+            def visit_Attribute(self, node: cst.Attribute) -> bool:
+                if type(node.value) is cst.Name and node.value.value == name and node.attr.value not in _TENSOR_FIELDS:
+                    found.append(node)
+                return True
+
+        visitor = Visitor()
+        for line in self.lines[first:]:
+            if line.index in metric:
+                walk(line.small, visitor)
+        return (name, found[0]) if found else None
 
     # -- the gathered values and this process's ------------------------------------------
 

@@ -73,7 +73,10 @@ Leaves alone:
     neither guarded nor reported. Not converted, guarded instead: a writer whose directory is
     computed (`SummaryWriter(args.log_dir)`: which project_dir and run name it splits into is
     not known before it runs) or missing (`SummaryWriter()` picks a dated directory), created in
-    a loop, one of two writers, or written with anything but `add_scalar` (`add_histogram`,
+    a loop or only on some runs (under an `if`, other than `if __name__ == "__main__":`, or a
+    `try`: `if args.track: import wandb; wandb.init(...)` imports wandb only when asked for, and
+    `log_with=` would make every run start the tracker, failing where the package is not
+    installed), one of two writers, or written with anything but `add_scalar` (`add_histogram`,
     `add_image`: the tracker logs numbers and text); wandb with any other call (`wandb.watch`,
     `wandb.Image`), `run = wandb.init(...)`, `init` without `project=`, or `log` with
     `commit=`; both kinds at once (only the SummaryWriter is converted: `accelerator.log` would
@@ -649,6 +652,30 @@ def _already_guarded(where: StmtRef) -> bool:
     return False
 
 
+def _conditional(where: StmtRef) -> bool:
+    """The statement runs only on some runs: inside an `if` (other than `if __name__ ==
+    "__main__":`) or a `try`. `if args.track: import wandb; wandb.init(...)` is the common shape:
+    converted, `log_with=` would start the tracker on every run, and the Accelerator would fail to
+    start where the package is not installed (the original only imports it when asked to)."""
+    for outer in where.path:
+        stmt = outer.stmt
+        if isinstance(stmt, cst.Try) or (isinstance(stmt, cst.If) and not _is_main_guard(stmt.test)):
+            return True
+    return False
+
+
+def _is_main_guard(test: cst.BaseExpression) -> bool:
+    """`__name__ == "__main__"` (either operand order)."""
+    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
+        return False
+    if type(test.comparisons[0].operator) is not cst.Equal:
+        return False
+    operands = (test.left, test.comparisons[0].comparator)
+    return any(type(o) is cst.Name and o.value == "__name__" for o in operands) and any(
+        type(o) is cst.SimpleString and o.evaluated_value == "__main__" for o in operands
+    )
+
+
 def _main_only_writer(scope: Scope, name: str) -> bool:
     """Every binding of `name` in `scope` is either a call made in the branch of an `if` taken on the
     main process only (`if global_rank == 0 and args.log_dir:`, the `else` of `if rank != 0:`) or
@@ -811,6 +838,7 @@ def _convert_tensorboard(roles: Roles, plan: EditPlan, found: list[_Found]) -> s
         or not roles.can_reach(item.scope)
         or creation.where.in_loop
         or _already_guarded(creation.where)
+        or _conditional(creation.where)
         or len(item.scope.bindings.get(name, [])) != 1
     ):
         return set()
@@ -919,7 +947,7 @@ def _convert_wandb(roles: Roles, plan: EditPlan, found: list[_Found]) -> set[cst
         return set()  # `run = wandb.init(...)`: the run object is used, the tracker API has none
     calls = [(item, c) for item in found for c in item.scope.library_calls if c.qualified.startswith("wandb.")]
     inits = [c for _, c in calls if c.qualified == "wandb.init"]
-    if len(inits) != 1 or inits[0].where.in_loop:
+    if len(inits) != 1 or inits[0].where.in_loop or _conditional(inits[0].where):
         return set()
     for item, call in calls:
         if (

@@ -760,6 +760,7 @@ def _rank_key(key: cst.BaseExpression) -> bool:
 # `dump_predictions`, and a private helper's `_save_checkpoint`), downloads (`download_and_load_gpt2`, `maybe_download`, `fetch_data`,
 # `hf_hub_download`) or draws a progress bar (`progress_bar`).
 _SAVES_BY_NAME = re.compile(r"^_*(save|write|dump)(_|$)", re.IGNORECASE)
+_UPLOADS_BY_NAME = re.compile(r"^_*(push|upload)(_|$)", re.IGNORECASE)  # `push_to_hub`, `upload_results`
 _DOWNLOADS_BY_NAME = re.compile(r"(^|_)(download|fetch)", re.IGNORECASE)
 _PROGRESS_BY_NAME = re.compile(r"(^|_)progress(_|$)", re.IGNORECASE)
 
@@ -803,13 +804,17 @@ def _helper_write(roles: Roles, scope: Scope, call: cst.Call, where: StmtRef) ->
     nothing; a download whose result is used runs under `main_process_first()` instead, see
     download_main_process_first.py)."""
     last = (roles.facts.aliases.qualify(call.func) or dotted_name(call.func) or "").rsplit(".", 1)[-1]
-    if not (_SAVES_BY_NAME.search(last) or _PROGRESS_BY_NAME.search(last) or _DOWNLOADS_BY_NAME.search(last)):
+    if not (_SAVES_BY_NAME.search(last) or _PROGRESS_BY_NAME.search(last) or _DOWNLOADS_BY_NAME.search(last)
+            or _UPLOADS_BY_NAME.search(last)):
         return None  # the cheap test first: most calls say nothing of files
     name = _unreadable_function(roles, scope, call)
     if name is None:
         return None
     if _SAVES_BY_NAME.search(name) and _alone(call, where):
         return _Write(f"`{name}(...)` (which the migration cannot read; its name says it saves files)", call, where,
+                      False, None, helper=True)
+    if _UPLOADS_BY_NAME.search(name) and _alone(call, where):
+        return _Write(f"`{name}(...)` (which the migration cannot read; its name says it uploads files)", call, where,
                       False, None, helper=True)
     if _PROGRESS_BY_NAME.search(name) and _alone(call, where):
         return _Write(f"`{name}(...)` (which the migration cannot read; its name says it draws a progress bar)",

@@ -16,7 +16,8 @@ What it does:
     A test on `loss.item()` itself is reported, saying to bind it first and run again.
     A running sum that is read after its loop only divided by the size of the whole dataset
     (`train_loss / len(train_loader.dataset)` in a print, or `train_loss /= len(train_loader.dataset)`
-    and then any use) is reduced with `"sum"` right after the loop, whatever it then feeds: the
+    and then any use; also `len(train_set)` when every call building the loader wraps that same
+    `train_set`: `loss_all / len(train_dataset)` in PyG's examples) is reduced with `"sum"` right after the loop, whatever it then feeds: the
     division already counts every process's samples.
 
 Why:
@@ -317,7 +318,7 @@ def _over_the_dataset(
     block = _block_of(body, loop)
     assert block is not None
     after = block[_index(block, loop) + 1:]
-    divisions, other_reads = _reads_after(after, name, loader)
+    divisions, other_reads = _reads_after(after, name, loader, _wrapped_datasets(roles, scope, loader))
     if not divisions:
         return False
     torch_name = torch_names[0] if torch_names else "torch"
@@ -403,7 +404,31 @@ def _not_reducible(
     return None
 
 
-def _reads_after(after: list[cst.BaseStatement], name: str, loader: str) -> tuple[list[cst.CSTNode], list[cst.CSTNode]]:
+def _wrapped_datasets(roles: Roles, scope: Scope, loader: str) -> frozenset[str]:
+    """The name of the dataset every call building `loader` wraps (`DataLoader(train_set, ...)`),
+    when it reads the same binding in `scope`: `len(train_set)` is then `len(loader.dataset)`."""
+    origins = roles.origins(scope, loader)
+    names: set[str] = set()
+    for home, bound in origins or ():
+        for binding in home.bindings.get(bound, []):
+            value = binding.value
+            if not isinstance(value, cst.Call):
+                return frozenset()
+            data = next((a.value for a in value.args if a.keyword is not None and a.keyword.value == "dataset"), None)
+            if data is None and value.args and value.args[0].keyword is None and not value.args[0].star:
+                data = value.args[0].value
+            if not isinstance(data, cst.Name):
+                return frozenset()
+            here, there = roles.origins(scope, data.value), roles.origins(home, data.value)
+            if not here or here != there:
+                return frozenset()
+            names.add(data.value)
+    return frozenset(names) if len(names) == 1 else frozenset()
+
+
+def _reads_after(
+    after: list[cst.BaseStatement], name: str, loader: str, datasets: frozenset[str] = frozenset()
+) -> tuple[list[cst.CSTNode], list[cst.CSTNode]]:
     """Statements after the loop: (the divisions of `name` by `len(loader.dataset)`, the other
     reads and bindings of `name`). After `name /= len(loader.dataset)` the name holds the mean,
     and reads of it are divisions too."""
@@ -418,12 +443,12 @@ def _reads_after(after: list[cst.BaseStatement], name: str, loader: str) -> tupl
             and isinstance(stmt.body[0], cst.AugAssign)
             and isinstance(stmt.body[0].operator, cst.DivideAssign)
             and _code(stmt.body[0].target) == name
-            and _is_dataset_size(stmt.body[0].value, loader)
+            and _is_dataset_size(stmt.body[0].value, loader, datasets)
         ):
             divided = True
             divisions.append(stmt.body[0])
             continue
-        finder = _NameUses(name, loader)
+        finder = _NameUses(name, loader, datasets)
         walk(stmt, finder)
         if divided:
             others.extend([stmt] if finder.bindings else [])
@@ -436,9 +461,10 @@ def _reads_after(after: list[cst.BaseStatement], name: str, loader: str) -> tupl
 class _NameUses(cst.CSTVisitor):
     """Reads of `name` inside `name / len(loader.dataset)`, other reads, bindings."""
 
-    def __init__(self, name: str, loader: str) -> None:
+    def __init__(self, name: str, loader: str, datasets: frozenset[str] = frozenset()) -> None:
         self.name = name
         self.loader = loader
+        self.datasets = datasets
         self.divisions: list[cst.CSTNode] = []
         self.reads: list[cst.CSTNode] = []
         self.bindings: list[cst.CSTNode] = []
@@ -449,7 +475,7 @@ class _NameUses(cst.CSTVisitor):
             isinstance(node.operator, cst.Divide)
             and isinstance(node.left, cst.Name)
             and node.left.value == self.name
-            and _is_dataset_size(node.right, self.loader)
+            and _is_dataset_size(node.right, self.loader, self.datasets)
         ):
             self.divisions.append(node)
             self._inside.add(id(node.left))
@@ -474,16 +500,18 @@ class _NameUses(cst.CSTVisitor):
         return False
 
 
-def _is_dataset_size(expr: cst.BaseExpression, loader: str) -> bool:
-    """`len(loader.dataset)`."""
+def _is_dataset_size(expr: cst.BaseExpression, loader: str, datasets: frozenset[str] = frozenset()) -> bool:
+    """`len(loader.dataset)`, or `len(train_set)` for the dataset the loader wraps (`datasets`)."""
+    if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "len"
+            and len(expr.args) == 1):
+        return False
+    measured = expr.args[0].value
+    if isinstance(measured, cst.Name):
+        return measured.value in datasets
     return (
-        isinstance(expr, cst.Call)
-        and isinstance(expr.func, cst.Name)
-        and expr.func.value == "len"
-        and len(expr.args) == 1
-        and isinstance(expr.args[0].value, cst.Attribute)
-        and expr.args[0].value.attr.value == "dataset"
-        and _code(expr.args[0].value.value) == loader
+        isinstance(measured, cst.Attribute)
+        and measured.attr.value == "dataset"
+        and _code(measured.value) == loader
     )
 
 

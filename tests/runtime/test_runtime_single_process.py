@@ -105,6 +105,27 @@ def test_send_to_device_moves_nested_tensors_and_keeps_types() -> None:
     assert batch["pair"].x.device.type == "cpu"  # the input was not mutated
 
 
+class GraphBatch:
+    """A batch class with its own `to` (PyG's Batch, a collate function's class), not a container."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def to(self, device: torch.device) -> "GraphBatch":  # no non_blocking, as many such classes
+        return GraphBatch(self.x.to(device), self.y.to(device))
+
+
+def test_send_to_device_moves_objects_with_their_own_to() -> None:
+    meta = torch.device("meta")
+    batch = GraphBatch(torch.ones(3, 2), torch.zeros(3))
+    moved = send_to_device(batch, meta, non_blocking=True)
+    assert type(moved) is GraphBatch and moved.x.device == meta and moved.y.device == meta
+    nested = send_to_device({"graphs": [batch], "name": "g", "n": 3, "kind": int}, meta)
+    assert nested["graphs"][0].x.device == meta
+    assert nested["name"] == "g" and nested["n"] == 3 and nested["kind"] is int
+    assert batch.x.device.type == "cpu"  # the input was not mutated
+
+
 def test_prepared_loader_yields_batches_on_its_device() -> None:
     def collate(items):
         xs = torch.stack([x for x, _ in items])
