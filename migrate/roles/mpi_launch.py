@@ -20,8 +20,11 @@ shape: under `accel launch` it takes torchrun's branch.
 
 Why nothing is written: a partial conversion is wrong at N processes under `accel launch`
 (torchrun), the launcher a migrated script runs under: MPI does not start the processes, so each
-is MPI's rank 0 of 1: the helper overwrites `RANK=0` / `WORLD_SIZE=1`, every process trains alone
-on the whole data, and the batches go to `dev()` = GPU 0 while the prepared model is on GPU k. So the file (or the whole
+is MPI's rank 0 of 1: the helper overwrites `RANK=0` / `WORLD_SIZE=1` (and improved-diffusion's
+also `MASTER_PORT`, with a port of its own), so the processes never form the launcher's group: the
+init waits for a rendezvous nobody serves (torchrun's agent store was on the replaced port) or,
+without a replaced port, every process trains alone on the whole data; and the batches go to
+`dev()` = GPU 0 while the prepared model is on GPU k. So the file (or the whole
 unit: no file of it is written) is left as it is, with AM007 at the `init_process_group` call: the
 reason, every place that reads MPI's rank, size or communicator or an MPI launcher variable
 (function, and in a unit each at its own line), and what to do: start the processes with
@@ -99,7 +102,10 @@ def _message(roles: Roles, setup: Scope, read: _Read, others: list[_Read]) -> st
     return (
         f"this program starts its processes with MPI (mpiexec): `{setup.name}` builds the process group from "
         f"{source}{elsewhere}. Nothing was written: a partial conversion is wrong at N processes under "
-        "`accel launch` (each process is MPI's rank 0 of 1 and trains alone, with its batches on GPU 0). To "
+        "`accel launch` (MPI did not start the processes, so each is MPI's rank 0 of 1: the helper builds the "
+        "group with that rank and size instead of the launcher's (and with a rendezvous address of its own where it "
+        "sets one), so the processes never form one group: the process group's init waits for a rendezvous no process serves, or each "
+        "process trains alone; and `dev()`-style devices put every process's batches on GPU 0). To "
         "migrate it, "
         "start it with `accel launch` and remove MPI: "
         f"in `{setup.name}` build the group from the launcher's environment "
@@ -137,7 +143,7 @@ _FIXES = {
 
 def _read_message(roles: Roles, read: _Read, setup: Scope) -> str:
     return (f"{_described(roles, read)}: under `accel launch` every process "
-            f"is MPI's rank 0 of 1; {_FIXES[read.kind]}. Left as it is with the rest of the program, which starts its "
+            f"is MPI's rank 0 of 1 (the processes never form one group); {_FIXES[read.kind]}. Left as it is with the rest of the program, which starts its "
             f"processes with MPI (see `{setup.name}`)")
 
 

@@ -504,8 +504,9 @@ def _library_call(
         if _reads_mpi(roles, scope):
             plan.report(CODE, call, f"process group initialised in `{scope.name}` from MPI's rank and size; it was "
                         "kept (the runtime reuses an existing group), but it is wrong under `accel launch` (torchrun), "
-                        "which the migrated script is launched with: every process is MPI's rank 0 of 1 and trains "
-                        "alone. Read "
+                        "which the migrated script is launched with: every process is MPI's rank 0 of 1, so the "
+                        "processes never form one group (the init waits for a rendezvous no process serves, or each "
+                        "process trains alone). Read "
                         "RANK / WORLD_SIZE (and LOCAL_RANK for a device) from the environment torchrun sets instead of "
                         "MPI, here and wherever this module reads MPI's rank, and launch with `accel launch`", unconverted=True)
         else:
