@@ -121,6 +121,10 @@ class Roles:
     device_from_setup: bool = False
     create_before: cst.BaseStatement | None = None  # where `accelerator = Accelerator()` goes otherwise
     prepare_after: StmtRef | None = None
+    # the loop (`for fold in range(K):`) whose every iteration builds all the objects prepared at
+    # prepare_after and trains them: the prepare call runs once per iteration, after
+    # `accelerator.free_memory()` drops the previous iteration's (migrate/roles/placement.py)
+    prepare_per_iteration: StmtRef | None = None
     # (statement, names): the models (and the optimizers built by then) prepared in a call of their
     # own right before that statement, which holds the first load of their state after a removed
     # hand wrap (`model = DDP(model)` ... `model.load_state_dict(ckpt["model"])`, `module.` keys);

@@ -365,21 +365,29 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     stmt = assignment(targets, "accelerator.prepare", names, indent_of(home, where))
     # an alias the step uses, bound before the prepare point, names the prepared object again
     rebound = [statement(f"{alias} = {bound.get(n, n)}\n") for alias, n in roles.step_aliases.items() if n in names]
+    # every iteration of a loop building them anew prepares its own objects: the Accelerator lets go
+    # of the previous iteration's first
+    freed = [statement("accelerator.free_memory()\n")] if roles.prepare_per_iteration is not None else []
     if where is not None:
-        plan.insert_after.setdefault(where.stmt, []).extend([stmt, *rebound])
+        plan.insert_after.setdefault(where.stmt, []).extend([*freed, stmt, *rebound])
         anchor = where.stmt
     else:
         anchor = roles.create_before
         if anchor is None:
             _batches_left_alike(roles, plan)
             return
-        plan.insert_before.setdefault(anchor, []).extend([stmt, *rebound])
+        plan.insert_before.setdefault(anchor, []).extend([*freed, stmt, *rebound])
     for name in names:
         wrapped = roles.wrapped_optimizers.get(name)
         if wrapped is not None:
             _rewrap(plan, name, wrapped, anchor, after=where is not None)
     plan.use_accelerator(home)
-    plan.change(CODE, anchor, f"prepare {', '.join(names)}")
+    if roles.prepare_per_iteration is not None:
+        plan.change(CODE, anchor, (
+            f"prepare {', '.join(names)} in every iteration of the loop that builds them anew, after "
+            "`accelerator.free_memory()` lets go of the previous iteration's"))
+    else:
+        plan.change(CODE, anchor, f"prepare {', '.join(names)}")
     _prepare_received(roles, plan)
     _prepare_in_training_methods(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
