@@ -440,10 +440,12 @@ def _iteration_loop(roles: Roles, home: Scope, names: list[str], setup: list[Stm
         again = ", ".join(f"`{n}`" for n in rebuilt)
         return Finding(PREPARE, inside[rebuilt[0]][0].stmt, (
             f"{again} {'is' if len(rebuilt) == 1 else 'are'} built anew in every iteration of `{line}`, while "
-            f"{shown} {'is' if len(once) == 1 else 'are'} built once, outside it; `accelerator.prepare(...)` "
-            "takes them all, after the last is built and before training, and no single place does both, so it "
-            f"was not inserted. Build {shown} inside the loop too (each iteration then prepares its own), or "
-            f"prepare {shown} once before the loop and {again} yourself in each iteration"), unconverted=True)
+            f"{shown} {'is' if len(once) == 1 else 'are'} built once, outside it; one `accelerator.prepare(...)` "
+            "call takes them all after the last is built, and no place in the file comes after all of them and "
+            "before training in every iteration, so it was not inserted. Prepare them in two calls: "
+            f"`{', '.join(once)} = accelerator.prepare({', '.join(once)})` once, before the loop, and "
+            f"`{', '.join(rebuilt)} = accelerator.prepare({', '.join(rebuilt)})` in the loop, right after "
+            f"{again} {'is' if len(rebuilt) == 1 else 'are'} built"), unconverted=True)
     return loop, first_use
 
 
