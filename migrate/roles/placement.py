@@ -381,6 +381,10 @@ def place_prepare(roles: Roles) -> None:
         return
     roles.prepare_after = point
     roles.prepare_per_iteration = per_iteration
+    roles.prepare_repeated = (
+        per_iteration is None and roles.accelerator_scope is not home and roles.called_in_loop(home)
+        and all(_setup_bindings(home, n, first_use) for n in names)
+    )
     _find_wrapped_aliases(roles)
     if not _find_step_aliases(roles, names, first_use):
         return
@@ -428,7 +432,8 @@ def _iteration_loop(roles: Roles, home: Scope, names: list[str], setup: list[Stm
         return Finding(PREPARE, stmt, (
             f"a training object is created inside the loop `{line}`, which does not train it (training runs "
             "after the loop), so `accelerator.prepare(...)` was not inserted: it must run after the objects "
-            "the training step uses are built, and before that step; prepare them yourself after the loop"),
+            "the training step uses are built, and before that step. Prepare them yourself right after the "
+            f"loop: `{', '.join(names)} = accelerator.prepare({', '.join(names)})`"),
             unconverted=True)
     first_use = min(orders)
     inside = {n: [b.where for b in home.bindings.get(n, []) if not b.is_loop_target and _within(b.where, loop)

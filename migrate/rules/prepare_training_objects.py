@@ -365,9 +365,10 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     stmt = assignment(targets, "accelerator.prepare", names, indent_of(home, where))
     # an alias the step uses, bound before the prepare point, names the prepared object again
     rebound = [statement(f"{alias} = {bound.get(n, n)}\n") for alias, n in roles.step_aliases.items() if n in names]
-    # every iteration of a loop building them anew prepares its own objects: the Accelerator lets go
-    # of the previous iteration's first
-    freed = [statement("accelerator.free_memory()\n")] if roles.prepare_per_iteration is not None else []
+    # every iteration of a loop building them anew (or every call of a function called in a loop)
+    # prepares its own objects: the Accelerator lets go of the previous iteration's first
+    repeated = roles.prepare_per_iteration is not None or roles.prepare_repeated
+    freed = [statement("accelerator.free_memory()\n")] if repeated else []
     if where is not None:
         plan.insert_after.setdefault(where.stmt, []).extend([*freed, stmt, *rebound])
         anchor = where.stmt
@@ -382,7 +383,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if wrapped is not None:
             _rewrap(plan, name, wrapped, anchor, after=where is not None)
     plan.use_accelerator(home)
-    if roles.prepare_per_iteration is not None:
+    if repeated:
         plan.change(CODE, anchor, (
             f"prepare {', '.join(names)} in every iteration of the loop that builds them anew, after "
             "`accelerator.free_memory()` lets go of the previous iteration's"))
