@@ -17,7 +17,7 @@ dataset = TensorDataset(X, y)
 K = 3
 folds = [list(range(i, 96, K)) for i in range(K)]
 out = sys.argv[1]
-results = {"weights": [], "acc": [], "keys": []}
+results = {"weights": [], "acc": []}
 
 for fold in range(K):
     train_idx = [i for f in range(K) if f != fold for i in folds[f]]
@@ -50,6 +50,5 @@ for fold in range(K):
     results["weights"].append([p.detach().flatten().tolist() for p in model.parameters()])
 
 rank = int(os.environ.get("RANK", "0"))
-results["keys"] = [sorted(torch.load(os.path.join(out, f"fold{f}.pt")).keys()) for f in range(K)]
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
     json.dump(results, f)
