@@ -137,7 +137,13 @@ Leaves alone:
     no optimizer. A training object first bound after training has started (`train(model, first,
     optimizer)`, then `loader = DataLoader(...)` and `train(model, loader, optimizer)`) refuses the
     file, at its binding: the one prepare call, after it, would leave the first training call
-    unprepared. Objects created inside a loop or in another function than the optimizer, an
+    unprepared. Objects built anew in every iteration of one loop that then trains them (K-fold
+    cross-validation: `for fold in range(K):` building the fold's loaders, model and optimizer, or a
+    function doing so called once per fold) are prepared in that iteration, after the last of them,
+    with `accelerator.free_memory()` before the call (HF Accelerate's pattern for repeated runs: the
+    Accelerator lets go of the previous fold's objects). Objects only some of which are rebuilt per
+    iteration (an optimizer per learning rate over one model), or built in a loop that does not
+    train them, or created in another function than the optimizer, an
     attribute the class never sets (`self.model` assigned from outside), and an optimizer over
     `self.parameters()` (the class itself is the model) are reported instead. Test modules (importing unittest or pytest, or defining a
     `...TestCase`) and library modules (no entry point, no DataLoader built or iterated) are
