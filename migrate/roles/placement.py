@@ -738,3 +738,68 @@ def _common_insertion_point(refs: list[StmtRef]) -> StmtRef:
     if len({id(c.block) for c in candidates}) > 1 and depth > 0:
         candidates = [c[depth - 1] for c in chains]
     return max(candidates, key=lambda r: r.order)
+
+
+def creation_can_follow(roles: Roles, stmt: cst.BaseStatement) -> bool:
+    """The Accelerator, which replaces the module-level device choice, can be created right after
+    `stmt` instead (a top-level statement of the module below the choice: `accum = 4` that
+    `Accelerator(gradient_accumulation_steps=accum)` reads), with `device = accelerator.device`
+    after it: the choice is one statement of its own at the top level of the module, and every
+    statement after it up to `stmt` only binds names from values that call nothing and do not read
+    the device (`batch_size = 32`, `lr = 3e-4 * 2`), so none of them needs the Accelerator or the
+    device, and none runs anything that could."""
+    binding = roles.device_binding
+    module = roles.facts.module_scope
+    if binding is None or roles.accelerator_scope is not module or roles.device_from_setup or binding.where.path:
+        return False
+    choice = binding.where.stmt
+    if not (type(choice) is cst.SimpleStatementLine and len(choice.body) == 1):
+        return False
+    body = list(module.node.body) if isinstance(module.node, cst.Module) else []
+    ids = [id(s) for s in body]
+    if id(choice) not in ids or id(stmt) not in ids or ids.index(id(stmt)) <= ids.index(id(choice)):
+        return False
+    for between in body[ids.index(id(choice)) + 1 : ids.index(id(stmt)) + 1]:
+        if type(between) is not cst.SimpleStatementLine:
+            return False
+        for small in between.body:
+            if type(small) not in (cst.Assign, cst.AnnAssign) or small.value is None:
+                return False
+            if not _plain_value(small.value, binding.name):
+                return False
+    return True
+
+
+def _plain_value(value: cst.BaseExpression, device: str) -> bool:
+    """`value` calls nothing, builds no lambda or comprehension, and does not read `device`."""
+    plain = True
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> bool:
+            nonlocal plain
+            plain = False
+            return False
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            nonlocal plain
+            plain = False
+            return False
+
+        def visit_Name(self, node: cst.Name) -> bool:
+            nonlocal plain
+            if node.value in (device, "accelerator"):
+                plain = False
+            return False
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            nonlocal plain
+            plain = False  # a property may run code
+            return False
+
+        def visit_Subscript(self, node: cst.Subscript) -> bool:
+            nonlocal plain
+            plain = False  # __getitem__ may run code
+            return False
+
+    value.visit(_Visitor())
+    return plain
