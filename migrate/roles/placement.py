@@ -439,6 +439,18 @@ def _iteration_loop(roles: Roles, home: Scope, names: list[str], setup: list[Stm
             f"loop: `{', '.join(names)} = accelerator.prepare({', '.join(names)})`"),
             unconverted=True)
     first_use = min(orders)
+    ancestors = {id(p.stmt) for p in (*loop.path, loop)}
+    outside = [l.where.stmt for l in home.loops if roles.is_training_loop(l)
+               and id(l.node) not in ancestors and not _within(l.where, loop)]
+    outside += [site.where.stmt for site in home.calls if roles.calls_training(site, home) and not _within(site.where, loop)]
+    if outside:
+        return Finding(PREPARE, outside[0], (
+            f"the training objects are built anew in every iteration of `{line}` and trained there, and this "
+            "training outside that loop runs too (a final run on all the data, say); one placement of "
+            "`accelerator.prepare(...)` cannot serve both, so it was not inserted: prepare the objects in the "
+            "loop right after they are built and again before this training, after the objects it uses are "
+            "built (`accelerator.free_memory()` before each prepare call lets go of the previous ones)"),
+            unconverted=True)
     inside = {n: [b.where for b in home.bindings.get(n, []) if not b.is_loop_target and _within(b.where, loop)
                   and b.where.order < first_use] for n in names}
     once = [n for n in names if not inside[n]]
