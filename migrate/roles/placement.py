@@ -453,6 +453,24 @@ def _iteration_loop(roles: Roles, home: Scope, names: list[str], setup: list[Stm
             unconverted=True)
     inside = {n: [b.where for b in home.bindings.get(n, []) if not b.is_loop_target and _within(b.where, loop)
                   and b.where.order < first_use] for n in names}
+    models = [m for m in roles.models if m in names]
+    wrapped = [b.where.order for m in models for b in home.bindings.get(m, [])
+               if _wraps(roles, b.value) and _within(b.where, loop)]
+    loads = [site for site in home.method_calls
+             if type(site.receiver) is cst.Name and site.receiver.value in models
+             and type(site.call.func) is cst.Attribute and site.call.func.attr.value == "load_state_dict"
+             and _within(site.where, loop) and min(wrapped, default=first_use) < site.where.order < first_use]
+    if loads:
+        model = loads[0].receiver.value  # type: ignore[attr-defined]
+        return Finding(PREPARE, loads[0].where.stmt, (
+            f"`{model}.load_state_dict(...)` loads state into `{model}` after its hand wrap "
+            f"(`DataParallel`/`DistributedDataParallel`) in every iteration of `{line}`; migrated, the wrap goes and "
+            "`accelerator.prepare(...)` comes after the last object the iteration builds, so the load would run "
+            "on the bare module, which refuses the `module.`-prefixed keys of a checkpoint written from the wrapped "
+            f"model. Nothing was prepared: load the state before the wrap, into the bare module, with the prefix "
+            f"stripped (`{model}.load_state_dict({{k.removeprefix('module.'): v for k, v in state.items()}})`), "
+            "and run again"),
+            unconverted=True)
     once = [n for n in names if not inside[n]]
     if once:
         rebuilt = [n for n in names if inside[n]]
