@@ -5,8 +5,9 @@ goes before home's first statement. `prepare` goes after the last setup binding 
 object, evaluation loader and epoch scheduler built before training starts, in the deepest block
 they share. Objects built inside a loop are prepared in it when every iteration builds all of them
 and then trains them (`for fold in range(K):`), after `accelerator.free_memory()`; otherwise they
-are reported (AM004) and not prepared, with the reason (some built once outside the loop, or the
-loop does not train them). A training object
+are reported (AM004) and not prepared, with the reason (some built once outside the loop, the
+loop does not train them, training runs after the loop too, or a state-dict load follows a hand
+wrap in the loop). A training object
 first bound after training has started (`train(model, first)` then `loader = DataLoader(...)`)
 refuses the file (AM004): one prepare after it would leave the first training step unprepared."""
 

@@ -142,8 +142,9 @@ Leaves alone:
     function doing so called once per fold) are prepared in that iteration, after the last of them,
     with `accelerator.free_memory()` before the call (HF Accelerate's pattern for repeated runs: the
     Accelerator lets go of the previous fold's objects). Objects only some of which are rebuilt per
-    iteration (an optimizer per learning rate over one model), or built in a loop that does not
-    train them, or created in another function than the optimizer, an
+    iteration (an optimizer per learning rate over one model), built in a loop that does not train
+    them, built per fold and trained again after the loop, loaded into after a hand wrap in the
+    loop (`module.` keys), or created in another function than the optimizer, an
     attribute the class never sets (`self.model` assigned from outside), and an optimizer over
     `self.parameters()` (the class itself is the model) are reported instead. Test modules (importing unittest or pytest, or defining a
     `...TestCase`) and library modules (no entry point, no DataLoader built or iterated) are
