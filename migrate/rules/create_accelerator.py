@@ -241,6 +241,16 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> tuple[Sequence[cst.Bas
     if relocated:
         index = next(i for i, stmt in enumerate(block) if stmt is after) + 1
         place = (block, index)
+    elif after is not None and "gradient_accumulation_steps" in plan.accelerator_kwargs and any(
+            stmt is after for stmt in block[index:]):
+        # created higher up (a line above the device choice uses `accelerator`): the constant is not
+        # bound yet there, so the number of steps is set right after it, before anything trains
+        steps = plan.accelerator_kwargs.pop("gradient_accumulation_steps")
+        plan.insert_after[after] = [*plan.insert_after.get(after, []),
+                                    statement(f"accelerator.gradient_accumulation_steps = {steps}\n")]
+        plan.change(CODE, after, (
+            f"`accelerator.gradient_accumulation_steps = {steps}` set once `{steps}` is bound: the Accelerator is "
+            "created above it"))
     if cpu is not None and "cpu" not in plan.accelerator_kwargs and _bound_before(cpu[1], scope, block, index):
         plan.accelerator_kwargs["cpu"] = cpu[0]
     elif cpu is not None and "cpu" not in plan.accelerator_kwargs:
