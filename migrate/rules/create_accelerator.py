@@ -143,7 +143,9 @@ Example:
                                      device = accelerator.device
 
     (a module constant the Accelerator's arguments read, bound right below the device choice by
-    lines that only bind names: the Accelerator is created below it)
+    lines that only bind names: the Accelerator is created below it; when a line above the device
+    choice already needs the Accelerator, it stays there and `accelerator.gradient_accumulation_steps
+    = accum` follows the constant)
 
 Leaves alone:
     Files that already create an Accelerator (only missing parameters are threaded), files with no
