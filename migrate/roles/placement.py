@@ -781,22 +781,31 @@ def creation_can_follow(roles: Roles, stmt: cst.BaseStatement) -> bool:
     device, and none runs anything that could."""
     binding = roles.device_binding
     module = roles.facts.module_scope
-    if binding is None or roles.accelerator_scope is not module or roles.device_from_setup or binding.where.path:
-        return False
-    choice = binding.where.stmt
-    if not (type(choice) is cst.SimpleStatementLine and len(choice.body) == 1):
+    if roles.accelerator_scope is not module or roles.device_from_setup:
         return False
     body = list(module.node.body) if isinstance(module.node, cst.Module) else []
     ids = [id(s) for s in body]
-    if id(choice) not in ids or id(stmt) not in ids or ids.index(id(stmt)) <= ids.index(id(choice)):
-        return False
-    for between in body[ids.index(id(choice)) + 1 : ids.index(id(stmt)) + 1]:
+    if binding is None:
+        # no device choice: created before the module's first statement after the imports, which
+        # must itself only bind names (`accum = 4` right below the imports)
+        first = roles.create_before
+        if first is None or id(first) not in ids or id(stmt) not in ids or ids.index(id(stmt)) < ids.index(id(first)):
+            return False
+        start, device = ids.index(id(first)), ""
+    else:
+        choice = binding.where.stmt
+        if binding.where.path or not (type(choice) is cst.SimpleStatementLine and len(choice.body) == 1):
+            return False
+        if id(choice) not in ids or id(stmt) not in ids or ids.index(id(stmt)) <= ids.index(id(choice)):
+            return False
+        start, device = ids.index(id(choice)) + 1, binding.name
+    for between in body[start : ids.index(id(stmt)) + 1]:
         if type(between) is not cst.SimpleStatementLine:
             return False
         for small in between.body:
             if type(small) not in (cst.Assign, cst.AnnAssign) or small.value is None:
                 return False
-            if not _plain_value(small.value, binding.name):
+            if not _plain_value(small.value, device):
                 return False
     return True
 

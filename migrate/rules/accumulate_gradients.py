@@ -255,6 +255,16 @@ def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop)
     if len(steps) != 1:
         return None
     count = gates[0][1]
+    first = _steps_on_first_micro_batch(loop, gates[0][0])
+    if first is not None:
+        plan.report(CODE, gates[0][0], (
+            f"hand-written gradient accumulation over `{_code(count)}` steps the optimizer on micro-batches 0, "
+            f"N, 2N, ... (`{first} % {_code(count)} == 0`, `{first}` counted from 0 by `enumerate`): the first step "
+            "after one micro-batch, which `accelerator.sync_gradients` (true on the last micro-batch of each group "
+            "of N) does not reproduce; it was kept as it is, and trains the same (gradients all-reduced on every "
+            f"micro-batch). To convert it, write `({first} + 1) % {_code(count)} == 0` (or `enumerate(..., 1)`) if "
+            "that is the grouping meant, and run again"))
+        return None
     if not _available_at_creation(roles, plan, count):
         late = _bound_below_device_choice(roles, count)
         if late is not None:
@@ -282,6 +292,31 @@ def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop)
         _remove_compensation(plan, scope, divided, count)
     plan.accelerator_kwargs["gradient_accumulation_steps"] = _code(count)
     return gates[0][0]
+
+
+def _steps_on_first_micro_batch(loop: Loop, gate: cst.If) -> str | None:
+    """The index name when the gate tests `i % N == 0` on the loop's own `enumerate` index counted
+    from 0 (`for i, batch in enumerate(loader):`): true on micro-batch 0, N, 2N, ..., one earlier
+    than `(i + 1) % N == 0` and than `sync_gradients`."""
+    test = gate.test
+    if type(test) is cst.BooleanOperation:
+        test = test.left
+    if type(test) is not cst.Comparison or type(test.left) is not cst.BinaryOperation:
+        return None
+    index = test.left.left
+    if type(index) is not cst.Name:
+        return None
+    node = loop.node
+    target, it = node.target, node.iter
+    if not (type(target) is cst.Tuple and target.elements and type(target.elements[0].value) is cst.Name
+            and target.elements[0].value.value == index.value):
+        return None
+    if not (type(it) is cst.Call and type(it.func) is cst.Name and it.func.value == "enumerate"):
+        return None
+    start = [a for a in it.args[1:] if a.keyword is None or a.keyword.value == "start"]
+    if start and not (type(start[0].value) is cst.Integer and start[0].value.value == "0"):
+        return None
+    return index.value
 
 
 def _step_gate(stmt: cst.If) -> cst.BaseExpression | None:
@@ -323,10 +358,10 @@ def _available_at_creation(roles: Roles, plan: EditPlan, count: cst.BaseExpressi
     elif roles.device_binding is not None:
         created = roles.device_binding.where.order
     else:
-        return False  # created right after the imports, before any constant
+        created = 0  # created before the module's first statement after the imports
     if bindings[0].where.order < created:
         return True
-    # `device = ...` then `accum = 4`: the Accelerator goes below the constant instead (AM001)
+    # `device = ...` (or the imports) then `accum = 4`: the Accelerator goes below the constant instead (AM001)
     if not plan.create_at_order and creation_can_follow(roles, bindings[0].where.stmt):
         plan.create_after = bindings[0].where.stmt
         return True

@@ -236,9 +236,9 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> tuple[Sequence[cst.Bas
     # below the constant, with the device choice rebound right after it (`creation_can_follow`)
     after = plan.create_after
     relocated = (
-        after is not None and binding is not None and plan.create_at is None and not roles.device_from_setup
-        and index < len(block) and block[index] is binding.where.stmt
-        and any(stmt is after for stmt in block[index + 1:])
+        after is not None and plan.create_at is None and not roles.device_from_setup and index < len(block)
+        and block[index] is (binding.where.stmt if binding is not None else roles.create_before)
+        and any(stmt is after for stmt in block[index + (binding is not None):])
     )
     if relocated:
         index = next(i for i, stmt in enumerate(block) if stmt is after) + 1
@@ -298,8 +298,7 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> tuple[Sequence[cst.Bas
             plan.rebound[new[1]] = binding.name  # type: ignore[union-attr]
     else:
         created: list[cst.BaseStatement] = [create]
-        if relocated:
-            assert binding is not None
+        if relocated and binding is not None:
             rebind = _rebind(binding.name, device_value, binding.where.stmt)
             created.append(rebind)
             plan.rebound[rebind] = binding.name
@@ -310,12 +309,7 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> tuple[Sequence[cst.Bas
                 blank = [line for line in block[index].leading_lines if line.comment is None]
                 create = create.with_changes(leading_lines=blank)
                 created[0] = create
-                if relocated:
-                    # the statement below keeps its own blank lines after the new ones
-                    plan.insert_before[block[index]] = [*created, *plan.insert_before.get(block[index], [])]
-                    created = []
-            if created:
-                plan.insert_before[block[index]] = [*created, *plan.insert_before.get(block[index], [])]
+            plan.insert_before[block[index]] = [*created, *plan.insert_before.get(block[index], [])]
         else:
             plan.insert_after[block[-1]] = [*plan.insert_after.get(block[-1], []), *created]
         if plan.create_at is not None:
