@@ -70,6 +70,9 @@ class EditPlan:
     renames: dict[cst.Name, str] = edits(dict)
     create_at: cst.BaseStatement | None = None  # statement replaced by `accelerator = Accelerator()`
     create_at_order: int = 0
+    # a module statement below the device choice that the Accelerator's arguments read (`accum = 4`
+    # for `gradient_accumulation_steps=accum`): the Accelerator is created after it (AM005 -> AM001)
+    create_after: cst.BaseStatement | None = None
     if_tests: dict[cst.If, cst.BaseExpression] = edits(dict)  # new `if` conditions
     sync_ifs: set[cst.If] = field(default_factory=set)  # ifs now testing `accelerator.sync_gradients`
     keep_left_operand: set[cst.BinaryOperation] = edits(set)  # `loss / N` -> `loss`

@@ -574,7 +574,9 @@ class Accelerator(ProcessView):
         for hook in self._forward_hooks.values():
             hook.remove()
         self._forward_hooks = {}
-        self._active_loaders = ActiveLoaders()
+        # emptied, not replaced: a loader prepared before (an evaluation loader kept across the folds
+        # of a cross-validation) holds this object, and gather_for_metrics must still see its last round
+        self._active_loaders.clear()
         released: list[None] = [None] * len(objects)
         del objects
         gc.collect()

@@ -56,6 +56,11 @@ class ActiveLoaders:
         if iterator in self._stack:
             self._stack.remove(iterator)
 
+    def clear(self) -> None:
+        """Forget the iterators in progress (``free_memory``). The object itself stays: every loader
+        prepared before keeps reporting to it when it is iterated again."""
+        self._stack = []
+
     @property
     def current(self) -> _DeviceIterator | None:
         return self._stack[-1] if self._stack else None

@@ -125,6 +125,13 @@ class Roles:
     device_from_setup: bool = False
     create_before: cst.BaseStatement | None = None  # where `accelerator = Accelerator()` goes otherwise
     prepare_after: StmtRef | None = None
+    # the loop (`for fold in range(K):`) whose every iteration builds all the objects prepared at
+    # prepare_after and trains them: the prepare call runs once per iteration, after
+    # `accelerator.free_memory()` drops the previous iteration's (migrate/roles/placement.py)
+    prepare_per_iteration: StmtRef | None = None
+    # home, which builds every object it prepares, is a function called in a loop (one fold per
+    # call): its prepare call runs once per call, after `accelerator.free_memory()` too
+    prepare_repeated: bool = False
     # (statement, names): the models (and the optimizers built by then) prepared in a call of their
     # own right before that statement, which holds the first load of their state after a removed
     # hand wrap (`model = DDP(model)` ... `model.load_state_dict(ckpt["model"])`, `module.` keys);
@@ -326,6 +333,13 @@ class Roles:
         else:
             return []
         return [(scope, site.call) for scope, site in self._calls_by_callee.get(callee, ())]
+
+    def called_in_loop(self, function: Scope) -> bool:
+        """A plain function of this module called inside a loop (`for fold in range(K): run(fold)`)."""
+        if not function.is_function or function.is_method:
+            return False
+        return any(site.where.in_loop for scope, site in self._calls_by_callee.get(function.name, ())
+                   if self.facts.resolve(site.callee, scope) is function)
 
     def instance_calls(self, method: Scope) -> list[tuple[Scope, cst.Call]]:
         """Calls of `method` on an instance of its class bound in the caller's own scope:

@@ -3,7 +3,11 @@
 The Accelerator replaces the first device choice outside loops in home (else at module level), or
 goes before home's first statement. `prepare` goes after the last setup binding of every training
 object, evaluation loader and epoch scheduler built before training starts, in the deepest block
-they share; objects built inside a loop are reported (AM004) and not prepared, and a training object
+they share. Objects built inside a loop are prepared in it when every iteration builds all of them
+and then trains them (`for fold in range(K):`), after `accelerator.free_memory()`; otherwise they
+are reported (AM004) and not prepared, with the reason (some built once outside the loop, the
+loop does not train them, training runs after the loop too, or a state-dict load follows a hand
+wrap in the loop). A training object
 first bound after training has started (`train(model, first)` then `loader = DataLoader(...)`)
 refuses the file (AM004): one prepare after it would leave the first training step unprepared."""
 
@@ -311,13 +315,26 @@ def place_prepare(roles: Roles) -> None:
     if not names or home.prepared:
         return
     first_use = _first_training_use(roles)
-    refs = [r for n in names for r in _setup_bindings(home, n, first_use)]
-    refs += _model_moves(roles, home, first_use)
+    per_iteration: StmtRef | None = None
+    setup = [r for n in names for r in _setup_bindings(home, n, first_use)]
+    if any(r.in_loop for r in setup):
+        found = _iteration_loop(roles, home, names, setup)
+        if isinstance(found, Finding):
+            roles.findings.append(found)
+            roles.models.clear()
+            roles.optimizers.clear()
+            roles.loaders.clear()
+            roles.schedulers.clear()
+            return
+        per_iteration, first_use = found
+    refs = [r for n in names for r in _setup_bindings(home, n, first_use, per_iteration)]
+    refs += _model_moves(roles, home, first_use, per_iteration)
     # Evaluation loaders and epoch-level schedulers built before training starts belong to the same
     # setup block: prepare after them too. Ones built later (a final test loader) are left out.
     late: set[str] = set()
     for name in (*{loader for _, _, loader in roles.eval_loops}, *roles.epoch_schedulers):
-        bound = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target]
+        bound = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target
+                 and (per_iteration is None or _within(b.where, per_iteration))]
         if bound and all(r.order < first_use for r in bound):
             refs.extend(bound)
         else:
@@ -329,26 +346,22 @@ def place_prepare(roles: Roles) -> None:
     if not refs:
         roles.prepare_after = None  # everything is a parameter: prepare right after the accelerator
         return
-    inside_loop = [r for r in refs if r.in_loop]
-    if inside_loop:
-        roles.findings.append(
-            Finding(
-                PREPARE,
-                inside_loop[0].stmt,
-                "a training object is created inside a loop; `accelerator.prepare(...)` must run once, "
-                "so it was not inserted: prepare the objects yourself after they are built", unconverted=True,
-            )
-        )
-        roles.models.clear()
-        roles.optimizers.clear()
-        roles.loaders.clear()
-        roles.schedulers.clear()
-        return
     point = _common_insertion_point(refs)
     if creation is not None and creation.order > point.order:
         # The Accelerator is created after the objects are bound: prepare after it.
         point = _common_insertion_point([*refs, creation])
-    late = [n for n in names if (bound := _setup_bindings(home, n, first_use)) and min(r.order for r in bound) > first_use]
+        if per_iteration is not None and not _within(point, per_iteration):
+            roles.findings.append(Finding(PREPARE, creation.stmt, (
+                f"the training objects are built anew in every iteration of `{_loop_header(per_iteration)}`, "
+                "but the device is chosen (and the Accelerator created) after that loop, so "
+                "`accelerator.prepare(...)` was not inserted: choose the device before the loop and run again"),
+                unconverted=True))
+            roles.models.clear()
+            roles.optimizers.clear()
+            roles.loaders.clear()
+            roles.schedulers.clear()
+            return
+    late = [n for n in names if (bound := _setup_bindings(home, n, first_use, per_iteration)) and min(r.order for r in bound) > first_use]
     if late and point.order > first_use:
         # `train(model, first, ...)` then `loader = DataLoader(...)` and `train(model, loader, ...)`:
         # one prepare after `loader` would leave the first training call unprepared.
@@ -371,10 +384,120 @@ def place_prepare(roles: Roles) -> None:
             "that builds the optimizer (before the training loop), and run again"), unconverted=True)]
         return
     roles.prepare_after = point
+    roles.prepare_per_iteration = per_iteration
+    roles.prepare_repeated = (
+        per_iteration is None and roles.accelerator_scope is not home and roles.called_in_loop(home)
+        and all(_setup_bindings(home, n, first_use) for n in names)
+    )
     _find_wrapped_aliases(roles)
     if not _find_step_aliases(roles, names, first_use):
         return
-    _early_prepare(roles, home, names, first_use, creation)
+    if per_iteration is None:
+        _early_prepare(roles, home, names, first_use, creation)
+
+
+def _loops_of(ref: StmtRef) -> list[StmtRef]:
+    """The loops enclosing `ref`, outermost first."""
+    return [p for p in ref.path if type(p.stmt) in (cst.For, cst.While)]
+
+
+def _within(ref: StmtRef, loop: StmtRef) -> bool:
+    return any(p.stmt is loop.stmt for p in ref.path)
+
+
+def _iteration_loop(roles: Roles, home: Scope, names: list[str], setup: list[StmtRef]) -> tuple[StmtRef, int] | Finding:
+    """A training object built inside a loop: the loop whose every iteration builds all the objects
+    `prepare` takes and then trains them (`for fold in range(K):` building the fold's loaders, model
+    and optimizer, then its epochs), with the document order of its first training statement. The
+    prepare call then goes inside that loop after the last of them, as HF Accelerate does for
+    repeated runs (`accelerator.free_memory()` before it drops the previous iteration's objects).
+    Else the AM004 finding that says why one prepare call cannot be placed: some objects are built
+    once outside the loop while others are rebuilt in it, the loop does not train what it builds,
+    or the objects are built in different loops."""
+    nested = [r for r in setup if r.in_loop]
+    chains = [_loops_of(r) for r in nested]
+    common: StmtRef | None = None
+    for depth in range(min((len(c) for c in chains), default=0)):
+        if len({id(c[depth].stmt) for c in chains}) != 1:
+            break
+        common = chains[0][depth]
+    stmt = nested[0].stmt
+    if common is None or any(c[-1].stmt is not common.stmt for c in chains):
+        return Finding(PREPARE, stmt, (
+            "training objects are created in different loops (or one loop inside another), so no single place "
+            "runs after all of them and before training; `accelerator.prepare(...)` was not inserted: build them "
+            "in one block (once, or once per iteration of one loop) and run again, or prepare them yourself "
+            "after they are built"), unconverted=True)
+    loop = common
+    line = _loop_header(loop)
+    orders = [l.where.order for l in home.loops if roles.is_training_loop(l) and _within(l.where, loop)]
+    orders += [site.where.order for site in home.calls if roles.calls_training(site, home) and _within(site.where, loop)]
+    if not orders:
+        return Finding(PREPARE, stmt, (
+            f"a training object is created inside the loop `{line}`, which does not train it (training runs "
+            "after the loop), so `accelerator.prepare(...)` was not inserted: it must run after the objects "
+            "the training step uses are built, and before that step. Prepare them yourself right after the "
+            f"loop: `{', '.join(names)} = accelerator.prepare({', '.join(names)})`"),
+            unconverted=True)
+    first_use = min(orders)
+    ancestors = {id(p.stmt) for p in (*loop.path, loop)}
+    outside = [l.where.stmt for l in home.loops if roles.is_training_loop(l)
+               and id(l.node) not in ancestors and not _within(l.where, loop)]
+    outside += [site.where.stmt for site in home.calls if roles.calls_training(site, home) and not _within(site.where, loop)]
+    if outside:
+        return Finding(PREPARE, outside[0], (
+            f"the training objects are built anew in every iteration of `{line}` and trained there, and this "
+            "training outside that loop runs too (a final run on all the data, say); one placement of "
+            "`accelerator.prepare(...)` cannot serve both, so it was not inserted: prepare the objects in the "
+            "loop right after they are built and again before this training, after the objects it uses are "
+            "built (`accelerator.free_memory()` before each prepare call lets go of the previous ones)"),
+            unconverted=True)
+    inside = {n: [b.where for b in home.bindings.get(n, []) if not b.is_loop_target and _within(b.where, loop)
+                  and b.where.order < first_use] for n in names}
+    models = [m for m in roles.models if m in names]
+    wrapped = [b.where.order for m in models for b in home.bindings.get(m, [])
+               if _wraps(roles, b.value) and _within(b.where, loop)]
+    loads = [site for site in home.method_calls
+             if type(site.receiver) is cst.Name and site.receiver.value in models
+             and type(site.call.func) is cst.Attribute and site.call.func.attr.value == "load_state_dict"
+             and _within(site.where, loop) and min(wrapped, default=first_use) < site.where.order < first_use]
+    if loads:
+        model = loads[0].receiver.value  # type: ignore[attr-defined]
+        return Finding(PREPARE, loads[0].where.stmt, (
+            f"`{model}.load_state_dict(...)` loads state into `{model}` after its hand wrap "
+            f"(`DataParallel`/`DistributedDataParallel`) in every iteration of `{line}`; migrated, the wrap goes and "
+            "`accelerator.prepare(...)` comes after the last object the iteration builds, so the load would run "
+            "on the bare module, which refuses the `module.`-prefixed keys of a checkpoint written from the wrapped "
+            f"model. Nothing was prepared: load the state before the wrap, into the bare module, with the prefix "
+            f"stripped (`{model}.load_state_dict({{k.removeprefix('module.'): v for k, v in state.items()}})`), "
+            "and run again"),
+            unconverted=True)
+    once = [n for n in names if not inside[n]]
+    if once:
+        rebuilt = [n for n in names if inside[n]]
+        shown = ", ".join(f"`{n}`" for n in once)
+        again = ", ".join(f"`{n}`" for n in rebuilt)
+        return Finding(PREPARE, inside[rebuilt[0]][0].stmt, (
+            f"{again} {'is' if len(rebuilt) == 1 else 'are'} built anew in every iteration of `{line}`, while "
+            f"{shown} {'is' if len(once) == 1 else 'are'} built once, outside it; one `accelerator.prepare(...)` "
+            "call takes them all after the last is built, and no place in the file comes after all of them and "
+            "before training in every iteration, so it was not inserted. Prepare them in two calls: "
+            f"`{', '.join(once)} = accelerator.prepare({', '.join(once)})` once, before the loop, and "
+            f"`{', '.join(rebuilt)} = accelerator.prepare({', '.join(rebuilt)})` in the loop, right after "
+            f"{again} {'is' if len(rebuilt) == 1 else 'are'} built"), unconverted=True)
+    return loop, first_use
+
+
+def _loop_header(loop: StmtRef) -> str:
+    """`for fold in range(K):` (the loop's first line, shortened)."""
+    node = loop.stmt
+    empty = cst.Module([])
+    if isinstance(node, cst.For):
+        text = f"for {empty.code_for_node(node.target)} in {empty.code_for_node(node.iter)}:"
+    else:
+        assert isinstance(node, cst.While)
+        text = f"while {empty.code_for_node(node.test)}:"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _drawn_before(roles: Roles, home: Scope, point: StmtRef) -> tuple[Binding, str] | None:
@@ -594,18 +717,20 @@ def _alias_of(roles: Roles, value: cst.BaseExpression | None) -> str | None:
     return instance_attribute(value) if value is not None else None
 
 
-def _setup_bindings(home: Scope, name: str, first_use: int) -> list[StmtRef]:
+def _setup_bindings(home: Scope, name: str, first_use: int, loop: StmtRef | None = None) -> list[StmtRef]:
     """Where `name` is bound for training: the bindings before the first training use when there are
     some. A model rebuilt after training (`model = Net()` + `load_state_dict` to run inference, as
-    tutorials do) is not what trains: preparing after the rebuild would leave training unprepared."""
-    refs = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target]
+    tutorials do) is not what trains: preparing after the rebuild would leave training unprepared.
+    With `loop` (objects built anew in each of its iterations), its own bindings in that loop only."""
+    refs = [b.where for b in home.bindings.get(name, []) if not b.is_loop_target
+            and (loop is None or _within(b.where, loop))]
     # Own document order, not the top-level statement's: a binding and the loop it feeds may share
     # one enclosing block (`if True:` / `with ...:`), which would make every binding "not before".
     before = [r for r in refs if r.order < first_use]
     return before or refs
 
 
-def _model_moves(roles: Roles, home: Scope, first_use: int) -> list[StmtRef]:
+def _model_moves(roles: Roles, home: Scope, first_use: int, loop: StmtRef | None = None) -> list[StmtRef]:
     """Home's own moves of a model to the chosen device after it is built and before training
     (`self.G.to(self.device)` after the optimizers are built): `prepare` goes after them, so AM002
     drops them as moves the Accelerator makes. Kept after `prepare`, a move of a prepared model is
@@ -614,7 +739,8 @@ def _model_moves(roles: Roles, home: Scope, first_use: int) -> list[StmtRef]:
     for move in home.moves:
         receiver = move.receiver
         ref = receiver.value if isinstance(receiver, cst.Name) else instance_attribute(receiver)
-        if ref is None or ref not in roles.models or move.where.in_loop or move.where.order > first_use:
+        in_loop = move.where.in_loop if loop is None else [p.stmt for p in _loops_of(move.where)][-1:] != [loop.stmt]
+        if ref is None or ref not in roles.models or in_loop or move.where.order > first_use:
             continue
         if move.device_arg is not None and not roles.is_device(home, move.device_arg):
             continue
@@ -643,3 +769,77 @@ def _common_insertion_point(refs: list[StmtRef]) -> StmtRef:
     if len({id(c.block) for c in candidates}) > 1 and depth > 0:
         candidates = [c[depth - 1] for c in chains]
     return max(candidates, key=lambda r: r.order)
+
+
+def creation_can_follow(roles: Roles, stmt: cst.BaseStatement) -> bool:
+    """The Accelerator, which replaces the module-level device choice, can be created right after
+    `stmt` instead (a top-level statement of the module below the choice: `accum = 4` that
+    `Accelerator(gradient_accumulation_steps=accum)` reads), with `device = accelerator.device`
+    after it: the choice is one statement of its own at the top level of the module, and every
+    statement after it up to `stmt` only binds names from values that call nothing and do not read
+    the device (`batch_size = 32`, `lr = 3e-4 * 2`), so none of them needs the Accelerator or the
+    device, and none runs anything that could."""
+    binding = roles.device_binding
+    module = roles.facts.module_scope
+    if roles.accelerator_scope is not module or roles.device_from_setup:
+        return False
+    body = list(module.node.body) if isinstance(module.node, cst.Module) else []
+    ids = [id(s) for s in body]
+    if binding is None:
+        # no device choice: created before the module's first statement after the imports, which
+        # must itself only bind names (`accum = 4` right below the imports)
+        first = roles.create_before
+        if first is None or id(first) not in ids or id(stmt) not in ids or ids.index(id(stmt)) < ids.index(id(first)):
+            return False
+        start, device = ids.index(id(first)), ""
+    else:
+        choice = binding.where.stmt
+        if binding.where.path or not (type(choice) is cst.SimpleStatementLine and len(choice.body) == 1):
+            return False
+        if id(choice) not in ids or id(stmt) not in ids or ids.index(id(stmt)) <= ids.index(id(choice)):
+            return False
+        start, device = ids.index(id(choice)) + 1, binding.name
+    for between in body[start : ids.index(id(stmt)) + 1]:
+        if type(between) is not cst.SimpleStatementLine:
+            return False
+        for small in between.body:
+            if type(small) not in (cst.Assign, cst.AnnAssign) or small.value is None:
+                return False
+            if not _plain_value(small.value, device):
+                return False
+    return True
+
+
+def _plain_value(value: cst.BaseExpression, device: str) -> bool:
+    """`value` calls nothing, builds no lambda or comprehension, and does not read `device`."""
+    plain = True
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> bool:
+            nonlocal plain
+            plain = False
+            return False
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            nonlocal plain
+            plain = False
+            return False
+
+        def visit_Name(self, node: cst.Name) -> bool:
+            nonlocal plain
+            if node.value in (device, "accelerator"):
+                plain = False
+            return False
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            nonlocal plain
+            plain = False  # a property may run code
+            return False
+
+        def visit_Subscript(self, node: cst.Subscript) -> bool:
+            nonlocal plain
+            plain = False  # __getitem__ may run code
+            return False
+
+    value.visit(_Visitor())
+    return plain

@@ -5,9 +5,11 @@ What it does:
     wrapped in `with accelerator.accumulate(<models>):`, naming the prepared models the body uses.
     Hand-written accumulation (`loss = loss / N`, `if (step + 1) % N == 0: optimizer.step()`)
     becomes `Accelerator(gradient_accumulation_steps=N)` with `if accelerator.sync_gradients:`
-    (the division goes, since the Accelerator divides, and so does a compensating `* N` in a log
-    line such as `loss.item() * N`), and a `model.require_backward_grad_sync = <that condition>`
-    toggle goes with it.
+    (the division goes, since the Accelerator divides: `loss = loss / N` as a whole line, and so
+    does a compensating `* N` in a log line such as `loss.item() * N`), and a
+    `model.require_backward_grad_sync = <that condition>` toggle goes with it. N is a literal or a
+    module constant; one bound right below the module's device choice by lines that only bind names
+    (`device = ...`, `accum = 4`) moves the Accelerator below it (AM001).
     `with model.no_sync():` on a prepared model becomes `with accelerator.no_sync(model):`.
 
 Why:
@@ -37,7 +39,9 @@ Leaves alone:
     Loops already inside `accelerator.accumulate(...)`, loops over data that is not a prepared
     loader, and loops whose backward sits in a helper function (the helper's own loop, if any, is
     wrapped instead). A `require_backward_grad_sync` toggle on another condition is kept and
-    reported (it works while the prepared model is a DDP).
+    reported (it works while the prepared model is a DDP). Accumulation over a module constant
+    bound below the device choice after code that runs something or uses the device is reported
+    (move the constant above the device choice) and kept.
 
 Fix safety:
     Safe: with one accumulation step the block changes nothing numerically.
@@ -51,6 +55,7 @@ from migrate.analysis import Loop, Scope
 from migrate.edits import EditPlan
 from migrate.names import instance_attribute
 from migrate.roles import Roles
+from migrate.roles.placement import creation_can_follow
 from migrate.rules.base import accelerator_call, names_read, prepared_loaders, references_in
 from migrate.walk import walk
 
@@ -250,7 +255,25 @@ def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop)
     if len(steps) != 1:
         return None
     count = gates[0][1]
+    first = _steps_on_first_micro_batch(loop, gates[0][0])
+    if first is not None:
+        plan.report(CODE, gates[0][0], (
+            f"hand-written gradient accumulation over `{_code(count)}` steps the optimizer on micro-batches 0, "
+            f"N, 2N, ... (`{first} % {_code(count)} == 0`, `{first}` counted from 0 by `enumerate`): the first step "
+            "after one micro-batch, which `accelerator.sync_gradients` (true on the last micro-batch of each group "
+            "of N) does not reproduce; it was kept as it is, and trains the same (gradients all-reduced on every "
+            f"micro-batch). To convert it, write `({first} + 1) % {_code(count)} == 0` (or `enumerate(..., 1)`) if "
+            "that is the grouping meant, and run again"))
+        return None
     if not _available_at_creation(roles, plan, count):
+        late = _bound_below_device_choice(roles, count)
+        if late is not None:
+            plan.report(CODE, gates[0][0], (
+                f"hand-written gradient accumulation over `{_code(count)}`, a module constant bound below the device "
+                "choice that the Accelerator replaces, after statements that run code or use the device, so "
+                f"`Accelerator(gradient_accumulation_steps={_code(count)})` cannot read it where it is created; it "
+                f"was kept as it is: move `{_code(late.body[0])}` above the device choice and run again"))
+            return None
         plan.report(
             CODE,
             gates[0][0],
@@ -269,6 +292,31 @@ def _manual_accumulation(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop)
         _remove_compensation(plan, scope, divided, count)
     plan.accelerator_kwargs["gradient_accumulation_steps"] = _code(count)
     return gates[0][0]
+
+
+def _steps_on_first_micro_batch(loop: Loop, gate: cst.If) -> str | None:
+    """The index name when the gate tests `i % N == 0` on the loop's own `enumerate` index counted
+    from 0 (`for i, batch in enumerate(loader):`): true on micro-batch 0, N, 2N, ..., one earlier
+    than `(i + 1) % N == 0` and than `sync_gradients`."""
+    test = gate.test
+    if type(test) is cst.BooleanOperation:
+        test = test.left
+    if type(test) is not cst.Comparison or type(test.left) is not cst.BinaryOperation:
+        return None
+    index = test.left.left
+    if type(index) is not cst.Name:
+        return None
+    node = loop.node
+    target, it = node.target, node.iter
+    if not (type(target) is cst.Tuple and target.elements and type(target.elements[0].value) is cst.Name
+            and target.elements[0].value.value == index.value):
+        return None
+    if not (type(it) is cst.Call and type(it.func) is cst.Name and it.func.value == "enumerate"):
+        return None
+    start = [a for a in it.args[1:] if a.keyword is None or a.keyword.value == "start"]
+    if start and not (type(start[0].value) is cst.Integer and start[0].value.value == "0"):
+        return None
+    return index.value
 
 
 def _step_gate(stmt: cst.If) -> cst.BaseExpression | None:
@@ -293,7 +341,9 @@ def _step_gate(stmt: cst.If) -> cst.BaseExpression | None:
 
 
 def _available_at_creation(roles: Roles, plan: EditPlan, count: cst.BaseExpression) -> bool:
-    """N is a literal, or a module constant bound before a module-level Accelerator is created."""
+    """N is a literal, or a module constant bound before a module-level Accelerator is created, or
+    bound below the module's device choice by statements that only bind names (`accum = 4` right
+    after `device = ...`): the Accelerator is then created below it (`plan.create_after`, AM001)."""
     if type(count) is cst.Integer:
         return True
     assert type(count) is cst.Name
@@ -308,8 +358,28 @@ def _available_at_creation(roles: Roles, plan: EditPlan, count: cst.BaseExpressi
     elif roles.device_binding is not None:
         created = roles.device_binding.where.order
     else:
-        return False  # created right after the imports, before any constant
-    return bindings[0].where.order < created
+        created = 0  # created before the module's first statement after the imports
+    if bindings[0].where.order < created:
+        return True
+    # `device = ...` (or the imports) then `accum = 4`: the Accelerator goes below the constant instead (AM001)
+    if not plan.create_at_order and creation_can_follow(roles, bindings[0].where.stmt):
+        plan.create_after = bindings[0].where.stmt
+        return True
+    return False
+
+
+def _bound_below_device_choice(roles: Roles, count: cst.BaseExpression) -> cst.SimpleStatementLine | None:
+    """The one module-level statement binding N (`accum = 4`), at the top level of the module
+    below the device choice a module-level Accelerator replaces; None otherwise."""
+    module = roles.facts.module_scope
+    binding = roles.device_binding
+    if type(count) is not cst.Name or roles.accelerator_scope is not module or binding is None:
+        return None
+    bindings = module.bindings.get(count.value, [])
+    if len(bindings) != 1 or bindings[0].where.path or bindings[0].where.order < binding.where.order:
+        return None
+    stmt = bindings[0].where.stmt
+    return stmt if type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 else None
 
 
 def _remove_divisions(plan: EditPlan, body: cst.BaseSuite, count: cst.BaseExpression) -> set[str]:
@@ -334,6 +404,20 @@ def _remove_divisions(plan: EditPlan, body: cst.BaseSuite, count: cst.BaseExpres
             if len(node.body) != 1:
                 return
             small = node.body[0]
+            if (
+                type(small) is cst.Assign
+                and len(small.targets) == 1
+                and type(small.targets[0].target) is cst.Name
+                and type(small.value) is cst.BinaryOperation
+                and type(small.value.operator) is cst.Divide
+                and _code(small.value.right) == wanted
+                and type(small.value.left) is cst.Name
+                and small.value.left.value == small.targets[0].target.value
+            ):
+                # `loss = loss / N` would be left as `loss = loss`: the line goes
+                divided.add(small.value.left.value)
+                plan.replace_stmt[node] = []
+                return
             if (
                 type(small) is cst.AugAssign
                 and type(small.operator) is cst.DivideAssign

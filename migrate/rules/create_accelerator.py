@@ -138,6 +138,15 @@ Example:
         device = torch.device("cpu")       else:
                                                device = accelerator.device
 
+    device = torch.device(...)   ->  accum = 4
+    accum = 4                        accelerator = Accelerator(gradient_accumulation_steps=accum)
+                                     device = accelerator.device
+
+    (a module constant the Accelerator's arguments read, bound right below the device choice by
+    lines that only bind names: the Accelerator is created below it; when a line above the device
+    choice already needs the Accelerator, it stays there and `accelerator.gradient_accumulation_steps
+    = accum` follows the constant)
+
 Leaves alone:
     Files that already create an Accelerator (only missing parameters are threaded), files with no
     training step, and device choices inside loops. An Accelerator created in a class body is
@@ -223,6 +232,27 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> tuple[Sequence[cst.Bas
         return None
     place = _placement(roles, plan, scope, chain, default)
     block, index = place
+    # `device = ...` then `accum = 4`, read by `gradient_accumulation_steps=accum` (AM005): created
+    # below the constant, with the device choice rebound right after it (`creation_can_follow`)
+    after = plan.create_after
+    relocated = (
+        after is not None and plan.create_at is None and not roles.device_from_setup and index < len(block)
+        and block[index] is (binding.where.stmt if binding is not None else roles.create_before)
+        and any(stmt is after for stmt in block[index + (binding is not None):])
+    )
+    if relocated:
+        index = next(i for i, stmt in enumerate(block) if stmt is after) + 1
+        place = (block, index)
+    elif after is not None and "gradient_accumulation_steps" in plan.accelerator_kwargs and any(
+            stmt is after for stmt in block[index:]):
+        # created higher up (a line above the device choice uses `accelerator`): the constant is not
+        # bound yet there, so the number of steps is set right after it, before anything trains
+        steps = plan.accelerator_kwargs.pop("gradient_accumulation_steps")
+        plan.insert_after[after] = [*plan.insert_after.get(after, []),
+                                    statement(f"accelerator.gradient_accumulation_steps = {steps}\n")]
+        plan.change(CODE, after, (
+            f"`accelerator.gradient_accumulation_steps = {steps}` set once `{steps}` is bound: the Accelerator is "
+            "created above it"))
     if cpu is not None and "cpu" not in plan.accelerator_kwargs and _bound_before(cpu[1], scope, block, index):
         plan.accelerator_kwargs["cpu"] = cpu[0]
     elif cpu is not None and "cpu" not in plan.accelerator_kwargs:
@@ -267,17 +297,26 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> tuple[Sequence[cst.Bas
         if len(new) > 1:
             plan.rebound[new[1]] = binding.name  # type: ignore[union-attr]
     else:
+        created: list[cst.BaseStatement] = [create]
+        if relocated and binding is not None:
+            rebind = _rebind(binding.name, device_value, binding.where.stmt)
+            created.append(rebind)
+            plan.rebound[rebind] = binding.name
+            plan.replace_stmt[binding.where.stmt] = []
         if index < len(block):
             # The blank lines that set the next statement apart set the creation apart as well.
             if block[index] is not default:
                 blank = [line for line in block[index].leading_lines if line.comment is None]
                 create = create.with_changes(leading_lines=blank)
-            plan.insert_before[block[index]] = [create, *plan.insert_before.get(block[index], [])]
+                created[0] = create
+            plan.insert_before[block[index]] = [*created, *plan.insert_before.get(block[index], [])]
         else:
-            plan.insert_after[block[-1]] = [*plan.insert_after.get(block[-1], []), create]
+            plan.insert_after[block[-1]] = [*plan.insert_after.get(block[-1], []), *created]
         if plan.create_at is not None:
             plan.replace_stmt[plan.create_at] = []  # the Accelerator joins the group elsewhere
-        if binding is not None and roles.device_from_setup:
+        if relocated:
+            pass  # rebound right after the creation, above
+        elif binding is not None and roles.device_from_setup:
             _keep_setup_call(plan, binding, device_value, block, index)
         elif binding is not None and binding.where.stmt is not plan.create_at and shared is not None:
             plan.replace_small[shared] = _rebind_small(binding.name, device_value)

@@ -148,7 +148,14 @@ Leaves alone:
     no optimizer. A training object first bound after training has started (`train(model, first,
     optimizer)`, then `loader = DataLoader(...)` and `train(model, loader, optimizer)`) refuses the
     file, at its binding: the one prepare call, after it, would leave the first training call
-    unprepared. Objects created inside a loop or in another function than the optimizer, an
+    unprepared. Objects built anew in every iteration of one loop that then trains them (K-fold
+    cross-validation: `for fold in range(K):` building the fold's loaders, model and optimizer, or a
+    function doing so called once per fold) are prepared in that iteration, after the last of them,
+    with `accelerator.free_memory()` before the call (HF Accelerate's pattern for repeated runs: the
+    Accelerator lets go of the previous fold's objects). Objects only some of which are rebuilt per
+    iteration (an optimizer per learning rate over one model), built in a loop that does not train
+    them, built per fold and trained again after the loop, loaded into after a hand wrap in the
+    loop (`module.` keys), or created in another function than the optimizer, an
     attribute the class never sets (`self.model` assigned from outside), and an optimizer over
     `self.parameters()` (the class itself is the model) are reported instead. Test modules (importing unittest or pytest, or defining a
     `...TestCase`) and library modules (no entry point, no DataLoader built or iterated) are
@@ -379,21 +386,30 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     stmt = assignment(targets, "accelerator.prepare", names, indent_of(home, where))
     # an alias the step uses, bound before the prepare point, names the prepared object again
     rebound = [statement(f"{alias} = {bound.get(n, n)}\n") for alias, n in roles.step_aliases.items() if n in names]
+    # every iteration of a loop building them anew (or every call of a function called in a loop)
+    # prepares its own objects: the Accelerator lets go of the previous iteration's first
+    repeated = roles.prepare_per_iteration is not None or roles.prepare_repeated
+    freed = [statement("accelerator.free_memory()\n")] if repeated else []
     if where is not None:
-        plan.insert_after.setdefault(where.stmt, []).extend([stmt, *rebound])
+        plan.insert_after.setdefault(where.stmt, []).extend([*freed, stmt, *rebound])
         anchor = where.stmt
     else:
         anchor = roles.create_before
         if anchor is None:
             _batches_left_alike(roles, plan)
             return
-        plan.insert_before.setdefault(anchor, []).extend([stmt, *rebound])
+        plan.insert_before.setdefault(anchor, []).extend([*freed, stmt, *rebound])
     for name in names:
         wrapped = roles.wrapped_optimizers.get(name)
         if wrapped is not None:
             _rewrap(plan, name, wrapped, anchor, after=where is not None)
     plan.use_accelerator(home)
-    plan.change(CODE, anchor, f"prepare {', '.join(names)}")
+    if repeated:
+        plan.change(CODE, anchor, (
+            f"prepare {', '.join(names)} in every iteration of the loop that builds them anew, after "
+            "`accelerator.free_memory()` lets go of the previous iteration's"))
+    else:
+        plan.change(CODE, anchor, f"prepare {', '.join(names)}")
     _prepare_received(roles, plan)
     _prepare_in_training_methods(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)

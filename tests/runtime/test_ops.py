@@ -54,6 +54,8 @@ def test_process_decorators(ranks) -> None:
 def test_free_memory(ranks) -> None:
     for r in ranks:
         assert r["free_memory"] == {"before": 1, "after": 0, "returned": [None, None], "optimizers_after": 0}
+        # the loader prepared before free_memory() still tells gather_for_metrics its last round
+        assert r["free_memory_kept_loader"] == [0, 1, 2, 3, 4]
 
 
 def test_single_process_ops_are_local() -> None:

@@ -189,5 +189,13 @@ model, optimizer = acc.free_memory(model, optimizer)
 result["free_memory"] = {"before": before, "after": len(acc._models), "returned": [model, optimizer],
                          "optimizers_after": len(getattr(acc, "_optimizers", []))}
 
+# A loader prepared before free_memory() (an evaluation loader kept across folds) and iterated
+# after it: gather_for_metrics still drops the samples even_batches padded on (5 samples, 2 ranks).
+kept = acc.prepare(DataLoader(torch.arange(5.0), batch_size=2))
+acc.free_memory()
+result["free_memory_kept_loader"] = sorted(
+    int(v) for batch in kept for v in acc.gather_for_metrics(batch).tolist()
+)
+
 (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
 accelerator.end_training()
