@@ -797,8 +797,10 @@ class _Loop:
         target = line.small.target if isinstance(line.small, cst.AugAssign) else None
         accumulator = _code(target) if target is not None else "the sum"
         exact = (
-            "For an exact sharded evaluation, sum over samples (`reduction=\"sum\"`, or the batch mean times the "
-            f"batch size) and divide by `len({source}.dataset)`"
+            "For an exact sharded evaluation, sum the values the batch mean averages (`reduction=\"sum\"`, or the "
+            "batch mean times how many values it averages: the batch size, or the non-padding tokens of a loss with "
+            f"`ignore_index`) and divide by how many there are in all (`len({source}.dataset)` for samples; the "
+            "tokens counted the same way, summed over processes with `accelerator.reduce`)"
         )
         head = f"`{text}` adds one value per batch that is not a sum over its samples (a batch mean, or a function it cannot see into)"
         divisor = self._batch_count_divisor(accumulator)
