@@ -547,9 +547,14 @@ def find_eval_loops(roles: Roles) -> None:
 def _loader_makers(roles: Roles, home: Scope) -> set[str]:
     """The callables that build the loaders the training step draws its batches from (found from
     use): `DataLoader` of torch_geometric.loader, say, as well as torch's. A loader of home built by
-    one of them is a loader of the same kind, wherever its batches go."""
+    one of them is a loader of the same kind, wherever its batches go. Not the makers of batch
+    iterables that are no DataLoader (`roles.iterable_loaders`): prepared, such a loader completes
+    its last round with repeated batches that `gather_for_metrics` cannot drop, so an evaluation
+    loader of that kind stays whole on every process, ungathered."""
     makers: set[str] = set()
     for name in roles.loaders:
+        if name in roles.iterable_loaders:
+            continue
         for binding in home.bindings.get(name, []):
             if type(binding.value) is cst.Call:
                 qualified = roles.facts.aliases.qualify(binding.value.func) or dotted_name(binding.value.func)
