@@ -21,7 +21,7 @@ from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import drawn_from, seeded_generators
-from migrate.names import instance_attribute
+from migrate.names import call_argument, instance_attribute
 from migrate.walk import Visitor, walk
 
 
@@ -41,9 +41,10 @@ def find_loaders(roles: Roles) -> None:
                             roles.unread_loaders.setdefault(attribute, built)
                 continue
             found = roles.origins(scope, source)
-            if scope is home and found and _handed_to_home_once(roles, home, source, found):
-                if source not in roles.loaders:
-                    roles.loaders.append(source)
+            handed = source if scope is home else home_parameter_passed(roles, home, scope, source)
+            if found and handed is not None and _handed_to_home_once(roles, home, handed, found):
+                if handed not in roles.loaders:
+                    roles.loaders.append(handed)
                 continue
             if found is None:
                 roles.cannot_prepare(
@@ -76,6 +77,7 @@ def find_loaders(roles: Roles) -> None:
                     # Reported where the loader is bound (another function, or another module of
                     # the run), the line to change, with the loop it feeds.
                     bound = [b for b in origin_scope.bindings.get(name, []) if b.value is not None]
+                    bound = bound or origin_scope.bindings.get(name, [])  # `a, loader = build()`
                     where = "a parameter nobody in this run passes" if not bound else f"bound here in `{origin_scope.qualname}`"
                     if scope is home and source in home.params and not home.bindings.get(source):
                         # handed to home itself, but not by one call outside loops
@@ -141,6 +143,28 @@ def _handed_to_home_once(roles: Roles, home: Scope, source: str, found: set[tupl
         ):
             return False
     return True
+
+
+def home_parameter_passed(roles: Roles, home: Scope, scope: Scope, source: str) -> str | None:
+    """The parameter of home that every call of `scope` (a function home calls: `train_epoch(
+    train_dataloader, ...)` in `train`, which builds the optimizers) passes as `source`, when only
+    home calls `scope` and `scope` iterates `source` as it is; None otherwise."""
+    if source not in scope.params or scope.bindings.get(source) or not roles._is_callable_unit(scope):
+        return None
+    index = scope.params.index(source) - (1 if scope.is_method else 0)
+    if index < 0:
+        return None
+    sites = [*roles.call_sites(scope), *(roles.instance_calls(scope) if scope.is_method else [])]
+    names = set()
+    for caller, call in sites:
+        arg = call_argument(call, index, source)
+        if caller is not home or not isinstance(arg, cst.Name):
+            return None
+        names.add(arg.value)
+    if len(names) != 1:
+        return None
+    (name,) = names
+    return name if name in home.params else None
 
 
 def _binding_order(origin: tuple[Scope, str]) -> tuple[int, str]:

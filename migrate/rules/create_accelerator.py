@@ -166,6 +166,7 @@ import libcst as cst
 from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.roles.loaders import home_parameter_passed
 from migrate.roles.model import nested_in, transitive_callers
 from migrate.roles.placement import flag_choice, is_availability, is_cpu_device, named_branch_choice
 from migrate.names import ImportAliases, dotted_name
@@ -706,6 +707,9 @@ def _model_fed_elsewhere(roles: Roles, prepared: set[str]) -> bool:
                 continue
             if scope is home and loop.source in prepared:
                 fed.add(id(loop.node))
+                continue
+            if scope is not home and home_parameter_passed(roles, home, scope, loop.source) in prepared:
+                fed.add(id(loop.node))  # `train_epoch(loader, ...)` called by home with its prepared parameter
                 continue
             found = roles.origins(scope, loop.source)
             if found and all(origin is home and name in prepared for origin, name in found):

@@ -55,8 +55,9 @@ What it does:
     optimizer, iterated as it is and filled by the one call of that function, outside any loop,
     with a name bound to a DataLoader (`def train(model, loader): optimizer = ...` called as
     `train(model, train_loader)` in `main`, `train_loader` built there or unpacked from a helper
-    of this file that returns it): prepared there with the model and the optimizer (the caller's
-    name keeps the user's loader); a parameter of a method filled by a call on an
+    of this file that returns it; also when that function hands it on to the only function whose
+    loop trains, `train_epoch(train_dataloader, ...)`): prepared there with the model and the
+    optimizer (the caller's name keeps the user's loader); a parameter of a method filled by a call on an
     instance of its class (`trainer = Trainer(...)` then `trainer.train(train_loader)` in `main`:
     `train_loader` of `main` is prepared there, with the model and the optimizer, after a
     scheduler sized by it, so `T_max=len(train_loader)` keeps the unprepared length the original
