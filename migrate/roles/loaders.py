@@ -21,7 +21,7 @@ from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
-from migrate.names import dotted_name, instance_attribute
+from migrate.names import call_argument, dotted_name, instance_attribute
 from migrate.walk import Visitor, walk
 
 
@@ -41,6 +41,11 @@ def find_loaders(roles: Roles) -> None:
                             roles.unread_loaders.setdefault(attribute, built)
                 continue
             found = roles.origins(scope, source)
+            handed = source if scope is home else home_parameter_passed(roles, home, scope, source)
+            if found and handed is not None and _handed_to_home_once(roles, home, handed, found):
+                if handed not in roles.loaders:
+                    roles.loaders.append(handed)
+                continue
             if found is None:
                 roles.cannot_prepare(
                     node,
@@ -72,7 +77,21 @@ def find_loaders(roles: Roles) -> None:
                     # Reported where the loader is bound (another function, or another module of
                     # the run), the line to change, with the loop it feeds.
                     bound = [b for b in origin_scope.bindings.get(name, []) if b.value is not None]
+                    bound = bound or origin_scope.bindings.get(name, [])  # `a, loader = build()`
                     where = "a parameter nobody in this run passes" if not bound else f"bound here in `{origin_scope.qualname}`"
+                    if scope is home and source in home.params and not home.bindings.get(source):
+                        # handed to home itself, but not by one call outside loops
+                        roles.cannot_prepare(
+                            bound[-1].where.stmt if bound else node,
+                            f"`{name}` ({where}) is the loader the training loop of `{home.qualname}` iterates "
+                                f"(as `{source}`), and `{home.qualname}` builds the optimizer, but it is called more "
+                                "than once, or in a loop, or handed something else than a DataLoader by a caller: "
+                                "preparing the parameter there would make a fresh prepared loader each call, so it "
+                                "is not prepared and every process would see all the data: build the loader in "
+                                f"`{home.qualname}`, or call it once, outside loops, with a name bound to a "
+                                "`DataLoader(...)`, and run again",
+                        )
+                        continue
                     roles.cannot_prepare(
                         bound[-1].where.stmt if bound else node,
                         f"`{name}` ({where}) is the loader the training loop of `{scope.qualname}` iterates "
@@ -96,6 +115,56 @@ def find_loaders(roles: Roles) -> None:
                     roles.loaders.append(name)
                 else:
                     _loader_by_use(roles, home, node, source, name)
+
+
+def _handed_to_home_once(roles: Roles, home: Scope, source: str, found: set[tuple[Scope, str]]) -> bool:
+    """`source` is a parameter of home (the function that builds the optimizer and prepares) that
+    its training loop iterates as it is (`def train(model, loader): optimizer = ...; for x, y in
+    loader:`), filled by the one call of home, outside any loop (`train(model, train_loader)` in
+    `main`), with a name every binding of which is a DataLoader (`DataLoader(...)`, a helper of this
+    file returning one, or its element of a tuple a helper returns): it is prepared in home with the
+    model and the optimizer, as a loader home builds itself would be. Not when home may be called
+    again (each call would prepare a fresh loader), nor when a caller passes anything else."""
+    if source not in home.params or home.bindings.get(source) or (home.is_method and source == home.params[0]):
+        return False
+    sites = roles.call_sites(home)
+    if home.is_method and not roles._is_constructor(home):
+        sites = [*sites, *roles.instance_calls(home)]
+    if len(sites) != 1:
+        return False
+    caller, call = sites[0]
+    if any(site.call is call and site.loops for site in (*caller.calls, *caller.method_calls)):
+        return False
+    for origin_scope, name in found:
+        bindings = origin_scope.bindings.get(name, [])
+        if not bindings or not all(
+            call_name(roles, b.value, DATALOADER) or built_by_helper(roles, b.value) or _returned_element(roles, b)
+            for b in bindings
+        ):
+            return False
+    return True
+
+
+def home_parameter_passed(roles: Roles, home: Scope, scope: Scope, source: str) -> str | None:
+    """The parameter of home that every call of `scope` (a function home calls: `train_epoch(
+    train_dataloader, ...)` in `train`, which builds the optimizers) passes as `source`, when only
+    home calls `scope` and `scope` iterates `source` as it is; None otherwise."""
+    if source not in scope.params or scope.bindings.get(source) or not roles._is_callable_unit(scope):
+        return None
+    index = scope.params.index(source) - (1 if scope.is_method else 0)
+    if index < 0:
+        return None
+    sites = [*roles.call_sites(scope), *(roles.instance_calls(scope) if scope.is_method else [])]
+    names = set()
+    for caller, call in sites:
+        arg = call_argument(call, index, source)
+        if caller is not home or not isinstance(arg, cst.Name):
+            return None
+        names.add(arg.value)
+    if len(names) != 1:
+        return None
+    (name,) = names
+    return name if name in home.params else None
 
 
 def _binding_order(origin: tuple[Scope, str]) -> tuple[int, str]:

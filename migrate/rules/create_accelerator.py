@@ -82,8 +82,10 @@ What it does:
     A script that never chooses a device (no device variable, no `.cuda()`, no `.to(...)` but to
     a dtype, no `device=` but `"cpu"`, no `"cuda"`/`"mps"`/`"xpu"` string, no `torch.device`,
     `torch.set_default_device`, `torch.cuda`, `torch.accelerator`, `torch.backends.mps`,
-    `torch.mps` or `torch.xpu`) and whose batches no prepared DataLoader moves (none is prepared)
-    gets `Accelerator(cpu=True)` (every module of a run migrated together is searched, not only
+    `torch.mps` or `torch.xpu`) and whose model is fed by something else than a prepared
+    DataLoader's batches (none is prepared, or a model is also called outside the loops over the
+    prepared loaders: over a loader left whole, `model(torch.Tensor([row]))`; a function defined in
+    such a loop or called only from them counts as inside) gets `Accelerator(cpu=True)` (every module of a run migrated together is searched, not only
     the entry: a `main.py` that chooses nothing may import a `solver.py` that does), and the
     change says so: it trained on the CPU, and its CPU
     tensors (`torch.from_numpy(...)` inputs, `torch.zeros(...)` without `device=` in `forward`,
@@ -173,10 +175,11 @@ import libcst as cst
 from migrate.analysis import DeviceBinding, Scope, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
+from migrate.roles.loaders import home_parameter_passed
 from migrate.roles.model import nested_in, transitive_callers
 from migrate.roles.placement import flag_choice, is_availability, is_cpu_device, named_branch_choice
 from migrate.names import ImportAliases, dotted_name
-from migrate.rules.base import names_read, prepared_loaders, statement
+from migrate.rules.base import names_read, prepared_loaders, reference, statement
 from migrate.safety.device_type import used_as_string
 from migrate.walk import Visitor, statement_blocks, walk
 
@@ -709,9 +712,11 @@ def _trains_on_cpu_only(roles: Roles, plan: EditPlan) -> bool:
     (`torch.float64`, `x.dtype`), a `device=` argument other than `"cpu"`, a `"cuda"`/`"mps"`/`"xpu"`
     string, `torch.device(...)`, `torch.set_default_device`, or anything of `torch.cuda`,
     `torch.accelerator`, `torch.backends.mps`, `torch.mps`, `torch.xpu`."""
+    if roles.later_device_bindings:
+        return False
     # (an iterator that is no DataLoader, prepared, yields its batches unmoved: not a device choice)
-    moving = [n for n in prepared_loaders(roles, plan) if n not in roles.iterable_loaders]
-    if roles.later_device_bindings or moving or plan.eval_loaders:
+    prepared = [n for n in (*prepared_loaders(roles, plan), *plan.eval_loaders) if n not in roles.iterable_loaders]
+    if prepared and not _model_fed_elsewhere(roles, set(prepared)):
         return False
     finder = _DeviceChoice(roles.facts.aliases)
     # Every module of the run, not only the entry: a script whose `main.py` builds nothing but
@@ -721,6 +726,106 @@ def _trains_on_cpu_only(roles: Roles, plan: EditPlan) -> bool:
         if finder.found:
             return False
     return True
+
+
+def _model_fed_elsewhere(roles: Roles, prepared: set[str]) -> bool:
+    """A model is called outside the loops over the prepared loaders (`prepared`, names in home):
+    on a loader left whole (`for x, y in test_loader: preds.append(model(x).numpy())`), or on a
+    tensor the script makes (`model(torch.Tensor([row]))`). In a script that never chooses a device
+    those inputs stay on the CPU, beside a model `Accelerator()` would put on the GPU. A function
+    defined in such a loop (an LBFGS closure), or called only from such loops (`step(model, x, y)`),
+    runs on its batches."""
+    home = roles.home
+    models: set[tuple[int, str]] = set()
+    for name in roles.models:
+        models.add((id(home), name))
+        models.update((id(origin), bound) for origin, bound in roles.origins(home, name) or ())
+    fed: set[int] = set()  # ids of the `for` nodes over prepared loaders
+    for scope in roles.facts.scopes:
+        for loop in scope.loops:
+            if loop.source is None:
+                continue
+            if scope is home and loop.source in prepared:
+                fed.add(id(loop.node))
+                continue
+            if scope is not home and home_parameter_passed(roles, home, scope, loop.source) in prepared:
+                fed.add(id(loop.node))  # `train_epoch(loader, ...)` called by home with its prepared parameter
+                continue
+            found = roles.origins(scope, loop.source)
+            if found and all(origin is home and name in prepared for origin, name in found):
+                fed.add(id(loop.node))
+    walks = {}
+    for scope in roles.facts.scopes:
+        if isinstance(scope.node, cst.ClassDef):
+            continue
+        calls = _ModelCalls(roles, scope, fed, models)
+        walk(scope.node.body if isinstance(scope.node, cst.FunctionDef) else scope.node, calls)
+        walks[id(scope)] = calls
+    inside = {i for calls in walks.values() for i in calls.fed_functions}
+    for scope in roles.facts.scopes:
+        calls = walks.get(id(scope))
+        if calls is None or not calls.outside or id(scope.node) in inside:
+            continue
+        if scope.is_function and _called_in_loops_only(roles, scope, fed):
+            continue
+        return True
+    return False
+
+
+def _called_in_loops_only(roles: Roles, function: Scope, fed: set[int]) -> bool:
+    """Every call of `function` in this file (at least one) is inside a loop of `fed`."""
+    sites = [*roles.call_sites(function), *(roles.instance_calls(function) if function.is_method else [])]
+    if not sites:
+        return False
+    for caller, call in sites:
+        loops = [site.loops for site in (*caller.calls, *caller.method_calls) if site.call is call]
+        if not loops or not any(id(loop.node) in fed for loop in loops[0]):
+            return False
+    return True
+
+
+class _ModelCalls(cst.CSTVisitor):
+    """Whether `scope` calls a model (a name bound where a model is) outside the loops in `fed`
+    (ids of `for` nodes), not looking
+    into nested functions and classes (scopes of their own)."""
+
+    def __init__(self, roles: Roles, scope: Scope, fed: set[int], models: set[tuple[int, str]]) -> None:
+        self.roles = roles
+        self.scope = scope
+        self.fed = fed
+        self.models = models  # (id of scope, name): where the models are bound
+        self.depth = 0
+        self.outside = False
+        self.fed_functions: set[int] = set()  # functions defined inside a loop of `fed`
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if self.depth:
+            self.fed_functions.add(id(node))
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_For(self, node: cst.For) -> None:
+        if id(node) in self.fed:
+            self.depth += 1
+
+    def leave_For(self, original_node: cst.For) -> None:
+        if id(original_node) in self.fed:
+            self.depth -= 1
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.depth or self.outside:
+            return
+        ref = reference(node.func)
+        if ref is None:
+            return
+        found = self.roles.origins(self.scope, ref) or set()
+        if any((id(origin), name) in self.models for origin, name in found):
+            self.outside = True
 
 
 class _DeviceChoice(Visitor):

@@ -33,6 +33,12 @@ What it does:
     a model passed there to a function of this file that calls it (`evaluate(model, val_loader)`
     under the check becomes `evaluate(accelerator.unwrap_model(model), val_loader)`, when the call or
     the function runs without autograd).
+    A value computed element by element with the batch's own values (`(ema.module(x).argmax(1) ==
+    y)`, `net(x)[:, 1] - y`; not `@`) holds one value per sample whatever the other side is (a
+    scalar broadcasts), so its sum is a sum over samples. When the other side is a call it cannot
+    see into (a module it does not know is a model: a weight-averaged copy handed to the
+    evaluation), the batch's inputs are gathered with the labels, and the call runs on every
+    process's samples: the value each process computes is the one-process value.
 
 Why:
     The prepared model's forward is DistributedDataParallel's on N processes, and it broadcasts the
@@ -693,9 +699,34 @@ class _Loop:
             operands = [expr.left, expr.right] if isinstance(expr, cst.BinaryOperation) else [
                 expr.left, *[c.comparator for c in expr.comparisons]
             ]
+            if not isinstance(getattr(expr, "operator", None), cst.MatrixMultiply) and any(
+                    self._per_sample(o, at, depth + 1) for o in operands):
+                # element by element with a batch's own values (`(f(x).argmax(1) == y)`, `out - y`):
+                # one value per sample, whatever the other side is (a scalar broadcasts)
+                return False
             return any(self._scalar_expr(o, at, depth + 1) for o in operands)
         if isinstance(expr, cst.UnaryOperation):
             return self._scalar_expr(expr.expression, at, depth + 1)
+        return False
+
+    def _per_sample(self, expr: cst.BaseExpression, at: int, depth: int = 0) -> bool:
+        """Known to hold one value per sample: a value of the batch (`y`, `y.to(device)`,
+        `batch["label"]`), or a model's output, bound in the loop or drawn from its loader."""
+        if depth > 20:
+            return False
+        if self._is_model_output(expr):
+            return True
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in (
+                "to", "cuda", "float", "long", "int", "double", "half", "detach", "cpu", "view_as", "squeeze"):
+            return self._per_sample(expr.func.value, at, depth + 1)
+        if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Name):
+            return self._per_sample(expr.value, at, depth + 1)  # `batch["label"]`
+        if isinstance(expr, cst.Name):
+            binding = self._binding(expr.value, at)
+            if binding is None:
+                return expr.value in self.loop.batch_names and expr.value not in self.opaque
+            value = _assigned_value(binding.small, expr.value)
+            return value is not None and self._per_sample(value, binding.index, depth + 1)
         return False
 
     def _count(self, expr: cst.BaseExpression, at: int) -> bool:

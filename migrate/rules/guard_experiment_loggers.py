@@ -39,6 +39,13 @@ What it does:
       once, and warnings and errors of every process still reach stderr (a warning from rank 3 is
       worth seeing; guarding every `logger.warning` would hide it). The runtime has no
       `get_logger(main_process_only=...)` helper to call instead.
+      Not where the program already chooses per process what its loggers print: a level set from
+      the process (`logger.setLevel(logging.INFO if accelerator.is_local_main_process else
+      logging.ERROR)`, `set_verbosity_error()` in the `else` of a rank check) or HF Accelerate's
+      `get_logger`, whose lines print on the main process only unless a call says
+      `main_process_only=False`. That console setup is meant for every process (guarding it
+      would drop those lines on the others, a second guard over the script's own); a
+      `basicConfig(filename=...)` is still guarded.
 
 Why:
     Every process runs the script. Without this, N processes each create an event file in the same
@@ -153,6 +160,12 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     writers = _WRITERS | _user_loggers(roles)
     for item in found:
         _collect(item, writers)
+    if _levels_per_process(roles):
+        # The script already decides what each process's loggers print: its console setup is meant
+        # for every process (a guard would drop the lines it logs with `main_process_only=False`).
+        for item in found:
+            console = _console_setups(item.scope)
+            item.guarded = [(f, s) for f, s in item.guarded if id(s) not in console]
     # `wandb.log` on a process without `wandb.init` raises: a family (wandb, mlflow) with a call that
     # cannot be guarded anywhere in the file stays on every process, everywhere.
     broken = {family for item in found for family, _, _ in item.problems if family}
@@ -201,15 +214,65 @@ def _console_logging_setup_only(item: _Found) -> bool:
     `filename=` and no `handlers=` (a file handler writes a file on every process)."""
     if item.problems or not item.guarded:
         return False
-    setups = {id(c.where.stmt): c for c in item.scope.library_calls if c.qualified in _LOGGING_SETUP}
-    for _, stmt in item.guarded:
-        call = setups.get(id(stmt))
-        if call is None or any(
+    console = _console_setups(item.scope)
+    return all(id(stmt) in console for _, stmt in item.guarded)
+
+
+def _console_setups(scope: Scope) -> set[int]:
+    """The statements (by id) of `scope` that are a `logging.basicConfig(...)` writing to the
+    console only: no `filename=`, no `handlers=`, no `**options`."""
+    return {
+        id(c.where.stmt) for c in scope.library_calls
+        if c.qualified in _LOGGING_SETUP and not any(
             arg.keyword is not None and arg.keyword.value in ("filename", "handlers") or arg.star
-            for arg in call.call.args
-        ):
-            return False
-    return True
+            for arg in c.call.args
+        )
+    }
+
+
+# Loggers whose calls print on the main process only unless told otherwise (`main_process_only=False`).
+_PROCESS_LOGGERS = frozenset({"accelerate.logging.get_logger"})
+# Calls that set what a logger prints: `logger.setLevel(...)`, `transformers.utils.logging.
+# set_verbosity_error()`, `logging.disable(...)`.
+_LEVEL_SETTER = re.compile(r"^(setLevel|set_verbosity(_[a-z]+)?|disable)$")
+
+
+def _levels_per_process(roles: Roles) -> bool:
+    """The program already chooses per process what its loggers print: it logs through a logger
+    that prints on the main process only (HF Accelerate's `get_logger`), or sets a level that
+    depends on the process (`logger.setLevel(logging.INFO if accelerator.is_local_main_process else
+    logging.ERROR)`, `set_verbosity_error()` in the `else` of `if args.local_rank in (-1, 0):`)."""
+    if any(c.qualified in _PROCESS_LOGGERS for scope in roles.facts.scopes for c in scope.library_calls):
+        return True
+    finder = _LevelPerProcess()
+    for scope in roles.facts.scopes:
+        if isinstance(scope.node, cst.Module):
+            walk(scope.node, finder)
+    return finder.found
+
+
+class _LevelPerProcess(cst.CSTVisitor):
+    """Finds a level-setting call (`_LEVEL_SETTER`) whose arguments, or an enclosing `if`'s test,
+    read which process this is (`_RANK_TEST`)."""
+
+    def __init__(self) -> None:
+        self.found = False
+        self._tests = 0
+
+    def visit_If(self, node: cst.If) -> None:
+        if _RANK_TEST.search(_EMPTY.code_for_node(node.test)):
+            self._tests += 1
+
+    def leave_If(self, original_node: cst.If) -> None:
+        if _RANK_TEST.search(_EMPTY.code_for_node(original_node.test)):
+            self._tests -= 1
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute) or not _LEVEL_SETTER.match(func.attr.value):
+            return
+        if self._tests or any(_RANK_TEST.search(_EMPTY.code_for_node(arg.value)) for arg in node.args):
+            self.found = True
 
 
 def _within(scope: Scope, classes: set[int]) -> bool:

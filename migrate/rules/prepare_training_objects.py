@@ -51,7 +51,13 @@ What it does:
     A loader is found from what the training step uses, wherever it is bound: the name a training
     loop iterates, and also the one handed to `iter(...)` whose iterator a training loop advances
     with `next(...)` (`data_iter = iter(loader)` ... `x, y = next(data_iter)` in `for step in
-    range(num_steps)`, re-made on `StopIteration`); a parameter of a method filled by a call on an
+    range(num_steps)`, re-made on `StopIteration`); a parameter of the function that builds the
+    optimizer, iterated as it is and filled by the one call of that function, outside any loop,
+    with a name bound to a DataLoader (`def train(model, loader): optimizer = ...` called as
+    `train(model, train_loader)` in `main`, `train_loader` built there or unpacked from a helper
+    of this file that returns it; also when that function hands it on to the only function whose
+    loop trains, `train_epoch(train_dataloader, ...)`): prepared there with the model and the
+    optimizer (the caller's name keeps the user's loader); a parameter of a method filled by a call on an
     instance of its class (`trainer = Trainer(...)` then `trainer.train(train_loader)` in `main`:
     `train_loader` of `main` is prepared there, with the model and the optimizer, after a
     scheduler sized by it, so `T_max=len(train_loader)` keeps the unprepared length the original
