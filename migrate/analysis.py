@@ -173,6 +173,9 @@ class Facts:
     import_block_end: StmtRef | None  # first module statement after the leading imports
     patches_print: bool = False  # assigns `builtins.print` (a rank-0 print patch)
     text: str | None = None  # the module's source when the caller has it (spares a code-generation pass)
+    # roles found a hidden training step (`roles/hidden_step.py`), which marks the loops that run it
+    # as training ones: these facts are no longer what `analyze` gives, so no other run may reuse them
+    stepped: bool = False
 
     # Calls are resolved as Python resolves the name where the call runs, never by the name alone:
     # two functions may share a name (a nested `main` beside the module's, a `closure` in each of

@@ -109,7 +109,14 @@ class _Results(dict[Path, FileResult]):
         from migrate.runner import migrate_text
 
         source = self._by_path[path]
-        result = self[path] = migrate_text(source.text, source.display, self._options, self._parses.tree(path))
+        # the module's analysis made for the unit is the single-file run's too, unless a view renamed
+        # its call sites or the roles of a run marked a hidden step's loops in it
+        item = self._parses.items.get(path)
+        facts = item.facts if item is not None and item.facts is not None and not item.renamed \
+            and not item.facts.stepped else None
+        result = self[path] = migrate_text(source.text, source.display, self._options, self._parses.tree(path), facts)
+        if facts is not None and facts.stepped:  # changed by this run's roles: the unit's next use gets them fresh
+            item.facts = analyze(item.module, item.source.text)  # type: ignore[union-attr]
         return result
 
 
@@ -244,6 +251,10 @@ def _migrate_entry(
     if hidden is not None:
         return hidden  # a training step the roles cannot see: a rewrite of the rest would be partial
     roles = find_roles(view)
+    if roles.hidden_steps:  # the loops running it are marked in the modules' own facts
+        for m in modules:
+            if m.facts is not None:
+                m.facts.stepped = True
     home = roles.home
     if home is not None and not any(home is s for s in head.facts.scopes):
         where = next(m for m in rest if m.facts is not None and any(home is s for s in m.facts.scopes))
