@@ -211,7 +211,13 @@ class _Placer:
         parts = _PARTS.get(kind)
         if parts is None:  # a simple statement line, a one-line suite, a formatting node
             count = _line_count(node, self.ids)
-            return line + count if count >= 0 else self.generate(node, line)  # type: ignore[arg-type]
+            if count >= 0:
+                return line + count
+            if kind is cst.SimpleStatementLine:
+                end = self.place_one_line(node, line)  # type: ignore[arg-type]
+                if end >= 0:
+                    return end
+            return self.generate(node, line)  # type: ignore[arg-type]
         leading_of, header_of, blocks_of = parts
         blocks = blocks_of(node)  # type: ignore[arg-type]
         leading = _line_count(leading_of(node), self.ids)  # type: ignore[arg-type]
@@ -250,6 +256,32 @@ class _Placer:
             self.record(block, line)  # a generated `pass`
             line += 1
         return self.place(block.footer, line)
+
+    def place_one_line(self, stmt: cst.SimpleStatementLine, line: int) -> int:
+        """A simple statement line holding wanted nodes, placed without generating its code: the
+        statement starts after its leading lines, and when its code from there is one line (no
+        newline before the one that ends it), so does every node inside it. -1 for any other: a
+        wanted node among its leading lines, or inside a statement spanning lines (each node's
+        line is then generated)."""
+        leading = _line_count(stmt.leading_lines, self.ids)
+        if leading < 0:
+            return -1
+        found: list[cst.CSTNode] = []
+        count = _line_count((stmt.body, stmt.trailing_whitespace), self.ids, found)
+        if found and count != 1:
+            return -1
+        start = line + leading
+        for node in found:
+            self.starts[node] = start
+        if id(stmt) in self.ids:
+            found.append(stmt)
+            self.starts[stmt] = start
+        wanted = self.wanted
+        for node in found:
+            wanted.discard(node)
+        if not wanted:
+            raise _Done
+        return start + count
 
     def generate(self, node: cst.CSTNode, line: int, stop_at: cst.CSTNode | None = None) -> int:
         """The line-counting code generation of `node` alone, from `line`."""
@@ -376,11 +408,12 @@ def _all_fields(kind: type) -> Callable[[cst.CSTNode], tuple[object, ...]]:
     return getter
 
 
-def _line_count(value: object, stop: frozenset[int] = frozenset()) -> int:
+def _line_count(value: object, stop: frozenset[int] = frozenset(), found: list[cst.CSTNode] | None = None) -> int:
     """The newlines in the code of `value` (a node, None, or a sequence of field values): the
     Newline tokens, the newlines inside strings and backslash continuations, and an empty
     indented block's generated `pass` line. -1 if it holds a node whose id is in `stop`
-    (never a whitespace or newline token: those are counted without looking them up)."""
+    (never a whitespace or newline token: those are counted without looking them up), unless
+    `found` is given: it then receives those nodes, and the count goes on."""
     count = 0
     stack: list[cst.CSTNode] = []
     values = value if type(value) is tuple or type(value) is list else (value,)
@@ -396,7 +429,9 @@ def _line_count(value: object, stop: frozenset[int] = frozenset()) -> int:
                     count += len(_NEWLINES.findall(text))
             elif kind is name:
                 if id(value) in stop:
-                    return -1
+                    if found is None:
+                        return -1
+                    found.append(value)  # type: ignore[arg-type]
                 if value.lpar:  # type: ignore[attr-defined]
                     stack.extend(value.lpar)  # type: ignore[attr-defined]
                     stack.extend(value.rpar)  # type: ignore[attr-defined]
@@ -413,7 +448,9 @@ def _line_count(value: object, stop: frozenset[int] = frozenset()) -> int:
             return count
         node = stack.pop()
         if id(node) in stop:
-            return -1
+            if found is None:
+                return -1
+            found.append(node)
         kind = type(node)
         if kind is newline:
             count += 1
