@@ -17,9 +17,12 @@ forward walk:
 - a compound statement (and each clause, and an indented block) is opened: its leading lines and
   decorators, then its header (every other field but its blocks), then its blocks (body, handlers,
   orelse, finalbody, cases, footer), in the order libcst generates them;
-- only a simple statement line (or a one-line suite) with a wanted node inside, or a compound
-  statement's header holding one, goes through the line-counting code generation, started at the
-  line the statement begins on (a header's pass stops where the body begins).
+- a simple statement line with wanted nodes inside is placed by its counts too when it can be: it
+  starts after its leading lines, and when its code from there is one line, so does every node in
+  it (`_Placer.place_one_line`);
+- only a simple statement line spanning lines with a wanted node inside (or a one-line suite), or
+  a compound statement's header holding one, goes through the line-counting code generation,
+  started at the line the statement begins on (a header's pass stops where the body begins).
 
 A code-generation pass does not depend on where it starts (its tokens are the node's own, plus the
 module's default newline and indentation), so a statement's pass started at its line gives each
