@@ -44,7 +44,7 @@ from migrate.rewriter import Rewriter
 from migrate.roles import find_roles
 from migrate.statement_code import StatementCode
 from migrate.suppression import drop_skipped, skip_lines
-from migrate.walk import NOT_NODES, AllFound, child_getter
+from migrate.walk import LEAVES, NOT_NODES, AllFound, child_getter
 
 # What the single-file engine says of a module whose training objects come from elsewhere.
 _LIBRARY = ("a library module", "no optimizer is built in this file")
@@ -439,8 +439,12 @@ class _Located:
                 kind = type(value)
                 if kind is tuple or kind is list:
                     for child in value:  # type: ignore[attr-defined]
+                        if type(child) in LEAVES and not child.lpar and id(child) not in left:
+                            continue  # a name or literal without parentheses: nothing below it
                         visit(child)
                 elif kind not in NOT_NODES:
+                    if kind in LEAVES and not value.lpar and id(value) not in left:  # type: ignore[attr-defined]
+                        continue
                     visit(value)  # type: ignore[arg-type]
             path.pop()
 
