@@ -355,15 +355,18 @@ class _Collector(Visitor):
     def _enter_statement(self, node: cst.BaseStatement) -> None:
         frame = self.frame
         self.order += 1
+        stmts = frame.stmts
+        # in a loop: some statement of the path is one (the parent's path is the path less the parent)
+        parent = stmts[-1] if stmts else None
         ref = StmtRef(
             stmt=node,
             block=self.blocks[-1],
             order=self.order,
-            path=tuple(frame.stmts),
-            in_loop=any(type(s.stmt) in (cst.For, cst.While) for s in frame.stmts),
+            path=tuple(stmts),
+            in_loop=parent is not None and (parent.in_loop or type(parent.stmt) in (cst.For, cst.While)),
         )
-        frame.stmts.append(ref)
-        if not frame.stmts[:-1] and frame.scope is self.module_scope:
+        stmts.append(ref)
+        if parent is None and frame.scope is self.module_scope:
             self._track_import_block(node, ref)
 
     def _track_import_block(self, node: cst.BaseStatement, ref: StmtRef) -> None:
