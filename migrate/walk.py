@@ -153,7 +153,9 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
 
     A visitor that keeps libcst's own `on_visit` / `on_leave` (it only defines `visit_<Type>` /
     `leave_<Type>` methods) has those methods called directly, looked up once per node type: the
-    per-node cost is then a table lookup and the calls the visitor asked for."""
+    per-node cost is then a table lookup and the calls the visitor asked for. A name or literal
+    without parentheses (`LEAVES`: no child node) is not even entered when the visitor has no
+    method for its type."""
     cls = type(visitor)
     if (cls.on_visit, cls.on_leave) in _NAME_LOOKUPS:
         dispatch = _DISPATCH.get(cls)
