@@ -173,6 +173,9 @@ class Facts:
     import_block_end: StmtRef | None  # first module statement after the leading imports
     patches_print: bool = False  # assigns `builtins.print` (a rank-0 print patch)
     text: str | None = None  # the module's source when the caller has it (spares a code-generation pass)
+    # roles found a hidden training step (`roles/hidden_step.py`), which marks the loops that run it
+    # as training ones: these facts are no longer what `analyze` gives, so no other run may reuse them
+    stepped: bool = False
 
     # Calls are resolved as Python resolves the name where the call runs, never by the name alone:
     # two functions may share a name (a nested `main` beside the module's, a `closure` in each of
@@ -352,15 +355,18 @@ class _Collector(Visitor):
     def _enter_statement(self, node: cst.BaseStatement) -> None:
         frame = self.frame
         self.order += 1
+        stmts = frame.stmts
+        # in a loop: some statement of the path is one (the parent's path is the path less the parent)
+        parent = stmts[-1] if stmts else None
         ref = StmtRef(
             stmt=node,
             block=self.blocks[-1],
             order=self.order,
-            path=tuple(frame.stmts),
-            in_loop=any(type(s.stmt) in (cst.For, cst.While) for s in frame.stmts),
+            path=tuple(stmts),
+            in_loop=parent is not None and (parent.in_loop or type(parent.stmt) in (cst.For, cst.While)),
         )
-        frame.stmts.append(ref)
-        if not frame.stmts[:-1] and frame.scope is self.module_scope:
+        stmts.append(ref)
+        if parent is None and frame.scope is self.module_scope:
             self._track_import_block(node, ref)
 
     def _track_import_block(self, node: cst.BaseStatement, ref: StmtRef) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import libcst as cst
 
 from migrate import already_distributed
-from migrate.analysis import analyze
+from migrate.analysis import Facts, analyze
 from migrate.cleanup import remove_unused
 from migrate.edits import EditPlan
 from migrate.imports import add_imports
@@ -62,9 +62,11 @@ def mentions_torch(text: str) -> bool:
 
 
 def migrate_source(
-    text: str, path: str = "<string>", options: Options = Options(), module: cst.Module | None = None
+    text: str, path: str = "<string>", options: Options = Options(), module: cst.Module | None = None,
+    facts: Facts | None = None,
 ) -> FileResult:
-    """One file's text -> FileResult. `module`: `text` already parsed, when the caller has it."""
+    """One file's text -> FileResult. `module`: `text` already parsed, when the caller has it;
+    `facts`: its analysis (`analyze(module, text)`, not `stepped`), when the caller has that too."""
     result = FileResult(path=path, old_text=text)
     if not mentions_torch(text):
         return result
@@ -79,7 +81,7 @@ def migrate_source(
         return result  # `# accel-migrate: skip` in the header: left as it is, reported as skipped
     result.parsed = True
 
-    attempt = run_rules(module, text, path, options, skipped)
+    attempt = run_rules(module, text, path, options, skipped, facts=facts)
     if attempt.error is None and attempt.rewrites(text):
         from migrate.safety.fallback import checked
 
@@ -108,17 +110,21 @@ class Attempt:
 
 
 def run_rules(
-    module: cst.Module, text: str, path: str, options: Options, skipped: set[int], report: bool = True
+    module: cst.Module, text: str, path: str, options: Options, skipped: set[int], report: bool = True,
+    facts: Facts | None = None,
 ) -> Attempt:
     """The rules over one parsed module: analysis, roles, edits, one rewrite, cleanup, imports; the
     output must compile. A pure function of its arguments: `module` is not changed, so the safety
     fallback (`migrate/fallback.py`) and the idempotence check run it again on the same tree.
 
     With `report=False` only the output is wanted (the idempotence check): changes and diagnostics
-    are not located, unless skip comments need the lines.
+    are not located, unless skip comments need the lines. `facts`: `analyze(module, text)` when the
+    caller made it already (a unit's module); marked `stepped` when the roles changed it.
     """
     attempt = Attempt()
-    roles = find_roles(analyze(module, text))
+    roles = find_roles(analyze(module, text) if facts is None else facts)
+    if roles.hidden_steps:
+        roles.facts.stepped = True
     plan = plan_edits(roles, options)
 
     counts: dict[int, int] = {}  # line counts of statements, shared by the passes below

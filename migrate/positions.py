@@ -17,9 +17,12 @@ forward walk:
 - a compound statement (and each clause, and an indented block) is opened: its leading lines and
   decorators, then its header (every other field but its blocks), then its blocks (body, handlers,
   orelse, finalbody, cases, footer), in the order libcst generates them;
-- only a simple statement line (or a one-line suite) with a wanted node inside, or a compound
-  statement's header holding one, goes through the line-counting code generation, started at the
-  line the statement begins on (a header's pass stops where the body begins).
+- a simple statement line with wanted nodes inside is placed by its counts too when it can be: it
+  starts after its leading lines, and when its code from there is one line, so does every node in
+  it (`_Placer.place_one_line`);
+- only a simple statement line spanning lines with a wanted node inside (or a one-line suite), or
+  a compound statement's header holding one, goes through the line-counting code generation,
+  started at the line the statement begins on (a header's pass stops where the body begins).
 
 A code-generation pass does not depend on where it starts (its tokens are the node's own, plus the
 module's default newline and indentation), so a statement's pass started at its line gives each
@@ -211,7 +214,13 @@ class _Placer:
         parts = _PARTS.get(kind)
         if parts is None:  # a simple statement line, a one-line suite, a formatting node
             count = _line_count(node, self.ids)
-            return line + count if count >= 0 else self.generate(node, line)  # type: ignore[arg-type]
+            if count >= 0:
+                return line + count
+            if kind is cst.SimpleStatementLine:
+                end = self.place_one_line(node, line)  # type: ignore[arg-type]
+                if end >= 0:
+                    return end
+            return self.generate(node, line)  # type: ignore[arg-type]
         leading_of, header_of, blocks_of = parts
         blocks = blocks_of(node)  # type: ignore[arg-type]
         leading = _line_count(leading_of(node), self.ids)  # type: ignore[arg-type]
@@ -250,6 +259,32 @@ class _Placer:
             self.record(block, line)  # a generated `pass`
             line += 1
         return self.place(block.footer, line)
+
+    def place_one_line(self, stmt: cst.SimpleStatementLine, line: int) -> int:
+        """A simple statement line holding wanted nodes, placed without generating its code: the
+        statement starts after its leading lines, and when its code from there is one line (no
+        newline before the one that ends it), so does every node inside it. -1 for any other: a
+        wanted node among its leading lines, or inside a statement spanning lines (each node's
+        line is then generated)."""
+        leading = _line_count(stmt.leading_lines, self.ids)
+        if leading < 0:
+            return -1
+        found: list[cst.CSTNode] = []
+        count = _line_count((stmt.body, stmt.trailing_whitespace), self.ids, found)
+        if found and count != 1:
+            return -1
+        start = line + leading
+        for node in found:
+            self.starts[node] = start
+        if id(stmt) in self.ids:
+            found.append(stmt)
+            self.starts[stmt] = start
+        wanted = self.wanted
+        for node in found:
+            wanted.discard(node)
+        if not wanted:
+            raise _Done
+        return start + count
 
     def generate(self, node: cst.CSTNode, line: int, stop_at: cst.CSTNode | None = None) -> int:
         """The line-counting code generation of `node` alone, from `line`."""
@@ -376,11 +411,12 @@ def _all_fields(kind: type) -> Callable[[cst.CSTNode], tuple[object, ...]]:
     return getter
 
 
-def _line_count(value: object, stop: frozenset[int] = frozenset()) -> int:
+def _line_count(value: object, stop: frozenset[int] = frozenset(), found: list[cst.CSTNode] | None = None) -> int:
     """The newlines in the code of `value` (a node, None, or a sequence of field values): the
     Newline tokens, the newlines inside strings and backslash continuations, and an empty
     indented block's generated `pass` line. -1 if it holds a node whose id is in `stop`
-    (never a whitespace or newline token: those are counted without looking them up)."""
+    (never a whitespace or newline token: those are counted without looking them up), unless
+    `found` is given: it then receives those nodes, and the count goes on."""
     count = 0
     stack: list[cst.CSTNode] = []
     values = value if type(value) is tuple or type(value) is list else (value,)
@@ -396,7 +432,9 @@ def _line_count(value: object, stop: frozenset[int] = frozenset()) -> int:
                     count += len(_NEWLINES.findall(text))
             elif kind is name:
                 if id(value) in stop:
-                    return -1
+                    if found is None:
+                        return -1
+                    found.append(value)  # type: ignore[arg-type]
                 if value.lpar:  # type: ignore[attr-defined]
                     stack.extend(value.lpar)  # type: ignore[attr-defined]
                     stack.extend(value.rpar)  # type: ignore[attr-defined]
@@ -413,7 +451,9 @@ def _line_count(value: object, stop: frozenset[int] = frozenset()) -> int:
             return count
         node = stack.pop()
         if id(node) in stop:
-            return -1
+            if found is None:
+                return -1
+            found.append(node)
         kind = type(node)
         if kind is newline:
             count += 1

@@ -365,14 +365,15 @@ def _internal_error(display: str, source: SourceFile) -> FileResult:
     )
 
 
-def migrate_text(text: str, display: str, options, module=None) -> FileResult:  # type: ignore[no-untyped-def]
+def migrate_text(text: str, display: str, options, module=None, facts=None) -> FileResult:  # type: ignore[no-untyped-def]
     """One file's text -> FileResult (pure). Notebooks (by name) are migrated as one script.
-    `module`: a script's text already parsed (libcst), when the caller has it."""
+    `module`: a script's text already parsed (libcst), when the caller has it; `facts`: its analysis
+    too (`migrate.engine.migrate_source`)."""
     if display.endswith(".ipynb"):
         return _migrate_notebook(text, display, options)
     from migrate.engine import migrate_source
 
-    return _zero_touch(migrate_source(text, display, options, module))
+    return _zero_touch(migrate_source(text, display, options, module, facts))
 
 
 def _zero_touch(result: FileResult) -> FileResult:

@@ -58,6 +58,9 @@ _DOCUMENT_ORDER: dict[str, tuple[str, ...]] = {
 
 # Per node type: a getter returning the values of its code-carrying fields, in document order.
 _GETTERS: dict[type, Callable[[cst.CSTNode], tuple[object, ...]]] = {}
+# Names and literals: their only child nodes are their parentheses (`lpar`, `rpar`: as many, as
+# libcst checks), so one without any has none.
+LEAVES = frozenset({cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString})
 # Field values that are not nodes (isinstance against libcst's abstract CSTNode is slow).
 NOT_NODES = frozenset({str, bool, int, type(None), cst.MaybeSentinel})
 
@@ -150,17 +153,23 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
 
     A visitor that keeps libcst's own `on_visit` / `on_leave` (it only defines `visit_<Type>` /
     `leave_<Type>` methods) has those methods called directly, looked up once per node type: the
-    per-node cost is then a table lookup and the calls the visitor asked for."""
+    per-node cost is then a table lookup and the calls the visitor asked for. A name or literal
+    without parentheses (`LEAVES`: no child node) is not even entered when the visitor has no
+    method for its type."""
     cls = type(visitor)
     if (cls.on_visit, cls.on_leave) in _NAME_LOOKUPS:
         dispatch = _DISPATCH.get(cls)
         if dispatch is None:
             dispatch = _DISPATCH[cls] = {}
             _STATEMENTS_ONLY[cls] = _methods_on_statements_only(cls)
+            _UNVISITED_LEAVES[cls] = frozenset(
+                kind for kind in LEAVES
+                if own_method(cls, "visit_" + kind.__name__) is None and own_method(cls, "leave_" + kind.__name__) is None
+            )
         if _STATEMENTS_ONLY[cls]:
             _walk_statements(node, visitor, dispatch)
         else:
-            _walk_methods(node, visitor, dispatch)
+            _walk_methods(node, visitor, dispatch, _UNVISITED_LEAVES[cls])
     else:
         _walk_hooks(node, visitor)
 
@@ -177,7 +186,12 @@ def _walk_hooks(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     visitor.on_leave(node)
 
 
-def _walk_methods(node: cst.CSTNode, visitor: cst.CSTVisitor, dispatch: _Dispatch) -> None:
+# Per visitor class `walk` has seen: the leaf types (`LEAVES`) it has no method for. A leaf without
+# parentheses has no child: `_walk_methods` then has nothing to call for it, and does not enter it.
+_UNVISITED_LEAVES: weakref.WeakKeyDictionary[type, frozenset[type]] = weakref.WeakKeyDictionary()
+
+
+def _walk_methods(node: cst.CSTNode, visitor: cst.CSTVisitor, dispatch: _Dispatch, skip: frozenset[type]) -> None:
     node_type = type(node)
     entry = dispatch.get(node_type)
     if entry is None:
@@ -193,9 +207,10 @@ def _walk_methods(node: cst.CSTNode, visitor: cst.CSTVisitor, dispatch: _Dispatc
             kind = type(value)
             if kind is tuple or kind is list:
                 for child in value:  # type: ignore[attr-defined]
-                    _walk_methods(child, visitor, dispatch)
-            elif kind not in NOT_NODES:
-                _walk_methods(value, visitor, dispatch)  # type: ignore[arg-type]
+                    if type(child) not in skip or child.lpar:
+                        _walk_methods(child, visitor, dispatch, skip)
+            elif kind not in NOT_NODES and (kind not in skip or value.lpar):  # type: ignore[attr-defined]
+                _walk_methods(value, visitor, dispatch, skip)  # type: ignore[arg-type]
     if leave is not None:
         leave(visitor, node)
 
@@ -270,6 +285,7 @@ def with_ancestors(root: cst.CSTNode, targets: set[cst.CSTNode]) -> set[cst.CSTN
     path: list[cst.CSTNode] = []
     ids = {id(node) for node in targets}  # (a node's own __hash__ is Python code)
     left = len(ids)
+    leaves = LEAVES
 
     def visit(node: cst.CSTNode) -> None:
         nonlocal left
@@ -284,8 +300,12 @@ def with_ancestors(root: cst.CSTNode, targets: set[cst.CSTNode]) -> set[cst.CSTN
             kind = type(value)
             if kind is tuple or kind is list:
                 for child in value:  # type: ignore[attr-defined]
+                    if type(child) in leaves and not child.lpar and id(child) not in ids:
+                        continue  # a name or literal without parentheses: nothing below it
                     visit(child)
             elif kind not in NOT_NODES:
+                if kind in leaves and not value.lpar and id(value) not in ids:  # type: ignore[attr-defined]
+                    continue
                 visit(value)  # type: ignore[arg-type]
         path.pop()
 

@@ -44,7 +44,7 @@ from migrate.rewriter import Rewriter
 from migrate.roles import find_roles
 from migrate.statement_code import StatementCode
 from migrate.suppression import drop_skipped, skip_lines
-from migrate.walk import NOT_NODES, AllFound, child_getter
+from migrate.walk import LEAVES, NOT_NODES, AllFound, child_getter
 
 # What the single-file engine says of a module whose training objects come from elsewhere.
 _LIBRARY = ("a library module", "no optimizer is built in this file")
@@ -109,7 +109,14 @@ class _Results(dict[Path, FileResult]):
         from migrate.runner import migrate_text
 
         source = self._by_path[path]
-        result = self[path] = migrate_text(source.text, source.display, self._options, self._parses.tree(path))
+        # the module's analysis made for the unit is the single-file run's too, unless a view renamed
+        # its call sites or the roles of a run marked a hidden step's loops in it
+        item = self._parses.items.get(path)
+        facts = item.facts if item is not None and item.facts is not None and not item.renamed \
+            and not item.facts.stepped else None
+        result = self[path] = migrate_text(source.text, source.display, self._options, self._parses.tree(path), facts)
+        if facts is not None and facts.stepped:  # changed by this run's roles: the unit's next use gets them fresh
+            item.facts = analyze(item.module, item.source.text)  # type: ignore[union-attr]
         return result
 
 
@@ -244,6 +251,10 @@ def _migrate_entry(
     if hidden is not None:
         return hidden  # a training step the roles cannot see: a rewrite of the rest would be partial
     roles = find_roles(view)
+    if roles.hidden_steps:  # the loops running it are marked in the modules' own facts
+        for m in modules:
+            if m.facts is not None:
+                m.facts.stepped = True
     home = roles.home
     if home is not None and not any(home is s for s in head.facts.scopes):
         where = next(m for m in rest if m.facts is not None and any(home is s for s in m.facts.scopes))
@@ -428,8 +439,12 @@ class _Located:
                 kind = type(value)
                 if kind is tuple or kind is list:
                     for child in value:  # type: ignore[attr-defined]
+                        if type(child) in LEAVES and not child.lpar and id(child) not in left:
+                            continue  # a name or literal without parentheses: nothing below it
                         visit(child)
                 elif kind not in NOT_NODES:
+                    if kind in LEAVES and not value.lpar and id(value) not in left:  # type: ignore[attr-defined]
+                        continue
                     visit(value)  # type: ignore[arg-type]
             path.pop()
 

@@ -398,3 +398,52 @@ def test_a_check_reruns_only_the_entries_that_reach_a_rewritten_file(tmp_path: P
     assert report["utils.py"][1] is None
     assert sorted(runs) == ["main.py", "main.py", "other.py", "other.py"]
     assert sorted(checks) == ["engine.py,main.py", "engine2.py,other.py"]
+
+
+HIDDEN_STEP_ENGINE = """\
+import torch
+from fastscale import scaled_step
+
+
+def train_one_epoch(model, loader, optimizer):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        scaled_step(loss, optimizer)
+"""
+
+
+def test_a_modules_own_run_takes_the_units_analysis_of_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The single-file run of a unit's module takes the analysis the unit made of it (when no view
+    renamed its call sites and no roles marked a hidden step's loops in it), with the results of
+    analysing it afresh: the repositories of fixtures/repos, the written units, and a unit whose
+    view finds a training step inside an unread function (`scaled_step(loss, optimizer)`)."""
+    from migrate import engine, runner
+
+    repos = _repos(tmp_path)
+    hidden = tmp_path / "hidden_step"
+    hidden.mkdir()
+    (hidden / "engine.py").write_text(HIDDEN_STEP_ENGINE)
+    (hidden / "main.py").write_text(MAIN.format(alias="", call="train_one_epoch"))
+    repos.append(hidden)
+    stepped: list[bool] = []
+    find_roles = unit.find_roles
+
+    def watched(view):  # type: ignore[no-untyped-def]
+        roles = find_roles(view)
+        stepped.append(bool(roles.hidden_steps))
+        return roles
+
+    monkeypatch.setattr(unit, "find_roles", watched)
+    analyses: list[int] = []
+    analyze = engine.analyze
+    monkeypatch.setattr(engine, "analyze", lambda module, text=None: analyses.append(1) or analyze(module, text))
+    shared = [_report(repo) for repo in repos]
+    assert any(stepped)  # the hidden step's unit is among them
+    reused = len(analyses)
+    migrate_text = runner.migrate_text
+    monkeypatch.setattr(runner, "migrate_text", lambda text, display, options, module=None, facts=None:
+                        migrate_text(text, display, options, module))
+    analyses.clear()
+    assert [_report(repo) for repo in repos] == shared
+    assert reused < len(analyses)

@@ -160,3 +160,29 @@ def test_counts_of_the_placing_walk_are_the_statement_line_counts(path: Path) ->
         assert set(counts) <= set(items)
         assert all(count == _line_count(items[key]) for key, count in counts.items())
         assert statement_texts(module, text, counts) == alone
+
+
+def test_a_wanted_simple_statement_is_placed_without_generating_its_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A simple statement line holding wanted nodes is placed by its counts when its code after its
+    leading lines is one line, or when it is itself the only node wanted in it; a wanted node
+    inside a statement spanning lines is generated. Each gets the whole-file pass's line."""
+    from migrate import positions
+
+    text = "# a\n\nx = f(a, b)  # c\nif x:\n\n    # d\n    y = g(\n        x)\n    z = h(x); w = 1\n"
+    module = cst.parse_module(text)
+    x = module.body[0]
+    call = x.body[0].value
+    block = module.body[1].body
+    y, z = block.body
+    inner = y.body[0].value.args[0].value
+    full = start_lines(module)
+    generated: list[cst.CSTNode] = []
+    generate = positions._Placer.generate
+    monkeypatch.setattr(positions._Placer, "generate",
+                        lambda self, node, line, stop_at=None: generated.append(node) or generate(self, node, line, stop_at))
+    for wanted, generates in (([x, call], False), ([z, z.body[1]], False), ([y], False), ([inner], True)):
+        generated.clear()
+        placed = start_lines(module, wanted)
+        assert {n: placed[n] for n in wanted} == {n: full[n] for n in wanted}
+        assert generated == ([y] if generates else [])
+    assert (full[x], full[call], full[y], full[inner], full[z]) == (3, 3, 7, 8, 9)
