@@ -84,7 +84,7 @@ def test_round_trip_difference_without_a_rule_change_is_never_written(
     import migrate.engine
     from migrate.results import FileResult
 
-    def round_trip_only(text, path="<string>", options=None, module=None):  # type: ignore[no-untyped-def]
+    def round_trip_only(text, path="<string>", options=None, module=None, facts=None):  # type: ignore[no-untyped-def]
         return FileResult(path, text, new_text=text.replace("    ", "\t"), parsed=True)  # no changes recorded
 
     monkeypatch.setattr(migrate.engine, "migrate_source", round_trip_only)
@@ -460,10 +460,10 @@ def test_internal_error_in_one_file_still_processes_the_others(tmp_path: Path, m
 
     real = migrate.engine.migrate_source
 
-    def flaky(text, path="<string>", options=None, module=None):  # type: ignore[no-untyped-def]
+    def flaky(text, path="<string>", options=None, module=None, facts=None):  # type: ignore[no-untyped-def]
         if path.endswith("bad.py"):
             raise RuntimeError("boom")
-        return real(text, path, options, module)
+        return real(text, path, options, module, facts)
 
     monkeypatch.setattr(migrate.engine, "migrate_source", flaky)
     bad = write(tmp_path / "bad.py", PLAIN)

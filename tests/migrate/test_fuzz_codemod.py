@@ -130,8 +130,8 @@ def test_the_oracle_reports_a_program_without_training_code_that_comes_back_chan
 
     real = migrate.engine.migrate_source
 
-    def touching(text, path="<string>", options=migrate.engine.Options(), module=None):  # type: ignore[no-untyped-def]
-        result = real(text, path, options, module)
+    def touching(text, path="<string>", options=migrate.engine.Options(), module=None, facts=None):  # type: ignore[no-untyped-def]
+        result = real(text, path, options, module, facts)
         if "backward" not in text:  # the stripped programs of properties 5 and 6: one byte more
             result.new_text = text + "\n"
         return result
