@@ -416,10 +416,10 @@ def _launcher_rank_writes(roles: Roles, plan: EditPlan, scope: Scope, writes: li
             problem = ("it is in an `except` block, for an error one process may meet alone (the main process "
                        "may never get there): name the process's rank in the path, as in "
                        '`f"{path}.rank{os.environ.get(\'RANK\', \'0\')}"`, so that each process writes its own file')
-        elif movers:
-            problem = (f"`{movers[0].qualified}(...)` in `{scope.qualname}` handles files on every process, "
-                       f"which the main process alone would then have written: put the write and the renames, "
-                       f"copies or removals of its files under {_LAUNCHER_RANK} together")
+        elif (mover := _moves_written(movers, write)) is not None:
+            problem = (f"`{mover}(...)` then handles its file on every process, which the main process alone "
+                       f"would have written: put the write and the renames, copies or removals of its file "
+                       f"under {_LAUNCHER_RANK} together")
         else:
             problem = _why_not_guarded(roles, scope, write, unit, reads=False, guard=_LAUNCHER_RANK)
         if problem is None:
@@ -456,6 +456,19 @@ def _launcher_rank_writes(roles: Roles, plan: EditPlan, scope: Scope, writes: li
         plan.change(CODE, unit.stmt, (
             f"{write.what} runs where no Accelerator exists: on the launcher's rank 0 only (`RANK`, which "
             "`accelerator.is_main_process` is made from)"))
+
+
+def _moves_written(movers: list[LibraryCall], write: _Write) -> str | None:
+    """A rename, copy or removal after the write of the file it wrote (the same path expression, or
+    any when the write's path is not known)."""
+    empty = cst.Module([])
+    text = empty.code_for_node(write.path) if write.path is not None else None
+    for mover in movers:
+        if mover.where.order < write.where.order:
+            continue
+        if text is None or any(empty.code_for_node(arg.value) == text for arg in mover.call.args):
+            return mover.qualified
+    return None
 
 
 def _in_error_handler(unit: StmtRef) -> bool:
@@ -507,17 +520,29 @@ def _runs_handed_model(stmt: cst.BaseStatement, handed: set[str]) -> str | None:
 
 
 def _returned_by_accelerator_function(roles: Roles, scope: Scope, stmt: cst.BaseStatement) -> tuple[str, str] | None:
-    """A name the statement reads that this scope binds from a call of a function of the script
-    that reaches the accelerator (`net = train_net(net)`): it may return a prepared object."""
-    names = _Names()
-    walk(stmt, names)
-    for node in names.read:
-        for binding in scope.bindings.get(node.value, []):
+    """A model the statement saves (`x.state_dict()`, `x.module`, `x.save_pretrained(...)`, or
+    `torch.save(x, ...)` whole) that this scope binds from a call of a function of the script that
+    reaches the accelerator (`net = train_net(net)`): it may return the prepared object."""
+    saved: list[str] = []
+    finder = _Calls()
+    walk(stmt, finder)
+    for call in finder.calls:
+        func = call.func
+        if type(func) is cst.Attribute and func.attr.value in ("state_dict", "save_pretrained") \
+                and type(func.value) is cst.Name:
+            saved.append(func.value.value)
+        elif type(func) is cst.Attribute and func.attr.value == "state_dict" and type(func.value) is cst.Attribute \
+                and func.value.attr.value == "module" and type(func.value.value) is cst.Name:
+            saved.append(func.value.value.value)
+        elif roles.facts.aliases.qualify(func) == "torch.save" and call.args and type(call.args[0].value) is cst.Name:
+            saved.append(call.args[0].value.value)  # type: ignore[attr-defined]
+    for name in saved:
+        for binding in scope.bindings.get(name, []):
             if type(binding.value) is not cst.Call:
                 continue
             callee = roles.facts.function_called(binding.value)
             if callee is not None and roles.can_reach(callee):
-                return node.value, callee.name
+                return name, callee.name
     return None
 
 
@@ -1100,8 +1125,9 @@ def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef, r
                 "DistributedDataParallel's forward broadcasts the model's buffers after a training step, even "
                 "under `torch.no_grad()`), so every process must run it: keep "
                 "that on every process and write from the main process only (compute first, then "
-                "`if accelerator.is_main_process:` around the write, or "
-                "`open(path if accelerator.is_main_process else os.devnull, ...)`)")
+                + (f"{guard} around the write)" if guard != "`if accelerator.is_main_process:`" else
+                   "`if accelerator.is_main_process:` around the write, or "
+                   "`open(path if accelerator.is_main_process else os.devnull, ...)`)"))
     bound = _bound_and_read_elsewhere(scope, stmt)
     if bound is not None:
         return (f"it binds `{bound}`, which other statements read on every process; bind it on every "
