@@ -248,6 +248,7 @@ from migrate.rules.guard_file_operations import (
     _unreachable_method,
     _unreadable_function,
     _whole_file_operations,
+    launcher_rank_test,
 )
 from migrate.walk import Visitor, walk
 
@@ -392,7 +393,6 @@ def _launcher_rank_prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     sites = [site for site in scope.calls if site.callee == "print" and not scope.binds("print")]
     if not sites or roles.facts.patches_print:
         return
-    environ = _environ_spelling(roles.facts.module_scope.node)
     for site in sites:
         stmt = site.where.stmt
         if _rank_guarded(site.where) or _says_its_rank(site.call) or _patched_print_call(site.call) \
@@ -401,11 +401,8 @@ def _launcher_rank_prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
                 or any(outer.stmt in plan.launcher_rank_only for outer in site.where.path) \
                 or not _only_formats(site.call) or _in_handler(site.where):
             continue
-        if environ is None:
-            plan.imports.add(("os", "environ"))
-            environ = "environ"
         # neighbouring prints (and file writes run there, guard_file_operations) share one `if`
-        plan.launcher_rank_only[stmt] = cst.parse_expression(f'int({environ}.get("RANK", "0")) == 0')
+        plan.launcher_rank_only[stmt] = launcher_rank_test(roles, plan)
         plan.change(CODE, site.call, "`print` runs where no Accelerator exists yet: on the launcher's rank 0 only "
                     "(`RANK`, which `accelerator.is_main_process` is made from)")
 

@@ -387,6 +387,18 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
 _LAUNCHER_RANK = '`if int(os.environ.get("RANK", "0")) == 0:`'
 
 
+def launcher_rank_test(roles: Roles, plan: EditPlan) -> cst.BaseExpression:
+    """`int(os.environ.get("RANK", "0")) == 0`, spelled as the module's imports spell `os.environ`
+    (`from os import environ` added when it imports neither)."""
+    from migrate.rules.checkpoints_and_output import _environ_spelling  # it imports this module
+
+    environ = _environ_spelling(roles.facts.module_scope.node)
+    if environ is None:
+        plan.imports.add(("os", "environ"))
+        environ = "environ"
+    return cst.parse_expression(f'int({environ}.get("RANK", "0")) == 0')
+
+
 def _launcher_rank_writes(roles: Roles, plan: EditPlan, scope: Scope, writes: list[_Write]) -> None:
     """The script's own file writes where no Accelerator is in scope (at module level, or in a
     plain function that runs before or without the one that creates it: the `__main__` block's
@@ -395,8 +407,6 @@ def _launcher_rank_writes(roles: Roles, plan: EditPlan, scope: Scope, writes: li
     that `accelerator.is_main_process` is made from, as prints there do. Only when the write is
     the same on every process and nothing else needs it on the others; else reported, with
     advice that can be followed there."""
-    from migrate.rules.checkpoints_and_output import _environ_spelling  # it imports this module
-
     made = roles.accelerator_scope
     creator = f"`{made.qualname}`" if made is not None and made is not roles.facts.module_scope else None
     movers = [c for c in scope.library_calls if c.qualified in _MOVERS | _REMOVERS]
@@ -448,11 +458,7 @@ def _launcher_rank_writes(roles: Roles, plan: EditPlan, scope: Scope, writes: li
             continue
         if unit.stmt in plan.replace_stmt or unit.stmt in plan.main_process_only:
             continue
-        environ = _environ_spelling(roles.facts.module_scope.node)
-        if environ is None:
-            plan.imports.add(("os", "environ"))
-            environ = "environ"
-        plan.launcher_rank_only[unit.stmt] = cst.parse_expression(f'int({environ}.get("RANK", "0")) == 0')
+        plan.launcher_rank_only[unit.stmt] = launcher_rank_test(roles, plan)
         plan.change(CODE, unit.stmt, (
             f"{write.what} runs where no Accelerator exists: on the launcher's rank 0 only (`RANK`, which "
             "`accelerator.is_main_process` is made from)"))
