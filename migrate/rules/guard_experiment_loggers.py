@@ -128,8 +128,12 @@ from migrate.analysis import LibraryCall, Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import MAX_LINE
-from migrate.roles.model import nested_in
-from migrate.rules.guard_file_operations import _unreachable_method, _unreadable_function, launcher_rank_test
+from migrate.rules.guard_file_operations import (
+    _unreachable_method,
+    _unreadable_function,
+    launcher_rank_test,
+    outside_classes,
+)
 from migrate.walk import walk
 
 CODE = "AM012"
@@ -223,9 +227,7 @@ def _launcher_rank_setup(roles: Roles, plan: EditPlan, item: _Found) -> bool:
     file writes there do (the others keep Python's logging defaults, as under
     `if accelerator.is_main_process:`). True when done."""
     scope = item.scope
-    if item.problems or not item.guarded or _unreachable_method(roles, scope) is not None \
-            or not (scope is roles.facts.module_scope or scope.is_function) \
-            or not nested_in(scope, roles.facts.module_scope):
+    if item.problems or not item.guarded or not outside_classes(roles, scope):
         return False
     setups = {id(c.where.stmt) for c in scope.library_calls if c.qualified in _LOGGING_SETUP}
     if not all(id(stmt) in setups for _, stmt in item.guarded):

@@ -323,7 +323,7 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
         writes = [w for w in writes if not w.console and not w.helper]
         if not writes or not nested_in(scope, roles.facts.module_scope):
             return guarded, barriers  # another module of a unit (a logger's files): not the script's own writes
-        if method is None and (scope is roles.facts.module_scope or scope.is_function):
+        if method is None and outside_classes(roles, scope):
             _launcher_rank_writes(roles, plan, scope, writes)
             return guarded, barriers
         first = writes[0]
@@ -385,6 +385,16 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
 
 # The launcher's rank test, as `_launcher_rank_prints` of checkpoints_and_output.py writes it.
 _LAUNCHER_RANK = '`if int(os.environ.get("RANK", "0")) == 0:`'
+
+
+def outside_classes(roles: Roles, scope: Scope) -> bool:
+    """The entry module's level, or a function of it with no class around it (not a method, nor a
+    function nested in one): where the launcher's rank is the only main-process test at hand."""
+    while scope is not roles.facts.module_scope:
+        if not scope.is_function or scope.is_method or scope.parent is None:
+            return False
+        scope = scope.parent
+    return True
 
 
 def launcher_rank_test(roles: Roles, plan: EditPlan) -> cst.BaseExpression:
