@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.analysis import LibraryCall, Scope, StmtRef
-from migrate.names import dotted_name, target_names
+from migrate.names import call_argument, dotted_name, target_names
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.loaders import held_by_the_class
@@ -506,16 +506,19 @@ def _in_error_handler(unit: StmtRef) -> bool:
 
 
 def _handed_to_accelerator(roles: Roles, scope: Scope) -> set[str]:
-    """Names this scope hands to a function of the script that reaches the accelerator
-    (`train_net(net=net)`): it may prepare them."""
+    """Names this scope hands to the function that trains (`train_net(net=net)`) as a model it
+    prepares: the argument of a parameter that is one of its models."""
     found: set[str] = set()
+    home = roles.home
+    if home is None or home.is_method:
+        return found
     for site in scope.calls:
-        callee = roles.facts.function_called(site.call)
-        if callee is None or not roles.can_reach(callee):
+        if roles.facts.function_called(site.call) is not home:
             continue
-        for arg in site.call.args:
-            if type(arg.value) is cst.Name:
-                found.add(arg.value.value)
+        for index, param in enumerate(home.params):
+            arg = call_argument(site.call, index, param) if param in roles.models else None
+            if type(arg) is cst.Name:
+                found.add(arg.value)
     return found
 
 
