@@ -83,6 +83,10 @@ class EditPlan:
     # Statements run by the main process first, then by the others: wrapped in
     # `with accelerator.main_process_first():` (their own edits applied; neighbours share one `with`).
     main_process_first: set[cst.BaseStatement] = edits(set)
+    # Statements of a scope no Accelerator reaches, run on the launcher's rank 0 only: wrapped in
+    # `if <test>:` (the value: `int(os.environ.get("RANK", "0")) == 0`), with their own edits
+    # applied; neighbours of one block share one `if`.
+    launcher_rank_only: dict[cst.BaseStatement, cst.BaseExpression] = edits(dict)
     removes_boilerplate: bool = False  # imports may have been left unused (cleanup runs)
     annotations: dict[cst.BaseStatement, list[str]] = edits(dict)  # --annotate comments
     self_accelerator: set[cst.FunctionDef] = edits(set)  # methods using `self.accelerator`

@@ -127,6 +127,7 @@ class Rewriter(Transformer):
         carried: list[cst.EmptyLine] | None = None  # None: nothing removed since the last statement put
         opened: cst.BaseStatement | None = None  # the last `if accelerator.is_main_process:` added
         first: cst.BaseStatement | None = None  # the last `with accelerator.main_process_first():` added
+        ranked: cst.BaseStatement | None = None  # the last `if int(os.environ.get("RANK", "0")) == 0:` added
         statement_edits = self.statement_edits
 
         def put(stmts: Sequence[cst.BaseStatement]) -> None:
@@ -180,6 +181,12 @@ class Rewriter(Transformer):
                 if guard is not None:
                     out.pop()
                 opened = replacement[0]
+            elif original in plan.launcher_rank_only and replacement == [new]:
+                guard = out[-1] if out and out[-1] is ranked else None
+                replacement = _main_process_only(new, guard, plan.launcher_rank_only[original])
+                if guard is not None:
+                    out.pop()
+                ranked = replacement[0]
             elif original in plan.main_process_first and replacement == [new]:
                 block = out[-1] if out and out[-1] is first else None
                 replacement = _main_process_first(new, block)
@@ -256,12 +263,15 @@ def _comments(node: cst.CSTNode) -> list[cst.Comment]:
     return found
 
 
-def _main_process_only(stmt: cst.BaseStatement, guard: cst.BaseStatement | None) -> list[cst.BaseStatement]:
-    """`stmt` inside `if accelerator.is_main_process:`, appended to `guard` (the one just before)."""
+def _main_process_only(stmt: cst.BaseStatement, guard: cst.BaseStatement | None,
+                       test: cst.BaseExpression | None = None) -> list[cst.BaseStatement]:
+    """`stmt` inside `if accelerator.is_main_process:` (or `if <test>:`), appended to `guard` (the
+    one just before)."""
     if type(guard) is cst.If and type(guard.body) is cst.IndentedBlock:
         body = guard.body
         return [guard.with_changes(body=body.with_changes(body=[*body.body, stmt]))]
-    test = cst.Attribute(cst.Name(ACCELERATOR), cst.Name("is_main_process"))
+    if test is None:
+        test = cst.Attribute(cst.Name(ACCELERATOR), cst.Name("is_main_process"))
     inner = stmt.with_changes(leading_lines=[])
     return [cst.If(test=test, body=cst.IndentedBlock([inner]), leading_lines=stmt.leading_lines)]
 

@@ -70,7 +70,22 @@ What it does:
     saved, where HF Accelerate's DistributedDataParallel has no such method) and
     `open(path, <literal mode with w, a or x>)` (the statement holding the call; for `with open(...)
     as f:` the whole block, and `with` blocks around it that hold nothing else); so does a status
-    line written with `sys.stdout.write(...)`, as a print would. A file written and then read back
+    line written with `sys.stdout.write(...)`, as a print would. Where no Accelerator is in scope
+    (at module level, or in a plain function of the script that runs before or without the one
+    that creates it: the `__main__` block's `except KeyboardInterrupt: torch.save(net.state_dict(),
+    "INTERRUPTED.pth"); sys.exit(0)` around `train_net(net=net, ...)`), those writes run under
+    `if int(os.environ.get("RANK", "0")) == 0:`, the launcher's rank, as prints there do
+    (neighbouring ones share one `if`): the model there is the user's own module, whose state dict
+    has the user's keys (`prepare` wrapped it inside the function that trains). Launchers hand a
+    Ctrl-C to every process (torchrun sends each worker the SIGINT it gets), so every process is
+    in the `except KeyboardInterrupt:` block; the others' `sys.exit` needs nothing (no collective;
+    the runtime's exit barrier then waits for the write). Reported instead, with advice that can be
+    followed there: a write in an `except` block for any other error (one process may meet it
+    alone: name the process's rank in the path), one whose file is read back, renamed, copied or
+    removed after it in that scope (no barrier exists there), a model saved that a function of
+    the script which reaches the accelerator returned (it may be the prepared wrapper: save it in
+    that function), a statement running the model handed to that function (a sharded model's
+    forward is a collective), a download, and the reasons above. A file written and then read back
     in the same function on every process (the same path expression handed to a call named
     `*load*`/`*read*`/`open`, or to a class or function of the script: `train_df.to_csv("train.csv")`
     then `SpamDataset(csv_file="train.csv")`) is written on the main process and followed by
@@ -174,7 +189,7 @@ Leaves alone:
     statements read (`n = f.write(...)`); one whose path is read back in the same function under
     an `if` or `while` (their tests may differ between processes: a barrier there could hang);
     a writer call in the header of an
-    `if`/`for`; and writes in functions of the script that cannot reach the accelerator (an
+    `if`/`for`; and writes in methods of the script that cannot reach the accelerator (an
     nn.Module's methods, callbacks nothing in this file calls). A read in the other branch of an
     `if` around the write, outside loops, is no read back (`if os.path.isfile(cache): v =
     torch.load(cache) else: ...; torch.save(v, cache)`: the main process writes the cache, and no
@@ -233,6 +248,7 @@ from migrate.rules.guard_file_operations import (
     _unreachable_method,
     _unreadable_function,
     _whole_file_operations,
+    launcher_rank_test,
 )
 from migrate.walk import Visitor, walk
 
@@ -377,32 +393,16 @@ def _launcher_rank_prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     sites = [site for site in scope.calls if site.callee == "print" and not scope.binds("print")]
     if not sites or roles.facts.patches_print:
         return
-    environ = _environ_spelling(roles.facts.module_scope.node)
-    opened: tuple[cst.BaseStatement, cst.BaseStatement] | None = None  # (last guarded print, first of its `if`)
     for site in sites:
         stmt = site.where.stmt
         if _rank_guarded(site.where) or _says_its_rank(site.call) or _patched_print_call(site.call) \
                 or not is_expression_statement(stmt, site.call) or stmt in plan.replace_stmt \
-                or stmt in plan.main_process_only or not _only_formats(site.call) or _in_handler(site.where):
+                or stmt in plan.main_process_only or stmt in plan.launcher_rank_only \
+                or any(outer.stmt in plan.launcher_rank_only for outer in site.where.path) \
+                or not _only_formats(site.call) or _in_handler(site.where):
             continue
-        if environ is None:
-            plan.imports.add(("os", "environ"))
-            environ = "environ"
-        inner = stmt.with_changes(leading_lines=[])
-        block = site.where.block.body
-        index = next(i for i, b in enumerate(block) if b is stmt)
-        if opened is not None and index > 0 and block[index - 1] is opened[0]:
-            # the print right before is guarded already: one `if` for both
-            first, guard = opened[1], plan.replace_stmt[opened[1]][0]
-            assert type(guard) is cst.If and type(guard.body) is cst.IndentedBlock
-            body = guard.body
-            plan.replace_stmt[first] = [guard.with_changes(body=body.with_changes(body=[*body.body, stmt]))]
-            plan.replace_stmt[stmt] = []
-            opened = (stmt, first)
-        else:
-            test = cst.parse_expression(f'int({environ}.get("RANK", "0")) == 0')
-            plan.replace_stmt[stmt] = [cst.If(test=test, body=cst.IndentedBlock([inner]), leading_lines=stmt.leading_lines)]
-            opened = (stmt, stmt)
+        # neighbouring prints (and file writes run there, guard_file_operations) share one `if`
+        plan.launcher_rank_only[stmt] = launcher_rank_test(roles, plan)
         plan.change(CODE, site.call, "`print` runs where no Accelerator exists yet: on the launcher's rank 0 only "
                     "(`RANK`, which `accelerator.is_main_process` is made from)")
 

@@ -97,10 +97,14 @@ Leaves alone:
     writer passed on: `writer = SummaryWriter(...) if accelerator.is_main_process else None`, and
     write through it under `if writer is not None:`). When one wandb
     (or mlflow) call cannot be guarded, none of that library's calls in the file is: `wandb.log`
-    on a process where `wandb.init` did not run raises. One exception: a `logging.basicConfig(...)`
-    that writes to the console only (no `filename=`, no `handlers=`) where the accelerator cannot
-    reach (at module level, above training code in functions) is reported as a note that leaves the
-    file migrated: its only effect on N processes is each log line printed N times.
+    on a process where `wandb.init` did not run raises. One exception: where no Accelerator is in
+    scope (at module level, above training code in functions; or a plain function of the script that
+    runs before or without the one that creates it), a scope whose only logging is
+    `logging.basicConfig(...)` (to the console, or `filename=` / `handlers=`) runs it under
+    `if int(os.environ.get("RANK", "0")) == 0:`, the launcher's rank that
+    `accelerator.is_main_process` is made from (torchrun, `accel launch` and `accelerate launch` set
+    RANK; plain `python` is rank 0), as prints and file writes there do (checkpoints-and-output):
+    the other processes keep Python's logging defaults, as under `if accelerator.is_main_process:`.
 
 Fix safety:
     On one process the main process is the only process: nothing changes. On N processes the
@@ -124,7 +128,12 @@ from migrate.analysis import LibraryCall, Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.rules.base import MAX_LINE
-from migrate.rules.guard_file_operations import _unreachable_method, _unreadable_function
+from migrate.rules.guard_file_operations import (
+    _unreachable_method,
+    _unreadable_function,
+    launcher_rank_test,
+    outside_classes,
+)
 from migrate.walk import walk
 
 CODE = "AM012"
@@ -181,6 +190,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             continue
         if not roles.can_reach(scope) or _unreachable_method(roles, scope) is not None:
             first = item.guarded[0][1] if item.guarded else item.problems[0][1]
+            if _launcher_rank_setup(roles, plan, item):
+                continue
             if _console_logging_setup_only(item):
                 # Console lines repeated on every process: cosmetic, nothing for the file to fail on.
                 plan.report(
@@ -207,6 +218,28 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 plan.change(CODE, stmt, "experiment logging on the main process only")
         if guarded:
             plan.use_accelerator(scope)
+
+
+def _launcher_rank_setup(roles: Roles, plan: EditPlan, item: _Found) -> bool:
+    """Everything to guard in a scope no Accelerator reaches (module level, or a plain function of
+    the script that runs before or without the one that creates it) is `logging.basicConfig(...)`:
+    it runs under `if int(os.environ.get("RANK", "0")) == 0:`, the launcher's rank, as prints and
+    file writes there do (the others keep Python's logging defaults, as under
+    `if accelerator.is_main_process:`). True when done."""
+    scope = item.scope
+    if item.problems or not item.guarded or not outside_classes(roles, scope):
+        return False
+    setups = {id(c.where.stmt) for c in scope.library_calls if c.qualified in _LOGGING_SETUP}
+    if not all(id(stmt) in setups for _, stmt in item.guarded):
+        return False
+    for _, stmt in item.guarded:
+        if stmt in plan.main_process_only or stmt in plan.replace_stmt or stmt in plan.launcher_rank_only:
+            continue
+        plan.launcher_rank_only[stmt] = launcher_rank_test(roles, plan)
+        plan.change(CODE, stmt, "`logging.basicConfig(...)` runs where no Accelerator exists: on the launcher's "
+                    "rank 0 only (`RANK`, which `accelerator.is_main_process` is made from); the other processes "
+                    "keep Python's logging defaults (warnings and errors still reach stderr)")
+    return True
 
 
 def _console_logging_setup_only(item: _Found) -> bool:

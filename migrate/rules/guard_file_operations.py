@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.analysis import LibraryCall, Scope, StmtRef
-from migrate.names import dotted_name, target_names
+from migrate.names import call_argument, dotted_name, target_names
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.loaders import held_by_the_class
@@ -323,6 +323,9 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
         writes = [w for w in writes if not w.console and not w.helper]
         if not writes or not nested_in(scope, roles.facts.module_scope):
             return guarded, barriers  # another module of a unit (a logger's files): not the script's own writes
+        if method is None and outside_classes(roles, scope):
+            _launcher_rank_writes(roles, plan, scope, writes)
+            return guarded, barriers
         first = writes[0]
         kind = f", a method of {method}," if method is not None else ""
         plan.report(CODE, first.call, (
@@ -378,6 +381,188 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
             _report_share_written(roles, plan, scope, write)
     _barriers_after(plan, read_back, barriers)
     return guarded, barriers
+
+
+# The launcher's rank test, as `_launcher_rank_prints` of checkpoints_and_output.py writes it.
+_LAUNCHER_RANK = '`if int(os.environ.get("RANK", "0")) == 0:`'
+
+
+def outside_classes(roles: Roles, scope: Scope) -> bool:
+    """The entry module's level, or a function of it with no class around it (not a method, nor a
+    function nested in one): where the launcher's rank is the only main-process test at hand."""
+    while scope is not roles.facts.module_scope:
+        if not scope.is_function or scope.is_method or scope.parent is None:
+            return False
+        scope = scope.parent
+    return True
+
+
+def launcher_rank_test(roles: Roles, plan: EditPlan) -> cst.BaseExpression:
+    """`int(os.environ.get("RANK", "0")) == 0`, spelled as the module's imports spell `os.environ`
+    (`from os import environ` added when it imports neither)."""
+    from migrate.rules.checkpoints_and_output import _environ_spelling  # it imports this module
+
+    environ = _environ_spelling(roles.facts.module_scope.node)
+    if environ is None:
+        plan.imports.add(("os", "environ"))
+        environ = "environ"
+    return cst.parse_expression(f'int({environ}.get("RANK", "0")) == 0')
+
+
+def _launcher_rank_writes(roles: Roles, plan: EditPlan, scope: Scope, writes: list[_Write]) -> None:
+    """The script's own file writes where no Accelerator is in scope (at module level, or in a
+    plain function that runs before or without the one that creates it: the `__main__` block's
+    `except KeyboardInterrupt: torch.save(net.state_dict(), "INTERRUPTED.pth")` around
+    `train_net(net)`) run under `if int(os.environ.get("RANK", "0")) == 0:`, the launcher's rank
+    that `accelerator.is_main_process` is made from, as prints there do. Only when the write is
+    the same on every process and nothing else needs it on the others; else reported, with
+    advice that can be followed there."""
+    made = roles.accelerator_scope
+    creator = f"`{made.qualname}`" if made is not None and made is not roles.facts.module_scope else None
+    movers = [c for c in scope.library_calls if c.qualified in _MOVERS | _REMOVERS]
+    handed = _handed_to_accelerator(roles, scope)
+    done: set[cst.BaseStatement] = set()
+    for write in writes:
+        unit = _unit(write.where)
+        if unit.stmt in done:
+            continue
+        done.add(unit.stmt)
+        problem: str | None = None
+        if write.fetch:
+            problem = ("the others would read what it fetches before it is whole, and no barrier can be put "
+                       "where no Accelerator exists: " + (f"do it in {creator}, after the Accelerator is created, "
+                       if creator else "") + "or fetch the data once before launching")
+        elif _in_error_handler(unit):
+            problem = ("it is in an `except` block, for an error one process may meet alone (the main process "
+                       "may never get there): name the process's rank in the path, as in "
+                       '`f"{path}.rank{os.environ.get(\'RANK\', \'0\')}"`, so that each process writes its own file')
+        elif (mover := _moves_written(movers, write)) is not None:
+            problem = (f"`{mover}(...)` then handles its file on every process, which the main process alone "
+                       f"would have written: put the write and the renames, copies or removals of its file "
+                       f"under {_LAUNCHER_RANK} together")
+        else:
+            problem = _why_not_guarded(roles, scope, write, unit, reads=False, guard=_LAUNCHER_RANK)
+        if problem is None:
+            returned = _returned_by_accelerator_function(roles, scope, unit.stmt)
+            if returned is not None:
+                name, callee = returned
+                problem = (f"`{name}` is what `{callee}(...)` returns, which may be an object `prepare` wrapped "
+                           "(DistributedDataParallel's state dict carries a `module.` prefix): write it in "
+                           f"`{callee}`, which reaches the accelerator, and it is saved once, unwrapped")
+        if problem is None:
+            used = _runs_handed_model(unit.stmt, handed)
+            if used is not None:
+                problem = (f"the statement runs `{used}`, which {creator or 'the function that creates the Accelerator'} "
+                           "prepares (a sharded model's forward gathers its parameters from every process): compute "
+                           f"on every process and write under {_LAUNCHER_RANK}")
+        if problem is None and write.path is not None:
+            reader = _reads_back(roles, scope, unit, write.path)
+            if reader is not None:
+                problem = (f"`{reader}` reads the file back on every process (a process other than the main one "
+                           "would read a file not yet written), and no barrier can be put where no Accelerator "
+                           "exists: " + (f"write and read it in {creator}, after the Accelerator is created"
+                                         if creator else "write and read it where the accelerator reaches"))
+        if problem is not None:
+            plan.report(CODE, write.call, f"{write.what} in `{scope.qualname}`, which cannot reach the accelerator, "
+                        f"runs on every process (each writes the same file at once): {problem}", unconverted=True)
+            continue
+        if unit.stmt in plan.replace_stmt or unit.stmt in plan.main_process_only:
+            continue
+        plan.launcher_rank_only[unit.stmt] = launcher_rank_test(roles, plan)
+        plan.change(CODE, unit.stmt, (
+            f"{write.what} runs where no Accelerator exists: on the launcher's rank 0 only (`RANK`, which "
+            "`accelerator.is_main_process` is made from)"))
+
+
+def _moves_written(movers: list[LibraryCall], write: _Write) -> str | None:
+    """A rename, copy or removal after the write of the file it wrote (the same path expression, or
+    any when the write's path is not known)."""
+    empty = cst.Module([])
+    text = empty.code_for_node(write.path) if write.path is not None else None
+    for mover in movers:
+        if mover.where.order < write.where.order:
+            continue
+        if text is None or any(empty.code_for_node(arg.value) == text for arg in mover.call.args):
+            return mover.qualified
+    return None
+
+
+def _in_error_handler(unit: StmtRef) -> bool:
+    """The statement runs in an `except` block for something other than `KeyboardInterrupt` (which
+    the launcher passes on to every process: torchrun sends each worker the SIGINT it gets)."""
+    for ref in unit.path:
+        if type(ref.stmt) not in (cst.Try, cst.TryStar):
+            continue
+        for handler in ref.stmt.handlers:  # type: ignore[union-attr]
+            body = handler.body
+            if not (any(s is unit.stmt for s in body.body) or any(r.stmt is s for r in unit.path for s in body.body)):
+                continue
+            caught = handler.type
+            names = caught.elements if type(caught) is cst.Tuple else [caught] if caught is not None else []
+            values = [e.value if isinstance(e, cst.BaseElement) else e for e in names]
+            if not values or not all(type(v) is cst.Name and v.value == "KeyboardInterrupt" for v in values):
+                return True
+    return False
+
+
+def _handed_to_accelerator(roles: Roles, scope: Scope) -> set[str]:
+    """Names this scope hands to the function that trains (`train_net(net=net)`) as a model it
+    prepares: the argument of a parameter that is one of its models."""
+    found: set[str] = set()
+    home = roles.home
+    if home is None or home.is_method:
+        return found
+    for site in scope.calls:
+        if roles.facts.function_called(site.call) is not home:
+            continue
+        for index, param in enumerate(home.params):
+            arg = call_argument(site.call, index, param) if param in roles.models else None
+            if type(arg) is cst.Name:
+                found.add(arg.value)
+    return found
+
+
+def _runs_handed_model(stmt: cst.BaseStatement, handed: set[str]) -> str | None:
+    """A call in `stmt` of an object handed to the accelerator's function, other than reading its
+    state (`net(x)`, `net.generate(...)`; not `net.state_dict()`)."""
+    finder = _Calls()
+    walk(stmt, finder)
+    for call in finder.calls:
+        func = call.func
+        if type(func) is cst.Name and func.value in handed:
+            return func.value
+        if type(func) is cst.Attribute and func.attr.value not in _READS_MODEL_ONLY:
+            owner = func.value
+            if type(owner) is cst.Name and owner.value in handed:
+                return owner.value
+    return None
+
+
+def _returned_by_accelerator_function(roles: Roles, scope: Scope, stmt: cst.BaseStatement) -> tuple[str, str] | None:
+    """A model the statement saves (`x.state_dict()`, `x.module`, `x.save_pretrained(...)`, or
+    `torch.save(x, ...)` whole) that this scope binds from a call of a function of the script that
+    reaches the accelerator (`net = train_net(net)`): it may return the prepared object."""
+    saved: list[str] = []
+    finder = _Calls()
+    walk(stmt, finder)
+    for call in finder.calls:
+        func = call.func
+        if type(func) is cst.Attribute and func.attr.value in ("state_dict", "save_pretrained") \
+                and type(func.value) is cst.Name:
+            saved.append(func.value.value)
+        elif type(func) is cst.Attribute and func.attr.value == "state_dict" and type(func.value) is cst.Attribute \
+                and func.value.attr.value == "module" and type(func.value.value) is cst.Name:
+            saved.append(func.value.value.value)
+        elif roles.facts.aliases.qualify(func) == "torch.save" and call.args and type(call.args[0].value) is cst.Name:
+            saved.append(call.args[0].value.value)  # type: ignore[attr-defined]
+    for name in saved:
+        for binding in scope.bindings.get(name, []):
+            if type(binding.value) is not cst.Call:
+                continue
+            callee = roles.facts.function_called(binding.value)
+            if callee is not None and roles.can_reach(callee):
+                return name, callee.name
+    return None
 
 
 def _unwrapped_arguments(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> None:
@@ -938,14 +1123,16 @@ def _fetch_unit(where: StmtRef) -> StmtRef:
     return unit
 
 
-def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef, reads: bool = True) -> str | None:
+def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef, reads: bool = True,
+                     guard: str = "`if accelerator.is_main_process:`") -> str | None:
     """Why the statement cannot run on the main process only (None: it can); `reads=False` leaves
-    out the file being read back (the caller puts a barrier before the reads instead)."""
+    out the file being read back (the caller puts a barrier before the reads instead). `guard`: the
+    main-process test the advice names (the launcher's rank where no Accelerator is in scope)."""
     stmt = unit.stmt
     if type(stmt) not in (cst.SimpleStatementLine, cst.With) and not ((write.fetch or write.removal) and type(stmt) is cst.If) \
             and not (write.removal and type(stmt) is cst.For):
         return ("the call is part of the header of a compound statement; write the file in a statement of "
-                "its own under `if accelerator.is_main_process:`")
+                f"its own under {guard}")
     hazard = _hazard(roles, scope, stmt, set())
     if hazard is not None and write.removal:
         return (f"the statement also {hazard}, which may wait for the other processes (a collective; a "
@@ -957,12 +1144,13 @@ def _why_not_guarded(roles: Roles, scope: Scope, write: _Write, unit: StmtRef, r
                 "DistributedDataParallel's forward broadcasts the model's buffers after a training step, even "
                 "under `torch.no_grad()`), so every process must run it: keep "
                 "that on every process and write from the main process only (compute first, then "
-                "`if accelerator.is_main_process:` around the write, or "
-                "`open(path if accelerator.is_main_process else os.devnull, ...)`)")
+                + (f"{guard} around the write)" if guard != "`if accelerator.is_main_process:`" else
+                   "`if accelerator.is_main_process:` around the write, or "
+                   "`open(path if accelerator.is_main_process else os.devnull, ...)`)"))
     bound = _bound_and_read_elsewhere(scope, stmt)
     if bound is not None:
         return (f"it binds `{bound}`, which other statements read on every process; bind it on every "
-                "process and write the file under `if accelerator.is_main_process:`")
+                f"process and write the file under {guard}")
     if reads and write.path is not None:
         reader = _reads_back(roles, scope, unit, write.path)
         if reader is not None:
