@@ -44,7 +44,8 @@ Leaves alone:
     `.named_parameters()`, the optimizer's own statement (a factory or parameter-group helper
     given the model), `.train()` / `.eval()` / `.apply(init)` / `.load_state_dict(...)`, in-place
     tensor operations (`model.fc.weight.data.normal_(...)`, `nn.init.*_`), `torch.compile`,
-    `convert_sync_batchnorm`, a hand-written DDP wrapper and `print(model)`. A forward pass before
+    `convert_sync_batchnorm`, a hand-written DDP wrapper and `print(model)` (not a call inside
+    the print: `print("start", accuracy(model, x))` runs the model). A forward pass before
     the prepare call keeps the move too (`model(x.to(device))` to write reference outputs, a warm-up
     step): its inputs are on the device, and the bare model must be there as well.
 
@@ -474,6 +475,9 @@ class _ReadsAfterMove(Visitor):
                     walk(arg.value, self)
                 return False
         if isinstance(func, cst.Name) and func.value in _INERT_FUNCTIONS:
+            for arg in node.args:  # `print(evaluate(model, loader))`: the nested call runs the model
+                if reference(arg.value) not in names:
+                    walk(arg.value, self)
             return False
         qualified = self.aliases.qualify(func)
         if qualified in _WRAPPERS:
