@@ -104,7 +104,29 @@ def prepare_data_loader(
     """Rebuild ``loader`` for this process: same dataset, collation and workers, sharded sampling.
 
     One case per kind of loader (see the module docstring for the guarantees of each).
+    ``batch_size`` stays readable: a loader built with ``batch_size=B`` is rebuilt around a batch
+    sampler, which makes DataLoader's ``batch_size`` None; it is set back to this process's batch
+    size (``B``, or ``B // N`` with ``split_batches``), which scripts read in the training loop
+    (``total_num += loader.batch_size``).
     """
+    prepared = _prepare(loader, state, device, even_batches, active_loaders, split_batches)
+    if (
+        loader.batch_size is not None and prepared.batch_size is None and prepared.batch_sampler is not None
+        and not isinstance(loader.dataset, IterableDataset)
+    ):
+        per_process = loader.batch_size // state.world_size if split_batches and state.distributed else loader.batch_size
+        object.__setattr__(prepared, "batch_size", per_process)  # DataLoader forbids setting it after init
+    return prepared
+
+
+def _prepare(
+    loader: DataLoader,
+    state: ProcessState,
+    device: torch.device,
+    even_batches: bool,
+    active_loaders: ActiveLoaders | None,
+    split_batches: bool,
+) -> PreparedDataLoader:
     common = _loader_arguments(loader, device, active_loaders)
     sharding = kept_sharding_sampler(loader)
     if sharding is not None:

@@ -149,6 +149,11 @@ Example:
     +model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 
 Leaves alone:
+    Under `--target accelerate`, `loader.batch_size` read where `loader` is the prepared training
+    loader (a training loop over it, a function it is handed to: `total_num +=
+    data_loader.batch_size`) is reported with the line that keeps the number before the prepare
+    call: HF Accelerate rebuilds the loader around a batch sampler, which makes the attribute None
+    (this runtime's prepared loader keeps it).
     Evaluation loaders (their batches keep their `.to(device)`), schedulers stepped once per epoch
     (prepared, they would advance once per optimizer step and process), frozen models that feed
     no optimizer. A training object first bound after training has started (`train(model, first,
@@ -358,6 +363,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         for name, why in roles.iterable_loaders.items():
             if name not in home.prepared:
                 plan.report(CODE, _loader_line(roles, home, name), why, unconverted=True)
+        _batch_size_reads(roles, plan, home)
     moved = roles.training_only_loaders
     loaders = [n for n in prepared_loaders(roles, plan) if n not in moved]
     names = [
@@ -419,6 +425,56 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     _prepare_received(roles, plan)
     _prepare_in_training_methods(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
+
+
+def _batch_size_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
+    """`--target accelerate`: `loader.batch_size` read where `loader` is the prepared training
+    loader (a function it is handed to, or a training loop over it): HF Accelerate rebuilds the
+    loader around a batch sampler, so the attribute is None there (`total += loader.batch_size`
+    raises a TypeError). Reported with the line that keeps the number."""
+    loaders = [n for n in prepared_loaders(roles, plan) if n not in home.prepared]
+    if not loaders:
+        return
+    for scope in roles.facts.scopes:
+        if scope is home:
+            roots = [loop.node for loop in scope.loops if loop.source is not None and loop.source in loaders]
+        else:
+            roots = [scope.node]
+        for root in roots:
+            reads = _BatchSizeReads(roles, scope, loaders, root)
+            walk(root, reads)
+            for stmt, name in reads.found:
+                built = sorted(n for s, n in roles.origins(scope, name) or set() if s is home) or [name]
+                plan.report(CODE, stmt, (
+                    f"`{name}.batch_size` is None once HF Accelerate has prepared `{built[0]}` (it rebuilds the "
+                    "loader around a batch sampler), so this line would fail or compute with None. Keep the "
+                    f"number before the prepare call in `{home.qualname}` (`batch_size = {built[0]}.batch_size`, "
+                    "handed on to where it is read) and read that; or migrate with `--target runtime`, whose "
+                    "prepared loader keeps `batch_size`"), unconverted=True)
+
+
+class _BatchSizeReads(Visitor):
+    def __init__(self, roles: Roles, scope: Scope, loaders: list[str], root: cst.CSTNode) -> None:
+        self.roles, self.scope, self.loaders, self.root = roles, scope, loaders, root
+        self.statements: list[cst.BaseStatement] = []
+        self.found: list[tuple[cst.BaseStatement, str]] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if node is not self.root and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        if isinstance(node, cst.BaseStatement):
+            self.statements.append(node)
+        if (
+            isinstance(node, cst.Attribute) and node.attr.value == "batch_size" and isinstance(node.value, cst.Name)
+            and self.statements and self.roles.all_in(self.scope, node.value.value, self.loaders)
+            and not any(stmt is self.statements[-1] for stmt, _ in self.found)
+        ):
+            self.found.append((self.statements[-1], node.value.value))
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if self.statements and self.statements[-1] is original_node:
+            self.statements.pop()
 
 
 def _prepare_early(roles: Roles, plan: EditPlan, home: Scope, names: list[str]) -> list[str]:

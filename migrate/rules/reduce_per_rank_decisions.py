@@ -38,10 +38,14 @@ Example:
 
 Leaves alone:
     Values from evaluation (gathered with `gather_for_metrics`, or over an unprepared loader: the
-    same on every process already), counters incremented by a number (`iteration += 1`: every
-    process runs the same number of batches), values only printed or logged, and decisions on a per-rank
+    same on every process already), counters incremented by a number or by a name the loop never
+    binds (`iteration += 1`, `batches_done += opt.n_critic`: every process runs the same number of
+    batches), values only printed or logged, and decisions on a per-rank
     value it cannot reduce where it is bound (bound inside a nested block, a tuple element, a
-    function that cannot reach the accelerator): reported with the line to add. A sum divided by the
+    function that cannot reach the accelerator): reported with the line to add. A running sum started once before an enclosing loop
+    (`total = 0.0` above `for epoch ...:`) that decides after each pass of its training loop is
+    reported with the lines that reduce each pass's own sum: reduced itself after every pass, it
+    would add the earlier passes once per process. A sum divided by the
     dataset size that is also read otherwise after its loop (`return total`: the caller would get
     the sum over all processes), bound again, not started from a number, fed by something that may
     be a tensor, or whose loop may `return` before the reduction (which every process must reach)
@@ -68,7 +72,7 @@ import libcst as cst
 
 from migrate.analysis import Scope, Site
 from migrate.edits import EditPlan
-from migrate.names import target_names
+from migrate.names import dotted_name, root_name, target_names
 from migrate.roles import Roles
 from migrate.roles.loaders import loader_calls
 from migrate.rules.base import names_read, prepared_loaders
@@ -85,6 +89,7 @@ class _Value:
     name: str
     after: cst.BaseStatement | None  # None: bound where a reduction cannot be inserted
     reduction: str
+    carried: bool = False  # a running sum carried over from one pass of an enclosing loop to the next
 
 
 def apply(roles: Roles, plan: EditPlan) -> None:
@@ -128,6 +133,20 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 f"{name} = accelerator.reduce(\n    {torch_name}.tensor({name}, dtype={torch_name}.float64, "
                 f'device=accelerator.device), "{value.reduction}"\n).item()'
             )
+            if value.carried:
+                plan.report(
+                    CODE,
+                    stmt,
+                    f"`{name}` differs per process (each sums its own share of the training data) and decides "
+                    f"here, so processes would take different decisions (LR, early stop, best model) or hang; it "
+                    f"is not started again before each pass of its training loop, so reducing it after that loop "
+                    f"would add the earlier passes' totals once per process: sum each pass into a name started at "
+                    f"0 right before the loop (`pass_{name} = 0.0`, `pass_{name} += ...` in the loop), add "
+                    f"`pass_{name} = accelerator.reduce({torch_name}.tensor(pass_{name}, dtype={torch_name}.float64, "
+                    f'device=accelerator.device), "sum").item()` right after the loop, then `{name} += pass_{name}`',
+                    unconverted=True,
+                )
+                continue
             if not fixable:
                 plan.report(
                     CODE,
@@ -293,7 +312,10 @@ def _accumulators(
                     roles, scope, body, loop.node, loop.source, name, plan, torch_names
                 ):
                     continue
-                found[name] = _Value(name, loop.node, "sum")
+                if _carried_over(body, loop.node, name):
+                    found[name] = _Value(name, None, "sum", carried=True)
+                else:
+                    found[name] = _Value(name, loop.node, "sum")
     if not found:
         return found
     _derived(body, found)
@@ -586,6 +608,37 @@ def _inside(outer: cst.CSTNode, inner: cst.CSTNode) -> bool:
     return bool(found)
 
 
+def _carried_over(body: list[cst.BaseStatement], loop: cst.For, name: str) -> bool:
+    """`total = 0.0` before `for epoch ...:`, then `total += loss.item()` in the training loop inside
+    it: the sum carries each pass's total into the next, so a reduction after each pass would add
+    the earlier passes once per process. False when a statement binds `name` before the loop in
+    its block, or in a block enclosing it inside the innermost loop around it."""
+    path = _path_to(body, loop)
+    for block, stmt in reversed(path):
+        if stmt is not loop and isinstance(stmt, (cst.For, cst.While)):
+            return True
+        before = block[:_index(block, stmt)]
+        if any(isinstance(s, cst.SimpleStatementLine) and name in _assigned_names(s) for s in before):
+            return False
+    return False
+
+
+def _path_to(
+    body: list[cst.BaseStatement], stmt: cst.BaseStatement
+) -> list[tuple[list[cst.BaseStatement], cst.BaseStatement]]:
+    """(block, its statement holding `stmt`) from the scope's body down to `stmt`'s own block."""
+    for inner in body:
+        if inner is stmt:
+            return [(body, inner)]
+        if isinstance(inner, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        for child in _child_blocks(inner):
+            found = _path_to(child, stmt)
+            if found:
+                return [(body, inner), *found]
+    return []
+
+
 def _index(block: list[cst.BaseStatement], stmt: cst.BaseStatement) -> int:
     return next(i for i, s in enumerate(block) if s is stmt)
 
@@ -788,24 +841,69 @@ def _body(node: cst.CSTNode) -> list[cst.BaseStatement] | None:
 
 
 def _summed_in(loop: cst.For) -> list[str]:
-    """Names the loop adds to. A counter only ever incremented by a number (`iteration += 1`) is
-    the same on every process: a prepared loader gives each one the same number of batches."""
+    """Names the loop adds to. A counter only ever incremented by a number (`iteration += 1`), or
+    by a name the loop never binds (`batches_done += opt.n_critic`, `seen += batch_size` with
+    `batch_size` set before the loop), is the same on every process: a prepared loader gives each
+    one the same number of batches, and the increment is the same at every one of them."""
     sums = _Sums()
     walk(loop.body, sums)
-    return [n for n in sums.names if n in sums.counted]
+    bound = sums.bound | set(target_names(loop.target))
+    counted = set(sums.counted)
+    for found, root in sums.by_name:
+        if root in bound or root == "self":  # a method the loop calls may set `self.x`
+            counted.update(found)
+    return [n for n in sums.names if n in counted]
+
+
+def _single_targets(target: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The single targets of `a, (b.c, d[0])`."""
+    if type(target) in (cst.Tuple, cst.List):
+        return [t for element in target.elements for t in _single_targets(element.value)]
+    if type(target) is cst.StarredElement:
+        return _single_targets(target.value)
+    return [target]
 
 
 class _Sums(cst.CSTVisitor):
     def __init__(self) -> None:
         self.names: list[str] = []
-        self.counted: set[str] = set()  # incremented by something other than a number literal
+        self.counted: set[str] = set()  # incremented by something other than a number or a name
+        self.by_name: list[tuple[list[str], str]] = []  # (targets, root of the `a.b` increment)
+        self.bound: set[str] = set()  # names the loop body binds
+
+    def _binds(self, target: cst.BaseExpression) -> None:
+        """Plain names, and the roots of attributes and items (`stats.loss = ...` binds `stats`)."""
+        self.bound.update(target_names(target))
+        for element in _single_targets(target):
+            if root_name(element) is not None:
+                self.bound.add(root_name(element))
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        found = target_names(node.target)
+        self._binds(node.target)
         if isinstance(node.operator, cst.AddAssign):
-            found = target_names(node.target)
             self.names.extend(n for n in found if n not in self.names)
-            if not isinstance(node.value, (cst.Integer, cst.Float)):
+            if dotted_name(node.value) is not None:
+                self.by_name.append((found, dotted_name(node.value).split(".")[0]))
+            elif not isinstance(node.value, (cst.Integer, cst.Float)):
                 self.counted.update(found)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._binds(target.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._binds(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._binds(node.target)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self.bound.update(target_names(node.asname.name))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.bound.update(target_names(node.target))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return False

@@ -63,6 +63,24 @@ def test_a_custom_batch_samplers_loader_keeps_the_dataloaders_sampler(ranks) -> 
         assert r["batch_sampler"]["len_loader"] == 12
 
 
+def test_batch_size_stays_readable_per_rank(ranks) -> None:
+    # rebuilt around a batch sampler, the prepared loader's DataLoader.batch_size would be None
+    sizes = {"subset": 4, "weighted": 4, "custom": 4, "sequential": 5, "batch_sampler": None}
+    for r in ranks:
+        assert {name: r[name]["batch_size"] for name in sizes} == sizes
+
+
+def test_one_process_batch_size_stays_readable() -> None:
+    """`total_num += loader.batch_size` in a training loop (a MoCo demo's shape): a TypeError on
+    None once the loader is prepared, unless the prepared loader keeps it."""
+    user = DataLoader(TensorDataset(torch.arange(10)), batch_size=4, shuffle=True, drop_last=True)
+    loader = Accelerator(cpu=True).prepare(user)
+    assert loader.batch_size == 4 and len(loader) == 2
+    assert [len(batch[0]) for batch in loader] == [4, 4]
+    custom = DataLoader(TensorDataset(torch.arange(10)), batch_sampler=[[0, 1], [2, 3, 4]])
+    assert Accelerator(cpu=True).prepare(custom).batch_size is None  # as the user's loader has
+
+
 def test_one_process_keeps_the_users_sampler() -> None:
     sampler = SubsetRandomSampler(list(range(40)))
     loader = Accelerator(cpu=True).prepare(DataLoader(TensorDataset(torch.arange(50)), batch_size=4, sampler=sampler))

@@ -93,6 +93,7 @@ for name in ("subset", "weighted", "custom", "sequential", "batch_sampler"):
         "len_sampler": len(loader.sampler),
         "sampler_len_matches_iteration": len(loader.sampler) == sum(len(b) for b in epochs[0]),
         "dataset_is_users": loader.dataset is user.dataset,
+        "batch_size": loader.batch_size,
     }
     if name == "subset":
         result[name]["indices_read_through"] = list(loader.sampler.indices) == list(range(40))
