@@ -286,25 +286,25 @@ def _levels_per_process(roles: Roles) -> bool:
 
 class _LevelPerProcess(cst.CSTVisitor):
     """Finds a level-setting call (`_LEVEL_SETTER`) whose arguments, or an enclosing `if`'s test,
-    read which process this is (`_RANK_TEST`)."""
+    read which process this is (`_RANK_TEST`). The tests are generated as code only at such a call:
+    most programs have many `if`s and no level setter."""
 
     def __init__(self) -> None:
         self.found = False
-        self._tests = 0
+        self._ifs: list[cst.If] = []
 
     def visit_If(self, node: cst.If) -> None:
-        if _RANK_TEST.search(_EMPTY.code_for_node(node.test)):
-            self._tests += 1
+        self._ifs.append(node)
 
     def leave_If(self, original_node: cst.If) -> None:
-        if _RANK_TEST.search(_EMPTY.code_for_node(original_node.test)):
-            self._tests -= 1
+        self._ifs.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if not isinstance(func, cst.Attribute) or not _LEVEL_SETTER.match(func.attr.value):
+        if self.found or not isinstance(func, cst.Attribute) or not _LEVEL_SETTER.match(func.attr.value):
             return
-        if self._tests or any(_RANK_TEST.search(_EMPTY.code_for_node(arg.value)) for arg in node.args):
+        tested = [arg.value for arg in node.args] + [enclosing.test for enclosing in self._ifs]
+        if any(_RANK_TEST.search(_EMPTY.code_for_node(expr)) for expr in tested):
             self.found = True
 
 
