@@ -169,12 +169,15 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     writers = _WRITERS | _user_loggers(roles)
     for item in found:
         _collect(item, writers)
-    if _levels_per_process(roles):
+    consoles = {id(item): _console_setups(item.scope) for item in found if item.guarded}
+    if any(id(s) in consoles[id(item)] for item in found if item.guarded for _, s in item.guarded) \
+            and _levels_per_process(roles):
         # The script already decides what each process's loggers print: its console setup is meant
         # for every process (a guard would drop the lines it logs with `main_process_only=False`).
+        # (Asked only when a console setup is to be guarded: the question walks every module.)
         for item in found:
-            console = _console_setups(item.scope)
-            item.guarded = [(f, s) for f, s in item.guarded if id(s) not in console]
+            if item.guarded:
+                item.guarded = [(f, s) for f, s in item.guarded if id(s) not in consoles[id(item)]]
     # `wandb.log` on a process without `wandb.init` raises: a family (wandb, mlflow) with a call that
     # cannot be guarded anywhere in the file stays on every process, everywhere.
     broken = {family for item in found for family, _, _ in item.problems if family}
