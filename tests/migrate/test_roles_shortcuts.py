@@ -103,5 +103,5 @@ def test_the_field_lists_of_the_shortcuts_name_every_field_they_stand_for() -> N
     assert read == set(create_accelerator._USING_EDITS)
     assert set(STATEMENT_FIELDS) == {
         "replace_stmt", "insert_before", "insert_after", "drop_if_trivial", "remove_small", "replace_small",
-        "rebound", "main_process_only", "main_process_first", "annotations", "unwrap_with",
+        "rebound", "main_process_only", "main_process_first", "annotations", "unwrap_with", "launcher_rank_only",
     }
