@@ -61,6 +61,7 @@ def main():
     }
     with open(f"rank{rank}.json", "w") as f:
         json.dump(result, f)
+    dist.barrier()  # gloo aborts a rank whose peer closes its sockets first
     dist.destroy_process_group()
 
 
@@ -76,7 +77,7 @@ def _ranks(run_dir: Path, nproc: int) -> list[dict]:
 def _original(folder: Path, nproc: int) -> list[dict]:
     run_dir = folder / f"original-{nproc}"
     run_dir.mkdir()
-    proc = torchrun(folder / "original" / "train.py", cwd=run_dir, nproc=nproc, timeout=TIMEOUT)
+    proc = torchrun(folder / "original" / "train.py", cwd=run_dir, nproc=nproc, timeout=TIMEOUT, original=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return _ranks(run_dir, nproc)
 

@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from rt_helpers import run_cmd, torchrun  # noqa: E402
+from rt_helpers import run_cmd, run_original, torchrun  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "distributed_shape_scripts"
@@ -84,9 +84,10 @@ def _run(name: str, how: str, nproc: int) -> tuple[dict, ...]:
     if name == "trainer_class_ddp":
         _snapshot(out)
     if how == "original" and SHAPES.get(name) == "torchrun":  # else by itself (`launcher_env_branch`: one process)
-        result = torchrun(SCRIPTS / f"{name}.py", str(out), cwd=out, nproc=nproc, timeout=TIMEOUT)
+        result = torchrun(SCRIPTS / f"{name}.py", str(out), cwd=out, nproc=nproc, timeout=TIMEOUT, original=True)
     elif how == "original":
-        result = run_cmd([sys.executable, str(SCRIPTS / f"{name}.py"), str(out), str(nproc)], cwd=out, timeout=TIMEOUT)
+        result = run_original([sys.executable, str(SCRIPTS / f"{name}.py"), str(out), str(nproc)], cwd=out,
+                              timeout=TIMEOUT)
     elif how == "python":
         result = run_cmd([sys.executable, str(_migrated(name)), str(out), str(nproc)], cwd=out, timeout=TIMEOUT)
     else:

@@ -69,6 +69,7 @@ def main():
     weights = [p.detach().flatten().tolist() for p in model.parameters()]
     with open(f"rank{{rank}}.json", "w") as f:
         json.dump({{"losses": losses, "weights": weights}}, f)
+    dist.barrier()  # gloo aborts a rank whose peer closes its sockets first
     dist.destroy_process_group()
 
 
@@ -117,6 +118,7 @@ class Trainer:
         weights = [p.detach().flatten().tolist() for p in self.model.parameters()]
         with open(f"rank{{self.rank}}.json", "w") as f:
             json.dump({{"losses": losses, "weights": weights}}, f)
+        dist.barrier()  # gloo aborts a rank whose peer closes its sockets first
         dist.destroy_process_group()
 
 
@@ -142,7 +144,8 @@ def _run(folder: Path, how: str, nproc: int) -> list[dict]:
     run_dir = folder / f"{how}-{nproc}"
     run_dir.mkdir()
     if how == "original":
-        proc = torchrun(folder / "original" / "train.py", cwd=run_dir, nproc=nproc, timeout=TIMEOUT)
+        proc = torchrun(folder / "original" / "train.py", cwd=run_dir, nproc=nproc, timeout=TIMEOUT,
+                        original=True)
     elif nproc == 1:
         proc = run_cmd([sys.executable, str(folder / "migrated" / "train.py")], cwd=run_dir, timeout=TIMEOUT)
     else:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from rt_helpers import run_cmd  # noqa: E402
+from rt_helpers import run_cmd, run_original  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "spawn_scripts" / "spawn_ddp.py"
@@ -55,7 +55,7 @@ def _run(how: str) -> tuple[dict, ...]:
         accel = shutil.which("accel", path=str(Path(sys.executable).parent)) or shutil.which("accel")
         assert accel, "the `accel` console script is not installed"
         cmd = [accel, "launch", "--nproc-per-node", "2", str(_migrated()), str(out)]
-    result = run_cmd(cmd, cwd=out, timeout=TIMEOUT)
+    result = (run_original if how == "original" else run_cmd)(cmd, cwd=out, timeout=TIMEOUT)
     assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return tuple(json.loads(p.read_text()) for p in sorted(out.glob("rank*.json")))
 

@@ -35,7 +35,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from rt_helpers import child_env, free_port, run_cmd  # noqa: E402
+from rt_helpers import child_env, free_port, run_cmd, run_original  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "spawn_scripts" / "spawn_flag_fallback.py"
@@ -73,7 +73,7 @@ def _run(how: str, script: Path = SCRIPT) -> tuple[Path, tuple[dict, ...]]:
         accel = shutil.which("accel", path=str(Path(sys.executable).parent)) or shutil.which("accel")
         assert accel, "the `accel` console script is not installed"
         cmd = [accel, "launch", "--nproc-per-node", "2", str(_migrated(script)), str(out)]
-    result = run_cmd(cmd, cwd=out, timeout=TIMEOUT)
+    result = (run_original if how == "original" else run_cmd)(cmd, cwd=out, timeout=TIMEOUT)
     assert result.returncode == 0, f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return out, tuple(json.loads(p.read_text()) for p in sorted(out.glob("rank*.json")))
 

@@ -106,4 +106,5 @@ with open(os.path.join(out_dir, f"rank{ddp_rank}.json"), "w") as handle:
     json.dump(record, handle)
 
 if ddp:
+    dist.barrier()  # gloo aborts a rank whose peer closes its sockets first
     destroy_process_group()

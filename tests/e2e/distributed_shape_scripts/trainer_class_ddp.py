@@ -75,6 +75,7 @@ def main(out_dir):
     record.update(rank=rank, world_size=dist.get_world_size())
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(record, handle)
+    dist.barrier()  # gloo aborts a rank whose peer closes its sockets first
     dist.destroy_process_group()
 
 

@@ -77,6 +77,7 @@ def main(out_dir):
     held = sum(local_numel(p) for p in model.parameters())
     result = {"losses": losses, "weights": weights, "held": held, "world": dist.get_world_size()}
     Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.barrier()  # gloo aborts a rank whose peer closes its sockets first
     dist.destroy_process_group()
 
 

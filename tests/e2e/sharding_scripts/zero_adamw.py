@@ -55,6 +55,7 @@ def main(out_dir):
     result = {"losses": losses, "weights": weights, "state": state_elements(optimizer),
               "world": dist.get_world_size()}
     Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.barrier()  # gloo aborts a rank whose peer closes its sockets first
     dist.destroy_process_group()
 
 

@@ -48,6 +48,7 @@ def worker(rank, world_size, out_dir):
     record = {"rank": rank, "world_size": world_size, "losses": losses, "seen": seen, "weights": weights}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(record, handle)
+    dist.barrier()  # gloo aborts a rank whose peer closes its sockets first
     dist.destroy_process_group()
 
 
