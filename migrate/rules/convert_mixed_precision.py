@@ -14,10 +14,17 @@ What it does:
     choice, with `accelerator.autocast()` as the AMP branch. The condition may also call an
     imported function, the same wherever it is read (`enabled=torch.cuda.is_available()`:
     `Accelerator(mixed_precision="fp16" if torch.cuda.is_available() else "no")`).
+    AMP code that is CUDA's own (`torch.cuda.amp.*`, `torch.autocast("cuda", ...)`, a
+    `GradScaler()` of CUDA's) does nothing on a machine without CUDA, so its precision is asked
+    for only where CUDA is: `mixed_precision="fp16" if torch.cuda.is_available() else "no"`
+    (`"fp16" if args.amp and torch.cuda.is_available() else "no"` with a flag). An autocast that
+    follows the script's device (`torch.autocast(device.type, ...)`) or the CPU's keeps the plain
+    value.
 
 Why:
     The Accelerator owns precision per device: the same script then runs fp16 on GPUs and
-    stays correct on a CPU, and the precision can be changed at launch time.
+    trains as the original did on a CPU (fp32 where CUDA AMP switched itself off; HF Accelerate
+    would stop there on a plain "fp16"), and the precision can be changed at launch time.
 
 Example:
     with torch.autocast("cuda", dtype=torch.float16):     with accelerator.autocast():
@@ -111,11 +118,16 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     for scope, site, method in uses:
         _convert_use(plan, scope, site, method)
     _report_unscaled_clipping(roles, plan, scalers, uses)
-    if switch is None:
+    condition = _code(switch) if switch is not None else None
+    on_cuda = _cuda_condition(roles, scalers, autocasts)
+    if on_cuda is not None and condition != on_cuda:
+        condition = on_cuda if condition is None else f"{_and_operand(switch)} and {on_cuda}"
+    if condition is None:
         plan.accelerator_kwargs["mixed_precision"] = f'"{precision}"'
     else:
-        plan.accelerator_kwargs["mixed_precision"] = f'"{precision}" if {_code(switch)} else "no"'
-        plan.kwarg_reads["mixed_precision"] = switch
+        plan.accelerator_kwargs["mixed_precision"] = f'"{precision}" if {condition} else "no"'
+        if switch is not None:
+            plan.kwarg_reads["mixed_precision"] = switch
     plan.removes_boilerplate = True
 
 
@@ -269,6 +281,51 @@ def _switch(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> cst.
                     "same flag (or use `accel launch --mixed-precision`) and drop the scaler and autocast")
         return False
     return condition
+
+
+_CUDA_ONLY_AUTOCASTS = frozenset({"torch.cuda.amp.autocast"})
+_CUDA_ONLY_SCALERS = frozenset({"torch.cuda.amp.GradScaler"})
+_DEVICE_TYPED = frozenset({"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast",
+                           "torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler"})
+
+
+def _cuda_condition(roles: Roles, scalers: set, autocasts: list) -> str | None:  # type: ignore[type-arg]
+    """`torch.cuda.is_available()` when every piece of the AMP code is CUDA's own, else None.
+
+    `torch.cuda.amp.autocast()`, `torch.autocast("cuda", ...)` and `GradScaler()` (CUDA's by
+    default) do nothing on a machine without CUDA: there the original trains in fp32, while a
+    plain `mixed_precision="fp16"` would run fp16 on the CPU (or, under HF Accelerate, stop with
+    "fp16 mixed precision requires a GPU"). An autocast that follows the script's device
+    (`torch.autocast(device.type, ...)`) or the CPU's is not CUDA-only: it keeps the plain value.
+    """
+    facts = roles.facts
+    calls = [call.call for _, call in autocasts]
+    for scope, name in scalers:
+        calls.extend(b.value for b in scope.bindings[name] if isinstance(b.value, cst.Call))
+    for call in calls:
+        qualified = facts.aliases.qualify(call.func) or ""
+        if qualified in _CUDA_ONLY_AUTOCASTS or qualified in _CUDA_ONLY_SCALERS:
+            continue
+        if qualified not in _DEVICE_TYPED:
+            return None
+        device = next((a.value for i, a in enumerate(call.args)
+                       if (a.keyword is None and i == 0) or (a.keyword is not None and a.keyword.value
+                                                             in ("device_type", "device"))), None)
+        if device is None and "GradScaler" in qualified:
+            continue  # `torch.amp.GradScaler()`: "cuda" by default
+        if not (isinstance(device, cst.SimpleString) and device.evaluated_value == "cuda"):
+            return None
+    torch_names = facts.aliases.local_names_for("torch")
+    if not torch_names:
+        return None  # no name for torch to test CUDA with: the plain value, as on a GPU machine
+    name = "torch" if "torch" in torch_names else torch_names[0]
+    return f"{name}.cuda.is_available()"
+
+
+def _and_operand(switch: cst.BaseExpression) -> str:
+    """`switch` as the left operand of an `and` (parenthesised when it binds looser)."""
+    code = _code(switch)
+    return f"({code})" if isinstance(switch, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) else code
 
 
 def _readable_at_creation(roles: Roles, plan: EditPlan, scope: Scope, condition: cst.BaseExpression) -> bool:

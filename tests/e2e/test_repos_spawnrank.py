@@ -11,9 +11,9 @@ evaluate.py, the second entry (a linear evaluation with the same launcher, its e
 only, its loss averaged with `torch.distributed.reduce`), is migrated the same way.
 
 Checked: the output equals out/ and a second run changes nothing; at one process the migrated
-script trains like the original (1 spawned process) - the same steps and learning rates, and
-losses equal up to fp16 rounding (the original's `torch.cuda.amp` disables itself on a CPU, while
-`Accelerator(mixed_precision="fp16")` autocasts on one); it resumes from its own checkpoint; at two
+script trains like the original (1 spawned process) - the same steps, learning rates and losses
+(the original's `torch.cuda.amp` disables itself on a CPU, and so does the migrated
+`Accelerator(mixed_precision="fp16" if torch.cuda.is_available() else "no")`); it resumes from its own checkpoint; at two
 gloo processes only the main process prints, each step has the same number (each process takes half
 of every global batch of half the size: the same 6 steps per epoch), and the first step's loss,
 computed before any update from the global batch summed over both processes, is the one-process one.
@@ -52,7 +52,7 @@ def test_spawn_rank_repository_migrates_and_trains(tmp_path: Path) -> None:
     assert [(s["epoch"], s["step"]) for s in expected] == [(e, s) for e in range(2) for s in range(6 * e, 6 * e + 6)]
     assert [(s["epoch"], s["step"], s["lr_weights"]) for s in got] == [
         (s["epoch"], s["step"], s["lr_weights"]) for s in expected]
-    assert [s["loss"] for s in got] == pytest.approx([s["loss"] for s in expected], rel=3e-2)
+    assert [s["loss"] for s in got] == pytest.approx([s["loss"] for s in expected], rel=1e-5)
     # the second entry, the linear evaluation of the backbone main.py saved: bit-identical at one process
     backbone = str(tmp_path / "checkpoint" / "backbone.pth")
     evaluations = []
