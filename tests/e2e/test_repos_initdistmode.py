@@ -50,7 +50,8 @@ def test_init_distributed_mode_repository_migrates_and_trains(tmp_path: Path) ->
             if nproc == 1:
                 result = run_cmd([sys.executable, str(repo / "main.py"), "--output", str(out)], cwd=out, timeout=TIMEOUT)
             else:
-                result = torchrun(repo / "main.py", "--output", str(out), cwd=out, timeout=TIMEOUT)
+                result = torchrun(repo / "main.py", "--output", str(out), cwd=out, timeout=TIMEOUT,
+                                  original=how == "original")
             assert result.returncode == 0, f"{how} x{nproc}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
             outs[how, nproc] = (_ranks(out, nproc), result.stdout, out)
     (one_original,), _, _ = outs["original", 1]

@@ -241,7 +241,7 @@ def _run(folder: Path, which: str, name: str, nproc: int) -> tuple[subprocess.Co
     if nproc == 1:
         proc = run_cmd([sys.executable, str(script)], cwd=run_dir, timeout=TIMEOUT)
     else:
-        proc = torchrun(script, cwd=run_dir, nproc=nproc, timeout=TIMEOUT)
+        proc = torchrun(script, cwd=run_dir, nproc=nproc, timeout=TIMEOUT, original=which == "original")
     assert proc.returncode == 0, f"{which} on {nproc} process(es):\n{proc.stdout}\n{proc.stderr}"
     return proc, run_dir
 
