@@ -123,7 +123,8 @@ from migrate.analysis import Loop, Scope
 from migrate.edits import EditPlan
 from migrate.names import call_argument, root_name, target_names
 from migrate.roles import Roles
-from migrate.rules.base import accelerator_call, assignment, reference
+from migrate.positions import start_lines
+from migrate.rules.base import accelerator_call, assignment, early_prepare, loader_calls, reference, runs_before_prepare
 from migrate.walk import walk
 
 CODE = "AM010"
@@ -170,9 +171,19 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     # An evaluation function may be called with several loaders (`evaluate(model, train_loader)`
     # and `evaluate(model, val_loader)`): its loop is converted once, for all of them, or not at all.
     loops: dict[int, tuple[Scope, Loop, list[str]]] = {}
+    early = early_prepare(roles, plan)
+    # calls of an evaluation function that hand it its loader before the loader is prepared
+    before_prepare: dict[int, list[cst.Call]] = {}
     for scope, loop, loader in roles.eval_loops:
-        if not loop.gathers and id(loop) not in reported:  # reported: no gather can make it right
-            loops.setdefault(id(loop), (scope, loop, []))[2].append(loader)
+        if loop.gathers or id(loop) in reported:  # reported: no gather can make it right
+            continue
+        if runs_before_prepare(roles, scope, loop, early):
+            continue  # the loader as built, whole on every process: the same value everywhere, nothing to gather
+        if scope is not roles.home and loop.source in scope.params:
+            early_calls = loader_calls(roles, scope, loop.source, early)[0]
+            if early_calls:
+                before_prepare[id(loop)] = early_calls
+        loops.setdefault(id(loop), (scope, loop, []))[2].append(loader)
     # prepared for training already: sharded whatever happens here (not those prepared on entry to
     # the training methods only: the instance keeps the user's loader for the others)
     training = set(roles.loaders) - roles.training_only_loaders
@@ -213,6 +224,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             plan.change(CODE, call, "model outputs that feed a metric gathered across processes")
         if found.names or found.wraps:  # the accelerator only where an edit uses it
             plan.use_accelerator(scope)
+            _report_before_prepare(roles, plan, scope, loops[key][2], before_prepare.get(key, []))
     for _, _, loaders in loops.values():
         for loader in loaders:
             if loader not in training and loader not in refused and loader not in plan.eval_loaders:
@@ -291,6 +303,25 @@ def _report_sharded(plan: EditPlan, node: cst.CSTNode, loader: str, why: str) ->
         f"its share of the data, but its metric is not gathered ({why}): on N processes the value covers one "
         "process's samples. Gather the per-sample values with `accelerator.gather_for_metrics(...)` before "
         "the metric, or evaluate over a loader of its own"), unconverted=True)
+
+
+def _report_before_prepare(roles: Roles, plan: EditPlan, function: Scope, loaders: list[str], calls: list[cst.Call]) -> None:
+    """A call of an evaluation function whose metric is now gathered, made before its loader is
+    prepared (a baseline evaluation before the optimizer is built): there the loader is the one the
+    script built, all of it on every process, so the gather stacks N copies of every sample."""
+    if not calls or roles.prepare_after is None:
+        return
+    point = roles.prepare_after.stmt
+    line = start_lines(roles.facts.module, [point])[point]
+    names = ", ".join(f"`{n}`" for n in loaders)
+    for call in calls:
+        plan.report(CODE, call, (
+            f"`{_code(call)}` runs before the prepare call, over {names} as built (all of it on every process), "
+            f"but `{function.name}` gathers its metric inputs across processes for its calls after the prepare call "
+            "(where each process evaluates its share): here it would count each sample N times on N processes (a "
+            "count or a sum N times the one-process value, a ratio of two unchanged). Move this call below "
+            f"`{_code(point)}` (line {line}), where the migration prepares the loader, so that it evaluates each "
+            "process's share and its gathered metric covers every sample once"), unconverted=True)
 
 
 def _packed(names: list[str]) -> str:
