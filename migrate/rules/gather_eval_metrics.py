@@ -319,7 +319,8 @@ def _report_before_prepare(roles: Roles, plan: EditPlan, function: Scope, loader
             f"`{_code(call)}` runs before the prepare call, over {names} as built (all of it on every process), "
             f"but `{function.name}` gathers its metric inputs across processes for its calls after the prepare call "
             "(where each process evaluates its share): here it would count each sample N times on N processes (a "
-            "count or a sum N times the one-process value, a ratio of two unchanged). Move this call below "
+            "count or a sum N times the one-process value, a ratio of two unchanged). Move the statement that makes this call "
+            "(with the lines that read its result) below "
             f"`{_code(point)}` (line {line}), where the migration prepares the loader, so that it evaluates each "
             "process's share and its gathered metric covers every sample once"), unconverted=True)
 
