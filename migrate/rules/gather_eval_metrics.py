@@ -39,6 +39,11 @@ What it does:
     see into (a module it does not know is a model: a weight-averaged copy handed to the
     evaluation), the batch's inputs are gathered with the labels, and the call runs on every
     process's samples: the value each process computes is the one-process value.
+    A loop over a loader that runs before the loader is prepared (a loop of the training function
+    above the prepare point, or a function whose every call hands it the loader before that point:
+    a baseline evaluation, teacher outputs collected before the student exists) sees the loader as
+    built, all of it on every process: each process computes the one-process value, so it is left
+    as it is, neither gathered nor reported.
 
 Why:
     The prepared model's forward is DistributedDataParallel's on N processes, and it broadcasts the
@@ -64,6 +69,11 @@ Example:
         correct += pred.eq(target).sum().item()
 
 Leaves alone (each reported unless no metric is recognised):
+    - a call, made before the loader is prepared, of an evaluation function whose metric is
+      gathered for its calls after that point (`print(evaluate(model, loader))` before the optimizer
+      is built): there every process evaluates all of the loader and the gather would count each
+      sample N times (a count or sum N times the one-process value). Reported on that call, with
+      the line to move it below (where the loader is prepared);
     - a loop that does not train over a prepared training iterator that is no DataLoader (a
       torchtext `BucketIterator`: each process gets every N-th of its batches, the last round
       completed with the epoch's first ones, which `gather_for_metrics` cannot tell apart):

@@ -149,6 +149,16 @@ Example:
     +model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 
 Leaves alone:
+    Values computed over the training loader in its order before it is prepared and read back by
+    the batch position of a loop over the prepared loader (knowledge distillation: `outs =
+    teacher_outputs(teacher, loader)` or `cached.append(teacher(x))` in a loop over the loader
+    above the prepare point, then `for i, (x, y) in enumerate(loader):` reading `outs[i * n:(i +
+    1) * n]` or `cached[i]`): prepared, the loader gives each process the batches i*N + rank, so
+    position i is another batch of the loader as built and the step would learn against another
+    batch's values. Reported on the reading line, with two fixes that work: compute the values in
+    the step from the batch, or have the dataset return each sample's index and read the values,
+    kept per sample, by it (`outs[index]`). A counter that indexes anything else (a warm-up table,
+    log lines) is not reported.
     Under `--target accelerate`, `loader.batch_size` read where `loader` is the prepared training
     loader (a training loop over it, a function it is handed to: `total_num +=
     data_loader.batch_size`) is reported with the line that keeps the number before the prepare

@@ -30,7 +30,9 @@ Leaves alone:
     of anything whose device is not known to be the chosen device. The batch moves of a helper
     that loops over its loader parameter when a call of it runs before the loader is prepared
     (`targets = teacher_logits(teacher, loader, device)` before the student and its optimizer are
-    built): that call draws from the unprepared loader, whose batches are still on the CPU.
+    built): that call draws from the unprepared loader, whose batches are still on the CPU. So do
+    the batch moves of a loop of the training function over the loader placed above the prepare
+    point (a frozen encoder's features collected before the head and its optimizer are built).
     A model's move when the model (or a name bound to it: `model_without_ddp = model`) is read
     between the move and the prepare call for something else than building the optimizer from its
     parameters: passed to a constructor or a function (`ema = ModelEma(model)`,
