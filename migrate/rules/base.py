@@ -148,6 +148,11 @@ def loader_calls(
     after = False
     for caller, call in roles.call_sites(scope):
         arg = call_argument(call, index, param) if index >= 0 else None
+        if (
+            isinstance(arg, cst.Call) and isinstance(arg.func, cst.Attribute)
+            and arg.func.attr.value == "prepare_data_loader" and len(arg.args) == 1
+        ):
+            arg = arg.args[0].value  # a sharded copy made there (AM010), on a second run: the same call
         if caller is roles.home and isinstance(arg, cst.Name):
             at = prepared_at(roles, arg.value, early)
             order = next((site.where.order for site in caller.calls if site.call is call), None)
