@@ -491,7 +491,7 @@ def _batch_position_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
             if runs_before_prepare(roles, scope, loop, early):
                 continue
             counter = _enumerate_counter(loop.node)
-            origins = roles.origins(scope, loop.source) or set()
+            origins = _loader_identity(roles, home, roles.origins(scope, loop.source) or set())
             if counter is None or not origins:
                 continue
             for stmt, read, cache in _position_reads(loop.node, counter):
@@ -506,12 +506,27 @@ def _batch_position_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
                 plan.report(CODE, stmt, (
                     f"`{_code(read)}` reads `{cache}`, computed over `{loader}` in the order of the loader as built "
                     f"(line {line}: `{_code(built)}`), by the batch position `{counter}` of a loop over the prepared "
-                    f"`{loader}`: on N processes this process's batch at position i is the loader's batch i*N + rank, "
+                    f"`{loop.source}`: on N processes this process's batch at position i is the loader's batch i*N + rank, "
                     f"so the step would pair its samples with another batch's values of `{cache}`. It was left as it "
                     "is: compute those values in the step from the batch itself (a teacher's outputs under "
                     "`torch.no_grad()`), or have the dataset return each sample's index with it (a "
                     "`torch.utils.data.Dataset` whose `__getitem__` returns `x, y, index`) and read the values "
                     f"kept per sample in dataset order by those indices (`{cache}[index]`)"), unconverted=True)
+
+
+def _loader_identity(roles: Roles, home: Scope, origins: set) -> set:
+    """The loader's origins, with what home binds it from when home keeps a parameter of its own
+    (`self.loader = loader` in a constructor that prepares `self.loader`): the caller's loader,
+    which is never rebound to the prepared one, is the loader as built."""
+    found = set(origins)
+    for scope, name in origins:
+        if scope is not home:
+            continue
+        for binding in home.bindings.get(name, []):
+            value = binding.value
+            if isinstance(value, cst.Name) and value.value in home.params:
+                found |= roles.origins(home, value.value) or set()
+    return found
 
 
 def _enumerate_counter(loop: cst.For) -> str | None:
@@ -588,6 +603,8 @@ def _cached_over(
             if origin_scope is roles.home and not _before_prepare(roles, binding.where.order, loader, early):
                 continue
             value = binding.value
+            if value is not None and _comprehends(roles, origin_scope, value, loader):
+                return binding.where.stmt
             if isinstance(value, cst.Call):
                 callee = roles.facts.function_called(value)
                 if callee is not None and _loops_over_argument(roles, origin_scope, callee, value, loader):
@@ -606,6 +623,24 @@ def _cached_over(
             if _fills(loop.node, origin):
                 return loop.node
     return None
+
+
+def _comprehends(roles: Roles, scope: Scope, value: cst.BaseExpression, loader: set) -> bool:
+    """`value` holds a comprehension over the loader (`[teacher(x) for x, _ in loader]`, also
+    inside a call: `torch.cat([...])`)."""
+    found = False
+
+    class Comprehensions(Visitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            if isinstance(node, cst.CompFor):
+                name = reference(node.iter)
+                if name is not None and (roles.origins(scope, name) or set()) & loader:
+                    found = True
+            return not found and not isinstance(node, (cst.Lambda, cst.FunctionDef))
+
+    walk(value, Comprehensions())
+    return found
 
 
 def _before_prepare(roles: Roles, order: int, loader: set, early: tuple[StmtRef, list[str]] | None) -> bool:
