@@ -8,9 +8,9 @@ from types import ModuleType
 
 import libcst as cst
 
-from migrate.analysis import Scope, StmtRef
+from migrate.analysis import Loop, Scope, StmtRef
 from migrate.edits import EditPlan
-from migrate.names import instance_attribute
+from migrate.names import call_argument, instance_attribute
 from migrate.roles import Roles
 from migrate.walk import walk
 
@@ -115,6 +115,74 @@ def early_prepare(roles: Roles, plan: EditPlan) -> tuple[StmtRef, list[str]] | N
     """The statement before which models (and optimizers) are prepared in a call of their own, and
     their names (`Roles.early_prepare`): not under `--target accelerate`, where one call prepares all."""
     return None if plan.target == "accelerate" else roles.early_prepare
+
+
+def prepared_at(roles: Roles, loader: str, early: tuple[StmtRef, list[str]] | None) -> int | None:
+    """The order, in home, of the statement after which `loader` is prepared: the script's own
+    `accelerator.prepare(..., loader, ...)` (a migrated file run again), else where it goes."""
+    assert roles.home is not None
+    written = [
+        site.where.order for site in roles.home.method_calls
+        if isinstance(site.call.func, cst.Attribute) and site.call.func.attr.value == "prepare"
+        and any(isinstance(arg.value, cst.Name) and arg.value.value == loader for arg in site.call.args)
+    ]
+    if written:
+        return min(written) - 1  # a call in the prepare statement's own line runs after it
+    if early is not None and loader in early[1]:
+        return early[0].order
+    return roles.prepare_after.order if roles.prepare_after is not None else None
+
+
+def loader_calls(
+    roles: Roles, scope: Scope, param: str, early: tuple[StmtRef, list[str]] | None,
+    _seen: frozenset[int] = frozenset(),
+) -> tuple[list[cst.Call], bool]:
+    """How the function `scope` gets the loader in its parameter `param`: the calls in home that
+    hand it one (directly, or through functions that pass their own parameter on) at or before the
+    point where that loader is prepared (teacher outputs computed over the loader before the
+    student is built, a baseline evaluation before the optimizer exists: they iterate the
+    unprepared loader, whole on every process, its batches on the CPU), and whether any call hands
+    it one after that point (or in a way not known to be before it)."""
+    index = scope.params.index(param) - (1 if scope.is_method else 0)
+    before: list[cst.Call] = []
+    after = False
+    for caller, call in roles.call_sites(scope):
+        arg = call_argument(call, index, param) if index >= 0 else None
+        if (
+            isinstance(arg, cst.Call) and isinstance(arg.func, cst.Attribute)
+            and arg.func.attr.value == "prepare_data_loader" and len(arg.args) == 1
+        ):
+            arg = arg.args[0].value  # a sharded copy made there (AM010), on a second run: the same call
+        if caller is roles.home and isinstance(arg, cst.Name):
+            at = prepared_at(roles, arg.value, early)
+            order = next((site.where.order for site in caller.calls if site.call is call), None)
+            if order is not None and at is not None and order <= at:
+                before.append(call)
+            else:
+                after = True
+        elif isinstance(arg, cst.Name) and arg.value in caller.params and id(caller) not in _seen:
+            outer, later = loader_calls(roles, caller, arg.value, early, _seen | {id(scope)})
+            before.extend(outer)
+            after = after or later or not outer
+        else:
+            after = True
+    return before, after
+
+
+def runs_before_prepare(roles: Roles, scope: Scope, loop: Loop, early: tuple[StmtRef, list[str]] | None) -> bool:
+    """The loop over a loader of home runs only before that loader is prepared: a loop of home
+    placed above the prepare point (and not around it), or a loop over a function's loader
+    parameter whose every call hands it the loader before that point (`loader_calls`)."""
+    if loop.source is None or roles.home is None:
+        return False
+    if scope is roles.home:
+        at = prepared_at(roles, loop.source, early)
+        around = roles.prepare_after is not None and any(ref.stmt is loop.node for ref in roles.prepare_after.path)
+        return at is not None and loop.where.order <= at and not around
+    if loop.source in scope.params:
+        before, after = loader_calls(roles, scope, loop.source, early)
+        return bool(before) and not after
+    return False
 
 
 def placed_loaders(roles: Roles, plan: EditPlan) -> list[str]:

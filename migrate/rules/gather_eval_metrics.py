@@ -39,6 +39,17 @@ What it does:
     see into (a module it does not know is a model: a weight-averaged copy handed to the
     evaluation), the batch's inputs are gathered with the labels, and the call runs on every
     process's samples: the value each process computes is the one-process value.
+    A loop over a loader that runs before the loader is prepared (a loop of the training function
+    above the prepare point, or a function whose every call hands it the loader before that point:
+    a baseline evaluation, teacher outputs collected before the student exists) sees the loader as
+    built, all of it on every process: each process computes the one-process value, so it is left
+    as it is, neither gathered nor reported. An evaluation function whose metric is gathered for
+    its calls after the prepare point and that is also called before it, handed the loader
+    (`print("before", evaluate(model, loader))` before the optimizer is built), gets a sharded copy
+    there: `evaluate(model, accelerator.prepare_data_loader(loader))`. Each process evaluates its
+    share and the gather counts every sample once, as in the later calls (over the loader as built
+    it would count each sample N times); the loader itself is still prepared with the training
+    objects.
 
 Why:
     The prepared model's forward is DistributedDataParallel's on N processes, and it broadcasts the
@@ -64,6 +75,12 @@ Example:
         correct += pred.eq(target).sum().item()
 
 Leaves alone (each reported unless no metric is recognised):
+    - a call, made before the loader is prepared, that reaches an evaluation function whose
+      metric is gathered for its calls after that point through another function of the file
+      (`baseline(model, loader)` calling `evaluate(model, loader)` before the optimizer is built):
+      there every process would evaluate all of the loader and the gather would count each sample
+      N times (a count or sum N times the one-process value). Reported on that call, with the line
+      to move it below (where the loader is prepared);
     - a loop that does not train over a prepared training iterator that is no DataLoader (a
       torchtext `BucketIterator`: each process gets every N-th of its batches, the last round
       completed with the epoch's first ones, which `gather_for_metrics` cannot tell apart):
@@ -123,7 +140,8 @@ from migrate.analysis import Loop, Scope
 from migrate.edits import EditPlan
 from migrate.names import call_argument, root_name, target_names
 from migrate.roles import Roles
-from migrate.rules.base import accelerator_call, assignment, reference
+from migrate.positions import start_lines
+from migrate.rules.base import accelerator_call, assignment, early_prepare, loader_calls, reference, runs_before_prepare
 from migrate.walk import walk
 
 CODE = "AM010"
@@ -170,9 +188,19 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     # An evaluation function may be called with several loaders (`evaluate(model, train_loader)`
     # and `evaluate(model, val_loader)`): its loop is converted once, for all of them, or not at all.
     loops: dict[int, tuple[Scope, Loop, list[str]]] = {}
+    early = early_prepare(roles, plan)
+    # calls of an evaluation function that hand it its loader before the loader is prepared
+    before_prepare: dict[int, list[cst.Call]] = {}
     for scope, loop, loader in roles.eval_loops:
-        if not loop.gathers and id(loop) not in reported:  # reported: no gather can make it right
-            loops.setdefault(id(loop), (scope, loop, []))[2].append(loader)
+        if loop.gathers or id(loop) in reported:  # reported: no gather can make it right
+            continue
+        if runs_before_prepare(roles, scope, loop, early):
+            continue  # the loader as built, whole on every process: the same value everywhere, nothing to gather
+        if scope is not roles.home and loop.source in scope.params:
+            early_calls = loader_calls(roles, scope, loop.source, early)[0]
+            if early_calls:
+                before_prepare[id(loop)] = early_calls
+        loops.setdefault(id(loop), (scope, loop, []))[2].append(loader)
     # prepared for training already: sharded whatever happens here (not those prepared on entry to
     # the training methods only: the instance keeps the user's loader for the others)
     training = set(roles.loaders) - roles.training_only_loaders
@@ -213,6 +241,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             plan.change(CODE, call, "model outputs that feed a metric gathered across processes")
         if found.names or found.wraps:  # the accelerator only where an edit uses it
             plan.use_accelerator(scope)
+            _before_prepare_calls(roles, plan, scope, loops[key][1], loops[key][2], before_prepare.get(key, []))
     for _, _, loaders in loops.values():
         for loader in loaders:
             if loader not in training and loader not in refused and loader not in plan.eval_loaders:
@@ -291,6 +320,56 @@ def _report_sharded(plan: EditPlan, node: cst.CSTNode, loader: str, why: str) ->
         f"its share of the data, but its metric is not gathered ({why}): on N processes the value covers one "
         "process's samples. Gather the per-sample values with `accelerator.gather_for_metrics(...)` before "
         "the metric, or evaluate over a loader of its own"), unconverted=True)
+
+
+def _before_prepare_calls(
+    roles: Roles, plan: EditPlan, function: Scope, loop: Loop, loaders: list[str], calls: list[cst.Call],
+) -> None:
+    """Calls of an evaluation function whose metric is now gathered, made before its loader is
+    prepared (a baseline evaluation before the optimizer is built): there the loader is the one the
+    script built, all of it on every process, and the gather would stack N copies of every sample.
+    A call that hands the function the loader itself gets `accelerator.prepare_data_loader(loader)`
+    instead (a sharded copy: each process evaluates its share, and the gather covers every sample
+    once; the loader itself is prepared later, with the training objects); any other is reported."""
+    if not calls or roles.prepare_after is None or loop.source is None:
+        return
+    point = roles.prepare_after.stmt
+    line = start_lines(roles.facts.module, [point])[point]
+    names = ", ".join(f"`{n}`" for n in loaders)
+    param = loop.source
+    index = function.params.index(param) - (1 if function.is_method else 0)
+    for call in calls:
+        arg = call_argument(call, index, param) if index >= 0 and roles.facts.function_called(call) is function else None
+        if isinstance(arg, cst.Name) and call not in plan.calls:
+            plan.calls[call] = lambda updated, arg=arg, index=index: _shard_argument(updated, arg, index, param)
+            plan.change(CODE, call, (
+                f"`{arg.value}` is handed to `{function.name}` before it is prepared (all of it on every process), "
+                f"and `{function.name}` gathers its metric: it evaluates over a prepared copy "
+                f"(`accelerator.prepare_data_loader({arg.value})`), each process its share, so the gather counts "
+                "every sample once"))
+            continue
+        plan.report(CODE, call, (
+            f"`{_code(call)}` runs before the prepare call, over {names} as built (all of it on every process), "
+            f"but `{function.name}` gathers its metric inputs across processes for its calls after the prepare call "
+            "(where each process evaluates its share): here it would count each sample N times on N processes (a "
+            "count or a sum N times the one-process value, a ratio of two unchanged). Move the statement that makes "
+            f"this call (with the lines that read its result) below `{_code(point)}` (line {line}), where the "
+            "migration prepares the loader, so that it evaluates each process's share and its gathered metric "
+            "covers every sample once"), unconverted=True)
+
+
+def _shard_argument(call: cst.Call, original: cst.Name, index: int, param: str) -> cst.Call:
+    """`call` with the argument that passes `original` wrapped in `accelerator.prepare_data_loader(...)`."""
+    args = list(call.args)
+    positional = 0
+    for i, arg in enumerate(args):
+        matches = (arg.keyword is None and positional == index) or (arg.keyword is not None and arg.keyword.value == param)
+        if arg.keyword is None:
+            positional += 1
+        if matches and isinstance(arg.value, cst.Name) and arg.value.value == original.value:
+            args[i] = arg.with_changes(value=accelerator_call("prepare_data_loader", [cst.Arg(arg.value)]))
+            return call.with_changes(args=args)
+    return call
 
 
 def _packed(names: list[str]) -> str:

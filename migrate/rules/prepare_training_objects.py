@@ -149,6 +149,16 @@ Example:
     +model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 
 Leaves alone:
+    Values computed over the training loader in its order before it is prepared and read back by
+    the batch position of a loop over the prepared loader (knowledge distillation: `outs =
+    teacher_outputs(teacher, loader)` or `cached.append(teacher(x))` in a loop over the loader
+    above the prepare point, then `for i, (x, y) in enumerate(loader):` reading `outs[i * n:(i +
+    1) * n]` or `cached[i]`): prepared, the loader gives each process the batches i*N + rank, so
+    position i is another batch of the loader as built and the step would learn against another
+    batch's values. Reported on the reading line, with two fixes that work: compute the values in
+    the step from the batch, or have the dataset return each sample's index and read the values,
+    kept per sample, by it (`outs[index]`). A counter that indexes anything else (a warm-up table,
+    log lines) is not reported.
     Under `--target accelerate`, `loader.batch_size` read where `loader` is the prepared training
     loader (a training loop over it, a function it is handed to: `total_num +=
     data_loader.batch_size`) is reported with the line that keeps the number before the prepare
@@ -263,16 +273,22 @@ Fix safety:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from migrate.analysis import LibraryCall, Scope, StmtRef
 from migrate.edits import EditPlan
+from migrate.names import call_argument
+from migrate.positions import start_lines
 from migrate.roles import Roles, loader_calls, sampler_values
 from migrate.roles.calls import RNG_DRAWS, RNG_SEEDS
 from migrate.roles.model import WrappedOptimizer
 from migrate.roles.placement import first_code_statement
 from migrate.roles.rng import TORCH, draw_generator, seeded_generators
-from migrate.rules.base import assignment, early_prepare, indent_of, prepared_loaders, statement
+from migrate.rules.base import (
+    assignment, early_prepare, indent_of, prepared_at, prepared_loaders, reference, runs_before_prepare, statement,
+)
 from migrate.walk import Visitor, walk
 
 CODE = "AM004"
@@ -364,6 +380,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             if name not in home.prepared:
                 plan.report(CODE, _loader_line(roles, home, name), why, unconverted=True)
         _batch_size_reads(roles, plan, home)
+    _batch_position_reads(roles, plan, home)
     moved = roles.training_only_loaders
     loaders = [n for n in prepared_loaders(roles, plan) if n not in moved]
     names = [
@@ -451,6 +468,228 @@ def _batch_size_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
                     f"number before the prepare call in `{home.qualname}` (`batch_size = {built[0]}.batch_size`, "
                     "handed on to where it is read) and read that; or migrate with `--target runtime`, whose "
                     "prepared loader keeps `batch_size`"), unconverted=True)
+
+
+def _batch_position_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
+    """Values computed over a loader in its order before it is prepared (teacher outputs kept per
+    batch, or per sample in dataset order: `outputs = teacher_outputs(teacher, loader)`, or
+    `cached.append(teacher(x))` in a loop over it) and read back by the batch position of a loop
+    over the prepared loader (`for i, (x, y) in enumerate(loader): t = outputs[i]`). Prepared, the
+    loader gives this process its batches i*N + rank: position i is another batch of the loader
+    as built, so the step would pair its samples with another batch's values. Reported on the
+    reading line (no rewrite reorders the values exactly: the prepared loader's order depends on
+    the number of processes, its shuffling and the padding of the last round)."""
+    loaders = [*prepared_loaders(roles, plan), *plan.eval_loaders]
+    if not loaders:
+        return
+    early = early_prepare(roles, plan)
+    reported: set[int] = set()
+    for scope in roles.facts.scopes:
+        for loop in scope.loops:
+            if loop.source is None or not roles.all_in(scope, loop.source, loaders):
+                continue
+            if runs_before_prepare(roles, scope, loop, early):
+                continue
+            counter = _enumerate_counter(loop.node)
+            origins = _loader_identity(roles, home, roles.origins(scope, loop.source) or set())
+            if counter is None or not origins:
+                continue
+            for stmt, read, cache in _position_reads(loop.node, counter):
+                if id(stmt) in reported:
+                    continue
+                built = _cached_over(roles, scope, cache, origins, early, 0)
+                if built is None:
+                    continue
+                reported.add(id(stmt))
+                line = start_lines(roles.facts.module, [built])[built]
+                loader = sorted(n for _, n in origins)[0]
+                plan.report(CODE, stmt, (
+                    f"`{_code(read)}` reads `{cache}`, computed over `{loader}` in the order of the loader as built "
+                    f"(line {line}: `{_code(built)}`), by the batch position `{counter}` of a loop over the prepared "
+                    f"`{loop.source}`: on N processes this process's batch at position i is the loader's batch i*N + rank, "
+                    f"so the step would pair its samples with another batch's values of `{cache}`. It was left as it "
+                    "is: compute those values in the step from the batch itself (a teacher's outputs under "
+                    "`torch.no_grad()`), or have the dataset return each sample's index with it (a "
+                    "`torch.utils.data.Dataset` whose `__getitem__` returns `x, y, index`) and read the values "
+                    f"kept per sample in dataset order by those indices (`{cache}[index]`)"), unconverted=True)
+
+
+def _loader_identity(roles: Roles, home: Scope, origins: set) -> set:
+    """The loader's origins, with what home binds it from when home keeps a parameter of its own
+    (`self.loader = loader` in a constructor that prepares `self.loader`): the caller's loader,
+    which is never rebound to the prepared one, is the loader as built."""
+    found = set(origins)
+    for scope, name in origins:
+        if scope is not home:
+            continue
+        for binding in home.bindings.get(name, []):
+            value = binding.value
+            if isinstance(value, cst.Name) and value.value in home.params:
+                found |= roles.origins(home, value.value) or set()
+    return found
+
+
+def _enumerate_counter(loop: cst.For) -> str | None:
+    """`i` of `for i, batch in enumerate(loader)` (also through a wrapper: `tqdm(enumerate(loader))`)."""
+    node: cst.BaseExpression = loop.iter
+    while isinstance(node, cst.Call) and not (isinstance(node.func, cst.Name) and node.func.value == "enumerate"):
+        if not node.args or node.args[0].keyword is not None:
+            return None
+        node = node.args[0].value
+    if not isinstance(node, cst.Call) or not isinstance(loop.target, (cst.Tuple, cst.List)) or not loop.target.elements:
+        return None
+    first = loop.target.elements[0].value
+    return first.value if isinstance(first, cst.Name) else None
+
+
+def _position_reads(loop: cst.For, counter: str) -> list[tuple[cst.BaseStatement, cst.Subscript, str]]:
+    """The subscripts `cache[... counter ...]` the loop's body reads (not assigns), with their statement."""
+    found: list[tuple[cst.BaseStatement, cst.Subscript, str]] = []
+    statements: list[cst.BaseStatement] = []
+    targets: set[int] = set()
+
+    class Reads(Visitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return False
+            if isinstance(node, cst.BaseStatement):
+                statements.append(node)
+            if isinstance(node, (cst.AssignTarget, cst.AugAssign)):
+                target = node.target
+                if isinstance(target, cst.Subscript):
+                    targets.add(id(target))
+            if isinstance(node, cst.Subscript) and id(node) not in targets and statements:
+                name = reference(node.value)
+                if name is not None and name != counter and _reads_name(node.slice, counter):
+                    found.append((statements[-1], node, name))
+            return True
+
+        def on_leave(self, original_node: cst.CSTNode) -> None:
+            if statements and statements[-1] is original_node:
+                statements.pop()
+
+    for stmt in loop.body.body:
+        walk(stmt, Reads())
+    return found
+
+
+def _reads_name(nodes: Sequence[cst.SubscriptElement], name: str) -> bool:
+    found = False
+
+    class Names(Visitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            if isinstance(node, cst.Name) and node.value == name:
+                found = True
+            return not found and not isinstance(node, cst.Attribute)
+
+    for element in nodes:
+        walk(element, Names())
+    return found
+
+
+def _cached_over(
+    roles: Roles, scope: Scope, name: str, loader: set, early: tuple[StmtRef, list[str]] | None, depth: int,
+) -> cst.BaseStatement | None:
+    """The statement that computes `name` (as `scope` sees it) over the loader whose origins are
+    `loader`, in that loader's order, before the loader is prepared: a call of a function of this
+    file that loops over the loader it is handed (`get_teacher_output(teacher, loader)`), a loop over
+    the loader that fills it (`cached.append(...)`, `outs[i * n:(i + 1) * n] = ...`), or a value
+    made from such a name (`torch.cat(cached)`)."""
+    if depth > 3:
+        return None
+    for origin_scope, origin in roles.origins(scope, name) or set():
+        for binding in origin_scope.bindings.get(origin, []):
+            if origin_scope is roles.home and not _before_prepare(roles, binding.where.order, loader, early):
+                continue
+            value = binding.value
+            if value is not None and _comprehends(roles, origin_scope, value, loader):
+                return binding.where.stmt
+            if isinstance(value, cst.Call):
+                callee = roles.facts.function_called(value)
+                if callee is not None and _loops_over_argument(roles, origin_scope, callee, value, loader):
+                    return binding.where.stmt
+                for arg in value.args:
+                    inner = reference(arg.value)
+                    if inner is not None and inner != origin:
+                        found = _cached_over(roles, origin_scope, inner, loader, early, depth + 1)
+                        if found is not None:
+                            return binding.where.stmt
+        for loop in origin_scope.loops:
+            if loop.source is None or not (roles.origins(origin_scope, loop.source) or set()) & loader:
+                continue
+            if origin_scope is roles.home and not runs_before_prepare(roles, origin_scope, loop, early):
+                continue
+            if _fills(loop.node, origin):
+                return loop.node
+    return None
+
+
+def _comprehends(roles: Roles, scope: Scope, value: cst.BaseExpression, loader: set) -> bool:
+    """`value` holds a comprehension over the loader (`[teacher(x) for x, _ in loader]`, also
+    inside a call: `torch.cat([...])`)."""
+    found = False
+
+    class Comprehensions(Visitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            if isinstance(node, cst.CompFor):
+                name = reference(node.iter)
+                if name is not None and (roles.origins(scope, name) or set()) & loader:
+                    found = True
+            return not found and not isinstance(node, (cst.Lambda, cst.FunctionDef))
+
+    walk(value, Comprehensions())
+    return found
+
+
+def _before_prepare(roles: Roles, order: int, loader: set, early: tuple[StmtRef, list[str]] | None) -> bool:
+    assert roles.home is not None
+    names = sorted(n for s, n in loader if s is roles.home)
+    at = prepared_at(roles, names[0], early) if names else None
+    return at is not None and order <= at
+
+
+def _loops_over_argument(roles: Roles, caller: Scope, callee: Scope, call: cst.Call, loader: set) -> bool:
+    """`callee` iterates the parameter that `call` fills with the loader."""
+    for loop in callee.loops:
+        if loop.source is None or loop.source not in callee.params:
+            continue
+        index = callee.params.index(loop.source) - (1 if callee.is_method else 0)
+        arg = call_argument(call, index, loop.source) if index >= 0 else None
+        name = reference(arg) if arg is not None else None
+        if name is not None and (roles.origins(caller, name) or set()) & loader:
+            return True
+    return False
+
+
+def _fills(loop: cst.For, name: str) -> bool:
+    """The loop's body appends to `name` (`append`/`extend`), assigns into it (`name[...] = ...`)
+    or adds to it (`name += [...]`)."""
+    found = False
+
+    class Fills(Visitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in (
+                "append", "extend"
+            ) and reference(node.func.value) == name:
+                found = True
+            if isinstance(node, (cst.AssignTarget, cst.AugAssign)):
+                target = node.target
+                if isinstance(target, cst.Subscript):
+                    target = target.value
+                if reference(target) == name and (isinstance(node, cst.AugAssign) or target is not node.target):
+                    found = True
+            return not found
+
+    walk(loop.body, Fills())
+    return found
+
+
+def _code(node: cst.CSTNode) -> str:
+    text = cst.Module(body=[]).code_for_node(node).strip().splitlines()[0]
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _BatchSizeReads(Visitor):

@@ -30,7 +30,9 @@ Leaves alone:
     of anything whose device is not known to be the chosen device. The batch moves of a helper
     that loops over its loader parameter when a call of it runs before the loader is prepared
     (`targets = teacher_logits(teacher, loader, device)` before the student and its optimizer are
-    built): that call draws from the unprepared loader, whose batches are still on the CPU.
+    built): that call draws from the unprepared loader, whose batches are still on the CPU. So do
+    the batch moves of a loop of the training function over the loader placed above the prepare
+    point (a frozen encoder's features collected before the head and its optimizer are built).
     A model's move when the model (or a name bound to it: `model_without_ddp = model`) is read
     between the move and the prepare call for something else than building the optimizer from its
     parameters: passed to a constructor or a function (`ema = ModelEma(model)`,
@@ -59,9 +61,9 @@ import libcst as cst
 
 from migrate.analysis import Move, Scope, StmtRef
 from migrate.edits import EditPlan
-from migrate.names import call_argument, root_name
+from migrate.names import root_name
 from migrate.roles import Roles, kept_as_attribute
-from migrate.rules.base import early_prepare, placed_loaders, reference, references_in
+from migrate.rules.base import early_prepare, loader_calls, placed_loaders, reference, references_in, runs_before_prepare
 from migrate.walk import Visitor, children, walk
 
 CODE = "AM002"
@@ -119,51 +121,14 @@ def _moved_object(
         loaders = [n for n in loaders if n not in roles.training_only_loaders]
     for loop in move.loops:
         if root in loop.batch_names and loop.source is not None and roles.all_in(scope, loop.source, loaders):
-            if loop.source in scope.params and not _called_after_prepare(roles, scope, loop.source, early):
+            if loop.source in scope.params and loader_calls(roles, scope, loop.source, early)[0]:
                 return None  # `outputs = precompute(teacher, loader)` before the loader is prepared
+            if scope is roles.home and runs_before_prepare(roles, scope, loop, early):
+                return None  # a loop of home over the loader before it is prepared: CPU batches
             return f"batch `{root}`"
     if root in scope.params and _batch_parameter(roles, scope, root, loaders):
         return f"batch `{root}`"
     return None
-
-
-def _called_after_prepare(
-    roles: Roles, scope: Scope, param: str, early: tuple[StmtRef, list[str]] | None,
-    _seen: frozenset[int] = frozenset(),
-) -> bool:
-    """Every call of the function `scope` that fills its loader parameter `param` with a loader of
-    the prepare call runs after that call: a call made before it (teacher outputs computed over the
-    loader before the student is built) iterates the unprepared loader, whose batches are on the CPU."""
-    index = scope.params.index(param) - (1 if scope.is_method else 0)
-    for caller, call in roles.call_sites(scope):
-        arg = call_argument(call, index, param) if index >= 0 else None
-        if caller is roles.home and isinstance(arg, cst.Name):
-            prepared_at = _prepared_at(roles, arg.value, early)
-            order = next((site.where.order for site in caller.calls if site.call is call), None)
-            if order is not None and prepared_at is not None and order <= prepared_at:
-                return False
-        elif (
-            isinstance(arg, cst.Name) and arg.value in caller.params and id(caller) not in _seen
-            and not _called_after_prepare(roles, caller, arg.value, early, _seen | {id(scope)})
-        ):
-            return False
-    return True
-
-
-def _prepared_at(roles: Roles, loader: str, early: tuple[StmtRef, list[str]] | None) -> int | None:
-    """The order, in home, of the statement after which `loader` is prepared: the script's own
-    `accelerator.prepare(..., loader, ...)` (a migrated file run again), else where it goes."""
-    assert roles.home is not None
-    written = [
-        site.where.order for site in roles.home.method_calls
-        if isinstance(site.call.func, cst.Attribute) and site.call.func.attr.value == "prepare"
-        and any(isinstance(arg.value, cst.Name) and arg.value.value == loader for arg in site.call.args)
-    ]
-    if written:
-        return min(written) - 1  # a call in the prepare statement's own line runs after it
-    if early is not None and loader in early[1]:
-        return early[0].order
-    return roles.prepare_after.order if roles.prepare_after is not None else None
 
 
 def _retarget_cuda(roles: Roles, plan: EditPlan, scope: Scope, move: Move) -> None:
