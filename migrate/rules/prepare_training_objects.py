@@ -360,7 +360,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 CODE,
                 loop,
                 f"`{name}` already shards the data by rank (DistributedSampler); preparing it would shard "
-                "twice, so it was not prepared: drop the sampler (keep its shuffle on the DataLoader)"
+                "twice, so it was not prepared: drop the sampler (the DataLoader then shuffles as the sampler did: `shuffle=True`, unless the sampler had `shuffle=False`)"
                 + "".join(f", remove `{call}`" for call in _sampler_epoch_calls(roles, home, name))
                 + " and migrate again: the loader is then prepared, which shards it by rank and reshuffles "
                 "it each epoch",

@@ -1187,7 +1187,7 @@ def _remove_samplers(roles: Roles, plan: EditPlan) -> None:
                     value,
                     f"`{scope.name}` builds loaders with a DistributedSampler for more than the training loop; "
                     f"the sampler was kept and `{loader}` not prepared (preparing it would shard it twice): drop "
-                    "the sampler (keep its shuffle on the DataLoader) and prepare every loader it builds",
+                    "the sampler (the DataLoader then shuffles as the sampler did: `shuffle=True`, unless the sampler had `shuffle=False`) and prepare every loader it builds",
                 )
                 continue
             for index, arg in enumerate(value.args):

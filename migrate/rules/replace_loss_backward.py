@@ -285,7 +285,7 @@ def _trains_distributed(roles: Roles) -> str | None:
                 "which gives each process its share of the data, and wraps the model in `DistributedDataParallel` "
                 f"(line {lines[wraps[0].where.stmt]}), which averages the gradients: run it under torchrun or "
                 "`accel launch` as before. To use the Accelerator instead, build that DataLoader without the sampler "
-                "(keep its shuffle) in the script that builds the optimizer, hand the loader to this code in place of "
+                "(with `shuffle=True` on the DataLoader, unless the sampler had `shuffle=False`) in the script that builds the optimizer, hand the loader to this code in place of "
                 f"what it builds it from{epochs}, and migrate "
                 "this file together with that script in one run (give both, e.g. the project's folder): the loader is "
                 "then prepared there with the model and the optimizer, and the `DistributedDataParallel` wrap goes"
