@@ -156,6 +156,9 @@ class Roles:
     # bindings it reads that are drawn from that RNG too (the task: `W_target = torch.randn(...)`);
     # AM004 seeds the processes apart after the prepare call so that each draws its own batches
     random_batches: "tuple[str, list[Binding]] | None" = None
+    # no optimizer: the training step updates the models' parameters by hand (`p.data.add_(-lr * p.grad)`
+    # over `model.parameters()`); the models are prepared alone (migrate/roles/hand_update.py)
+    hand_updated: bool = False
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole

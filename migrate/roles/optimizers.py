@@ -23,6 +23,7 @@ import libcst as cst
 from migrate.analysis import Binding, CallSite, Scope, StmtRef
 from migrate.names import call_argument, instance_attribute, root_name
 from migrate.roles.calls import OPTIMIZER, call_name, callee
+from migrate.roles.hand_update import hand_trained_home
 from migrate.roles.loaders import unpacked_call
 from migrate.roles.model import BACKWARD, Finding, ObjectBuilder, Roles, WrappedOptimizer
 from migrate.roles.model_use import (
@@ -61,6 +62,10 @@ def find_home_and_optimizers(roles: Roles) -> None:
         found = stepped_factory_results(roles)
     if not found:
         _report_wrapped_optimizers(roles, classes)
+        hand = hand_trained_home(roles) if not roles.findings else None
+        if hand is not None:  # no optimizer: the step updates a module's parameters by hand (prepared alone)
+            roles.home, roles.models = hand[0], hand[1]
+            roles.hand_updated = True
         return
     found.sort(key=lambda pair: pair[1].where.order)
     roles.home = found[0][0]

@@ -1,0 +1,188 @@
+"""A training step that updates a module's parameters by hand, with no optimizer.
+
+Tutorials often write the update step themselves: after `loss.backward()`, a loop over a module's
+parameters changes each one from its own gradient (`for p in model.parameters(): p.data.add_(-lr *
+p.grad)`, `with torch.no_grad(): for p in model.parameters(): p -= lr * p.grad`, `for name, p in
+model.named_parameters(): p.data -= lr * p.grad`), then `model.zero_grad()` or `p.grad.zero_()`.
+There is no optimizer to prepare, but the module is what trains: found from use, not from names,
+it is the module whose `.parameters()` / `.named_parameters()` the loop iterates, whose loop
+variable is changed in place (an augmented assignment, an in-place method `x_(...)` of it or of its
+`.data`, or `x.data = ...`) from a `.grad` read in the same loop, in a function that calls
+`backward` or one those call, and which the training step calls (the loss comes from its output).
+That module is home's model and is prepared alone (`model = accelerator.prepare(model)`): on N
+processes the prepared module (DDP) averages the gradients in `backward`, so the hand update sees
+averaged gradients on every process, as a prepared optimizer would, and the copies stay equal.
+
+Left alone (AM003 reports the file as it was): an update of tensors that are no module's
+parameters (`w = torch.randn(3, requires_grad=True)`; `w -= lr * w.grad`): there is nothing to
+prepare, and nothing would average their gradients; also a file where any update by hand is not
+over such a loop (one module trained by hand beside raw tensors), or whose module cannot be told
+(bound in more than one place, or not called by the training step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from migrate.analysis import Scope
+from migrate.roles.model import Roles
+from migrate.roles.model_use import _training_step_scopes as training_step_scopes, called_in_training_step
+from migrate.walk import walk
+
+_PARAMETER_METHODS = ("parameters", "named_parameters")
+
+
+@dataclass(eq=False)
+class HandUpdate:
+    """One update statement, the module whose parameters it changes (None: not a module's
+    parameters), and the scope that binds that module."""
+
+    stmt: cst.BaseSmallStatement
+    shown: str
+    model: str | None = None
+    home: Scope | None = None
+
+
+def update_statements(node: cst.CSTNode) -> list[tuple[cst.BaseSmallStatement, str]]:
+    """Statements that change a tensor in place from a `.grad` they read (`param.data.add_(-0.1 *
+    param.grad)`, `p -= lr * p.grad`, `p.data = p.data - lr * p.grad`): with the changed name."""
+    found: list[tuple[cst.BaseSmallStatement, str]] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> bool:
+            for small in line.body:
+                changed = _changed_name(small)
+                if changed is not None and _reads_grad(small):
+                    found.append((small, changed))
+            return False
+
+    walk(node, Finder())
+    return found
+
+
+def _changed_name(small: cst.BaseSmallStatement) -> str | None:
+    """`p` for `p -= ...`, `p.data -= ...`, `p.data.add_(...)`, `p.sub_(...)`, `p.data = ...`."""
+    target: cst.BaseExpression | None = None
+    if type(small) is cst.AugAssign:
+        target = small.target
+    elif type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Attribute \
+            and small.targets[0].target.attr.value == "data":
+        target = small.targets[0].target
+    elif type(small) is cst.Expr and type(small.value) is cst.Call and type(small.value.func) is cst.Attribute \
+            and small.value.func.attr.value.endswith("_") and not small.value.func.attr.value.startswith("_"):
+        target = small.value.func.value
+    else:
+        return None
+    if type(target) is cst.Attribute and target.attr.value == "data":
+        target = target.value
+    return target.value if type(target) is cst.Name else None
+
+
+def _reads_grad(node: cst.CSTNode) -> bool:
+    found: list[cst.Attribute] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Attribute(self, attribute: cst.Attribute) -> None:
+            if attribute.attr.value == "grad":
+                found.append(attribute)
+
+    walk(node, Finder())
+    return bool(found)
+
+
+def _parameter_loops(node: cst.CSTNode) -> list[tuple[cst.For, str, str]]:
+    """`for p in M.parameters():` / `for name, p in M.named_parameters():` (also over `list(...)`
+    of those): the loop, the module's name M and the parameter's name p."""
+    found: list[tuple[cst.For, str, str]] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_For(self, loop: cst.For) -> None:
+            source = loop.iter
+            if type(source) is cst.Call and type(source.func) is cst.Name and source.func.value == "list" \
+                    and len(source.args) == 1:
+                source = source.args[0].value
+            if not (type(source) is cst.Call and type(source.func) is cst.Attribute and not source.args
+                    and source.func.attr.value in _PARAMETER_METHODS and type(source.func.value) is cst.Name):
+                return
+            target = loop.target
+            if source.func.attr.value == "named_parameters":
+                if not (type(target) is cst.Tuple and len(target.elements) == 2):
+                    return
+                target = target.elements[1].value
+            if type(target) is cst.Name:
+                found.append((loop, source.func.value.value, target.value))
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+    if isinstance(node, cst.FunctionDef):
+        walk(node.body, Finder())
+    else:
+        walk(node, Finder())
+    return found
+
+
+def find_hand_updates(roles: Roles) -> list[HandUpdate]:
+    """Every update by hand in the functions of the training step (see the module docstring), each
+    with its module and that module's home when they are found."""
+    found: list[HandUpdate] = []
+    if not any(scope.backwards for scope in roles.facts.scopes):
+        return found
+    for scope in training_step_scopes(roles):
+        node = scope.node.body if isinstance(scope.node, cst.FunctionDef) else scope.node
+        covered: dict[int, tuple[str, cst.For]] = {}
+        for loop, module, parameter in _parameter_loops(scope.node):
+            for small, changed in update_statements(loop.body):
+                if changed == parameter:
+                    covered[id(small)] = (module, loop)
+        for small, _changed in _own_update_statements(node):
+            shown = " ".join(cst.Module([]).code_for_node(small).split())
+            update = HandUpdate(small, shown)
+            if id(small) in covered:
+                module, _ = covered[id(small)]
+                origins = roles.origins(scope, module) or set()
+                if len(origins) == 1:
+                    home, name = next(iter(origins))
+                    if called_in_training_step(roles, home, name):
+                        update.model, update.home = name, home
+            found.append(update)
+    return found
+
+
+def _own_update_statements(node: cst.CSTNode) -> list[tuple[cst.BaseSmallStatement, str]]:
+    """`update_statements` of a scope's own body (not of the functions and classes nested in it)."""
+    found: list[tuple[cst.BaseSmallStatement, str]] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> bool:
+            found.extend(update_statements(line))
+            return False
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+    walk(node, Finder())
+    return found
+
+
+def hand_trained_home(roles: Roles) -> tuple[Scope, list[str]] | None:
+    """Home and its models when every update by hand in the training step changes the parameters
+    of a module the step calls, all bound in one scope; None otherwise (no update by hand, or one
+    over raw tensors: AM003 reports it)."""
+    updates = find_hand_updates(roles)
+    if not updates or any(u.home is None for u in updates):
+        return None
+    homes = {id(u.home): u.home for u in updates}
+    if len(homes) != 1:
+        return None
+    home = next(iter(homes.values()))
+    assert home is not None
+    return home, list(dict.fromkeys(u.model for u in updates if u.model is not None))
