@@ -156,6 +156,10 @@ class Roles:
     # bindings it reads that are drawn from that RNG too (the task: `W_target = torch.randn(...)`);
     # AM004 seeds the processes apart after the prepare call so that each draws its own batches
     random_batches: "tuple[str, list[Binding]] | None" = None
+    # the same, where the module-level draws the batches are made from are not seeded (`W_target =
+    # torch.randn(4, 1)`): alike on every process only when drawn after the runtime's Accelerator is
+    # created (runtime/rng.py), which AM004 checks once the Accelerator is placed; reported otherwise
+    unseeded_task: "tuple[str, list[Binding]] | None" = None
     # no optimizer: the training step updates the models' parameters by hand (`p.data.add_(-lr * p.grad)`
     # over `model.parameters()`); the models are prepared alone (migrate/roles/hand_update.py)
     hand_updated: bool = False
