@@ -13,7 +13,9 @@ That module is home's model and is prepared alone (`model = accelerator.prepare(
 processes the prepared module (DDP) averages the gradients in `backward`, so the hand update sees
 averaged gradients on every process, as a prepared optimizer would, and the copies stay equal.
 
-Left alone (AM003 reports the file as it was): an update of tensors that are no module's
+Left alone (AM003 reports the file as it was): under `--mixed-precision fp16` (the loss is
+scaled in `accelerator.backward`, and with no optimizer step nothing unscales the gradients before
+the hand update) or a sharding `--strategy` (the update would see the shards); an update of tensors that are no module's
 parameters (`w = torch.randn(3, requires_grad=True)`; `w -= lr * w.grad`): there is nothing to
 prepare, and nothing would average their gradients; also a file where any update by hand is not
 over such a loop (one module trained by hand beside raw tensors), or whose module cannot be told
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.analysis import Scope
-from migrate.roles.model import Roles
+from migrate.roles.model import BACKWARD, Finding, Roles
 from migrate.roles.model_use import _training_step_scopes as training_step_scopes, called_in_training_step
 from migrate.walk import walk
 
@@ -186,3 +188,38 @@ def hand_trained_home(roles: Roles) -> tuple[Scope, list[str]] | None:
     home = next(iter(homes.values()))
     assert home is not None
     return home, list(dict.fromkeys(u.model for u in updates if u.model is not None))
+
+
+def raw_update(roles: Roles) -> HandUpdate | None:
+    """The first update by hand in the training step that changes no module's parameters (a tensor
+    made with `requires_grad=True`, or one not traced to a module the step calls)."""
+    return next((u for u in find_hand_updates(roles) if u.home is None), None)
+
+
+def refuse_for_options(roles: Roles, mixed_precision: str, strategy: str | None) -> None:
+    """`--mixed-precision fp16` or a sharding `--strategy` asked of a file whose model is updated by
+    hand: fp16 scales the loss in `accelerator.backward` and only an optimizer's step unscales the
+    gradients; a sharded model's parameters are shards. The file is left as it is."""
+    if not roles.hand_updated or roles.refused:
+        return
+    asked, why = [], []
+    if mixed_precision == "fp16":
+        asked.append("`--mixed-precision fp16`")
+        why.append("fp16 scales the loss in `accelerator.backward` and only a prepared optimizer's step unscales the "
+                   "gradients (the hand update would apply scaled ones)")
+    if strategy not in (None, "ddp"):
+        asked.append(f"`--strategy {strategy}`")
+        why.append("a sharding strategy splits the parameters the update reads into shards")
+    if not asked:
+        return
+    update = next((u for u in find_hand_updates(roles) if u.home is not None), None)
+    assert update is not None
+    roles.refused = True
+    roles.findings = [Finding(BACKWARD, update.stmt, (
+        f"the training step updates the parameters of `{update.model}` by hand (`{update.shown}`), with no "
+        f"optimizer, and {' and '.join(asked)} cannot apply to that update, so the file was left as it is: "
+        f"{'; '.join(why)}. Run without that option{' (bf16 needs no scaling)' if mixed_precision == 'fp16' else ''}, "
+        "or use an optimizer "
+        f"(`optimizer = torch.optim.SGD({update.model}.parameters(), lr=...)`, with `optimizer.zero_grad()` and "
+        "`optimizer.step()` in place of the update) and run again"
+    ), unconverted=True)]

@@ -670,14 +670,15 @@ def _unseeded_task(roles: Roles, plan: EditPlan) -> None:
     function, task = roles.unseeded_task
     if plan.target != "accelerate":
         created = _module_accelerator_order(roles)
-        if created is not None and all(created < b.where.order for b in task):
+        if created is not None and all(created <= b.where.order for b in task):
             return
     plan.report(CODE, task[0].where.stmt, unseeded_task_message(function, task), unconverted=True)
 
 
 def _module_accelerator_order(roles: Roles) -> int | None:
-    """The order of the module statement at which `accelerator = Accelerator()` is created, when it
-    is created at the module level right after the imports or at a device choice there; else None."""
+    """The order of the module statement at which `accelerator = Accelerator()` is created (before
+    the first statement after the imports, or in place of a device choice, which draws nothing), when
+    it is created at the module level; else None."""
     facts = roles.facts
     if roles.accelerator_scope is not facts.module_scope or roles.accelerator_exists:
         return None

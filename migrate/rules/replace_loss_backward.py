@@ -71,6 +71,7 @@ from migrate.roles import Roles
 from migrate.positions import start_lines
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name
 from migrate.roles.entry import _has_main_guard
+from migrate.roles.hand_update import raw_update
 from migrate.roles.loaders import random_batches, sampler_values, seeded_before
 from migrate.rules.reduce_per_rank_decisions import stop_tests
 from migrate.walk import walk
@@ -194,6 +195,20 @@ def _optimizer_not_built_here(roles: Roles) -> tuple[str, bool]:
     script = _has_main_guard(roles.facts.module) or any(
         scope is roles.facts.module_scope and scope.backwards for scope in roles.facts.scopes
     )
+    raw = raw_update(roles)
+    if raw is not None:
+        return (
+            "`.backward()` found but there is no `torch.optim` optimizer in this file to prepare, so it was left "
+            f"as it is: `{raw.shown}` updates by hand a tensor that is no module's parameter (made with "
+            "`requires_grad=True`, or not traced to the `.parameters()` of a module the training step calls), so "
+            "there is nothing to prepare, and on N processes its gradient would never be averaged across "
+            "processes: each process would train its own copy. Hold such tensors in a module (as "
+            "`torch.nn.Parameter` attributes of a `torch.nn.Module` whose `forward` computes the output from "
+            "them), call that module in the step and update `for p in module.parameters(): ...`"
+            f"{_also_to_change(roles)} and run the migration again (the module is then prepared, and its "
+            "gradients averaged before the update), or all-reduce the gradients yourself before the update "
+            "(`torch.distributed.all_reduce(p.grad)`, then divide by the number of processes)"
+        ), True
     if update is not None:
         return (
             "`.backward()` found but there is no `torch.optim` optimizer in this file to prepare, so it was left "
