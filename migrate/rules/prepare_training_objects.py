@@ -196,8 +196,14 @@ Leaves alone:
     alike before they are drawn, it is not reported: the processes other than the main one are
     seeded apart right after the prepare call, as a GAN's noise is, so each draws its own batches
     of the one task (one process runs as before; `tests/e2e/test_step_loss_early_stop.py`); with no
-    seed before such a task the report is at the task's line: torch seeds each process at random,
-    so each would train on a different task: seed it alike, and run again; an object built with torchrun's global rank, nanoGPT's `DataLoaderLite(...,
+    seed before such a task, drawn at the module level where the Accelerator already exists (it
+    is created right below the imports, or at a device choice above the task), nothing is added
+    either: the runtime's Accelerator gives every process rank 0's RNG state when it is created and
+    its first prepare call seeds them apart again (docs/runtime.md), so every process draws the one
+    task and its own batches (`tests/e2e/test_hand_update_unseeded_task.py`); drawn before the
+    Accelerator is created, or under `--target accelerate` (HF's Accelerator leaves each process's
+    RNG as it is), the report is at the task's line: torch seeds each process at random, so each
+    would train on a different task: seed it alike, and run again; an object built with torchrun's global rank, nanoGPT's `DataLoaderLite(...,
     process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
     it is, since the local rank repeats on every node; when the batches are consecutive slices of
     one tensor along a later axis, `ids[:, i:i + seq_length]`, with state carried from one step to

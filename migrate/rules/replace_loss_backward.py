@@ -33,15 +33,32 @@ Leaves alone:
     under torchrun as it is: a note (not unconverted) names the loader, the sampler and the wrap by
     line, and says how to migrate it with its caller (build the loader without the sampler in the
     script that builds the optimizer, hand it in, give both files in one run). A
-    script (a `__main__` guard, or a backward at module level) or a file whose parameters are
-    updated by hand (`param.data.add_(-lr * param.grad)`) has no `torch.optim` optimizer to
-    prepare: for a hand-written update the report says that it never sees gradients averaged across
-    processes (use an optimizer, or all-reduce the gradients), and also names what else the next run
-    needs: a seed before module-level draws the batches are made from (each process would draw its
-    own task), and a stop test on the step's loss (reduced by AM011 once migrated; bind it to a
-    name first when the test reads `loss.item()` itself); a script that shows none may only
-    compute gradients (of its inputs, say); otherwise the file reads as a library module. Also reported: an optimizer built in a file with
-    no `.backward()` at all (the step is hidden in another module, e.g. a trainer).
+    script (a `__main__` guard, or a backward at module level) with no `torch.optim` optimizer has
+    nothing to prepare, unless its step updates a module's parameters by hand (below): a script
+    that shows no update may only compute gradients (of its inputs, say); otherwise the file reads
+    as a library module. Also reported: an optimizer built in a file with no `.backward()` at all
+    (the step is hidden in another module, e.g. a trainer).
+
+Parameters updated by hand:
+    A step with no optimizer whose update is written by hand over a module's parameters, after
+    `backward` (`for p in model.parameters(): p.data.add_(-lr * p.grad)`, `with torch.no_grad():
+    for p in model.parameters(): p -= lr * p.grad`, `for name, p in model.named_parameters(): p.data
+    -= lr * p.grad`, then `model.zero_grad()` or `p.grad.zero_()`), where the module is one the
+    training step calls: the module is prepared alone (`model = accelerator.prepare(model)`, with
+    the training loaders, AM004), the backward becomes `accelerator.backward(loss)` and the update
+    is kept as it is. The prepared module (DDP on N processes) averages the gradients in
+    `backward`, so the hand update reads averaged gradients on every process, as a prepared
+    optimizer would, and the copies stay equal (`model.parameters()`, `model.zero_grad()` and
+    `model.weight` work on the prepared module). The loop is not wrapped in `accumulate` (AM005):
+    there is no optimizer step to skip. Reported, the file left as it is: an update of tensors that
+    are no module's parameters (`w = torch.zeros(3, requires_grad=True)`; `w -= lr * w.grad`),
+    also beside a module's (nothing would average their gradients: hold them in a module and run
+    again, or all-reduce the gradients yourself); `--mixed-precision fp16` (nothing would unscale
+    the gradients before the update) or a sharding `--strategy`. The report of a refused
+    hand-written update also names what else the next run needs: a seed before module-level draws
+    the batches are made from (each process would draw its own task), and a stop test on the step's
+    loss (reduced by AM011 once migrated; bind it to a name first when the test reads `loss.item()`
+    itself).
 
 Training step inside an object the migration cannot read:
     When no `.backward()` shows anywhere and a loop hands the optimizer and a loss computed from a
