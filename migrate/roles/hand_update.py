@@ -9,7 +9,8 @@ it is the module whose `.parameters()` / `.named_parameters()` the loop iterates
 variable is changed in place (an augmented assignment, an in-place method `x_(...)` of it or of its
 `.data`, or `x.data = ...`) from a `.grad` read in the same loop, in a function that calls
 `backward` or one those call, and which the training step calls (the loss comes from its output).
-That module is home's model and is prepared alone (`model = accelerator.prepare(model)`): on N
+That module is home's model and is prepared alone (`model = accelerator.prepare(model)`; beside an
+optimizer's models, when the same scope binds it, it is prepared with them, and reported otherwise): on N
 processes the prepared module (DDP) averages the gradients in `backward`, so the hand update sees
 averaged gradients on every process, as a prepared optimizer would, and the copies stay equal.
 
@@ -216,8 +217,8 @@ def refuse_for_options(roles: Roles, mixed_precision: str, strategy: str | None)
     assert update is not None
     roles.refused = True
     roles.findings = [Finding(BACKWARD, update.stmt, (
-        f"the training step updates the parameters of `{update.model}` by hand (`{update.shown}`), with no "
-        f"optimizer, and {' and '.join(asked)} cannot apply to that update, so the file was left as it is: "
+        f"the training step updates the parameters of `{update.model}` by hand (`{update.shown}`), not through "
+        f"an optimizer, and {' and '.join(asked)} cannot apply to that update, so the file was left as it is: "
         f"{'; '.join(why)}. Run without that option{' (bf16 needs no scaling)' if mixed_precision == 'fp16' else ''}, "
         "or use an optimizer "
         f"(`optimizer = torch.optim.SGD({update.model}.parameters(), lr=...)`, with `optimizer.zero_grad()` and "

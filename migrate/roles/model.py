@@ -160,8 +160,9 @@ class Roles:
     # torch.randn(4, 1)`): alike on every process only when drawn after the runtime's Accelerator is
     # created (runtime/rng.py), which AM004 checks once the Accelerator is placed; reported otherwise
     unseeded_task: "tuple[str, list[Binding]] | None" = None
-    # no optimizer: the training step updates the models' parameters by hand (`p.data.add_(-lr * p.grad)`
-    # over `model.parameters()`); the models are prepared alone (migrate/roles/hand_update.py)
+    # the training step updates a prepared model's parameters by hand (`p.data.add_(-lr * p.grad)` over
+    # `model.parameters()`), with no optimizer (the models are prepared alone) or beside the optimizer's
+    # models (migrate/roles/hand_update.py)
     hand_updated: bool = False
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
