@@ -7,7 +7,9 @@ model.named_parameters(): p.data -= lr * p.grad`), then `model.zero_grad()` or `
 There is no optimizer to prepare, but the module is what trains: found from use, not from names,
 it is the module whose `.parameters()` / `.named_parameters()` the loop iterates, whose loop
 variable is changed in place (an augmented assignment, an in-place method `x_(...)` of it or of its
-`.data`, or `x.data = ...`) from a `.grad` read in the same loop, in a function that calls
+`.data`, or `x.data = ...`) from a `.grad` read in the same loop (also a loop over a parameter of a
+function every caller hands `M.parameters()`: `def sgd(params, lr): for p in params: p -= lr *
+p.grad` called as `sgd(model.parameters(), lr)`), in a function that calls
 `backward` or one those call, and which the training step calls (the loss comes from its output).
 That module is home's model and is prepared alone (`model = accelerator.prepare(model)`; beside an
 optimizer's models, when the same scope binds it, it is prepared with them, and reported otherwise): on N
@@ -103,6 +105,10 @@ def _parameter_loops(node: cst.CSTNode) -> list[tuple[cst.For, str, str]]:
     class Finder(cst.CSTVisitor):
         def visit_For(self, loop: cst.For) -> None:
             source = loop.iter
+            if type(source) is cst.Name and type(loop.target) is cst.Name:
+                # `for p in params:` over a parameter of the function: followed to its callers
+                found.append((loop, f"*{source.value}", loop.target.value))
+                return
             if type(source) is cst.Call and type(source.func) is cst.Name and source.func.value == "list" \
                     and len(source.args) == 1:
                 source = source.args[0].value
@@ -148,13 +154,41 @@ def find_hand_updates(roles: Roles) -> list[HandUpdate]:
             update = HandUpdate(small, shown)
             if id(small) in covered:
                 module, _ = covered[id(small)]
-                origins = roles.origins(scope, module) or set()
+                origins = _handed_modules(roles, scope, module[1:]) if module.startswith("*") \
+                    else roles.origins(scope, module) or set()
                 if len(origins) == 1:
                     home, name = next(iter(origins))
                     if called_in_training_step(roles, home, name):
                         update.model, update.home = name, home
             found.append(update)
     return found
+
+
+def _handed_modules(roles: Roles, scope: Scope, parameter: str) -> set[tuple[Scope, str]]:
+    """The modules whose `.parameters()` every caller of the function `scope` hands it as
+    `parameter` (`sgd(net.parameters(), lr)` for `def sgd(params, lr): for p in params: ...`),
+    as origins; empty when a caller hands anything else (`sgd([w, b], lr)`: raw tensors)."""
+    if not scope.is_function or parameter not in scope.params or parameter in scope.bindings:
+        return set()
+    position = scope.params.index(parameter)
+    sites = roles.call_sites(scope)
+    found: set[tuple[Scope, str]] = set()
+    for caller, call in sites:
+        given = [a.value for a in call.args if a.keyword is not None and a.keyword.value == parameter]
+        if not given and position < len(call.args) and call.args[position].keyword is None \
+                and not any(a.star for a in call.args[:position + 1]):
+            given = [call.args[position].value]
+        if len(given) != 1:
+            return set()
+        value = given[0]
+        if not (type(value) is cst.Call and type(value.func) is cst.Attribute and not value.args
+                and value.func.attr.value == "parameters" and type(value.func.value) is cst.Name):
+            return set()
+        origins = roles.origins(caller, value.func.value.value)
+        if not origins:
+            return set()
+        found |= origins
+    return found if sites else set()
 
 
 def _own_update_statements(node: cst.CSTNode) -> list[tuple[cst.BaseSmallStatement, str]]:
