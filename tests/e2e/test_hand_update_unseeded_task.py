@@ -11,6 +11,10 @@ migrated with the CLI and run on 1 and 2 processes.
   first prepare call), the hand update reads averaged gradients so the weights stay identical, the
   reduced loss stops both at the same step, and the loss falls.
 
+A function-style script with a DataLoader whose helper updates the parameters it is handed
+(`descend(model.parameters(), lr)`, `p -= lr * p.grad` under `torch.no_grad()`) is identical to its
+original on 1 process and ends with equal weights on 2, each rank on its half of the batches.
+
 Every run has a timeout.
 """
 
@@ -21,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from original_and_migrated import RankFileScript  # noqa: E402
+from original_and_migrated import RankFileScript, migrate_into, run_copy  # noqa: E402
 from rt_helpers import run_cmd  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parent / "nprocess_scripts" / "hand_update_unseeded_task.py"
@@ -69,3 +73,64 @@ def test_two_processes_fit_one_task_with_their_own_batches_and_equal_weights() -
     assert first["losses"][-1] < first["losses"][0] / 100, first["losses"][::50]
     fitted = [abs(w - t) for w, t in zip(first["weight"], first["task"], strict=True)]
     assert max(fitted) < 0.2, (first["weight"], first["task"])
+
+
+# A function-style script with a DataLoader, the update by hand in a helper handed the model's
+# parameters, under `torch.no_grad()` (`p -= lr * p.grad`), seeded: the model and the loader are
+# prepared together, and the helper is kept.
+LOADER_SCRIPT = '''
+import json
+import os
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def descend(params, lr):
+    with torch.no_grad():
+        for p in params:
+            p -= lr * p.grad
+
+
+def main():
+    torch.manual_seed(0)
+    x = torch.randn(96, 3)
+    y = (x[:, :1] * 2 - x[:, 1:2] + 0.5 * x[:, 2:]).tanh()
+    loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+    model = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 1))
+    losses = []
+    for epoch in range(6):
+        for inputs, targets in loader:
+            model.zero_grad()
+            loss = nn.functional.mse_loss(model(inputs), targets)
+            loss.backward()
+            descend(model.parameters(), 0.1)
+            losses.append(loss.item())
+        print(f"epoch {epoch} loss {loss.item():.6f}")
+    rank = int(os.environ.get("RANK", "0"))
+    with open(f"rank{rank}.json", "w") as f:
+        json.dump({"losses": losses, "weights": [p.detach().view(-1).tolist() for p in model.parameters()]}, f)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_loader_and_helper_update_at_one_and_two_processes(tmp_path: Path) -> None:
+    folder = migrate_into(tmp_path, "train.py", LOADER_SCRIPT, TIMEOUT)
+    migrated = (folder / "migrated" / "train.py").read_text()
+    assert "model, loader = accelerator.prepare(model, loader)" in migrated
+    assert "p -= lr * p.grad" in migrated and "accumulate(" not in migrated
+    original, original_dir = run_copy(folder, "original", "train.py", 1, TIMEOUT)
+    one, one_dir = run_copy(folder, "migrated", "train.py", 1, TIMEOUT)
+    assert one.stdout == original.stdout
+    assert json.loads((one_dir / "rank0.json").read_text()) == json.loads((original_dir / "rank0.json").read_text())
+    two, two_dir = run_copy(folder, "migrated", "train.py", 2, TIMEOUT)
+    first, second = (json.loads((two_dir / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert first["weights"] == second["weights"]
+    assert len(first["losses"]) == len(second["losses"]) == 6 * 6  # half of the 12 batches per epoch each
+    assert first["losses"] != second["losses"]  # each rank its own batches
+    assert sum(first["losses"][-6:]) < sum(first["losses"][:6]) / 2
+    assert two.stdout.count("epoch 5 loss") == 1  # printed by the main process only
