@@ -22,7 +22,9 @@ the hand update) or a sharding `--strategy` (the update would see the shards); a
 parameters (`w = torch.randn(3, requires_grad=True)`; `w -= lr * w.grad`): there is nothing to
 prepare, and nothing would average their gradients; also a file where any update by hand is not
 over such a loop (one module trained by hand beside raw tensors), or whose module cannot be told
-(bound in more than one place, or not called by the training step).
+(bound in more than one place, or not called by the training step); an update whose loop draws
+random values (Langevin noise, `p.data.add_(-lr * p.grad + torch.randn_like(p) * s)`): each process
+would draw its own after the prepare call and the copies would drift apart.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.analysis import Scope
+from migrate.roles.calls import RNG_DRAWS
 from migrate.roles.model import BACKWARD, Finding, Roles
 from migrate.roles.model_use import _training_step_scopes as training_step_scopes, called_in_training_step
 from migrate.walk import walk
@@ -48,6 +51,7 @@ class HandUpdate:
     shown: str
     model: str | None = None
     home: Scope | None = None
+    draws: bool = False  # its loop draws random values (`p.data.add_(-lr * p.grad + torch.randn_like(p))`)
 
 
 def update_statements(node: cst.CSTNode) -> list[tuple[cst.BaseSmallStatement, str]]:
@@ -146,12 +150,16 @@ def find_hand_updates(roles: Roles) -> list[HandUpdate]:
         node = scope.node.body if isinstance(scope.node, cst.FunctionDef) else scope.node
         covered: dict[int, tuple[str, cst.For]] = {}
         for loop, module, parameter in _parameter_loops(scope.node):
+            if _draws_random(roles, loop):
+                continue  # each process would draw its own values: the copies would drift apart
             for small, changed in update_statements(loop.body):
                 if changed == parameter:
                     covered[id(small)] = (module, loop)
         for small, _changed in _own_update_statements(node):
             shown = " ".join(cst.Module([]).code_for_node(small).split())
-            update = HandUpdate(small, shown)
+            update = HandUpdate(small, shown, draws=any(
+                _draws_random(roles, loop) and any(u is small for u, _ in update_statements(loop.body))
+                for loop, _, _ in _parameter_loops(scope.node)))
             if id(small) in covered:
                 module, _ = covered[id(small)]
                 origins = _handed_modules(roles, scope, module[1:]) if module.startswith("*") \
@@ -162,6 +170,27 @@ def find_hand_updates(roles: Roles) -> list[HandUpdate]:
                         update.model, update.home = name, home
             found.append(update)
     return found
+
+
+_RANDOM_METHODS = frozenset({"normal_", "uniform_", "bernoulli_", "random_", "exponential_", "geometric_",
+                             "cauchy_", "log_normal_"})
+
+
+def _draws_random(roles: Roles, node: cst.CSTNode) -> bool:
+    """`node` draws from torch's RNG (`torch.randn_like(p)`, `noise.normal_()`): on N processes each
+    draws its own values after the prepare call."""
+    found: list[cst.Call] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if any(a.keyword is not None and a.keyword.value == "generator" for a in call.args):
+                return  # a generator of the script's own, seeded alike on every process or not: its business
+            if roles.facts.aliases.qualify(call.func) in RNG_DRAWS or (
+                    type(call.func) is cst.Attribute and call.func.attr.value in _RANDOM_METHODS):
+                found.append(call)
+
+    walk(node, Finder())
+    return bool(found)
 
 
 def _handed_modules(roles: Roles, scope: Scope, parameter: str) -> set[tuple[Scope, str]]:

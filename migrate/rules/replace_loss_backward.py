@@ -53,7 +53,10 @@ Parameters updated by hand:
     there is no optimizer step to skip. Reported, the file left as it is: an update of tensors that
     are no module's parameters (`w = torch.zeros(3, requires_grad=True)`; `w -= lr * w.grad`),
     also beside a module's (nothing would average their gradients: hold them in a module and run
-    again, or all-reduce the gradients yourself); `--mixed-precision fp16` (nothing would unscale
+    again, or all-reduce the gradients yourself); an update whose loop draws random values from
+    torch's RNG (Langevin noise, `torch.randn_like(p)`: each process would draw its own after the
+    prepare call and the copies would drift apart; draw them from a `generator=` seeded alike);
+    `--mixed-precision fp16` (nothing would unscale
     the gradients before the update) or a sharding `--strategy`. The report of a refused
     hand-written update also names what else the next run needs: a seed before module-level draws
     the batches are made from (each process would draw its own task), and a stop test on the step's
@@ -213,6 +216,16 @@ def _optimizer_not_built_here(roles: Roles) -> tuple[str, bool]:
         scope is roles.facts.module_scope and scope.backwards for scope in roles.facts.scopes
     )
     raw = raw_update(roles)
+    if raw is not None and raw.draws:
+        return (
+            "`.backward()` found but there is no `torch.optim` optimizer in this file to prepare, so it was left "
+            f"as it is: `{raw.shown}` updates a module's parameters by hand in a loop that draws random values "
+            "from torch's RNG; with the module prepared the gradients would be averaged, but on N processes each "
+            "process would draw its own values, so the copies of the model would drift apart. Draw them from a "
+            "generator seeded alike on every process (`g = torch.Generator().manual_seed(0)` before the loop, "
+            "`torch.randn(p.shape, generator=g)` in the update) and run the migration again: the module is then "
+            "prepared, and every process adds the same values to the same averaged gradients"
+        ), True
     if raw is not None:
         return (
             "`.backward()` found but there is no `torch.optim` optimizer in this file to prepare, so it was left "
