@@ -674,7 +674,7 @@ def _unseeded_task(roles: Roles, plan: EditPlan) -> None:
     if roles.unseeded_task is None:
         return
     function, task = roles.unseeded_task
-    if plan.target != "accelerate":
+    if plan.target != "accelerate" and plan.create_at is None:  # not at a removed group setup (AM007)
         created = _module_accelerator_order(roles)
         if created is not None and all(created <= b.where.order for b in task):
             return
