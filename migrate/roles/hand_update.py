@@ -251,6 +251,8 @@ def hand_trained_home(roles: Roles) -> tuple[Scope, list[str]] | None:
         return None
     home = next(iter(homes.values()))
     assert home is not None
+    if isinstance(home.node, cst.ClassDef):
+        return None  # bound in a class body: no place for `prepare` (AM003 reports the file)
     return home, list(dict.fromkeys(u.model for u in updates if u.model is not None))
 
 
