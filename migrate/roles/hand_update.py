@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from migrate.analysis import Scope
+from migrate.names import instance_attribute
 from migrate.roles.calls import RNG_DRAWS
 from migrate.roles.model import BACKWARD, Finding, Roles
 from migrate.roles.model_use import _training_step_scopes as training_step_scopes, called_in_training_step
@@ -117,7 +118,11 @@ def _parameter_loops(node: cst.CSTNode) -> list[tuple[cst.For, str, str]]:
                     and len(source.args) == 1:
                 source = source.args[0].value
             if not (type(source) is cst.Call and type(source.func) is cst.Attribute and not source.args
-                    and source.func.attr.value in _PARAMETER_METHODS and type(source.func.value) is cst.Name):
+                    and source.func.attr.value in _PARAMETER_METHODS):
+                return
+            owner = source.func.value
+            module = owner.value if type(owner) is cst.Name else instance_attribute(owner)  # `self.model`
+            if module is None:
                 return
             target = loop.target
             if source.func.attr.value == "named_parameters":
@@ -125,7 +130,7 @@ def _parameter_loops(node: cst.CSTNode) -> list[tuple[cst.For, str, str]]:
                     return
                 target = target.elements[1].value
             if type(target) is cst.Name:
-                found.append((loop, source.func.value.value, target.value))
+                found.append((loop, module, target.value))
 
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
             return False
