@@ -25,7 +25,7 @@ from migrate.positions import start_lines
 from migrate.registry import RULES
 from migrate.results import Change, Diagnostic, FileError, FileResult
 from migrate.rewriter import Rewriter, annotate
-from migrate.roles import Roles, find_roles, hidden_step
+from migrate.roles import Roles, find_roles, hand_update, hidden_step
 from migrate.rules import remove_distributed_boilerplate
 from migrate.statement_code import StatementCode
 from migrate.suppression import drop_skipped, skip_lines
@@ -189,6 +189,7 @@ def plan_edits(roles: Roles, options: Options) -> EditPlan:
     view of a unit's modules: `migrate/crossmodule/`)."""
     plan = EditPlan(target=options.target)
     hidden_step.refuse_for_options(roles, options.mixed_precision, options.strategy)
+    hand_update.refuse_for_options(roles, options.mixed_precision, options.strategy)
     if options.mixed_precision != "no":
         plan.accelerator_kwargs["mixed_precision"] = f'"{options.mixed_precision}"'
     if options.strategy is not None:

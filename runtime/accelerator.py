@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from . import ops
+from . import ops, rng
 from .config import DataLoaderConfiguration
 from .connector import connect
 from .checkpoint import (
@@ -45,7 +45,7 @@ from .optim import AcceleratedOptimizer, AcceleratedScheduler, follow_parameters
 from . import unused_parameters
 from .pickled import worker_copy
 from .precision import unwrap as unwrap_precision
-from .state import ProcessView, barrier, destroy_process_group
+from .state import ProcessView, barrier, created_default_group, destroy_process_group
 from .strategy import Strategy
 from .tracking import GeneralTracker, Tracking
 from .user_module import accept_wrapper_keys
@@ -66,6 +66,14 @@ class Accelerator(ProcessView):
     ``UnsupportedOptionError`` naming the option. ``strategy``: ``"ddp"`` (default), ``"zero1"``,
     ``"fsdp"`` (= ``"fsdp-zero3"``), ``"fsdp-zero2"`` or a strategy object (runtime/strategy.py);
     settings are resolved by runtime/connector.py.
+
+    Created on N processes, where it creates the process group and the processes' torch generators
+    were never seeded alike, it gives every process rank 0's torch RNG state, so that what the
+    script draws between ``Accelerator()`` and the first ``prepare`` call (a task, a split, the
+    initial weights) is the same everywhere, as in a seeded script; that first ``prepare`` call
+    seeds the other processes apart again, so the training loop draws per process as before. A
+    script that seeds torch alike, one process, and a group the script created are left as they
+    are (runtime/rng.py).
     """
 
     def __init__(
@@ -99,6 +107,9 @@ class Accelerator(ProcessView):
             even_batches=even_batches,
         )
         settings = connection.settings
+        if created_default_group():
+            # unseeded processes draw alike until the first prepare call (runtime/rng.py)
+            rng.align_unseeded(connection.state.rank, connection.state.device)
         self.settings_sources = dict(settings.sources)
         self.state = connection.state
         self.strategy = connection.strategy
@@ -195,6 +206,7 @@ class Accelerator(ProcessView):
         prepared: list[Any] = list(objs)
         for index in sorted(range(len(objs)), key=order):
             prepared[index] = self._prepare_one(objs[index])
+        rng.seed_apart_after_prepare(self.process_index)  # the first call only (runtime/rng.py)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def _prepare_one(self, obj: Any) -> Any:

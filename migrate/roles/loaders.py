@@ -680,8 +680,9 @@ def report_unsharded_training(roles: Roles) -> None:
         function, task = random
         unseeded = [b for b in task if not seeded_before(roles, b)]
         if unseeded:
-            roles.findings.append(Finding(PREPARE, unseeded[0].where.stmt, unseeded_task_message(function, unseeded),
-                                          unconverted=True))
+            # the runtime's Accelerator gives every process rank 0's RNG state when it is created and
+            # seeds them apart at the first prepare (runtime/rng.py): AM004 checks the draws follow it
+            roles.unseeded_task = (function, unseeded)
             return
         roles.random_batches = random  # seeded apart after the prepare call (AM004)
         return

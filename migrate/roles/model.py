@@ -156,6 +156,14 @@ class Roles:
     # bindings it reads that are drawn from that RNG too (the task: `W_target = torch.randn(...)`);
     # AM004 seeds the processes apart after the prepare call so that each draws its own batches
     random_batches: "tuple[str, list[Binding]] | None" = None
+    # the same, where the module-level draws the batches are made from are not seeded (`W_target =
+    # torch.randn(4, 1)`): alike on every process only when drawn after the runtime's Accelerator is
+    # created (runtime/rng.py), which AM004 checks once the Accelerator is placed; reported otherwise
+    unseeded_task: "tuple[str, list[Binding]] | None" = None
+    # the training step updates a prepared model's parameters by hand (`p.data.add_(-lr * p.grad)` over
+    # `model.parameters()`), with no optimizer (the models are prepared alone) or beside the optimizer's
+    # models (migrate/roles/hand_update.py)
+    hand_updated: bool = False
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole

@@ -23,6 +23,7 @@ import libcst as cst
 from migrate.analysis import Binding, CallSite, Scope, StmtRef
 from migrate.names import call_argument, instance_attribute, root_name
 from migrate.roles.calls import OPTIMIZER, call_name, callee
+from migrate.roles.hand_update import find_hand_updates, hand_trained_home
 from migrate.roles.loaders import unpacked_call
 from migrate.roles.model import BACKWARD, Finding, ObjectBuilder, Roles, WrappedOptimizer
 from migrate.roles.model_use import (
@@ -61,6 +62,10 @@ def find_home_and_optimizers(roles: Roles) -> None:
         found = stepped_factory_results(roles)
     if not found:
         _report_wrapped_optimizers(roles, classes)
+        hand = hand_trained_home(roles) if not roles.findings else None
+        if hand is not None:  # no optimizer: the step updates a module's parameters by hand (prepared alone)
+            roles.home, roles.models = hand[0], hand[1]
+            roles.hand_updated = True
         return
     found.sort(key=lambda pair: pair[1].where.order)
     roles.home = found[0][0]
@@ -438,6 +443,29 @@ def find_models(roles: Roles) -> None:
                     )
                 elif model not in roles.models:
                     roles.models.append(model)
+    if not roles.hand_updated:
+        _hand_updated_beside_optimizer(roles)
+
+
+def _hand_updated_beside_optimizer(roles: Roles) -> None:
+    """A module the training step updates by hand beside the optimizer's models (`for p in
+    critic.parameters(): p.data.add_(-lr * p.grad)`, `migrate/roles/hand_update.py`): prepared with
+    them when home binds it (its gradients are then averaged before the update); reported when it
+    is bound elsewhere, since left unprepared each process would train its own copy."""
+    home = roles.home
+    assert home is not None
+    for update in find_hand_updates(roles):
+        if update.model is None or update.home is None or update.model in roles.models:
+            continue
+        if update.home is home:
+            roles.models.append(update.model)
+            roles.hand_updated = True
+        else:
+            roles.cannot_prepare(update.stmt, (
+                f"`{update.shown}` updates the parameters of `{update.model}` by hand, and `{update.model}` is built "
+                f"in `{update.home.qualname}`, not in `{home.qualname}` where the training objects are prepared, so "
+                "it was not prepared: on N processes its gradients would not be averaged before the update. Build it "
+                f"in `{home.qualname}` (or pass it to `accelerator.prepare(...)` where it is built)"))
 
 
 def _built_models(roles: Roles, binding: Binding) -> list[str]:

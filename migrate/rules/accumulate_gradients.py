@@ -36,6 +36,9 @@ Leaves alone:
     which would still all-reduce every micro-step. A model handed to a trainer class through
     `**kwargs` (`self.model = kwargs['model']`, `SimCLR(model=model, ...)`) is traced to what the
     callers pass, and named.
+    A step that updates the model's parameters by hand, with no optimizer (`migrate/roles/hand_update.py`):
+    inside `accumulate` the update would run on every micro-step from gradients not yet averaged,
+    so the loop is not wrapped (every backward all-reduces, hand-written accumulation included).
     Loops already inside `accelerator.accumulate(...)`, loops over data that is not a prepared
     loader, and loops whose backward sits in a helper function (the helper's own loop, if any, is
     wrapped instead). A `require_backward_grad_sync` toggle on another condition is kept and
@@ -67,6 +70,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if roles.home is None or not roles.models:
         return
     _convert_no_sync(roles, plan)
+    if roles.hand_updated:
+        return  # no optimizer step for `accumulate` to skip: the hand update runs every step, synchronised
     done: set[int] = set()
     for scope in roles.facts.scopes:
         if not roles.can_reach(scope):

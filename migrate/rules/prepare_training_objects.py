@@ -206,8 +206,14 @@ Leaves alone:
     alike before they are drawn, it is not reported: the processes other than the main one are
     seeded apart right after the prepare call, as a GAN's noise is, so each draws its own batches
     of the one task (one process runs as before; `tests/e2e/test_step_loss_early_stop.py`); with no
-    seed before such a task the report is at the task's line: torch seeds each process at random,
-    so each would train on a different task: seed it alike, and run again; an object built with torchrun's global rank, nanoGPT's `DataLoaderLite(...,
+    seed before such a task, drawn at the module level where the Accelerator already exists (it
+    is created right below the imports, or at a device choice above the task), nothing is added
+    either: the runtime's Accelerator gives every process rank 0's RNG state when it is created and
+    its first prepare call seeds them apart again (docs/runtime.md), so every process draws the one
+    task and its own batches (`tests/e2e/test_hand_update_unseeded_task.py`); drawn before the
+    Accelerator is created, or under `--target accelerate` (HF's Accelerator leaves each process's
+    RNG as it is), the report is at the task's line: torch seeds each process at random, so each
+    would train on a different task: seed it alike, and run again; an object built with torchrun's global rank, nanoGPT's `DataLoaderLite(...,
     process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
     it is, since the local rank repeats on every node; when the batches are consecutive slices of
     one tensor along a later axis, `ids[:, i:i + seq_length]`, with state carried from one step to
@@ -283,6 +289,7 @@ from migrate.names import call_argument
 from migrate.positions import start_lines
 from migrate.roles import Roles, loader_calls, sampler_values
 from migrate.roles.calls import RNG_DRAWS, RNG_SEEDS
+from migrate.roles.loaders import unseeded_task_message
 from migrate.roles.model import WrappedOptimizer
 from migrate.roles.placement import first_code_statement
 from migrate.roles.rng import TORCH, draw_generator, seeded_generators
@@ -342,6 +349,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     home = roles.home
     if home is None or not (roles.models or roles.optimizers):
         return
+    _unseeded_task(roles, plan)
     for name, loop in roles.rank_sampled.items():
         if name not in plan.unsharded_loaders:
             others = _other_samplers(roles, home, name)
@@ -890,6 +898,41 @@ def _seed_draws_per_rank(
             f"different ones. {why}Seed each process differently once what must stay alike is done (a `random_split` "
             f"or other draw that picks the data; prepared loaders shuffle alike whatever the seed): {fix}"
         ), unconverted=True)
+
+
+def _unseeded_task(roles: Roles, plan: EditPlan) -> None:
+    """Module-level draws the training batches are made from, with no seed before them (`W_target =
+    torch.randn(4, 1) * 5`, read by `get_batch()`; `roles.unseeded_task`). Unseeded, torch's CPU
+    generator starts apart on every process, so each would draw its own task. The runtime's
+    Accelerator, created on N processes, gives every process rank 0's generator state when their
+    seeds differ, and its first `prepare` call seeds the processes apart again (runtime/rng.py):
+    drawn after the Accelerator is created, at the module level, the task is the same everywhere
+    and each process draws its own batches, with nothing to add. Reported where the draws run
+    before the Accelerator is created (it is created at a later device choice, or in a function),
+    and under `--target accelerate`, whose Accelerator leaves the generators as they are."""
+    if roles.unseeded_task is None:
+        return
+    function, task = roles.unseeded_task
+    if plan.target != "accelerate" and plan.create_at is None:  # not at a removed group setup (AM007)
+        created = _module_accelerator_order(roles)
+        if created is not None and all(created <= b.where.order for b in task):
+            return
+    plan.report(CODE, task[0].where.stmt, unseeded_task_message(function, task), unconverted=True)
+
+
+def _module_accelerator_order(roles: Roles) -> int | None:
+    """The order of the module statement at which `accelerator = Accelerator()` is created (before
+    the first statement after the imports, or in place of a device choice, which draws nothing), when
+    it is created at the module level; else None."""
+    facts = roles.facts
+    if roles.accelerator_scope is not facts.module_scope or roles.accelerator_exists:
+        return None
+    if roles.device_binding is not None:
+        return roles.device_binding.where.order
+    end = facts.import_block_end
+    if end is not None and roles.create_before is end.stmt:
+        return end.order
+    return None
 
 
 def _batches_left_alike(roles: Roles, plan: EditPlan) -> None:

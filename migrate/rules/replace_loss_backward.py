@@ -33,15 +33,35 @@ Leaves alone:
     under torchrun as it is: a note (not unconverted) names the loader, the sampler and the wrap by
     line, and says how to migrate it with its caller (build the loader without the sampler in the
     script that builds the optimizer, hand it in, give both files in one run). A
-    script (a `__main__` guard, or a backward at module level) or a file whose parameters are
-    updated by hand (`param.data.add_(-lr * param.grad)`) has no `torch.optim` optimizer to
-    prepare: for a hand-written update the report says that it never sees gradients averaged across
-    processes (use an optimizer, or all-reduce the gradients), and also names what else the next run
-    needs: a seed before module-level draws the batches are made from (each process would draw its
-    own task), and a stop test on the step's loss (reduced by AM011 once migrated; bind it to a
-    name first when the test reads `loss.item()` itself); a script that shows none may only
-    compute gradients (of its inputs, say); otherwise the file reads as a library module. Also reported: an optimizer built in a file with
-    no `.backward()` at all (the step is hidden in another module, e.g. a trainer).
+    script (a `__main__` guard, or a backward at module level) with no `torch.optim` optimizer has
+    nothing to prepare, unless its step updates a module's parameters by hand (below): a script
+    that shows no update may only compute gradients (of its inputs, say); otherwise the file reads
+    as a library module. Also reported: an optimizer built in a file with no `.backward()` at all
+    (the step is hidden in another module, e.g. a trainer).
+
+Parameters updated by hand:
+    A step with no optimizer whose update is written by hand over a module's parameters, after
+    `backward` (`for p in model.parameters(): p.data.add_(-lr * p.grad)`, `with torch.no_grad():
+    for p in model.parameters(): p -= lr * p.grad`, `for name, p in model.named_parameters(): p.data
+    -= lr * p.grad`, then `model.zero_grad()` or `p.grad.zero_()`), where the module is one the
+    training step calls: the module is prepared alone (`model = accelerator.prepare(model)`, with
+    the training loaders, AM004), the backward becomes `accelerator.backward(loss)` and the update
+    is kept as it is. The prepared module (DDP on N processes) averages the gradients in
+    `backward`, so the hand update reads averaged gradients on every process, as a prepared
+    optimizer would, and the copies stay equal (`model.parameters()`, `model.zero_grad()` and
+    `model.weight` work on the prepared module). The loop is not wrapped in `accumulate` (AM005):
+    there is no optimizer step to skip. Reported, the file left as it is: an update of tensors that
+    are no module's parameters (`w = torch.zeros(3, requires_grad=True)`; `w -= lr * w.grad`),
+    also beside a module's (nothing would average their gradients: hold them in a module and run
+    again, or all-reduce the gradients yourself); an update whose loop draws random values from
+    torch's RNG (Langevin noise, `torch.randn_like(p)`: each process would draw its own after the
+    prepare call and the copies would drift apart; draw them from a `generator=` seeded alike);
+    `--mixed-precision fp16` (nothing would unscale
+    the gradients before the update) or a sharding `--strategy`. The report of a refused
+    hand-written update also names what else the next run needs: a seed before module-level draws
+    the batches are made from (each process would draw its own task), and a stop test on the step's
+    loss (reduced by AM011 once migrated; bind it to a name first when the test reads `loss.item()`
+    itself).
 
 Training step inside an object the migration cannot read:
     When no `.backward()` shows anywhere and a loop hands the optimizer and a loss computed from a
@@ -71,6 +91,7 @@ from migrate.roles import Roles
 from migrate.positions import start_lines
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name
 from migrate.roles.entry import _has_main_guard
+from migrate.roles.hand_update import raw_update
 from migrate.roles.loaders import random_batches, sampler_values, seeded_before
 from migrate.rules.reduce_per_rank_decisions import stop_tests
 from migrate.walk import walk
@@ -194,6 +215,30 @@ def _optimizer_not_built_here(roles: Roles) -> tuple[str, bool]:
     script = _has_main_guard(roles.facts.module) or any(
         scope is roles.facts.module_scope and scope.backwards for scope in roles.facts.scopes
     )
+    raw = raw_update(roles)
+    if raw is not None and raw.draws:
+        return (
+            "`.backward()` found but there is no `torch.optim` optimizer in this file to prepare, so it was left "
+            f"as it is: `{raw.shown}` updates a module's parameters by hand in a loop that draws random values "
+            "from torch's RNG; with the module prepared the gradients would be averaged, but on N processes each "
+            "process would draw its own values, so the copies of the model would drift apart. Draw them from a "
+            "generator seeded alike on every process (`g = torch.Generator().manual_seed(0)` before the loop, "
+            "`torch.randn(p.shape, generator=g)` in the update) and run the migration again: the module is then "
+            "prepared, and every process adds the same values to the same averaged gradients"
+        ), True
+    if raw is not None:
+        return (
+            "`.backward()` found but there is no `torch.optim` optimizer in this file to prepare, so it was left "
+            f"as it is: `{raw.shown}` updates by hand a tensor that is no module's parameter (made with "
+            "`requires_grad=True`, or not traced to the `.parameters()` of a module the training step calls), so "
+            "there is nothing to prepare, and on N processes its gradient would never be averaged across "
+            "processes: each process would train its own copy. Hold such tensors in a module (as "
+            "`torch.nn.Parameter` attributes of a `torch.nn.Module` whose `forward` computes the output from "
+            "them), call that module in the step and update `for p in module.parameters(): ...`"
+            f"{_also_to_change(roles)} and run the migration again (the module is then prepared, and its "
+            "gradients averaged before the update), or all-reduce the gradients yourself before the update "
+            "(`torch.distributed.all_reduce(p.grad)`, then divide by the number of processes)"
+        ), True
     if update is not None:
         return (
             "`.backward()` found but there is no `torch.optim` optimizer in this file to prepare, so it was left "
