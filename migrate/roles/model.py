@@ -68,6 +68,21 @@ class ObjectBuilder:
 
 
 @dataclass(eq=False)
+class InstanceFed:
+    """A loop of `scope` over `source` hands each batch to `feed` (`model.set_input(data)`) and
+    trains through `train` (`model.optimize_parameters()`), methods of an instance of `cls`."""
+
+    scope: Scope
+    loop: Loop
+    source: str
+    instance: str
+    cls: Scope
+    feed: cst.Call
+    train: cst.Call
+    built: Binding  # `model = Pix2PixModel(opt)`
+
+
+@dataclass(eq=False)
 class Finding:
     """Something a rule must report rather than rewrite.
 
@@ -156,6 +171,10 @@ class Roles:
     # bindings it reads that are drawn from that RNG too (the task: `W_target = torch.randn(...)`);
     # AM004 seeds the processes apart after the prepare call so that each draws its own batches
     random_batches: "tuple[str, list[Binding]] | None" = None
+    # no DataLoader feeds the training step directly: a loop over a loader hands each batch to an
+    # instance of a class of the file (`model.set_input(data)`) and trains through a method of it
+    # (`model.optimize_parameters()`); reported (AM004) once the Accelerator's place is known
+    instance_fed: "InstanceFed | None" = None
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole
