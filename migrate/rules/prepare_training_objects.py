@@ -23,7 +23,9 @@ What it does:
     the modules together, AM013) that takes a model's `.parameters()` / `.named_parameters()` are
     followed to the model passed to it:
     `optimizer = AdamW(param_groups(model, wd))`, or `groups = param_groups(model, wd)` then
-    `AdamW(groups)`, prepares `model`.
+    `AdamW(groups)`, prepares `model`; so do groups of comprehensions over a list of its named
+    parameters (`named = list(model.named_parameters())`, `[{"params": [p for n, p in named if
+    ...]}, ...]`, the BERT fine-tuning idiom).
     Whatever the training step steps after `backward` is the optimizer, however it was built:
     known constructors are evidence, not a requirement. `if/elif/else` alternatives of one
     optimizer (`if args.opt == "adamw": optimizer = AdamW(groups) elif ...: optimizer =
