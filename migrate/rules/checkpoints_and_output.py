@@ -199,7 +199,11 @@ Leaves alone:
     torch.load(cache) else: ...; torch.save(v, cache)`: the main process writes the cache, and no
     process reads it in this run). A removal is reported on the same grounds (also calling the
     prepared model or a collective, binding a name read later). Writes in another module of a unit
-    (a logger module's files, often one per rank) are left alone, as its checkpoints are. Other writers
+    (a logger module's files, often one per rank) are left alone, as its checkpoints are; but a
+    function of such a module that saves with `torch.save` (`save_checkpoint(state)` of utils.py),
+    holds no collective or model call and changes nothing its callers see, runs whole on the main
+    process: each call of it that is a statement of its own goes under `if
+    accelerator.is_main_process:` (every process would otherwise write the same file). Other writers
     (`fig.savefig` on a figure object, `df.head(8).to_csv(...)` on an expression) are not
     recognised. Reported the same way, a dataset with `download=` built at module level before the
     Accelerator exists, in the header of an `if`/`for` (`for x, y in
