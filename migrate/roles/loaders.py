@@ -842,9 +842,11 @@ def report_instance_fed(roles: Roles) -> None:
         advice = (f"below the lines that bind `{fed.source}` and `{fed.instance}`, before the loop, add "
                   f"`{fed.source} = {reference}.prepare({fed.source})`: each process then draws its own share of "
                   "every epoch's batches")
+    how = (f"`{feed}(...)`, a method of the `{fed.cls.name}` instance `{fed.instance}` that trains on it"
+           if fed.feed is fed.train else
+           f"`{feed}(...)` and trains with `{train}(...)`, methods of the `{fed.cls.name}` instance `{fed.instance}`")
     roles.findings.append(Finding(PREPARE, at, (
-        f"`{fed.source}` is the loader the training step draws from: the loop over it hands each batch to "
-        f"`{feed}(...)` and trains with `{train}(...)`, methods of the `{fed.cls.name}` instance `{fed.instance}`; "
+        f"`{fed.source}` is the loader the training step draws from: the loop over it hands each batch to {how}; "
         f"{where}: {advice}"), unconverted=True))
 
 
