@@ -7,7 +7,9 @@ of the unit), the joined view of `merge.py` is planned by the rules once, every 
 edited node is rewritten, and the unit is checked: every rewritten file compiles and passes the
 safety checks, and a second run over the rewritten unit changes nothing. Only then do the entry's
 files take the cross-module results; otherwise they keep their single-file results and the entry
-gets an AM013 diagnostic saying why (see `migrate/crossmodule/__init__.py`).
+gets an AM013 diagnostic saying why (see `migrate/crossmodule/__init__.py`). A unit left as it is
+(all or nothing) drops the rewrites of its files and, with them, the notes on those rewrites: a file
+that loses its rewrite keeps only the diagnostics that leave training code unconverted.
 
 When the view edits only the entry (its own loop, the optimizer from another module's factory), the
 entry takes the view's result if the unit trains through it (the entry alone would see no
@@ -167,6 +169,10 @@ def migrate_unit(sources: list[Source], index: ModuleIndex, options) -> list[Fil
                 outcome.line = min(n.line for names in index.modules[entry].imports.values() for n in names)
             for path in members:
                 if path not in claimed:  # all or nothing: no file of the unit keeps a partial rewrite
+                    if results[path].new_text is not None:
+                        # notes on the rewrite it no longer gets (`the migrated script saves ...`) go with
+                        # it; what leaves training code unconverted stays
+                        results[path].diagnostics = [d for d in results[path].diagnostics if d.unconverted]
                     results[path].new_text = None
                     results[path].changes = []
             result = results[entry]

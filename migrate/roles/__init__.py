@@ -43,6 +43,7 @@ from migrate.roles.loaders import (
     loader_calls,
     loaders_for_training_only,
     prefer_attributes,
+    report_instance_fed,
     report_unsharded_training,
     sampler_values,
 )
@@ -118,6 +119,7 @@ def _find_roles(roles: Roles) -> None:
     find_schedulers(roles)
     find_eval_loops(roles)
     place_accelerator(roles)
+    report_instance_fed(roles)
     place_prepare(roles)
     refuse_kept_wraps(roles)
     loaders_for_training_only(roles)

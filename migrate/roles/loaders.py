@@ -18,7 +18,7 @@ import libcst as cst
 
 from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
-from migrate.roles.model import PREPARE, Finding, Roles
+from migrate.roles.model import PREPARE, Finding, InstanceFed, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
 from migrate.names import call_argument, dotted_name, instance_attribute
@@ -670,6 +670,10 @@ def report_unsharded_training(roles: Roles) -> None:
             f"would train on the same batches. Build `{stream.function}` with the global rank, "
             "`accelerator.process_index` (torchrun's `RANK`), and `accelerator.num_processes`"), unconverted=True))
         return
+    if stream is None and (fed := batches_handed_to_instance(roles)) is not None:
+        if not _prepared_by_hand(fed):
+            roles.instance_fed = fed  # reported once the Accelerator's place is known
+        return
     drawn = _drawn_generators(roles, scope, site) if stream is None else None
     seeded = seeded_generators(roles.facts) & drawn if drawn else set()
     if drawn and not seeded:
@@ -751,6 +755,100 @@ def report_unsharded_training(roles: Roles) -> None:
                 "\"mean\")` from it, so that every process takes the same decisions"
             )
     roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
+
+
+def batches_handed_to_instance(roles: Roles) -> InstanceFed | None:
+    """A loop over a loader that hands each batch to a method of an instance of a class of this
+    file (`model.set_input(data)`, which keeps it in attributes) and trains through a method of the
+    same instance (`model.optimize_parameters()`, or the one taking the batch, `model.step(data)`):
+    the loader feeds the training step, but only through the instance."""
+    for scope in roles.facts.scopes:
+        for loop in scope.loops:
+            if loop.source is None or not loop.batch_names:
+                continue
+            sites = [s for s in scope.method_calls if loop in s.loops and type(s.receiver) is cst.Name]
+            for train in sites:
+                assert isinstance(train.receiver, cst.Name)
+                instance = train.receiver.value
+                built = _instance_of(roles, scope, instance)
+                if built is None:
+                    continue
+                binding, cls = built
+                if _method_of(roles, cls, train.call) not in roles._training_functions:
+                    continue
+                for feed in sites:
+                    if (type(feed.receiver) is cst.Name and feed.receiver.value == instance
+                            and any(_reads_any(a.value, loop.batch_names) for a in feed.call.args)):
+                        return InstanceFed(scope, loop, loop.source, instance, cls, feed.call, train.call, binding)
+    return None
+
+
+def _instance_of(roles: Roles, scope: Scope, name: str) -> tuple[Binding, Scope] | None:
+    """`name = Cls(...)`, its only binding in `scope`, Cls a class of this file."""
+    bindings = scope.bindings.get(name, [])
+    if len(bindings) != 1 or type(bindings[0].value) is not cst.Call:
+        return None
+    func = bindings[0].value.func
+    cls = roles.facts.classes.get(func.value) if type(func) is cst.Name else None
+    return (bindings[0], cls) if cls is not None else None
+
+
+def _method_of(roles: Roles, cls: Scope, call: cst.Call) -> Scope | None:
+    assert isinstance(call.func, cst.Attribute)
+    name = call.func.attr.value
+    return next((s for s in roles.facts.scopes if s.parent is cls and s.is_function and s.name == name), None)
+
+
+def _reads_any(expr: cst.BaseExpression, names: set[str]) -> bool:
+    """`data`, `data[0]`, `data["A"]`, `batch.x`: the expression reads one of the loop's batch names."""
+    while isinstance(expr, (cst.Subscript, cst.Attribute)):
+        expr = expr.value
+    return type(expr) is cst.Name and expr.value in names
+
+
+def _prepared_by_hand(fed: InstanceFed) -> bool:
+    """`dataset = model.accelerator.prepare(dataset)` (the report's advice, followed): every
+    binding of the loop's loader in its scope before the loop is its own prepare call."""
+    bindings = [b for b in fed.scope.bindings.get(fed.source, []) if not b.is_loop_target]
+    last = bindings[-1].value if bindings else None
+    return (type(last) is cst.Call and type(last.func) is cst.Attribute and last.func.attr.value == "prepare"
+            and any(_reads_any(a.value, {fed.source}) for a in last.args))
+
+
+def report_instance_fed(roles: Roles) -> None:
+    """The loader of a loop that feeds the training step through an instance (`model.set_input(data)`)
+    is not prepared: reported at its binding, with the line that prepares it where both exist."""
+    fed = roles.instance_fed
+    home = roles.home
+    if fed is None or home is None:
+        return
+    bindings = [b for b in fed.scope.bindings.get(fed.source, []) if not b.is_loop_target and b.value is not None]
+    at = bindings[-1].where.stmt if bindings else fed.loop.node
+    held = roles.accelerator_scope is not None and any(
+        roles.accelerator_scope is m for m in roles.facts.scopes if m.parent is fed.cls and m.is_function)
+    if held:
+        reference = f"{fed.instance}.accelerator"
+    elif roles.accelerator_scope is fed.scope or roles.accelerator_scope is roles.facts.module_scope:
+        reference = "accelerator"
+    else:
+        reference = None
+    feed = dotted_name(fed.feed.func)
+    train = dotted_name(fed.train.func)
+    where = (f"the model and the optimizers are prepared in `{home.qualname}`, which never receives it, so it is not "
+             "prepared and every process would train on all of the data (N times the work)")
+    if reference is None:
+        advice = (f"hand `{fed.source}` to `{home.qualname}` and prepare it there with them, or prepare it with the "
+                  f"Accelerator that prepares them, below the line that binds `{fed.instance}`, before the loop")
+    else:
+        advice = (f"below the lines that bind `{fed.source}` and `{fed.instance}`, before the loop, add "
+                  f"`{fed.source} = {reference}.prepare({fed.source})`: each process then draws its own share of "
+                  "every epoch's batches")
+    how = (f"`{feed}(...)`, a method of the `{fed.cls.name}` instance `{fed.instance}` that trains on it"
+           if fed.feed is fed.train else
+           f"`{feed}(...)` and trains with `{train}(...)`, methods of the `{fed.cls.name}` instance `{fed.instance}`")
+    roles.findings.append(Finding(PREPARE, at, (
+        f"`{fed.source}` is the loader the training step draws from: the loop over it hands each batch to {how}; "
+        f"{where}: {advice}"), unconverted=True))
 
 
 def _inline_loader(roles: Roles, function: str) -> Binding | None:

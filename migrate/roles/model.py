@@ -68,6 +68,21 @@ class ObjectBuilder:
 
 
 @dataclass(eq=False)
+class InstanceFed:
+    """A loop of `scope` over `source` hands each batch to `feed` (`model.set_input(data)`) and
+    trains through `train` (`model.optimize_parameters()`), methods of an instance of `cls`."""
+
+    scope: Scope
+    loop: Loop
+    source: str
+    instance: str
+    cls: Scope
+    feed: cst.Call
+    train: cst.Call
+    built: Binding  # `model = Pix2PixModel(opt)`
+
+
+@dataclass(eq=False)
 class Finding:
     """Something a rule must report rather than rewrite.
 
@@ -164,6 +179,10 @@ class Roles:
     # `model.parameters()`), with no optimizer (the models are prepared alone) or beside the optimizer's
     # models (migrate/roles/hand_update.py)
     hand_updated: bool = False
+    # no DataLoader feeds the training step directly: a loop over a loader hands each batch to an
+    # instance of a class of the file (`model.set_input(data)`) and trains through a method of it
+    # (`model.optimize_parameters()`); reported (AM004) once the Accelerator's place is known
+    instance_fed: "InstanceFed | None" = None
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole

@@ -699,10 +699,19 @@ def _held_names(value: cst.BaseExpression) -> list[str]:
     """The names and `self.` attributes an argument passes on: itself, the arguments of the call
     it is (`list(params)`, `make_master_params(self.model_params)`), or the values of the
     parameter groups it lists (`[{"params": params, "lr": lr}]`, after `params = [p for _, p in
-    model.named_parameters() if p.requires_grad]`)."""
+    model.named_parameters() if p.requires_grad]`), and what a comprehension there iterates
+    (`{"params": [p for n, p in param_optimizer if ...]}` after `param_optimizer =
+    list(model.named_parameters())`)."""
     name = value.value if type(value) is cst.Name else instance_attribute(value)
     if name is not None:
         return [name]
+    if type(value) in (cst.ListComp, cst.GeneratorExp, cst.SetComp):
+        held: list[str] = []
+        loop: cst.CompFor | None = value.for_in
+        while loop is not None:
+            held.extend(_held_names(loop.iter))
+            loop = loop.inner_for_in
+        return held
     if type(value) is cst.Call:
         return [n for arg in value.args for n in _held_names(arg.value)]
     if type(value) in (cst.List, cst.Tuple):

@@ -149,7 +149,11 @@ Why:
     progress bars, and N processes removing the same old snapshots race: all but one fail with
     FileNotFoundError. After `prepare` the model
     may be wrapped (DistributedDataParallel): its state dict would carry a `module.` prefix that
-    the single-device script cannot load. Only the main process writes the checkpoint: without the
+    the single-device script cannot load. Where the original wrapped the model in
+    `nn.DataParallel` on every run (not under a condition) and saves its `state_dict()` in the same
+    function, its checkpoints always had that prefix and the migrated ones do not: the save is
+    reported, so that code loading the file into a DataParallel-wrapped model (an inference
+    script) loads it into the bare model instead. Only the main process writes the checkpoint: without the
     barrier, the others would read a file it has not finished (or not started) writing.
 
 Example:
@@ -195,7 +199,11 @@ Leaves alone:
     torch.load(cache) else: ...; torch.save(v, cache)`: the main process writes the cache, and no
     process reads it in this run). A removal is reported on the same grounds (also calling the
     prepared model or a collective, binding a name read later). Writes in another module of a unit
-    (a logger module's files, often one per rank) are left alone, as its checkpoints are. Other writers
+    (a logger module's files, often one per rank) are left alone, as its checkpoints are; but a
+    function of such a module that saves with `torch.save` (`save_checkpoint(state)` of utils.py),
+    holds no collective or model call and changes nothing its callers see, runs whole on the main
+    process: each call of it that is a statement of its own goes under `if
+    accelerator.is_main_process:` (every process would otherwise write the same file). Other writers
     (`fig.savefig` on a figure object, `df.head(8).to_csv(...)` on an expression) are not
     recognised. Reported the same way, a dataset with `download=` built at module level before the
     Accelerator exists, in the header of an `if`/`for` (`for x, y in
@@ -224,7 +232,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.analysis import Scope, Site, StmtRef
+from migrate.analysis import LibraryCall, Scope, Site, StmtRef
 from migrate.edits import EditPlan
 from migrate.roles import Roles
 from migrate.roles.model import nested_in
@@ -273,6 +281,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                 if call.qualified == "torch.save":
                     if _checkpoint(roles, plan, scope, call.call):
                         saves.append(call.where)
+                        _report_data_parallel_keys(roles, plan, scope, call)
         if id(scope) in whole:
             # it runs on the main process only: its checkpoints still save the unwrapped model, but
             # nothing in it is guarded again, and no barrier goes inside it (the others never come)
@@ -545,6 +554,41 @@ def _unwrapped_state_dicts(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         )
         plan.use_accelerator(scope)
         plan.change(CODE, site.call, f"`{model}.{func.attr.value}` on the unwrapped model")
+
+
+_DATA_PARALLEL = frozenset({
+    "torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel",
+})
+
+
+def _report_data_parallel_keys(roles: Roles, plan: EditPlan, scope: Scope, save: LibraryCall) -> None:
+    """`model = nn.DataParallel(model)` on every run (not under a condition), then `torch.save(
+    model.state_dict(), path)` in the same function: the original's checkpoint always had keys
+    with a `module.` prefix, the migrated one the bare model's. Code that loads it into a
+    DataParallel-wrapped model (an inference script: `nn.DataParallel(net).load_state_dict(
+    torch.load(path))`) would refuse it; reported at the save, with the change to make there."""
+    if not save.call.args:
+        return
+    for state_call in _state_dict_calls(save.call.args[0].value):
+        func = state_call.func
+        assert type(func) is cst.Attribute
+        if type(func.value) is not cst.Name:
+            continue
+        model = func.value.value
+        if not roles.all_in(scope, model, roles.models) and model not in roles.models:
+            continue
+        wraps = [b for b in scope.bindings.get(model, [])
+                 if b.where.order < save.where.order and type(b.value) is cst.Call
+                 and roles.facts.aliases.qualify(b.value.func) in _DATA_PARALLEL]
+        if not wraps or wraps[-1].where.path:
+            continue  # never wrapped here, or wrapped under a condition (the keys depended on the machine)
+        plan.report(CODE, save.call, (
+            f"the original wrapped `{model}` in `nn.DataParallel` on every run, so this checkpoint's keys started with "
+            f"`module.`; the migrated script saves the bare model's keys (`accelerator.unwrap_model({model})`, the same "
+            "weights): code that loads this file into a DataParallel-wrapped model (`nn.DataParallel(net)"
+            ".load_state_dict(torch.load(path))`) must now load it into the bare model before wrapping it "
+            "(`net.load_state_dict(torch.load(path))`)"))
+        return
 
 
 def _rebuilt_after(scope: Scope, model: str, prepared_at: int, site: Site) -> bool:

@@ -9,7 +9,8 @@ What it does:
     binding, unused, so that the call still has a value to pass; its uses in the function are converted. The Accelerator is created with `mixed_precision="fp16"` (a scaler, or an
     fp16 autocast) or `"bf16"` (a bfloat16 autocast, or `torch.autocast("cpu")`, without scaler).
     AMP switched by one flag (`GradScaler(enabled=args.amp)` with `autocast(enabled=args.amp)`,
-    or `ctx = autocast() if args.amp else nullcontext()`) becomes
+    also given by position, `torch.cuda.amp.autocast(args.amp)`, whose first parameter is
+    `enabled`, or `ctx = autocast() if args.amp else nullcontext()`) becomes
     `Accelerator(mixed_precision="fp16" if args.amp else "no")`; a chosen context keeps its
     choice, with `accelerator.autocast()` as the AMP branch. The condition may also call an
     imported function, the same wherever it is read (`enabled=torch.cuda.is_available()`:
@@ -212,10 +213,17 @@ def _parenthesized(test: cst.BaseExpression) -> cst.BaseExpression:
     return test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
-def _enabled(call: cst.Call) -> cst.BaseExpression | None:
-    """The `enabled=` argument unless it is absent or the literal `True`."""
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "enabled":
+# Autocasts whose first positional parameter is `enabled` (`torch.cuda.amp.autocast(cuda)`, YOLOv5's
+# shape); `torch.autocast` / `torch.amp.autocast` take the device type first.
+_ENABLED_FIRST = frozenset({"torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
+
+
+def _enabled(call: cst.Call, qualified: str = "") -> cst.BaseExpression | None:
+    """The `enabled=` argument (or the first positional one of an autocast that takes `enabled`
+    first) unless it is absent or the literal `True`."""
+    for index, arg in enumerate(call.args):
+        if (arg.keyword is not None and arg.keyword.value == "enabled") or (
+                index == 0 and arg.keyword is None and not arg.star and qualified in _ENABLED_FIRST):
             if isinstance(arg.value, cst.Name) and arg.value.value == "True":
                 return None
             return arg.value
@@ -252,7 +260,7 @@ def _switch(roles: Roles, scalers: set, autocasts: list, plan: EditPlan) -> cst.
                 switches.append((scope, binding.value, enabled))
     chosen = _chosen_by_condition(roles.facts.module, [call.call for _, call in autocasts])
     for scope, call in autocasts:
-        enabled, condition = _enabled(call.call), chosen.get(id(call.call))
+        enabled, condition = _enabled(call.call, call.qualified), chosen.get(id(call.call))
         if enabled is not None and condition is not None:
             plan.report(CODE, call.call, "autocast is both chosen by a condition and switched by `enabled=`; the "
                         "AMP code was kept as it is: pass `mixed_precision=` to the Accelerator instead")

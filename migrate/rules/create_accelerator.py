@@ -68,6 +68,9 @@ What it does:
     args.gpus`) is kept (one process still uses the GPUs it names) and reported: under `accel
     launch` every process sets the same list, then takes GPU `LOCAL_RANK` among them, so with fewer
     GPUs listed than processes the others fail; the report says to set it outside the script.
+    Where that line runs after the Accelerator is created (below the creation, e.g. after the
+    module's argument parsing when the script chooses no device), CUDA has already started on the
+    Accelerator's GPU and the line picks nothing, even on one process: the report says so.
     A device a class holds on an attribute, chosen in its constructor's own body
     (`self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")` in `__init__`)
     while another method builds the optimizer (`build_model`, which the constructor calls after
@@ -365,7 +368,7 @@ def _create(roles: Roles, plan: EditPlan, target: str) -> tuple[Sequence[cst.Bas
             break  # once: the first place the index is used
     if target == "runtime":
         _report_other_accelerators(roles, plan)
-    _report_visible_devices(roles, plan)
+    _report_visible_devices(roles, plan, place)
     return place
 
 
@@ -453,11 +456,15 @@ def _report_other_accelerators(roles: Roles, plan: EditPlan) -> None:
         "`--target accelerate` (HF Accelerate picks mps and xpu)"))
 
 
-def _report_visible_devices(roles: Roles, plan: EditPlan) -> None:
+def _report_visible_devices(roles: Roles, plan: EditPlan, place: tuple[Sequence[cst.BaseStatement], int]) -> None:
     """`os.environ["CUDA_VISIBLE_DEVICES"] = args.gpus` in the script: kept (on one process it still
     picks the GPU), and reported once: under `accel launch --nproc-per-node N` every process sets
     the same list before the Accelerator takes GPU `LOCAL_RANK` among the visible ones, so with
-    fewer GPUs listed than processes the extra processes fail."""
+    fewer GPUs listed than processes the extra processes fail. Set where it runs after the
+    Accelerator is created (a statement below the creation in its block, the module's `argparse`
+    then `os.environ[...] = args.gpu`), the line picks nothing any more: the Accelerator has made
+    its GPU current, and CUDA reads the variable once, when it starts; reported so, with the
+    change that keeps the choice (set it outside the script)."""
     aliases = roles.facts.aliases
     found: list[cst.CSTNode] = []
 
@@ -473,12 +480,34 @@ def _report_visible_devices(roles: Roles, plan: EditPlan) -> None:
 
     for module in [s.node for s in roles.facts.scopes if s.parent is None] or [roles.facts.module]:
         walk(module, Sets())
-    if found:
+    block, index = place
+    if found and any(type(stmt) not in (cst.FunctionDef, cst.ClassDef) and _holds(stmt, found[0])
+                     for stmt in block[index:]):
+        plan.report(CODE, found[0], (
+            "the script sets `CUDA_VISIBLE_DEVICES` itself, but this line runs after the Accelerator is created, "
+            "which has already started CUDA on this process's GPU (CUDA reads the variable once, when it starts): "
+            "it no longer picks the GPUs, even on one process, which now trains on the first GPU. Set it outside "
+            "the script instead (`CUDA_VISIBLE_DEVICES=1 python script.py`, `CUDA_VISIBLE_DEVICES=0,1 accel launch "
+            "--nproc-per-node 2 script.py`) and remove this line"))
+    elif found:
         plan.report(CODE, found[0], (
             "the script sets `CUDA_VISIBLE_DEVICES` itself; kept, so one process still uses the GPUs it names, but under "
             "`accel launch --nproc-per-node N` every process sets the same list and then takes GPU `LOCAL_RANK` among "
             "them: with fewer GPUs listed than processes the others fail. Set it outside the script instead "
             "(`CUDA_VISIBLE_DEVICES=0,1 accel launch --nproc-per-node 2 script.py`) and remove this line"))
+
+
+def _holds(stmt: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """The assignment `node` is inside `stmt`."""
+    found = False
+
+    class Find(Visitor):
+        def visit_Assign(self, visited: cst.Assign) -> None:
+            nonlocal found
+            found = found or visited is node
+
+    walk(stmt, Find())
+    return found
 
 
 def _keep_setup_call(

@@ -98,7 +98,8 @@ Leaves alone (each reported unless no metric is recognised):
       smaller last batch, nor for a PSNR of each batch), so it is not gathered either; prepared
       without a gather, each process would print the mean over its own batches. The report says
       which of the two it is;
-    - a loop whose function divides by `len(loader)` (after prepare: the batches of one process);
+    - a loop whose function divides by `len(loader)` (after prepare: the batches of one process;
+      not a `len(loader)` passed as a keyword argument, a progress bar's `total=len(loader)`);
     - a value the metric computes from the gathered ones (`loss = criterion(out, y)` before
       `test_loss += loss.item()`) that the loop also reads for something else (a progress print):
       it would need one copy for the metric and one for this process;
@@ -969,12 +970,20 @@ class _Loop:
         return found[0] if found else None
 
     def _loader_length(self) -> cst.CSTNode | None:
-        """A `len(loader)` of this loop's loader anywhere in its function."""
+        """A `len(loader)` of this loop's loader anywhere in its function; not one passed as a
+        keyword argument (`tqdm(loader, total=len(loader))`: a progress bar's length, no divisor)."""
         source = self.loop.source
         found: list[cst.CSTNode] = []
+        keyword_values: set[int] = set()
 
         class Visitor(cst.CSTVisitor):
+            def visit_Arg(self, node: cst.Arg) -> None:
+                if node.keyword is not None:
+                    keyword_values.add(id(node.value))
+
             def visit_Call(self, node: cst.Call) -> None:
+                if id(node) in keyword_values:
+                    return
                 if (
                     isinstance(node.func, cst.Name)
                     and node.func.value == "len"

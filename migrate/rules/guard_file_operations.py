@@ -57,7 +57,16 @@ def _whole_file_operations(roles: Roles, plan: EditPlan) -> set[int]:
     module = roles.facts.module_scope
     candidates: list[tuple[Scope, bool]] = []  # (function, downloads)
     for function in roles.facts.scopes:
-        if not function.is_function or function.is_method or not nested_in(function, module):
+        if not function.is_function or function.is_method:
+            continue
+        if not nested_in(function, module):
+            # a function of another module of the run that saves with `torch.save` (`save_checkpoint(state)`
+            # of utils.py: `torch.save(state, filename)`), which no rule guards inside it
+            if not _saves_files(function) or _has_outside_effects(function) or _named_elsewhere(roles, function) \
+                    or _mentions_rank(function.node):  # a file per rank (`f"ckpt_rank{rank}.pt"`): each process's own
+                continue
+            if roles.call_sites(function) and _hazard(roles, function, function.node, set()) is None:
+                candidates.append((function, False))
             continue
         writes = _find_writes(roles, plan, function, module)
         fetches = any(w.fetch for w in writes)
@@ -135,6 +144,10 @@ def _run_whole(roles: Roles, plan: EditPlan, function: Scope, fetches: bool, who
             plan.change(CODE, unit.stmt, (
                 f"`{function.name}(...)` downloads and unpacks files as a whole: it runs on the main process "
                 "only, and the others wait for it (`accelerator.wait_for_everyone()`) before reading them"))
+        elif not nested_in(function, roles.facts.module_scope):
+            plan.change(CODE, unit.stmt, (
+                f"`{function.name}(...)`, a function of another module of the run, saves files with `torch.save`: "
+                "it runs on the main process only"))
         else:
             plan.change(CODE, unit.stmt, (
                 f"`{function.name}(...)` writes files and then renames, copies or removes them: it runs "
@@ -158,6 +171,11 @@ def _report_unreachable_call(roles: Roles, plan: EditPlan, function: Scope, call
         f"files (a file another process already moved is not found). Call it after the Accelerator is "
         f"created{where}, where its call runs on the main process only and the others wait for it, or fetch the "
         "data once before launching"), unconverted=True)
+
+
+def _saves_files(function: Scope) -> bool:
+    """`torch.save(...)` in the function's own body."""
+    return any(c.qualified == "torch.save" for c in function.library_calls)
 
 
 # Methods that change the object they are called on (`paths.append(p)` on a parameter).

@@ -23,7 +23,9 @@ What it does:
     the modules together, AM013) that takes a model's `.parameters()` / `.named_parameters()` are
     followed to the model passed to it:
     `optimizer = AdamW(param_groups(model, wd))`, or `groups = param_groups(model, wd)` then
-    `AdamW(groups)`, prepares `model`.
+    `AdamW(groups)`, prepares `model`; so do groups of comprehensions over a list of its named
+    parameters (`named = list(model.named_parameters())`, `[{"params": [p for n, p in named if
+    ...]}, ...]`, the BERT fine-tuning idiom).
     Whatever the training step steps after `backward` is the optimizer, however it was built:
     known constructors are evidence, not a requirement. `if/elif/else` alternatives of one
     optimizer (`if args.opt == "adamw": optimizer = AdamW(groups) elif ...: optimizer =
@@ -85,6 +87,12 @@ What it does:
     loader each epoch would restart its shuffling), it is reported on the line that binds it,
     naming the loop it feeds and where the model is prepared, with the change that lets it be
     prepared there (hand it to the constructor, kept as an attribute).
+    A loader whose loop hands each batch to a method of an instance of a class of this file
+    (`model.set_input(data)`, which keeps it in attributes) and trains through a method of that
+    instance (`model.optimize_parameters()`), the pix2pix/CycleGAN shape, does feed the training
+    step: it is reported on the line that binds it, with the line that prepares it below the
+    bindings of the loader and the instance (`dataset = model.accelerator.prepare(dataset)`,
+    where the class holds the Accelerator); once that line is written, nothing is reported.
     A prepared model whose whole input is drawn in the training loop from torch's global RNG (a
     GAN's noise, `fake = netG(torch.randn(b, nz, 1, 1, device=device))`, inline or through a name)
     while no seed of the file reads the rank: every process starts that RNG alike when the script
