@@ -18,6 +18,7 @@ import libcst as cst
 
 from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
+from migrate.roles.full_batch import full_batch_selection
 from migrate.roles.model import PREPARE, Finding, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
@@ -749,6 +750,12 @@ def report_unsharded_training(roles: Roles) -> None:
                 "stops and searches on it): once the data are split, return `accelerator.reduce(loss.detach(), "
                 "\"mean\")` from it, so that every process takes the same decisions"
             )
+        else:
+            finding = Finding(PREPARE, site.call, message, unconverted=True)
+            shared = full_batch_selection(roles, scope, site, finding)
+            if shared is not None:
+                roles.shared_selection = shared  # AM004 shares it out, or reports `finding`
+                return
     roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
 
 

@@ -32,6 +32,7 @@ from migrate.roles.setup_device import binds_setup_device, initialises_group
 
 if TYPE_CHECKING:
     from migrate.roles.class_wrappers import ClassWrapper
+    from migrate.roles.full_batch import SharedSelection
     from migrate.roles.spawn import SpawnLaunch
 
 
@@ -156,6 +157,10 @@ class Roles:
     # bindings it reads that are drawn from that RNG too (the task: `W_target = torch.randn(...)`);
     # AM004 seeds the processes apart after the prepare call so that each draws its own batches
     random_batches: "tuple[str, list[Binding]] | None" = None
+    # no DataLoader feeds the training step: its loss selects its samples from a full-batch output
+    # with a fixed index or mask (`output[idx_train]`, migrate/roles/full_batch.py); AM004 takes
+    # this process's share of them (`accelerator.share_selection`)
+    shared_selection: "SharedSelection | None" = None
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole

@@ -373,6 +373,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     ]
     if not names or home.prepared:
         _batches_left_alike(roles, plan)
+        _selection_left_whole(roles, plan)
         return
     if not roles.can_reach(home):
         # An Accelerator the script already creates elsewhere (`def main(): accelerator = ...`)
@@ -391,6 +392,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         plan.use_accelerator(home)
         _prepare_received(roles, plan)
         _prepare_in_training_methods(roles, plan)
+        _share_selection(roles, plan)
         return
     # a model a trainer trains through a hand-wrapped alias is prepared into the alias
     bound = {model: alias for alias, model in roles.model_aliases.items()}
@@ -409,6 +411,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         anchor = roles.create_before
         if anchor is None:
             _batches_left_alike(roles, plan)
+            _selection_left_whole(roles, plan)
             return
         plan.insert_before.setdefault(anchor, []).extend([*freed, stmt, *rebound])
     for name in names:
@@ -425,6 +428,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     _prepare_received(roles, plan)
     _prepare_in_training_methods(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
+    _share_selection(roles, plan)
 
 
 def _batch_size_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
@@ -651,6 +655,47 @@ def _seed_draws_per_rank(
             f"different ones. {why}Seed each process differently once what must stay alike is done (a `random_split` "
             f"or other draw that picks the data; prepared loaders shuffle alike whatever the seed): {fix}"
         ), unconverted=True)
+
+
+def _share_selection(roles: Roles, plan: EditPlan) -> None:
+    """A full-batch step whose loss selects its samples with a fixed index or mask
+    (`roles.shared_selection`, `migrate.roles.full_batch`): right before the first statement that
+    selects them, this process's share is bound (`idx_train_share =
+    accelerator.share_selection(idx_train)`) and the loss's subscripts read it; every other use of
+    the selection (an evaluation over the training nodes) keeps the whole of it. A runtime
+    extension: under `--target accelerate`, or where the step cannot reach the Accelerator, the
+    step is reported as before."""
+    shared = roles.shared_selection
+    if shared is None:
+        return
+    if plan.target == "accelerate" or not roles.can_reach(shared.scope):
+        _selection_left_whole(roles, plan)
+        return
+    stmt = statement(f"{shared.name} = accelerator.share_selection({shared.shown})\n")
+    plan.insert_before.setdefault(shared.before, []).append(stmt)
+    for subscript in shared.subscripts:
+        plan.subscripts[subscript] = lambda node, name=shared.name: node.with_changes(
+            slice=[node.slice[0].with_changes(slice=cst.Index(cst.Name(name)))])
+    plan.use_accelerator(shared.scope)
+    plan.change(CODE, shared.before, (
+        f"the loss is taken over this process's share of `{shared.shown}` (`accelerator.share_selection`, a "
+        "runtime extension): every process runs the model over all the samples and each takes the loss over "
+        "every N-th selected one, so N processes share the step's samples as a prepared DataLoader shares a "
+        "dataset"))
+
+
+def _selection_left_whole(roles: Roles, plan: EditPlan) -> None:
+    """The report of a step no DataLoader feeds, for a full-batch selection AM004 does not share."""
+    shared = roles.shared_selection
+    if shared is None:
+        return
+    finding = shared.finding
+    message = finding.message
+    if plan.target == "accelerate":
+        message += (
+            f". HF Accelerate has no call that shares `{shared.shown}` out; `--target runtime` takes each "
+            f"process's share of it with `accelerator.share_selection({shared.shown})`")
+    plan.report(CODE, finding.node, message, unconverted=True)
 
 
 def _batches_left_alike(roles: Roles, plan: EditPlan) -> None:

@@ -1,0 +1,259 @@
+"""A full-batch training step whose loss selects its samples with a fixed index or mask.
+
+A graph network computes its output for every node at once (`output = model(features, adj)`) and
+takes the loss over the training nodes only: `criterion(output[idx_train], labels[idx_train])`
+(an index tensor) or `F.cross_entropy(out[data.train_mask], data.y[data.train_mask])` (a boolean
+mask). No DataLoader feeds such a step, so every process would train on the same nodes. The
+samples of that step are the selected positions: when the selection is fixed across steps (bound
+once before the training loop, or handed to the step function by a caller that binds it outside
+its loop), each process can take its own share of them, as a prepared DataLoader shares a dataset
+(`Accelerator.share_selection`, AM004 writes the edit).
+
+Found here (`full_batch_selection`): the statements that feed the loss of the backward (its
+binding, and the bindings of the names it reads, in the step's scope), the subscripts there whose
+index is one plain name or attribute chain (`output[idx_train]`), all with the same selection,
+at least one of them over a computed output, and every operation pairing a selected tensor with
+another pairs it with one selected alike (`criterion(out[m], y[m])`, never `criterion(out[m],
+y_train)`). The selection must not appear in those statements otherwise (`/ mask.sum()` counts the
+whole selection), and must not be rebound by the step or by the loop that runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from migrate.analysis import Binding, Loop, Scope, Site, StmtRef
+from migrate.names import dotted_name
+from migrate.roles.model import Finding, Roles
+from migrate.walk import Visitor, walk
+
+
+@dataclass(eq=False)
+class SharedSelection:
+    scope: Scope  # the step's scope, where the loss is taken
+    shown: str  # the selection as written (`idx_train`, `data.train_mask`)
+    subscripts: list[cst.Subscript]  # the selecting subscripts feeding the loss (`output[idx_train]`)
+    before: cst.BaseStatement  # the first statement holding one: the share is bound right before it
+    name: str  # the local the share is bound to
+    finding: Finding  # the report of a step no DataLoader feeds, when the share cannot be written
+
+
+def full_batch_selection(roles: Roles, scope: Scope, site: Site, finding: Finding) -> SharedSelection | None:
+    """The fixed selection the loss of `site` is taken over (see the module docstring), or None."""
+    if scope.is_method or (scope.parent is not None and not scope.is_function):
+        return None
+    feeding = _feeding(scope, site)
+    if not feeding:
+        return None
+    bound = {name for _, _, name in feeding if name}
+    found = _Selections(bound)
+    for value, _, _ in feeding:
+        walk(value, found)
+    shown = {dotted_name(s.slice[0].slice.value) for s in found.subscripts}  # type: ignore[attr-defined]
+    if len(shown) != 1 or found.unpaired or len(found.subscripts) < 2:
+        return None
+    selection = next(iter(shown))
+    assert selection is not None
+    uses = _Uses(selection)
+    for value, _, _ in feeding:
+        walk(value, uses)
+    if uses.count != len(found.subscripts):
+        return None  # read otherwise too (`loss.sum() / mask.sum()`): the whole selection is meant there
+    computed = {name for value, _, name in feeding if name and type(value) is cst.Call}
+    if not any(type(s.value) is cst.Call or dotted_name(s.value) in computed for s in found.subscripts):
+        return None  # selects from inputs, not from a full-batch output
+    base = selection.split(".")[0]
+    if not _fixed(roles, scope, base, site.loops, 0):
+        return None
+    holding = [(where.order, where.stmt) for value, where, _ in feeding
+               if any(_inside(s, value) for s in found.subscripts)]
+    before = min(holding, key=lambda pair: pair[0])[1]
+    return SharedSelection(scope, selection, found.subscripts, before, _fresh(roles, selection), finding)
+
+
+def _feeding(scope: Scope, site: Site) -> list[tuple[cst.BaseExpression, StmtRef, str | None]]:
+    """(value, statement, name it binds) of the loss and of the bindings it reads in `scope`,
+    latest before the reading statement (at most 8, 3 levels)."""
+    found: list[tuple[cst.BaseExpression, StmtRef, str | None]] = []
+    receiver = site.receiver
+    if type(receiver) is cst.Name:
+        latest = _latest(scope, receiver.value, site.where.order)
+        if latest is None or latest.value is None:
+            return []
+        found.append((latest.value, latest.where, receiver.value))
+    else:
+        found.append((receiver, site.where, None))
+    level = list(found)
+    for _ in range(3):
+        following = []
+        for value, where, _ in level:
+            for name in {n.value for n in _names(value)}:
+                if any(name == bound for _, _, bound in found):
+                    continue
+                latest = _latest(scope, name, where.order)
+                if latest is not None and latest.value is not None and not latest.is_loop_target:
+                    following.append((latest.value, latest.where, name))
+                    found.append(following[-1])
+        level = following
+        if len(found) > 8:
+            return []
+    return found
+
+
+def _latest(scope: Scope, name: str, order: int) -> Binding | None:
+    before = [b for b in scope.bindings.get(name, []) if b.where.order < order]
+    return max(before, key=lambda b: b.where.order) if before else None
+
+
+def _names(node: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class Names(Visitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            if isinstance(n, cst.Lambda):
+                return False
+            if type(n) is cst.Attribute:
+                walk(n.value, self)
+                return False
+            if type(n) is cst.Name:
+                found.append(n)
+            return True
+
+    walk(node, Names())
+    return found
+
+
+def _selection_of(node: cst.CSTNode) -> str | None:
+    """`x[s]` with `s` one plain name or attribute chain: `s` as written."""
+    if type(node) is not cst.Subscript or len(node.slice) != 1 or type(node.slice[0].slice) is not cst.Index:
+        return None
+    return dotted_name(node.slice[0].slice.value)
+
+
+class _Selections(Visitor):
+    """The selecting subscripts, and whether an operation pairs a selected tensor with one that is
+    not (`criterion(out[m], y_train)`)."""
+
+    def __init__(self, bound: set[str]) -> None:
+        self.bound = bound  # names the feeding statements bind (`out = model(x)[m]` is selected)
+        self.subscripts: list[cst.Subscript] = []
+        self.unpaired = False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Lambda):
+            return False
+        if _selection_of(node) is not None:
+            assert isinstance(node, cst.Subscript)
+            self.subscripts.append(node)
+        elif type(node) is cst.Call:
+            self._pair([a.value for a in node.args if a.keyword is None and not a.star])
+        elif type(node) is cst.BinaryOperation:
+            self._pair([node.left, node.right])
+        return True
+
+    def _pair(self, operands: list[cst.BaseExpression]) -> None:
+        kinds = {self._kind(o) for o in operands} - {"literal"}
+        if "selected" in kinds and len(kinds) > 1:
+            self.unpaired = True
+
+    def _kind(self, operand: cst.BaseExpression) -> str:
+        if isinstance(operand, (cst.Integer, cst.Float, cst.SimpleString)):
+            return "literal"
+        if _selection_of(operand) is not None:
+            return "selected"
+        if type(operand) is cst.Name and operand.value in self.bound:
+            return "selected"  # bound by a feeding statement: checked there
+        return "other"
+
+
+class _Uses(Visitor):
+    """How many times `selection` is read (a name, or an attribute chain as written)."""
+
+    def __init__(self, selection: str) -> None:
+        self.selection = selection
+        self.count = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if type(node) is cst.Attribute:
+            if dotted_name(node) == self.selection:
+                self.count += 1
+                return False
+            walk(node.value, self)
+            return False
+        if type(node) is cst.Name and node.value == self.selection:
+            self.count += 1
+        return True
+
+
+def _inside(node: cst.CSTNode, root: cst.CSTNode) -> bool:
+    found = False
+
+    class Find(Visitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal found
+            found = found or n is node
+            return not found
+
+    walk(root, Find())
+    return found
+
+
+def _fixed(roles: Roles, scope: Scope, name: str, loops: tuple[Loop, ...], depth: int) -> bool:
+    """`name`, read by the step in `scope` (inside `loops` of it, or, with none, in a function
+    called once per step) keeps its value across the steps: bound outside the training loop, or a
+    parameter every caller fills with a name it binds outside the loop running the call."""
+    if depth > 3:
+        return False
+    if name in scope.bindings:
+        if not loops:
+            return False  # the step function binds it itself, on every call
+        return not any(_in_loop(b, loops[0]) for b in scope.bindings[name])
+    if name in scope.params:
+        if loops:
+            return True  # fixed for the whole loop of this call
+        if scope.is_method or scope.parent is None or not isinstance(scope.node, cst.FunctionDef):
+            return False
+        params = scope.node.params
+        positional = [p.name.value for p in (*params.posonly_params, *params.params)]
+        position = positional.index(name) if name in positional else -1
+        if position < 0 and name not in [p.name.value for p in params.kwonly_params]:
+            return False  # `*args`, `**kwargs`
+        callers = [(caller, call) for caller in roles.facts.scopes for call in caller.calls
+                   if call.callee == scope.name and roles.facts.resolve(call.callee, caller) is scope]
+        if not callers:
+            return False
+        for caller, call in callers:
+            arg = _argument(call.call, name, position)
+            handed = dotted_name(arg) if arg is not None else None
+            if handed is None or not _fixed(roles, caller, handed.split(".")[0], call.loops, depth + 1):
+                return False
+        return True
+    module = roles.facts.module_scope
+    if scope is module or name not in module.bindings:
+        return False
+    return not any(b.where.in_loop for b in module.bindings[name])
+
+
+def _in_loop(binding: Binding, loop: Loop) -> bool:
+    return binding.where.stmt is loop.node or any(ref.stmt is loop.node for ref in binding.where.path)
+
+
+def _argument(call: cst.Call, name: str, position: int) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    positional = [a for a in call.args if a.keyword is None]
+    if position < 0 or any(a.star for a in positional[: position + 1]) or position >= len(positional):
+        return None
+    return positional[position].value
+
+
+def _fresh(roles: Roles, selection: str) -> str:
+    taken = {n for s in roles.facts.scopes for n in (*s.bindings, *s.params)}
+    stem = f"{selection.split('.')[-1]}_share"
+    name, n = stem, 2
+    while name in taken:
+        name, n = f"{stem}{n}", n + 1
+    return name
