@@ -656,8 +656,10 @@ class Accelerator(ProcessView):
         ``DistributedSampler`` pads, and process r keeps positions r, r+N, ...: an index tensor
         (on the selection's device) that selects ``ceil(n / N)`` rows on every process, so a mean
         loss over them, averaged by the prepared model's gradient all-reduce, is the mean over all
-        selected samples (up to the repeated padding ones). Nothing is communicated: every process
-        must hold the same selection.
+        selected samples (up to the repeated padding ones). Every process must hold the same
+        selection: the first call on N processes compares them (one small ``all_gather_object``)
+        and raises ``ValueError`` on every process when they differ (a selection drawn from an
+        RNG seeded apart, say); later calls communicate nothing.
         """
         if not isinstance(selection, torch.Tensor) or selection.dim() != 1:
             raise ValueError(
@@ -670,6 +672,17 @@ class Accelerator(ProcessView):
             return selection
         positions = selection.nonzero().flatten() if selection.dtype == torch.bool else selection
         count = positions.numel()
+        if not getattr(self, "_selection_checked", False):
+            self._selection_checked = True
+            digest = (count, int(positions.sum().item()) if count else 0,
+                      int((positions * positions).sum().item()) if count else 0)
+            seen = ops.gather_object([digest], self.state)
+            if any(other != seen[0] for other in seen):
+                raise ValueError(
+                    "share_selection: the processes hold different selections (count, sum, sum of squares "
+                    f"per process: {seen}); build the index or mask alike on every process (the same seed, "
+                    "or from the same data) so that each process can take its own share of it"
+                )
         if count == 0:
             return positions
         total = -(-count // processes) * processes

@@ -47,7 +47,7 @@ def full_batch_selection(roles: Roles, scope: Scope, site: Site, finding: Findin
     feeding = _feeding(scope, site)
     if not feeding:
         return None
-    bound = {name for _, _, name in feeding if name}
+    bound = {name for value, _, name in feeding if name and _selection_of(value) is not None}
     found = _Selections(bound)
     for value, _, _ in feeding:
         walk(value, found)
@@ -61,8 +61,8 @@ def full_batch_selection(roles: Roles, scope: Scope, site: Site, finding: Findin
         walk(value, uses)
     if uses.count != len(found.subscripts):
         return None  # read otherwise too (`loss.sum() / mask.sum()`): the whole selection is meant there
-    computed = {name for value, _, name in feeding if name and type(value) is cst.Call}
-    if not any(type(s.value) is cst.Call or dotted_name(s.value) in computed for s in found.subscripts):
+    computed = {name for value, _, name in feeding if name and _calls(value)}
+    if not any(_calls(s.value) or dotted_name(s.value) in computed for s in found.subscripts):
         return None  # selects from inputs, not from a full-batch output
     base = selection.split(".")[0]
     if not _fixed(roles, scope, base, site.loops, 0):
@@ -73,13 +73,29 @@ def full_batch_selection(roles: Roles, scope: Scope, site: Site, finding: Findin
     return SharedSelection(scope, selection, found.subscripts, before, _fresh(roles, selection), finding)
 
 
+def _calls(node: cst.CSTNode) -> bool:
+    """`node` computes something: it holds a call (`model(x)`, `adj @ model(x)`)."""
+    found = False
+
+    class Calls(Visitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal found
+            found = found or type(n) is cst.Call
+            return not found and not isinstance(n, cst.Lambda)
+
+    walk(node, Calls())
+    return found
+
+
 def _feeding(scope: Scope, site: Site) -> list[tuple[cst.BaseExpression, StmtRef, str | None]]:
-    """(value, statement, name it binds) of the loss and of the bindings it reads in `scope`,
-    latest before the reading statement (at most 8, 3 levels)."""
+    """(value, statement, name it binds) of the loss and of the bindings it reads in the step
+    (the training loop of `scope` that runs `site`, or all of `scope` when it is a function run per
+    step), latest before the reading statement (at most 8, 3 levels)."""
     found: list[tuple[cst.BaseExpression, StmtRef, str | None]] = []
     receiver = site.receiver
+    loop = site.loops[0] if site.loops else None
     if type(receiver) is cst.Name:
-        latest = _latest(scope, receiver.value, site.where.order)
+        latest = _latest(scope, receiver.value, site.where.order, loop)
         if latest is None or latest.value is None:
             return []
         found.append((latest.value, latest.where, receiver.value))
@@ -92,7 +108,7 @@ def _feeding(scope: Scope, site: Site) -> list[tuple[cst.BaseExpression, StmtRef
             for name in {n.value for n in _names(value)}:
                 if any(name == bound for _, _, bound in found):
                     continue
-                latest = _latest(scope, name, where.order)
+                latest = _latest(scope, name, where.order, loop)
                 if latest is not None and latest.value is not None and not latest.is_loop_target:
                     following.append((latest.value, latest.where, name))
                     found.append(following[-1])
@@ -102,8 +118,10 @@ def _feeding(scope: Scope, site: Site) -> list[tuple[cst.BaseExpression, StmtRef
     return found
 
 
-def _latest(scope: Scope, name: str, order: int) -> Binding | None:
+def _latest(scope: Scope, name: str, order: int, loop: Loop | None) -> Binding | None:
     before = [b for b in scope.bindings.get(name, []) if b.where.order < order]
+    if loop is not None:
+        before = [b for b in before if _in_loop(b, loop)]  # the step's own statements
     return max(before, key=lambda b: b.where.order) if before else None
 
 

@@ -750,13 +750,15 @@ def report_unsharded_training(roles: Roles) -> None:
                 "stops and searches on it): once the data are split, return `accelerator.reduce(loss.detach(), "
                 "\"mean\")` from it, so that every process takes the same decisions"
             )
-        else:
-            finding = Finding(PREPARE, site.call, message, unconverted=True)
-            shared = full_batch_selection(roles, scope, site, finding)
-            if shared is not None:
-                roles.shared_selection = shared  # AM004 shares it out, or reports `finding`
-                return
-    roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
+    finding = Finding(PREPARE, site.call, message, unconverted=True)
+    if source is None and _stepped_closure(scope) is None:
+        # a full-batch step (its data fixed, or drawn alike on every process) whose loss selects its
+        # samples with a fixed index or mask: AM004 shares them out, or reports `finding`
+        shared = full_batch_selection(roles, scope, site, finding)
+        if shared is not None:
+            roles.shared_selection = shared
+            return
+    roles.findings.append(finding)
 
 
 def _inline_loader(roles: Roles, function: str) -> Binding | None:
