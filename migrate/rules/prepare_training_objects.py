@@ -122,6 +122,22 @@ What it does:
     instead: on N GPUs every process would place its batches on that one device.
     Under `--target accelerate` both are reported at their binding and not prepared: HF
     Accelerate's `prepare` would return a non-DataLoader unchanged, silently.
+    A full-batch training step, which no DataLoader feeds because the model runs over all the
+    samples at once (a graph network over every node, `output = model(features, adj)`), and whose
+    loss selects the samples it trains on with an index or a boolean mask fixed across steps
+    (`criterion(output[idx_train], labels[idx_train])`, PyG's `F.cross_entropy(out[data.train_mask],
+    data.y[data.train_mask])`; bound before the training loop, or a parameter of the step function
+    that every caller fills with a name bound outside its loop), gets this process's share of them:
+    right before the statement that selects, `idx_train_share = accelerator.share_selection(idx_train)`
+    (a runtime extension, docs/runtime.md: every N-th selected position, padded by wrapping as
+    `DistributedSampler` pads, so each process's mean loss is over the same count and the averaged
+    gradient is the whole selection's), and the loss's subscripts read it. Only the statements that
+    feed the loss change: an accuracy over the training nodes, or an evaluation over other masks,
+    keeps the whole selection on every process. The selection must be the one index of every
+    subscript there, pair a selected output with a target selected alike, and be read nowhere else
+    in them (`/ mask.sum()` counts the whole selection). A selection rebuilt in every step, taken
+    inside a function the migration cannot read, counted whole, or under `--target accelerate` (HF
+    Accelerate has no such call) is reported as a step no DataLoader feeds.
     A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
     `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
     it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
