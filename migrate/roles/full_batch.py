@@ -44,6 +44,8 @@ def full_batch_selection(roles: Roles, scope: Scope, site: Site, finding: Findin
     """The fixed selection the loss of `site` is taken over (see the module docstring), or None."""
     if scope.is_method or (scope.parent is not None and not scope.is_function):
         return None
+    if sum(len(s.backwards) for s in roles.facts.scopes) != 1 or not roles.models:
+        return None  # another training step would stay whole, or no prepared model averages the gradients
     feeding = _feeding(scope, site)
     if not feeding:
         return None
