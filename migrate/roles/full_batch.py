@@ -15,7 +15,10 @@ index is one plain name or attribute chain (`output[idx_train]`), all with the s
 at least one of them over a computed output, and every operation pairing a selected tensor with
 another pairs it with one selected alike (`criterion(out[m], y[m])`, never `criterion(out[m],
 y_train)`). The selection must not appear in those statements otherwise (`/ mask.sum()` counts the
-whole selection), and must not be rebound by the step or by the loop that runs it.
+whole selection), must not be rebound by the step or by the loop that runs it, and must not be
+computed from a draw of a global generator the file never seeds (`idx = torch.randperm(n)`: each
+process would draw a split of its own). The file must have one training step (a second one would
+stay whole) and a model to prepare (the averaged gradients make the shares one step).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import libcst as cst
 from migrate.analysis import Binding, Loop, Scope, Site, StmtRef
 from migrate.names import dotted_name
 from migrate.roles.model import Finding, Roles
+from migrate.roles.rng import draw_generator, seeded_generators
 from migrate.walk import Visitor, walk
 
 
@@ -67,8 +71,12 @@ def full_batch_selection(roles: Roles, scope: Scope, site: Site, finding: Findin
     if not any(_calls(s.value) or dotted_name(s.value) in computed for s in found.subscripts):
         return None  # selects from inputs, not from a full-batch output
     base = selection.split(".")[0]
-    if not _fixed(roles, scope, base, site.loops, 0):
+    origins: list[tuple[Scope, str]] = []
+    if not _fixed(roles, scope, base, site.loops, 0, origins):
         return None
+    seeded = seeded_generators(roles.facts)
+    if any(_drawn_unseeded(roles, origin, name, None, seeded, 0) for origin, name in origins):
+        return None  # each process would draw a selection of its own (torch seeds each at random)
     holding = [(where.order, where.stmt) for value, where, _ in feeding
                if any(_inside(s, value) for s in found.subscripts)]
     before = min(holding, key=lambda pair: pair[0])[1]
@@ -220,7 +228,9 @@ def _inside(node: cst.CSTNode, root: cst.CSTNode) -> bool:
     return found
 
 
-def _fixed(roles: Roles, scope: Scope, name: str, loops: tuple[Loop, ...], depth: int) -> bool:
+def _fixed(
+    roles: Roles, scope: Scope, name: str, loops: tuple[Loop, ...], depth: int, origins: list[tuple[Scope, str]],
+) -> bool:
     """`name`, read by the step in `scope` (inside `loops` of it, or, with none, in a function
     called once per step) keeps its value across the steps: bound outside the training loop, or a
     parameter every caller fills with a name it binds outside the loop running the call."""
@@ -229,6 +239,7 @@ def _fixed(roles: Roles, scope: Scope, name: str, loops: tuple[Loop, ...], depth
     if name in scope.bindings:
         if not loops:
             return False  # the step function binds it itself, on every call
+        origins.append((scope, name))
         return not any(_in_loop(b, loops[0]) for b in scope.bindings[name])
     if name in scope.params:
         if loops:
@@ -247,13 +258,46 @@ def _fixed(roles: Roles, scope: Scope, name: str, loops: tuple[Loop, ...], depth
         for caller, call in callers:
             arg = _argument(call.call, name, position)
             handed = dotted_name(arg) if arg is not None else None
-            if handed is None or not _fixed(roles, caller, handed.split(".")[0], call.loops, depth + 1):
+            if handed is None or not _fixed(roles, caller, handed.split(".")[0], call.loops, depth + 1, origins):
                 return False
         return True
     module = roles.facts.module_scope
     if scope is module or name not in module.bindings:
         return False
+    origins.append((module, name))
     return not any(b.where.in_loop for b in module.bindings[name])
+
+
+def _drawn_unseeded(roles: Roles, scope: Scope, name: str, before: int | None, seeded: set[str], depth: int) -> bool:
+    """`name` of `scope` (its bindings before statement `before`, or all of them) is computed from a
+    draw of a global generator the file never seeds (`idx = torch.randperm(n)`, then `idx_train =
+    idx[:140]`): each process would draw its own."""
+    if depth > 4:
+        return False
+    for binding in scope.bindings.get(name, []):
+        if before is not None and binding.where.order >= before:
+            continue
+        # an unpacking (`idx_val, idx_train = idx[:500], idx[500:]`) has no value of its own: its statement
+        value: cst.CSTNode = binding.value if binding.value is not None else binding.where.stmt
+        draws = _Draws(roles)
+        walk(value, draws)
+        if any(generator not in seeded for generator in draws.generators):
+            return True
+        for read in {n.value for n in _names(value)} - {name}:
+            if _drawn_unseeded(roles, scope, read, binding.where.order, seeded, depth + 1):
+                return True
+    return False
+
+
+class _Draws(Visitor):
+    def __init__(self, roles: Roles) -> None:
+        self.roles = roles
+        self.generators: set[str] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        generator = draw_generator(self.roles.facts, node)
+        if generator is not None:
+            self.generators.add(generator)
 
 
 def _in_loop(binding: Binding, loop: Loop) -> bool:

@@ -136,8 +136,10 @@ What it does:
     keeps the whole selection on every process. The selection must be the one index of every
     subscript there, pair a selected output with a target selected alike, and be read nowhere else
     in them (`/ mask.sum()` counts the whole selection). A selection rebuilt in every step, taken
-    inside a function the migration cannot read, counted whole, or under `--target accelerate` (HF
-    Accelerate has no such call) is reported as a step no DataLoader feeds.
+    inside a function the migration cannot read, counted whole, drawn from a generator the file
+    never seeds (`torch.randperm(n)` unseeded: each process would draw its own split), in a file
+    with a second training step, or under `--target accelerate` (HF Accelerate has no such call)
+    is reported as a step no DataLoader feeds.
     A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
     `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
     it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
