@@ -12,9 +12,10 @@ its loop), each process can take its own share of them, as a prepared DataLoader
 Found here (`full_batch_selection`): the statements that feed the loss of the backward (its
 binding, and the bindings of the names it reads, in the step's scope), the subscripts there whose
 index is one plain name or attribute chain (`output[idx_train]`), all with the same selection,
-at least one of them over a computed output, and every operation pairing a selected tensor with
-another pairs it with one selected alike (`criterion(out[m], y[m])`, never `criterion(out[m],
-y_train)`). The selection must not appear in those statements otherwise (`/ mask.sum()` counts the
+at least one of them over a computed output, and every operation pairing a selected tensor (or
+one computed per selected sample) with another pairs it with one selected alike
+(`criterion(out[m], y[m])`, never `criterion(out[m], y_train)` or `(per_node * w).mean()`); a
+reduction of them pairs with anything (`F.cross_entropy(out[m], y[m]) + 0.01 * l2`). The selection must not appear in those statements otherwise (`/ mask.sum()` counts the
 whole selection), must not be rebound by the step or by the loop that runs it, and must not be
 computed from a draw of a global generator the file never seeds (`idx = torch.randperm(n)`: each
 process would draw a split of its own). The file must have one training step (a second one would
@@ -53,8 +54,7 @@ def full_batch_selection(roles: Roles, scope: Scope, site: Site, finding: Findin
     feeding = _feeding(scope, site)
     if not feeding:
         return None
-    bound = {name for value, _, name in feeding if name and _selection_of(value) is not None}
-    found = _Selections(bound)
+    found = _Selections(roles, {name: value for value, _, name in feeding if name})
     for value, _, _ in feeding:
         walk(value, found)
     shown = {dotted_name(s.slice[0].slice.value) for s in found.subscripts}  # type: ignore[attr-defined]
@@ -161,11 +161,15 @@ def _selection_of(node: cst.CSTNode) -> str | None:
 
 
 class _Selections(Visitor):
-    """The selecting subscripts, and whether an operation pairs a selected tensor with one that is
-    not (`criterion(out[m], y_train)`)."""
+    """The selecting subscripts, and whether an operation pairs what is computed per selected
+    sample with something that is not (`criterion(out[m], y_train)`, `out[m].sub(y)`,
+    `(F.cross_entropy(out[m], y[m], reduction="none") * w).mean()`). A reduction over the selected
+    samples (`.mean()`, `.sum()`, a torch loss function that reduces) pairs with anything
+    (`F.cross_entropy(out[m], y[m]) + 0.01 * l2`)."""
 
-    def __init__(self, bound: set[str]) -> None:
-        self.bound = bound  # names the feeding statements bind (`out = model(x)[m]` is selected)
+    def __init__(self, roles: Roles, values: dict[str, cst.BaseExpression]) -> None:
+        self.roles = roles
+        self.values = values  # name -> its value, for the names the feeding statements bind
         self.subscripts: list[cst.Subscript] = []
         self.unpaired = False
 
@@ -176,24 +180,67 @@ class _Selections(Visitor):
             assert isinstance(node, cst.Subscript)
             self.subscripts.append(node)
         elif type(node) is cst.Call:
-            self._pair([a.value for a in node.args if a.keyword is None and not a.star])
+            self._pair(self._operands(node))
         elif type(node) is cst.BinaryOperation:
             self._pair([node.left, node.right])
         return True
 
+    def _operands(self, call: cst.Call) -> list[cst.BaseExpression]:
+        # keywords too (`target=y`, a per-sample `weight=w`); a method's receiver unless it is
+        # unrelated (`F.nll_loss`, `model.weight.pow(2)`)
+        operands = [a.value for a in call.args if not a.star]
+        if type(call.func) is cst.Attribute and self._kind(call.func.value) != "other":
+            operands.append(call.func.value)
+        return operands
+
     def _pair(self, operands: list[cst.BaseExpression]) -> None:
-        kinds = {self._kind(o) for o in operands} - {"literal"}
-        if "selected" in kinds and len(kinds) > 1:
+        kinds = {self._kind(o) for o in operands}
+        if kinds & {"selected", "per-sample"} and "other" in kinds:
             self.unpaired = True
 
-    def _kind(self, operand: cst.BaseExpression) -> str:
-        if isinstance(operand, (cst.Integer, cst.Float, cst.SimpleString)):
+    def _kind(self, operand: cst.BaseExpression, depth: int = 0) -> str:
+        """literal, selected (`out[m]`), per-sample (computed from selected samples), reduced (a
+        reduction of them) or other."""
+        if depth > 12:
+            return "per-sample"
+        if type(operand) is cst.UnaryOperation:
+            operand = operand.expression  # `-100`
+        if isinstance(operand, (cst.Integer, cst.Float, cst.SimpleString, cst.Imaginary)) or (
+                type(operand) is cst.Name and operand.value in ("True", "False", "None")):
             return "literal"
         if _selection_of(operand) is not None:
             return "selected"
-        if type(operand) is cst.Name and operand.value in self.bound:
-            return "selected"  # bound by a feeding statement: checked there
+        if type(operand) is cst.Name:
+            value = self.values.get(operand.value)
+            return self._kind(value, depth + 1) if value is not None else "other"
+        if type(operand) is cst.Call:
+            inner = {self._kind(o, depth + 1) for o in self._operands(operand)}
+            if not inner & {"selected", "per-sample"}:
+                return "reduced" if "reduced" in inner else "other"
+            return "reduced" if self._reduces(operand) else "per-sample"
+        if type(operand) in (cst.BinaryOperation, cst.Comparison, cst.BooleanOperation):
+            parts = ([operand.left, operand.right] if type(operand) is not cst.Comparison
+                     else [operand.left, *(c.comparator for c in operand.comparisons)])
+            inner = {self._kind(o, depth + 1) for o in parts}  # type: ignore[arg-type]
+            if inner & {"selected", "per-sample"}:
+                return "per-sample"
+            return "reduced" if "reduced" in inner else "other"
         return "other"
+
+    def _reduces(self, call: cst.Call) -> bool:
+        """`x.mean()`, `x.sum()` (over everything), or a torch loss function left to reduce."""
+        func = call.func
+        if type(func) is cst.Attribute and func.attr.value in ("mean", "sum") and not call.args:
+            return True
+        qualified = self.roles.facts.aliases.qualify(func) or ""
+        head, _, last = qualified.rpartition(".")
+        if head != "torch.nn.functional" or not (last.endswith("loss") or last in _LOSSES):
+            return False
+        reduction = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "reduction"), None)
+        return reduction is None or (type(reduction) is cst.SimpleString and reduction.evaluated_value in ("mean", "sum"))
+
+
+_LOSSES = frozenset({"cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"})
 
 
 class _Uses(Visitor):
