@@ -16,7 +16,8 @@ at least one of them over a computed output, and every operation pairing a selec
 one computed per selected sample) with another pairs it with one selected alike
 (`criterion(out[m], y[m])`, never `criterion(out[m], y_train)` or `(per_node * w).mean()`); a
 reduction of them pairs with anything (`F.cross_entropy(out[m], y[m]) + 0.01 * l2`). The selection must not appear in those statements otherwise (`/ mask.sum()` counts the
-whole selection), must not be rebound by the step or by the loop that runs it, and must not be
+whole selection), must not be rebound by the step or by the loop that runs it (an attribute chain, `data.train_mask`,
+must not be assigned in a loop of the file or in the step function), and must not be
 computed from a draw of a global generator the file never seeds (`idx = torch.randperm(n)`: each
 process would draw a split of its own). The file must have one training step (a second one would
 stay whole) and a model to prepare (the averaged gradients make the shares one step).
@@ -74,6 +75,8 @@ def full_batch_selection(roles: Roles, scope: Scope, site: Site, finding: Findin
     origins: list[tuple[Scope, str]] = []
     if not _fixed(roles, scope, base, site.loops, 0, origins):
         return None
+    if "." in selection and _attribute_reassigned(roles, scope, selection, bool(site.loops)):
+        return None  # `data.train_mask = ...` in a loop, or in the step function: not fixed
     seeded = seeded_generators(roles.facts)
     if any(_drawn_unseeded(roles, origin, name, None, seeded, 0) for origin, name in origins):
         return None  # each process would draw a selection of its own (torch seeds each at random)
@@ -345,6 +348,40 @@ class _Draws(Visitor):
         generator = draw_generator(self.roles.facts, node)
         if generator is not None:
             self.generators.add(generator)
+
+
+def _attribute_reassigned(roles: Roles, scope: Scope, selection: str, looped: bool) -> bool:
+    """An assignment to the attribute chain `selection` inside any loop of the file, or anywhere in
+    the step function `scope` when the step is a function called per step (not `looped`)."""
+    found = False
+
+    class Stores(Visitor):
+        def __init__(self, inside: bool) -> None:
+            self.depth = 1 if inside else 0
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            if type(node) in (cst.For, cst.While):
+                self.depth += 1
+            targets: list[cst.BaseExpression] = []
+            if type(node) is cst.AssignTarget:
+                targets = [node.target]
+            elif type(node) in (cst.AugAssign, cst.AnnAssign):
+                targets = [node.target]  # type: ignore[attr-defined]
+            for target in targets:
+                elements = [e.value for e in target.elements] if type(target) in (cst.Tuple, cst.List) else [target]  # type: ignore[attr-defined]
+                if self.depth and any(dotted_name(e) == selection for e in elements):
+                    found = True
+            return not found
+
+        def on_leave(self, node: cst.CSTNode) -> None:
+            if type(node) in (cst.For, cst.While):
+                self.depth -= 1
+
+    walk(roles.facts.module, Stores(False))
+    if not looped and not found:
+        walk(scope.node, Stores(True))
+    return found
 
 
 def _in_loop(binding: Binding, loop: Loop) -> bool:
