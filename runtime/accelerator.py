@@ -657,6 +657,52 @@ class Accelerator(ProcessView):
         """
         return ops.reduce(tensor, self.state, reduction=reduction, scale=scale)
 
+    def share_selection(self, selection: torch.Tensor) -> torch.Tensor:
+        """This process's share of the samples a full-batch step selects (a runtime extension: HF
+        Accelerate has no equivalent).
+
+        ``selection`` is a 1-D index tensor (``idx_train``) or a 1-D boolean mask (``train_mask``)
+        over the rows of an output computed for every sample at once (a graph network's nodes).
+        On one process it is returned as it is. On N processes the selected positions (a mask's
+        ``True`` positions, in order) are padded by wrapping around to a multiple of N, as
+        ``DistributedSampler`` pads, and process r keeps positions r, r+N, ...: an index tensor
+        (on the selection's device) that selects ``ceil(n / N)`` rows on every process, so a mean
+        loss over them, averaged by the prepared model's gradient all-reduce, is the mean over all
+        selected samples (up to the repeated padding ones). Every process must hold the same
+        selection: the first call on N processes compares them (one small ``all_gather_object``)
+        and raises ``ValueError`` on every process when they differ (a selection drawn from an
+        RNG seeded apart, say); later calls communicate nothing.
+        """
+        if not isinstance(selection, torch.Tensor) or selection.dim() != 1:
+            raise ValueError(
+                "share_selection takes a 1-D index tensor or boolean mask over the samples; got "
+                f"{type(selection).__name__}" + (f" of shape {tuple(selection.shape)}"
+                                                  if isinstance(selection, torch.Tensor) else "")
+            )
+        processes = self.num_processes
+        if processes == 1:
+            return selection
+        positions = selection.nonzero().flatten() if selection.dtype == torch.bool else selection
+        count = positions.numel()
+        if not getattr(self, "_selection_checked", False):
+            self._selection_checked = True
+            digest = (count, int(positions.sum().item()) if count else 0,
+                      int((positions * positions).sum().item()) if count else 0)
+            seen = ops.gather_object([digest], self.state)
+            if any(other != seen[0] for other in seen):
+                raise ValueError(
+                    "share_selection: the processes hold different selections (count, sum, sum of squares "
+                    f"per process: {seen}); build the index or mask alike on every process (the same seed, "
+                    "or from the same data) so that each process can take its own share of it"
+                )
+        if count == 0:
+            return positions
+        total = -(-count // processes) * processes
+        if total > count:
+            repeats = -(-total // count)
+            positions = positions.repeat(repeats)[:total]
+        return positions[self.process_index::processes]
+
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:

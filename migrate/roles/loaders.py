@@ -18,6 +18,7 @@ import libcst as cst
 
 from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
+from migrate.roles.full_batch import full_batch_selection
 from migrate.roles.model import PREPARE, Finding, InstanceFed, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
@@ -754,7 +755,15 @@ def report_unsharded_training(roles: Roles) -> None:
                 "stops and searches on it): once the data are split, return `accelerator.reduce(loss.detach(), "
                 "\"mean\")` from it, so that every process takes the same decisions"
             )
-    roles.findings.append(Finding(PREPARE, site.call, message, unconverted=True))
+    finding = Finding(PREPARE, site.call, message, unconverted=True)
+    if source is None and _stepped_closure(scope) is None:
+        # a full-batch step (its data fixed, or drawn alike on every process) whose loss selects its
+        # samples with a fixed index or mask: AM004 shares them out, or reports `finding`
+        shared = full_batch_selection(roles, scope, site, finding)
+        if shared is not None:
+            roles.shared_selection = shared
+            return
+    roles.findings.append(finding)
 
 
 def batches_handed_to_instance(roles: Roles) -> InstanceFed | None:

@@ -32,6 +32,7 @@ from migrate.roles.setup_device import binds_setup_device, initialises_group
 
 if TYPE_CHECKING:
     from migrate.roles.class_wrappers import ClassWrapper
+    from migrate.roles.full_batch import SharedSelection
     from migrate.roles.spawn import SpawnLaunch
 
 
@@ -183,6 +184,10 @@ class Roles:
     # instance of a class of the file (`model.set_input(data)`) and trains through a method of it
     # (`model.optimize_parameters()`); reported (AM004) once the Accelerator's place is known
     instance_fed: "InstanceFed | None" = None
+    # no DataLoader feeds the training step: its loss selects its samples from a full-batch output
+    # with a fixed index or mask (`output[idx_train]`, migrate/roles/full_batch.py); AM004 takes
+    # this process's share of them (`accelerator.share_selection`)
+    shared_selection: "SharedSelection | None" = None
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole

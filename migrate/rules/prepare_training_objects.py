@@ -130,6 +130,24 @@ What it does:
     instead: on N GPUs every process would place its batches on that one device.
     Under `--target accelerate` both are reported at their binding and not prepared: HF
     Accelerate's `prepare` would return a non-DataLoader unchanged, silently.
+    A full-batch training step, which no DataLoader feeds because the model runs over all the
+    samples at once (a graph network over every node, `output = model(features, adj)`), and whose
+    loss selects the samples it trains on with an index or a boolean mask fixed across steps
+    (`criterion(output[idx_train], labels[idx_train])`, PyG's `F.cross_entropy(out[data.train_mask],
+    data.y[data.train_mask])`; bound before the training loop, or a parameter of the step function
+    that every caller fills with a name bound outside its loop), gets this process's share of them:
+    right before the statement that selects, `idx_train_share = accelerator.share_selection(idx_train)`
+    (a runtime extension, docs/runtime.md: every N-th selected position, padded by wrapping as
+    `DistributedSampler` pads, so each process's mean loss is over the same count and the averaged
+    gradient is the whole selection's), and the loss's subscripts read it. Only the statements that
+    feed the loss change: an accuracy over the training nodes, or an evaluation over other masks,
+    keeps the whole selection on every process. The selection must be the one index of every
+    subscript there, pair a selected output with a target selected alike, and be read nowhere else
+    in them (`/ mask.sum()` counts the whole selection). A selection rebuilt in every step, taken
+    inside a function the migration cannot read, counted whole, drawn from a generator the file
+    never seeds (`torch.randperm(n)` unseeded: each process would draw its own split), in a file
+    with a second training step, or under `--target accelerate` (HF Accelerate has no such call)
+    is reported as a step no DataLoader feeds.
     A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
     `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
     it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
@@ -406,6 +424,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     ]
     if not names or home.prepared:
         _batches_left_alike(roles, plan)
+        _selection_left_whole(roles, plan)
         return
     if not roles.can_reach(home):
         # An Accelerator the script already creates elsewhere (`def main(): accelerator = ...`)
@@ -424,6 +443,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         plan.use_accelerator(home)
         _prepare_received(roles, plan)
         _prepare_in_training_methods(roles, plan)
+        _share_selection(roles, plan)
         return
     # a model a trainer trains through a hand-wrapped alias is prepared into the alias
     bound = {model: alias for alias, model in roles.model_aliases.items()}
@@ -442,6 +462,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         anchor = roles.create_before
         if anchor is None:
             _batches_left_alike(roles, plan)
+            _selection_left_whole(roles, plan)
             return
         plan.insert_before.setdefault(anchor, []).extend([*freed, stmt, *rebound])
     for name in names:
@@ -458,6 +479,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     _prepare_received(roles, plan)
     _prepare_in_training_methods(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
+    _share_selection(roles, plan)
 
 
 def _batch_size_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
@@ -941,6 +963,47 @@ def _module_accelerator_order(roles: Roles) -> int | None:
     if end is not None and roles.create_before is end.stmt:
         return end.order
     return None
+
+
+def _share_selection(roles: Roles, plan: EditPlan) -> None:
+    """A full-batch step whose loss selects its samples with a fixed index or mask
+    (`roles.shared_selection`, `migrate.roles.full_batch`): right before the first statement that
+    selects them, this process's share is bound (`idx_train_share =
+    accelerator.share_selection(idx_train)`) and the loss's subscripts read it; every other use of
+    the selection (an evaluation over the training nodes) keeps the whole of it. A runtime
+    extension: under `--target accelerate`, or where the step cannot reach the Accelerator, the
+    step is reported as before."""
+    shared = roles.shared_selection
+    if shared is None:
+        return
+    if plan.target == "accelerate" or not roles.can_reach(shared.scope):
+        _selection_left_whole(roles, plan)
+        return
+    stmt = statement(f"{shared.name} = accelerator.share_selection({shared.shown})\n")
+    plan.insert_before.setdefault(shared.before, []).append(stmt)
+    for subscript in shared.subscripts:
+        plan.subscripts[subscript] = lambda node, name=shared.name: node.with_changes(
+            slice=[node.slice[0].with_changes(slice=cst.Index(cst.Name(name)))])
+    plan.use_accelerator(shared.scope)
+    plan.change(CODE, shared.before, (
+        f"the loss is taken over this process's share of `{shared.shown}` (`accelerator.share_selection`, a "
+        "runtime extension): every process runs the model over all the samples and each takes the loss over "
+        "every N-th selected one, so N processes share the step's samples as a prepared DataLoader shares a "
+        "dataset"))
+
+
+def _selection_left_whole(roles: Roles, plan: EditPlan) -> None:
+    """The report of a step no DataLoader feeds, for a full-batch selection AM004 does not share."""
+    shared = roles.shared_selection
+    if shared is None:
+        return
+    finding = shared.finding
+    message = finding.message
+    if plan.target == "accelerate":
+        message += (
+            f". HF Accelerate has no call that shares `{shared.shown}` out; `--target runtime` takes each "
+            f"process's share of it with `accelerator.share_selection({shared.shown})`")
+    plan.report(CODE, finding.node, message, unconverted=True)
 
 
 def _batches_left_alike(roles: Roles, plan: EditPlan) -> None:
