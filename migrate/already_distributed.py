@@ -28,7 +28,7 @@ from pathlib import PurePath
 import libcst as cst
 
 from migrate.analysis import Facts
-from migrate.walk import Visitor, walk
+from migrate.walk import Visitor, contains, walk
 
 _INIT = "torch.distributed.init_process_group"
 _SPAWNERS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"})
@@ -149,7 +149,7 @@ def _spawn_note(entry: Facts, spawn, inits, script: str) -> str:  # type: ignore
     tests: list[str] = []
     for ref in spawn.where.path:
         if type(ref.stmt) is cst.If:
-            taken = _contains(ref.stmt.body, spawn.call)
+            taken = contains(ref.stmt.body, spawn.call)
             named = [f for f in _namespace_reads(ref.stmt.test) if f in flags]
             if "__name__" in cst.Module([]).code_for_node(ref.stmt.test):
                 continue  # the script's own entry guard
@@ -198,18 +198,6 @@ def _namespace_reads(node: cst.CSTNode) -> list[str]:
     walk(node, Reads())
     return found
 
-
-def _contains(block: cst.BaseSuite, node: cst.CSTNode) -> bool:
-    found = False
-
-    class Finder(Visitor):
-        def visit_Call(self, call: cst.Call) -> bool:
-            nonlocal found
-            found = found or call is node
-            return not found
-
-    walk(block, Finder())
-    return found
 
 
 def _flags(module: cst.Module) -> dict[str, tuple[str, str | None]]:

@@ -317,6 +317,11 @@ def with_ancestors(root: cst.CSTNode, targets: set[cst.CSTNode]) -> set[cst.CSTN
     return found
 
 
+def contains(root: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """`node` (by identity) is `root` or lies inside it."""
+    return node is root or bool(with_ancestors(root, {node}))
+
+
 class AllFound(Exception):
     """Every node a walk looks for is found: the rest of the tree is not needed."""
 

@@ -26,7 +26,7 @@ import libcst as cst
 
 from migrate.analysis import Scope
 from migrate.names import instance_attribute
-from migrate.walk import walk
+from migrate.walk import contains, walk
 
 
 @dataclass(eq=False)
@@ -81,7 +81,7 @@ def class_wrapper(methods: list[Scope], constructor: Scope, call: cst.Call) -> C
         own_receiver = method.params[0] if method.params else receiver
         reads = _reads(_body(method), own_receiver, attribute)
         for read, parent_attr, assigned in reads:
-            if method is constructor and _inside(stmt, read):
+            if method is constructor and contains(stmt, read):
                 continue
             if assigned:
                 if method is not constructor or _position(body, read) > position:
@@ -115,20 +115,8 @@ def _body(method: Scope) -> list[cst.BaseStatement]:
 
 def _position(body: list[cst.BaseStatement], node: cst.CSTNode) -> int:
     """Index of the statement of `body` holding `node`."""
-    return next(i for i, s in enumerate(body) if _inside(s, node))
+    return next(i for i, s in enumerate(body) if contains(s, node))
 
-
-def _inside(stmt: cst.CSTNode, node: cst.CSTNode) -> bool:
-    found = False
-
-    class Finder(cst.CSTVisitor):
-        def on_visit(self, child: cst.CSTNode) -> bool:
-            nonlocal found
-            found = found or child is node
-            return not found
-
-    walk(stmt, Finder())
-    return found
 
 
 def _called_methods(stmts: list[cst.BaseStatement], receiver: str, by_name: dict[str, Scope]) -> set[Scope]:

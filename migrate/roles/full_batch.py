@@ -33,7 +33,7 @@ from migrate.analysis import Binding, Loop, Scope, Site, StmtRef
 from migrate.names import dotted_name
 from migrate.roles.model import Finding, Roles
 from migrate.roles.rng import draw_generator, seeded_generators
-from migrate.walk import Visitor, walk
+from migrate.walk import Visitor, contains, walk
 
 
 @dataclass(eq=False)
@@ -81,7 +81,7 @@ def full_batch_selection(roles: Roles, scope: Scope, site: Site, finding: Findin
     if any(_drawn_unseeded(roles, origin, name, None, seeded, 0) for origin, name in origins):
         return None  # each process would draw a selection of its own (torch seeds each at random)
     holding = [(where.order, where.stmt) for value, where, _ in feeding
-               if any(_inside(s, value) for s in found.subscripts)]
+               if any(contains(value, s) for s in found.subscripts)]
     before = min(holding, key=lambda pair: pair[0])[1]
     return SharedSelection(scope, selection, found.subscripts, before, _fresh(roles, selection), finding)
 
@@ -264,18 +264,6 @@ class _Uses(Visitor):
             self.count += 1
         return True
 
-
-def _inside(node: cst.CSTNode, root: cst.CSTNode) -> bool:
-    found = False
-
-    class Find(Visitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            nonlocal found
-            found = found or n is node
-            return not found
-
-    walk(root, Find())
-    return found
 
 
 def _fixed(

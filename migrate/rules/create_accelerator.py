@@ -184,7 +184,7 @@ from migrate.roles.placement import flag_choice, is_availability, is_cpu_device,
 from migrate.names import ImportAliases, dotted_name
 from migrate.rules.base import names_read, prepared_loaders, reference, statement
 from migrate.safety.device_type import used_as_string
-from migrate.walk import Visitor, statement_blocks, walk
+from migrate.walk import Visitor, contains, statement_blocks, walk
 
 CODE = "AM001"
 NAME = "create-accelerator"
@@ -481,7 +481,7 @@ def _report_visible_devices(roles: Roles, plan: EditPlan, place: tuple[Sequence[
     for module in [s.node for s in roles.facts.scopes if s.parent is None] or [roles.facts.module]:
         walk(module, Sets())
     block, index = place
-    if found and any(type(stmt) not in (cst.FunctionDef, cst.ClassDef) and _holds(stmt, found[0])
+    if found and any(type(stmt) not in (cst.FunctionDef, cst.ClassDef) and contains(stmt, found[0])
                      for stmt in block[index:]):
         plan.report(CODE, found[0], (
             "the script sets `CUDA_VISIBLE_DEVICES` itself, but this line runs after the Accelerator is created, "
@@ -496,18 +496,6 @@ def _report_visible_devices(roles: Roles, plan: EditPlan, place: tuple[Sequence[
             "them: with fewer GPUs listed than processes the others fail. Set it outside the script instead "
             "(`CUDA_VISIBLE_DEVICES=0,1 accel launch --nproc-per-node 2 script.py`) and remove this line"))
 
-
-def _holds(stmt: cst.CSTNode, node: cst.CSTNode) -> bool:
-    """The assignment `node` is inside `stmt`."""
-    found = False
-
-    class Find(Visitor):
-        def visit_Assign(self, visited: cst.Assign) -> None:
-            nonlocal found
-            found = found or visited is node
-
-    walk(stmt, Find())
-    return found
 
 
 def _keep_setup_call(
