@@ -29,6 +29,7 @@ would draw its own after the prepare call and the copies would drift apart.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -38,7 +39,7 @@ from migrate.names import instance_attribute
 from migrate.roles.calls import RNG_DRAWS
 from migrate.roles.model import BACKWARD, Finding, Roles
 from migrate.roles.model_use import _training_step_scopes as training_step_scopes, called_in_training_step
-from migrate.walk import walk
+from migrate.walk import Visitor, walk
 
 _PARAMETER_METHODS = ("parameters", "named_parameters")
 
@@ -58,18 +59,31 @@ class HandUpdate:
 def update_statements(node: cst.CSTNode) -> list[tuple[cst.BaseSmallStatement, str]]:
     """Statements that change a tensor in place from a `.grad` they read (`param.data.add_(-0.1 *
     param.grad)`, `p -= lr * p.grad`, `p.data = p.data - lr * p.grad`): with the changed name."""
-    found: list[tuple[cst.BaseSmallStatement, str]] = []
+    finder = _UpdateFinder(nested=True)
+    walk(node, finder)
+    return finder.found
 
-    class Finder(cst.CSTVisitor):
-        def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> bool:
-            for small in line.body:
-                changed = _changed_name(small)
-                if changed is not None and _reads_grad(small):
-                    found.append((small, changed))
-            return False
 
-    walk(node, Finder())
-    return found
+class _UpdateFinder(Visitor):
+    """The update statements of the lines walked (also of nested functions and classes with
+    `nested`)."""
+
+    def __init__(self, nested: bool) -> None:
+        self.found: list[tuple[cst.BaseSmallStatement, str]] = []
+        self.nested = nested
+
+    def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> bool:
+        for small in line.body:
+            changed = _changed_name(small)
+            if changed is not None and reads_grad(small):
+                self.found.append((small, changed))
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return self.nested
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return self.nested
 
 
 def _changed_name(small: cst.BaseSmallStatement) -> str | None:
@@ -90,81 +104,98 @@ def _changed_name(small: cst.BaseSmallStatement) -> str | None:
     return target.value if type(target) is cst.Name else None
 
 
-def _reads_grad(node: cst.CSTNode) -> bool:
-    found: list[cst.Attribute] = []
+class _GradReader(Visitor):
+    def __init__(self) -> None:
+        self.found = False
 
-    class Finder(cst.CSTVisitor):
-        def visit_Attribute(self, attribute: cst.Attribute) -> None:
-            if attribute.attr.value == "grad":
-                found.append(attribute)
+    def visit_Attribute(self, attribute: cst.Attribute) -> bool:
+        self.found = self.found or attribute.attr.value == "grad"
+        return not self.found
 
-    walk(node, Finder())
-    return bool(found)
+
+def reads_grad(node: cst.CSTNode) -> bool:
+    """`node` reads a `.grad` attribute."""
+    reader = _GradReader()
+    walk(node, reader)
+    return reader.found
+
+
+class _ParameterLoops(Visitor):
+    """`for p in M.parameters():` / `for name, p in M.named_parameters():` (also over `list(...)`
+    of those): the loop, the module's name M and the parameter's name p."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[cst.For, str, str]] = []
+
+    def visit_For(self, loop: cst.For) -> None:
+        source = loop.iter
+        if type(source) is cst.Name and type(loop.target) is cst.Name:
+            # `for p in params:` over a parameter of the function: followed to its callers
+            self.found.append((loop, f"*{source.value}", loop.target.value))
+            return
+        if type(source) is cst.Call and type(source.func) is cst.Name and source.func.value == "list" \
+                and len(source.args) == 1:
+            source = source.args[0].value
+        if not (type(source) is cst.Call and type(source.func) is cst.Attribute and not source.args
+                and source.func.attr.value in _PARAMETER_METHODS):
+            return
+        owner = source.func.value
+        module = owner.value if type(owner) is cst.Name else instance_attribute(owner)  # `self.model`
+        if module is None:
+            return
+        target = loop.target
+        if source.func.attr.value == "named_parameters":
+            if not (type(target) is cst.Tuple and len(target.elements) == 2):
+                return
+            target = target.elements[1].value
+        if type(target) is cst.Name:
+            self.found.append((loop, module, target.value))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
 
 
 def _parameter_loops(node: cst.CSTNode) -> list[tuple[cst.For, str, str]]:
-    """`for p in M.parameters():` / `for name, p in M.named_parameters():` (also over `list(...)`
-    of those): the loop, the module's name M and the parameter's name p."""
-    found: list[tuple[cst.For, str, str]] = []
+    """The parameter loops of a scope's own body (see `_ParameterLoops`)."""
+    finder = _ParameterLoops()
+    walk(node.body if isinstance(node, cst.FunctionDef) else node, finder)
+    return finder.found
 
-    class Finder(cst.CSTVisitor):
-        def visit_For(self, loop: cst.For) -> None:
-            source = loop.iter
-            if type(source) is cst.Name and type(loop.target) is cst.Name:
-                # `for p in params:` over a parameter of the function: followed to its callers
-                found.append((loop, f"*{source.value}", loop.target.value))
-                return
-            if type(source) is cst.Call and type(source.func) is cst.Name and source.func.value == "list" \
-                    and len(source.args) == 1:
-                source = source.args[0].value
-            if not (type(source) is cst.Call and type(source.func) is cst.Attribute and not source.args
-                    and source.func.attr.value in _PARAMETER_METHODS):
-                return
-            owner = source.func.value
-            module = owner.value if type(owner) is cst.Name else instance_attribute(owner)  # `self.model`
-            if module is None:
-                return
-            target = loop.target
-            if source.func.attr.value == "named_parameters":
-                if not (type(target) is cst.Tuple and len(target.elements) == 2):
-                    return
-                target = target.elements[1].value
-            if type(target) is cst.Name:
-                found.append((loop, module, target.value))
 
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-    if isinstance(node, cst.FunctionDef):
-        walk(node.body, Finder())
-    else:
-        walk(node, Finder())
-    return found
+# An update by hand reads `.grad`: a module whose text has no such read has none (a cheap test
+# before the walks; `zero_grad`, `no_grad` and `grad_fn` do not match).
+_GRAD_READ = re.compile(r"\.[\s\\]*grad\b")
 
 
 def find_hand_updates(roles: Roles) -> list[HandUpdate]:
     """Every update by hand in the functions of the training step (see the module docstring), each
     with its module and that module's home when they are found."""
     found: list[HandUpdate] = []
-    if not any(scope.backwards for scope in roles.facts.scopes):
+    facts = roles.facts
+    if not any(scope.backwards for scope in facts.scopes):
+        return found
+    if facts.text is not None and _GRAD_READ.search(facts.text) is None:
         return found
     for scope in training_step_scopes(roles):
         node = scope.node.body if isinstance(scope.node, cst.FunctionDef) else scope.node
         covered: dict[int, tuple[str, cst.For]] = {}
+        drawing: set[int] = set()  # updates in a loop that draws random values
         for loop, module, parameter in _parameter_loops(scope.node):
+            updates = update_statements(loop.body)
             if _draws_random(roles, loop):
+                drawing.update(id(small) for small, _ in updates)
                 continue  # each process would draw its own values: the copies would drift apart
-            for small, changed in update_statements(loop.body):
+            for small, changed in updates:
                 if changed == parameter:
                     covered[id(small)] = (module, loop)
-        for small, _changed in _own_update_statements(node):
+        own = _UpdateFinder(nested=False)
+        walk(node, own)
+        for small, _changed in own.found:
             shown = " ".join(cst.Module([]).code_for_node(small).split())
-            update = HandUpdate(small, shown, draws=any(
-                _draws_random(roles, loop) and any(u is small for u, _ in update_statements(loop.body))
-                for loop, _, _ in _parameter_loops(scope.node)))
+            update = HandUpdate(small, shown, draws=id(small) in drawing)
             if id(small) in covered:
                 module, _ = covered[id(small)]
                 origins = _handed_modules(roles, scope, module[1:]) if module.startswith("*") \
@@ -223,25 +254,6 @@ def _handed_modules(roles: Roles, scope: Scope, parameter: str) -> set[tuple[Sco
             return set()
         found |= origins
     return found if sites else set()
-
-
-def _own_update_statements(node: cst.CSTNode) -> list[tuple[cst.BaseSmallStatement, str]]:
-    """`update_statements` of a scope's own body (not of the functions and classes nested in it)."""
-    found: list[tuple[cst.BaseSmallStatement, str]] = []
-
-    class Finder(cst.CSTVisitor):
-        def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> bool:
-            found.extend(update_statements(line))
-            return False
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-    walk(node, Finder())
-    return found
 
 
 def hand_trained_home(roles: Roles) -> tuple[Scope, list[str]] | None:

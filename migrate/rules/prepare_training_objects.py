@@ -524,15 +524,17 @@ def _batch_position_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
     reported: set[int] = set()
     for scope in roles.facts.scopes:
         for loop in scope.loops:
-            if loop.source is None or not roles.all_in(scope, loop.source, loaders):
+            # the syntactic tests first: most loops read nothing by an enumerate counter
+            counter = _enumerate_counter(loop.node) if loop.source is not None else None
+            reads = _position_reads(loop.node, counter) if counter is not None else []
+            if not reads or not roles.all_in(scope, loop.source, loaders):
                 continue
             if runs_before_prepare(roles, scope, loop, early):
                 continue
-            counter = _enumerate_counter(loop.node)
             origins = _loader_identity(roles, home, roles.origins(scope, loop.source) or set())
-            if counter is None or not origins:
+            if not origins:
                 continue
-            for stmt, read, cache in _position_reads(loop.node, counter):
+            for stmt, read, cache in reads:
                 if id(stmt) in reported:
                     continue
                 built = _cached_over(roles, scope, cache, origins, early, 0)

@@ -91,7 +91,7 @@ from migrate.roles import Roles
 from migrate.positions import start_lines
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, call_name
 from migrate.roles.entry import _has_main_guard
-from migrate.roles.hand_update import raw_update
+from migrate.roles.hand_update import raw_update, reads_grad
 from migrate.roles.loaders import random_batches, sampler_values, seeded_before
 from migrate.rules.reduce_per_rank_decisions import stop_tests
 from migrate.walk import walk
@@ -380,7 +380,7 @@ def _hand_written_update(roles: Roles) -> str | None:
             if found:
                 return False
             for small in node.body:
-                if _reads_grad(small) and (
+                if reads_grad(small) and (
                     type(small) is cst.AugAssign
                     or (type(small) is cst.Expr and type(small.value) is cst.Call
                         and type(small.value.func) is cst.Attribute
@@ -392,18 +392,6 @@ def _hand_written_update(roles: Roles) -> str | None:
 
     walk(roles.facts.module, Finder())
     return found[0] if found else None
-
-
-def _reads_grad(node: cst.CSTNode) -> bool:
-    found: list[cst.Attribute] = []
-
-    class Finder(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            if node.attr.value == "grad":
-                found.append(node)
-
-    walk(node, Finder())
-    return bool(found)
 
 
 def _optimizer_bindings(roles: Roles) -> list[tuple[Scope, Binding]]:
