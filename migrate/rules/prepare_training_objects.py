@@ -582,9 +582,25 @@ def _enumerate_counter(loop: cst.For) -> str | None:
     return first.value if isinstance(first, cst.Name) else None
 
 
+class _IndexedBy(Visitor):
+    """Whether a subscript's index reads the name `counter` (anywhere: reads or assignments)."""
+
+    def __init__(self, counter: str) -> None:
+        self.counter = counter
+        self.found = False
+
+    def visit_Subscript(self, node: cst.Subscript) -> bool:
+        self.found = self.found or _reads_name(node.slice, self.counter)
+        return not self.found
+
+
 def _position_reads(loop: cst.For, counter: str) -> list[tuple[cst.BaseStatement, cst.Subscript, str]]:
     """The subscripts `cache[... counter ...]` the loop's body reads (not assigns), with their statement."""
     found: list[tuple[cst.BaseStatement, cst.Subscript, str]] = []
+    indexed = _IndexedBy(counter)
+    walk(loop.body, indexed)
+    if not indexed.found:
+        return found  # most loops use their counter for logging and schedules only
     statements: list[cst.BaseStatement] = []
     targets: set[int] = set()
 

@@ -309,9 +309,10 @@ def _paths_to(root: cst.CSTNode, targets: list[cst.CSTNode]) -> set[int]:
     them. Statements never sit inside expressions, so the search does not enter them."""
     found: set[int] = set()
     path: list[int] = []
+    wanted = {id(target) for target in targets}
 
     def visit(node: cst.CSTNode) -> None:
-        if any(node is target for target in targets):
+        if id(node) in wanted:
             found.add(id(node))
             found.update(path)
         if type(node) is cst.SimpleStatementLine:
