@@ -19,6 +19,7 @@ import libcst as cst
 from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
 from migrate.roles.full_batch import full_batch_selection
+from migrate.roles.sequence_streams import sequence_streams
 from migrate.roles.model import PREPARE, Finding, InstanceFed, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
@@ -734,7 +735,12 @@ def report_unsharded_training(roles: Roles) -> None:
             "(each process keeps whole sequences, in order), and size what is built per batch row (initial "
             f"states) to this process's rows, `{tensor}.size(0)`, not the whole batch size"
         )
-        roles.findings.append(Finding(PREPARE, binding.where.stmt, message, unconverted=True))
+        finding = Finding(PREPARE, binding.where.stmt, message, unconverted=True)
+        shared_streams = sequence_streams(roles, scope, site, tensor, binding, carried, finding)
+        if shared_streams is not None:
+            roles.shared_streams = shared_streams  # AM004 shares the streams out, or reports `finding`
+            return
+        roles.findings.append(finding)
         return
     else:
         closure = _stepped_closure(scope)
@@ -1002,7 +1008,10 @@ def _sequence_slices(roles: Roles, scope: Scope, site: Site) -> tuple[str, str, 
 
 
 def _split_by_rank(value: cst.BaseExpression | None) -> bool:
-    """`ids[accelerator.process_index::accelerator.num_processes]`, `data[rank::world_size]`."""
+    """`ids[accelerator.process_index::accelerator.num_processes]`, `data[rank::world_size]`,
+    `accelerator.share_streams(ids)`."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "share_streams":
+        return True
     if not isinstance(value, cst.Subscript) or not isinstance(value.slice[0].slice, cst.Slice):
         return False
     code = cst.Module([]).code_for_node(value.slice[0].slice).lower()

@@ -425,6 +425,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if not names or home.prepared:
         _batches_left_alike(roles, plan)
         _selection_left_whole(roles, plan)
+        _streams_left_whole(roles, plan)
         return
     if not roles.can_reach(home):
         # An Accelerator the script already creates elsewhere (`def main(): accelerator = ...`)
@@ -436,6 +437,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             "be seen, so they were not prepared: build them where the Accelerator is created, or pass it "
             "in, and add them to `accelerator.prepare(...)`"
         ), unconverted=True)
+        _streams_left_whole(roles, plan)
         return
     where = roles.prepare_after
     names = _prepare_early(roles, plan, home, names)
@@ -444,6 +446,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _prepare_received(roles, plan)
         _prepare_in_training_methods(roles, plan)
         _share_selection(roles, plan)
+        _streams_left_whole(roles, plan)
         return
     # a model a trainer trains through a hand-wrapped alias is prepared into the alias
     bound = {model: alias for alias, model in roles.model_aliases.items()}
@@ -463,6 +466,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if anchor is None:
             _batches_left_alike(roles, plan)
             _selection_left_whole(roles, plan)
+            _streams_left_whole(roles, plan)
             return
         plan.insert_before.setdefault(anchor, []).extend([*freed, stmt, *rebound])
     for name in names:
@@ -480,6 +484,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     _prepare_in_training_methods(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
     _share_selection(roles, plan)
+    _share_streams(roles, plan, where, stmt)
 
 
 def _batch_size_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
@@ -990,6 +995,65 @@ def _share_selection(roles: Roles, plan: EditPlan) -> None:
         "runtime extension): every process runs the model over all the samples and each takes the loss over "
         "every N-th selected one, so N processes share the step's samples as a prepared DataLoader shares a "
         "dataset"))
+
+
+def _share_streams(roles: Roles, plan: EditPlan, where: StmtRef | None, prepared: cst.BaseStatement) -> None:
+    """Truncated BPTT over the streams (rows) of one batchified tensor (`roles.shared_streams`,
+    `migrate.roles.sequence_streams`): this process's share of the streams is bound over the tensor
+    (`ids = accelerator.share_streams(ids)`) right after the prepare call (`prepared`, inserted after
+    `where`), or right after the tensor's binding when that comes later, and the carried state's
+    constructors read the shared row count (`torch.zeros(num_layers, ids.size(0), hidden_size)`)
+    where they read the batch size. A runtime extension: under `--target accelerate`, with no
+    prepare point, or with a state built before the share, the step is reported as before."""
+    shared = roles.shared_streams
+    if shared is None:
+        return
+    if plan.target == "accelerate" or where is None or not roles.can_reach(shared.scope):
+        _streams_left_whole(roles, plan)
+        return
+    after = max(where.order, shared.binding.where.order)
+    if any(state.where.order <= after for state in shared.states):
+        _streams_left_whole(roles, plan)  # the state would be sized before the share
+        return
+    tensor = shared.tensor
+    stmt = statement(f"{tensor} = accelerator.share_streams({tensor})\n")
+    if shared.binding.where.order > where.order:
+        plan.insert_after.setdefault(shared.binding.where.stmt, []).append(stmt)
+        anchor = shared.binding.where.stmt
+    else:
+        inserted = plan.insert_after.setdefault(where.stmt, [])
+        inserted.insert(inserted.index(prepared) + 1 if prepared in inserted else len(inserted), stmt)
+        anchor = where.stmt
+    rows = cst.parse_expression(f"{tensor}.size(0)")
+    for call, positions in shared.calls:
+        previous = plan.calls.get(call)
+
+        def sized(node: cst.Call, positions: list[int] = positions, previous=previous) -> cst.BaseExpression:
+            args = [a.with_changes(value=rows) if k in positions else a for k, a in enumerate(node.args)]
+            node = node.with_changes(args=args)
+            return previous(node) if previous is not None else node
+
+        plan.calls[call] = sized
+    plan.use_accelerator(shared.scope)
+    plan.change(CODE, anchor, (
+        f"each process trains on its share of the streams (rows) of `{tensor}`, whole and in order "
+        f"(`accelerator.share_streams`, a runtime extension), and the state carried from one slice to the next "
+        f"is sized to them (`{tensor}.size(0)`, not `{shared.size}`): N processes share the streams as a "
+        "prepared DataLoader shares a dataset"))
+
+
+def _streams_left_whole(roles: Roles, plan: EditPlan) -> None:
+    """The report of a truncated-BPTT step no DataLoader feeds, for streams AM004 does not share."""
+    shared = roles.shared_streams
+    if shared is None:
+        return
+    finding = shared.finding
+    message = finding.message
+    if plan.target == "accelerate":
+        message += (
+            f". HF Accelerate has no call that shares `{shared.tensor}`'s streams out; `--target runtime` takes each "
+            f"process's share of them with `{shared.tensor} = accelerator.share_streams({shared.tensor})`")
+    plan.report(CODE, finding.node, message, unconverted=True)
 
 
 def _selection_left_whole(roles: Roles, plan: EditPlan) -> None:
