@@ -55,8 +55,6 @@ def sequence_streams(
         return None
     if len(scope.bindings.get(tensor, [])) != 1 or binding.value is None or binding.is_loop_target:
         return None
-    if any(tensor in s.bindings or tensor in s.params for s in roles.facts.scopes if s is not scope):
-        return None  # another scope's name alike: its reads cannot be told apart here
     loop = site.loops[-1]
     states = [b for b in scope.bindings.get(carried, []) if not _in_loop(b, loop)]
     if not states or any(b.value is None or b.is_loop_target or b.where.order < binding.where.order
@@ -85,10 +83,13 @@ def sequence_streams(
                 calls.append((call, positions))
     if sum(len(p) for _, p in calls) != in_states:
         return None  # read inside an expression (`batch_size // 2`): not the state's row count alone
-    targets = sum(len(s.bindings.get(size, [])) for s in roles.facts.scopes) if "." not in size else 0
-    if _count(roles.facts.module, size) != in_states + _count(binding.value, size) + targets:
+    root = size.split(".")[0]
+    others = _other_values(roles, scope, root)
+    targets = sum(len(s.bindings.get(size, [])) for s in roles.facts.scopes
+                  if s.node not in others) if "." not in size else 0
+    if _count(roles.facts.module, size, others) != in_states + _count(binding.value, size) + targets:
         return None  # the batch size feeds something else, which would still count every stream
-    if not _time_reads_only(roles.facts.module, tensor):
+    if not _time_reads_only(roles.facts.module, tensor, _other_values(roles, scope, tensor)):
         return None
     if not _mean_loss(roles, scope, site):
         return None
@@ -133,14 +134,29 @@ def _chains(node: cst.CSTNode) -> set[str]:
     return found
 
 
-def _count(node: cst.CSTNode, chain: str) -> int:
+def _other_values(roles: Roles, scope: Scope, name: str) -> set[cst.CSTNode]:
+    """The functions (other than `scope` and those enclosing it) that bind `name` or take it as a
+    parameter (`def batchify(data, bsz)`): there it is another value, whose uses are not counted."""
+    enclosing: set[int] = set()
+    parent: Scope | None = scope
+    while parent is not None:
+        enclosing.add(id(parent))
+        parent = parent.parent
+    return {s.node for s in roles.facts.scopes if id(s) not in enclosing and s.is_function
+            and (name in s.bindings or name in s.params)}
+
+
+def _count(node: cst.CSTNode, chain: str, skip: set[cst.CSTNode] | None = None) -> int:
     """How many times the name or attribute chain `chain` appears in `node` (any Name node:
-    keywords and parameters too, so that a count is never too low)."""
+    keywords and parameters too, so that a count is never too low), outside the functions `skip`."""
     count = 0
+    skipped = skip or set()
 
     class Uses(Visitor):
         def on_visit(self, n: cst.CSTNode) -> bool:
             nonlocal count
+            if n in skipped:
+                return False
             if type(n) is cst.Attribute:
                 if dotted_name(n) == chain:
                     count += 1
@@ -157,7 +173,7 @@ def _count(node: cst.CSTNode, chain: str) -> int:
     return count
 
 
-def _time_reads_only(module: cst.Module, tensor: str) -> bool:
+def _time_reads_only(module: cst.Module, tensor: str, skip: set[cst.CSTNode]) -> bool:
     """Every appearance of `tensor` but one (its binding) reads it along a later axis: `t[:, ...]`,
     `t.size(k)` or `t.shape[k]` with a literal k >= 1."""
     allowed = 0
@@ -165,6 +181,8 @@ def _time_reads_only(module: cst.Module, tensor: str) -> bool:
     class Reads(Visitor):
         def on_visit(self, n: cst.CSTNode) -> bool:
             nonlocal allowed
+            if n in skip:
+                return False
             if type(n) is cst.Subscript and type(n.value) is cst.Name and n.value.value == tensor:
                 first = n.slice[0].slice
                 if len(n.slice) >= 2 and type(first) is cst.Slice and first.lower is None and first.upper is None \
@@ -181,7 +199,7 @@ def _time_reads_only(module: cst.Module, tensor: str) -> bool:
             return True
 
     walk(module, Reads())
-    return _count(module, tensor) == allowed + 1
+    return _count(module, tensor, skip) == allowed + 1
 
 
 def _axis(node: cst.BaseExpression) -> bool:
