@@ -243,11 +243,20 @@ Leaves alone:
     process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
     it is, since the local rank repeats on every node; when the batches are consecutive slices of
     one tensor along a later axis, `ids[:, i:i + seq_length]`, with state carried from one step to
-    the next, truncated backpropagation through time, the report is at the tensor's binding and
-    says to split its rows per process right after it,
+    the next, truncated backpropagation through time, a prepared loader would hand each process
+    every N-th chunk and break the carried state: the rows are the independent streams, and each
+    process takes its share of them, whole and in order, right after the prepare call (or after
+    the tensor's binding when that comes later), `ids = accelerator.share_streams(ids)` (a runtime
+    extension, docs/runtime.md: every N-th stream, padded by wrapping as `DistributedSampler`
+    pads), and the carried state's constructors read `ids.size(0)` where they read the batch size
+    (`torch.zeros(num_layers, batch_size, hidden)`, `model.init_hidden(bsz)`), as
+    `migrate/roles/sequence_streams.py` finds them: the tensor bound once where the model is
+    prepared and read only along its later axes, the state built after the share from the one
+    batch-size value the tensor's binding also reads, that value read nowhere else, the loss a
+    torch loss's mean, one training step. Otherwise (or under `--target accelerate`) the report
+    is at the tensor's binding and says to split its rows per process right after it,
     `ids = ids[accelerator.process_index::accelerator.num_processes]`, and to size the initial
-    states to `ids.size(0)`: a prepared loader would hand each process every N-th chunk and break
-    the carried state; rows split so by rank are not reported).
+    states to `ids.size(0)`; rows split so by rank, or shared so, are not reported).
     Noise of a GAN drawn in the training loop is seeded apart after the prepare call (see above);
     when a seed of the file may run after that point (in a loop, after the prepare call, or in a
     function not called only before it), which would seed the processes alike again, or a
