@@ -55,6 +55,8 @@ def sequence_streams(
         return None
     if len(scope.bindings.get(tensor, [])) != 1 or binding.value is None or binding.is_loop_target:
         return None
+    if binding.where.in_loop:
+        return None  # batchified anew in a loop (reshuffled per epoch, say): the processes may not hold the same streams
     loop = site.loops[-1]
     states = [b for b in scope.bindings.get(carried, []) if not _in_loop(b, loop)]
     if not states or any(b.value is None or b.is_loop_target or b.where.order < binding.where.order
@@ -89,6 +91,8 @@ def sequence_streams(
                   if s.node not in others) if "." not in size else 0
     if _count(roles.facts.module, size, others) != in_states + _count(binding.value, size) + targets:
         return None  # the batch size feeds something else, which would still count every stream
+    if "." in size and not _only_attributes_read(roles, root, others):
+        return None  # `args` handed whole to something that may read its batch size too
     if not _time_reads_only(roles.facts.module, tensor, _other_values(roles, scope, tensor)):
         return None
     if not _mean_loss(roles, scope, site):
@@ -171,6 +175,33 @@ def _count(node: cst.CSTNode, chain: str, skip: set[cst.CSTNode] | None = None) 
 
     walk(node, Uses())
     return count
+
+
+def _only_attributes_read(roles: Roles, root: str, skip: set[cst.CSTNode]) -> bool:
+    """`root` (`args`) appears only as the base of attribute reads (`args.batch_size`) or as a
+    binding target: never handed whole to a function or class that could read its batch size."""
+    bare = 0
+
+    class Bare(Visitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal bare
+            if n in skip:
+                return False
+            if type(n) is cst.Attribute:
+                if type(n.value) is cst.Name:
+                    return False  # `args.x`: read through an attribute
+                walk(n.value, self)
+                return False
+            if type(n) is cst.Arg:
+                walk(n.value, self)  # not the keyword's name
+                return False
+            if type(n) is cst.Name and n.value == root:
+                bare += 1
+            return True
+
+    walk(roles.facts.module, Bare())
+    targets = sum(len(s.bindings.get(root, [])) + (root in s.params) for s in roles.facts.scopes if s.node not in skip)
+    return bare == targets
 
 
 def _time_reads_only(module: cst.Module, tensor: str, skip: set[cst.CSTNode]) -> bool:
