@@ -11,12 +11,14 @@ them, whole and in order (`Accelerator.share_streams`, AM004 writes the edit), a
 state built from the batch size is sized from the shared tensor (`ids.size(0)`) instead.
 
 Found here (`sequence_streams`), beside the report of a step no DataLoader feeds: the tensor is
-bound once, in the scope of the Accelerator's prepare call and of the training loop, and read only
+bound once, outside any loop (batchified anew per epoch, it might differ per process), in the scope
+of the Accelerator's prepare call and of the training loop, and read only
 along its later axes (`ids[:, i:j]`, `ids.size(1)`, `ids.shape[1]`), so the number of steps is the
 same on every process; the carried state is bound outside the step loop from one batch-size value
 (a name or attribute chain) that the tensor's own binding also reads, as a direct argument of a call
 (`torch.zeros(num_layers, batch_size, hidden)`), and that value is read nowhere else in the file
-(a loss scaled by it, or a view sized by it, would still count the whole batch); the loss is a mean
+(a loss scaled by it, or a view sized by it, would still count the whole batch; an options object
+`args` whose `args.batch_size` it is is never handed whole to a function or class); the loss is a mean
 (a torch loss left to its default reduction), so DistributedDataParallel's average of the
 processes' means over equal shares is the mean over all streams; the file has one training step
 and a model to prepare. Anything else keeps the report, with its advice.

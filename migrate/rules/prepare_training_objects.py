@@ -1033,12 +1033,14 @@ def _share_streams(roles: Roles, plan: EditPlan, where: StmtRef | None, prepared
         inserted = plan.insert_after.setdefault(where.stmt, [])
         inserted.insert(inserted.index(prepared) + 1 if prepared in inserted else len(inserted), stmt)
         anchor = where.stmt
-    rows = cst.parse_expression(f"{tensor}.size(0)")
+    rows = f"{tensor}.size(0)"
     for call, positions in shared.calls:
         previous = plan.calls.get(call)
 
         def sized(node: cst.Call, positions: list[int] = positions, previous=previous) -> cst.BaseExpression:
-            args = [a.with_changes(value=rows) if k in positions else a for k, a in enumerate(node.args)]
+            # a node of its own at each place: one node object must not sit in two places of the output
+            args = [a.with_changes(value=cst.parse_expression(rows)) if k in positions else a
+                    for k, a in enumerate(node.args)]
             node = node.with_changes(args=args)
             return previous(node) if previous is not None else node
 
