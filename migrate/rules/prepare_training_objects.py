@@ -256,7 +256,13 @@ Leaves alone:
     torch loss's mean, one training step. Otherwise (or under `--target accelerate`) the report
     is at the tensor's binding and says to split its rows per process right after it,
     `ids = ids[accelerator.process_index::accelerator.num_processes]`, and to size the initial
-    states to `ids.size(0)`; rows split so by rank, or shared so, are not reported).
+    states to `ids.size(0)`; rows split so by rank, or shared so, are not reported. The word
+    language model's layout, a (num_tokens, batch_size) tensor sliced along time by a function of
+    the file handed it and the loop's index (`data, targets = get_batch(train_data, i)`, which takes
+    `source[i:i + seq_len]`), is reported at the tensor's binding: its columns are the streams, so
+    the report says to share them, `train_data = accelerator.share_streams(train_data, dim=1)`, and
+    to size the initial state to `train_data.size(1)`, not to slice its rows, which are time steps;
+    shared so, it is not reported).
     Noise of a GAN drawn in the training loop is seeded apart after the prepare call (see above);
     when a seed of the file may run after that point (in a loop, after the prepare call, or in a
     function not called only before it), which would seed the processes alike again, or a
