@@ -743,7 +743,7 @@ def report_unsharded_training(roles: Roles) -> None:
         roles.findings.append(finding)
         return
     elif (time_first := _time_first_slices(roles, scope, site)) is not None:
-        tensor, shown, binding, carried = time_first
+        tensor, shown, binding, carried, helper = time_first
         if binding is None:
             return  # its streams are shared by rank already: each process trains on its own
         state = (
@@ -760,7 +760,12 @@ def report_unsharded_training(roles: Roles) -> None:
             f"and size what is built per stream (the initial hidden state) to this process's streams, "
             f"`{tensor}.size(1)`, not the whole batch size"
         )
-        roles.findings.append(Finding(PREPARE, binding.where.stmt, message, unconverted=True))
+        finding = Finding(PREPARE, binding.where.stmt, message, unconverted=True)
+        shared_streams = sequence_streams(roles, scope, site, tensor, binding, carried, finding, helper)
+        if shared_streams is not None:
+            roles.shared_streams = shared_streams  # AM004 shares the streams out, or reports `finding`
+            return
+        roles.findings.append(finding)
         return
     else:
         closure = _stepped_closure(scope)
@@ -1040,7 +1045,7 @@ def _split_by_rank(value: cst.BaseExpression | None) -> bool:
 
 def _time_first_slices(
     roles: Roles, scope: Scope, site: Site,
-) -> tuple[str, str, Binding | None, str | None] | None:
+) -> tuple[str, str, Binding | None, str | None, Scope | None] | None:
     """A training loop that takes its batch from a function of this module handed one tensor and the
     loop's index (`data, targets = get_batch(train_data, i)`), the function slicing that tensor
     along its first axis from the index (`source[i:i + seq_len]`): a batchified (num_tokens,
@@ -1069,11 +1074,11 @@ def _time_first_slices(
         origin = scope if tensor in scope.bindings else roles.facts.module_scope
         bindings = [b for b in origin.bindings.get(tensor, []) if not _bound_in_loop(b, loop)]
         if any(_split_by_rank(b.value) for b in bindings):
-            return tensor, "", None, None  # its streams are shared already (the advice applied)
+            return tensor, "", None, None, None  # its streams are shared already (the advice applied)
         if len(bindings) != 1:
             return None
         shown = " ".join(cst.Module([]).code_for_node(call.call).split())
-        return tensor, shown, bindings[0], _carried_nested(loop)
+        return tensor, shown, bindings[0], _carried_nested(loop), helper
     return None
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate.analysis import Binding, Loop, Scope, Site
+from migrate.analysis import Binding, Loop, Scope, Site, StmtRef
 from migrate.names import dotted_name
 from migrate.roles.model import Finding, Roles
 from migrate.walk import Visitor, walk
@@ -38,9 +38,11 @@ from migrate.walk import Visitor, walk
 
 @dataclass(eq=False)
 class SharedStreams:
-    scope: Scope  # where the tensor is bound, the loop runs and the model is prepared
+    scope: Scope  # where the tensor is bound and the model is prepared (the loop runs there or in `runs`)
     tensor: str  # the batchified tensor (`ids`)
     binding: Binding  # its one binding
+    dim: int  # the axis of its streams: 0 for (batch_size, num_tokens), 1 for (num_tokens, batch_size)
+    runs: list[StmtRef]  # the statements of `scope` calling the function that trains, when it is one
     size: str  # the batch-size value the state was built from, as written (`batch_size`)
     calls: list[tuple[cst.Call, list[int]]]  # state-building calls, and the positions of `size` in their args
     states: list[Binding]  # the carried state's bindings outside the step loop
@@ -49,19 +51,38 @@ class SharedStreams:
 
 def sequence_streams(
     roles: Roles, scope: Scope, site: Site, tensor: str, binding: Binding, carried: str | None, finding: Finding,
+    helper: Scope | None = None,
 ) -> SharedStreams | None:
-    """The streams of `tensor` AM004 can share out (see the module docstring), or None."""
-    if carried is None or not site.loops or roles.home is not scope or not roles.models:
+    """The streams of `tensor` AM004 can share out (see the module docstring), or None. With
+    `helper`, the function of the file the loop hands the tensor and its index to (`get_batch(
+    train_data, i)`, slicing `source[i:i + seq_len]`): the tensor is (num_tokens, batch_size)."""
+    home = roles.home
+    if carried is None or not site.loops or home is None or not roles.models:
         return None
     if sum(len(s.backwards) for s in roles.facts.scopes) != 1:
         return None
-    if len(scope.bindings.get(tensor, [])) != 1 or binding.value is None or binding.is_loop_target:
+    runs: list[StmtRef] = []
+    if scope is not home:
+        # a function that trains (`def train(): ...`), called only by statements of home, reading the tensor as a global
+        if not scope.is_function or scope.is_method or scope.parent is not roles.facts.module_scope \
+                or home is not roles.facts.module_scope or tensor in scope.bindings or tensor in scope.params:
+            return None
+        callers = [(caller, call) for caller in roles.facts.scopes for call in caller.calls
+                   if call.callee == scope.name and roles.facts.resolve(call.callee, caller) is scope]
+        if not callers or any(caller is not home for caller, _ in callers):
+            return None
+        if _count(roles.facts.module, scope.name, {scope.node}) != len(callers):
+            return None  # handed on as a value (`run(train)`): called from where it cannot be seen
+        runs = [call.where for _, call in callers]
+    if len(home.bindings.get(tensor, [])) != 1 or binding.value is None or binding.is_loop_target:
+        return None
+    if home.bindings[tensor][0] is not binding:
         return None
     if binding.where.in_loop:
         return None  # batchified anew in a loop (reshuffled per epoch, say): the processes may not hold the same streams
     loop = site.loops[-1]
     states = [b for b in scope.bindings.get(carried, []) if not _in_loop(b, loop)]
-    if not states or any(b.value is None or b.is_loop_target or b.where.order < binding.where.order
+    if not states or any(b.value is None or b.is_loop_target or (not runs and b.where.order < binding.where.order)
                          for b in states):
         return None
     # the batch-size value: read by every initial state as a direct argument of a call, and by the tensor's binding
@@ -95,11 +116,14 @@ def sequence_streams(
         return None  # the batch size feeds something else, which would still count every stream
     if "." in size and not _only_attributes_read(roles, root, others):
         return None  # `args` handed whole to something that may read its batch size too
-    if not _time_reads_only(roles.facts.module, tensor, _other_values(roles, scope, tensor)):
+    skip = _other_values(roles, home, tensor)
+    if helper is None and not _time_reads_only(roles.facts.module, tensor, skip):
+        return None
+    if helper is not None and not _time_first_reads_only(roles.facts.module, tensor, skip, helper):
         return None
     if not _mean_loss(roles, scope, site):
         return None
-    return SharedStreams(scope, tensor, binding, size, calls, states, finding)
+    return SharedStreams(home, tensor, binding, 0 if helper is None else 1, runs, size, calls, states, finding)
 
 
 def _in_loop(binding: Binding, loop: Loop) -> bool:
@@ -233,6 +257,54 @@ def _time_reads_only(module: cst.Module, tensor: str, skip: set[cst.CSTNode]) ->
 
     walk(module, Reads())
     return _count(module, tensor, skip) == allowed + 1
+
+
+def _time_first_reads_only(module: cst.Module, tensor: str, skip: set[cst.CSTNode], helper: Scope) -> bool:
+    """(num_tokens, batch_size): every appearance of `tensor` but its binding reads its first (time)
+    axis, `t.size(0)`, `t.shape[0]`, `len(t)`, or hands it to `helper` as its first argument,
+    and `helper` reads its parameter only so too, or as one slice of its first axis (`source[i:j]`)."""
+    if not isinstance(helper.node, cst.FunctionDef) or not helper.params:
+        return False
+    source = helper.params[0]
+    if source in helper.bindings:
+        return False
+
+    def time_reads(root: cst.CSTNode, name: str, skipped: set[cst.CSTNode], handed: bool) -> int:
+        allowed = 0
+
+        class Reads(Visitor):
+            def on_visit(self, n: cst.CSTNode) -> bool:
+                nonlocal allowed
+                if n in skipped:
+                    return False
+                if type(n) is cst.Call and len(n.args) >= 1 and type(n.args[0].value) is cst.Name \
+                        and n.args[0].value.value == name and not n.args[0].star and n.args[0].keyword is None:
+                    func = n.func
+                    if handed and type(func) is cst.Name and func.value == helper.name:
+                        allowed += 1
+                    elif type(func) is cst.Name and func.value == "len" and len(n.args) == 1:
+                        allowed += 1
+                elif type(n) is cst.Call and type(n.func) is cst.Attribute and type(n.func.value) is cst.Name \
+                        and n.func.value.value == name and n.func.attr.value == "size":
+                    if len(n.args) == 1 and type(n.args[0].value) is cst.Integer and n.args[0].value.value == "0":
+                        allowed += 1
+                elif type(n) is cst.Subscript and type(n.value) is cst.Attribute and type(n.value.value) is cst.Name \
+                        and n.value.value.value == name and n.value.attr.value == "shape":
+                    part = n.slice[0].slice if len(n.slice) == 1 else None
+                    if type(part) is cst.Index and type(part.value) is cst.Integer and part.value.value == "0":
+                        allowed += 1
+                elif not handed and type(n) is cst.Subscript and type(n.value) is cst.Name and n.value.value == name:
+                    if len(n.slice) == 1 and type(n.slice[0].slice) is cst.Slice and n.slice[0].slice.step is None:
+                        allowed += 1
+                return True
+
+        walk(root, Reads())
+        return allowed
+
+    inside = helper.node.body
+    if time_reads(inside, source, set(), handed=False) != _count(inside, source):
+        return False
+    return _count(module, tensor, skip) == time_reads(module, tensor, skip, handed=True) + 1
 
 
 def _axis(node: cst.BaseExpression) -> bool:

@@ -1027,11 +1027,13 @@ def _share_streams(roles: Roles, plan: EditPlan, where: StmtRef | None, prepared
         _streams_left_whole(roles, plan)
         return
     after = max(where.order, shared.binding.where.order)
-    if any(state.where.order <= after for state in shared.states):
-        _streams_left_whole(roles, plan)  # the state would be sized before the share
+    if any(run.order <= after for run in shared.runs) or (
+            not shared.runs and any(state.where.order <= after for state in shared.states)):
+        _streams_left_whole(roles, plan)  # the state would be sized (or the step run) before the share
         return
     tensor = shared.tensor
-    stmt = statement(f"{tensor} = accelerator.share_streams({tensor})\n")
+    axis = ", dim=1" if shared.dim == 1 else ""
+    stmt = statement(f"{tensor} = accelerator.share_streams({tensor}{axis})\n")
     if shared.binding.where.order > where.order:
         plan.insert_after.setdefault(shared.binding.where.stmt, []).append(stmt)
         anchor = shared.binding.where.stmt
@@ -1039,7 +1041,7 @@ def _share_streams(roles: Roles, plan: EditPlan, where: StmtRef | None, prepared
         inserted = plan.insert_after.setdefault(where.stmt, [])
         inserted.insert(inserted.index(prepared) + 1 if prepared in inserted else len(inserted), stmt)
         anchor = where.stmt
-    rows = f"{tensor}.size(0)"
+    rows = f"{tensor}.size({shared.dim})"
     for call, positions in shared.calls:
         previous = plan.calls.get(call)
 
@@ -1055,7 +1057,7 @@ def _share_streams(roles: Roles, plan: EditPlan, where: StmtRef | None, prepared
     plan.change(CODE, anchor, (
         f"each process trains on its share of the streams (rows) of `{tensor}`, whole and in order "
         f"(`accelerator.share_streams`, a runtime extension), and the state carried from one slice to the next "
-        f"is sized to them (`{tensor}.size(0)`, not `{shared.size}`): N processes share the streams as a "
+        f"is sized to them (`{tensor}.size({shared.dim})`, not `{shared.size}`): N processes share the streams as a "
         "prepared DataLoader shares a dataset"))
 
 
@@ -1069,7 +1071,8 @@ def _streams_left_whole(roles: Roles, plan: EditPlan) -> None:
     if plan.target == "accelerate":
         message += (
             f". HF Accelerate has no call that shares `{shared.tensor}`'s streams out; `--target runtime` takes each "
-            f"process's share of them with `{shared.tensor} = accelerator.share_streams({shared.tensor})`")
+            f"process's share of them with `{shared.tensor} = accelerator.share_streams({shared.tensor}"
+            + (", dim=1" if shared.dim == 1 else "") + ")`")
     plan.report(CODE, finding.node, message, unconverted=True)
 
 
