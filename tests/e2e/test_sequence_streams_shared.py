@@ -4,7 +4,8 @@ AM004 shares the streams per process (`accelerator.share_streams`) and sizes the
 from the shared tensor. Two shapes: module-level code whose LSTM state `(h, c)` is built per epoch
 from `batch_size` (the corpus read by a helper module from a small text file), and a `main()`
 whose tensor is batchified after the optimizer from `args.batch_size` and whose GRU state comes
-from the model's `init_hidden`. Migrated, at one process each trains exactly as its original; at two
+from the model's `init_hidden`; and the word language model's layout, (num_tokens, batch_size) sliced
+along time by `get_batch(source, i)` in a `train()` called per epoch, whose columns are shared. Migrated, at one process each trains exactly as its original; at two
 processes each rank holds its half of the streams, both end with the same weights, which follow
 the one-process run (a mean loss over equal shares, averaged: the whole batch's mean), and the
 loss falls."""
@@ -169,6 +170,90 @@ if __name__ == "__main__":
     main()
 '''
 
+TIME_FIRST = """
+import argparse
+import json
+import os
+
+import torch
+import torch.nn as nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch_size", type=int, default=6)
+parser.add_argument("--bptt", type=int, default=7)
+args = parser.parse_args()
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+torch.manual_seed(0)
+
+
+def batchify(data, bsz):
+    nbatch = data.size(0) // bsz
+    data = data.narrow(0, 0, nbatch * bsz)
+    return data.view(bsz, -1).t().contiguous().to(device)
+
+
+train_data = batchify(torch.arange(400) * 5 // 3 % 14, args.batch_size)
+
+
+class RNNModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Embedding(14, 16)
+        self.rnn = nn.LSTM(16, 16)
+        self.decoder = nn.Linear(16, 14)
+
+    def forward(self, x, hidden):
+        out, hidden = self.rnn(self.encoder(x), hidden)
+        return self.decoder(out).view(-1, 14), hidden
+
+    def init_hidden(self, bsz):
+        weight = next(self.parameters())
+        return (weight.new_zeros(1, bsz, 16), weight.new_zeros(1, bsz, 16))
+
+
+model = RNNModel().to(device)
+criterion = nn.NLLLoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+losses = []
+
+
+def repackage_hidden(h):
+    if isinstance(h, torch.Tensor):
+        return h.detach()
+    return tuple(repackage_hidden(v) for v in h)
+
+
+def get_batch(source, i):
+    seq_len = min(args.bptt, len(source) - 1 - i)
+    data = source[i:i + seq_len]
+    target = source[i + 1:i + 1 + seq_len].view(-1)
+    return data, target
+
+
+def train():
+    model.train()
+    hidden = model.init_hidden(args.batch_size)
+    for batch, i in enumerate(range(0, train_data.size(0) - 1, args.bptt)):
+        data, targets = get_batch(train_data, i)
+        optimizer.zero_grad()
+        hidden = repackage_hidden(hidden)
+        output, hidden = model(data, hidden)
+        loss = criterion(torch.log_softmax(output, -1), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        optimizer.step()
+        losses.append(loss.item())
+
+
+for epoch in range(3):
+    train()
+
+rank = int(os.environ.get("RANK", "0"))
+first = get_batch(train_data, 0)[0]
+with open(f"rank{rank}.json", "w") as f:
+    json.dump({"losses": losses, "streams": first.t().tolist(), "bias": model.decoder.bias.tolist()}, f)
+"""
+
 
 def _text() -> str:
     rng = random.Random(7)
@@ -216,3 +301,9 @@ def test_module_level_state_from_batch_size(tmp_path: Path) -> None:
 
 def test_main_state_from_init_hidden(tmp_path: Path) -> None:
     _check(tmp_path, IN_MAIN, "data = accelerator.share_streams(data)", "h = model.init_hidden(data.size(0))", {})
+
+
+def test_time_first_columns_shared(tmp_path: Path) -> None:
+    """The word language model's (num_tokens, batch_size) layout: the columns are shared (`dim=1`)."""
+    _check(tmp_path, TIME_FIRST, "train_data = accelerator.share_streams(train_data, dim=1)",
+           "hidden = model.init_hidden(train_data.size(1))", {})
