@@ -10,6 +10,15 @@ break the carried chain. The streams are the samples: each process can take its 
 them, whole and in order (`Accelerator.share_streams`, AM004 writes the edit), and the carried
 state built from the batch size is sized from the shared tensor (`ids.size(0)`) instead.
 
+The word language model's layout is the same with the axes swapped: `batchify(data, bsz)` gives
+(num_tokens, batch_size), the loop hands the tensor and its index to a function of the file,
+`data, targets = get_batch(train_data, i)`, which slices `source[i:i + seq_len]` along time; its
+columns are the streams (`share_streams(train_data, dim=1)`, the state sized from
+`train_data.size(1)`). Read otherwise, the tensor may only be read along time (`len(t)`,
+`t.size(0)`, `t.shape[0]`, or handed to that function again), and the function reads its
+parameter only so. The training loop may run in a function of the module (`def train(): ...`)
+that only statements of the module call, all after the prepare call (AM004 checks the order).
+
 Found here (`sequence_streams`), beside the report of a step no DataLoader feeds: the tensor is
 bound once, outside any loop (batchified anew per epoch, it might differ per process), in the scope
 of the Accelerator's prepare call and of the training loop, and read only

@@ -259,10 +259,15 @@ Leaves alone:
     states to `ids.size(0)`; rows split so by rank, or shared so, are not reported. The word
     language model's layout, a (num_tokens, batch_size) tensor sliced along time by a function of
     the file handed it and the loop's index (`data, targets = get_batch(train_data, i)`, which takes
-    `source[i:i + seq_len]`), is reported at the tensor's binding: its columns are the streams, so
-    the report says to share them, `train_data = accelerator.share_streams(train_data, dim=1)`, and
-    to size the initial state to `train_data.size(1)`, not to slice its rows, which are time steps;
-    shared so, it is not reported).
+    `source[i:i + seq_len]`), has its columns as the streams: it is shared with
+    `train_data = accelerator.share_streams(train_data, dim=1)` and the state sized from
+    `train_data.size(1)` on the same conditions (the tensor read otherwise only along time,
+    `len(t)`, `t.size(0)`, or handed to that function, which reads it so too; the training loop in
+    the module's scope or in a function only the module calls, after the prepare call:
+    `def train(): hidden = model.init_hidden(args.batch_size) ...`); otherwise the report, at the
+    tensor's binding, says to share its columns so, and to size the initial state to
+    `train_data.size(1)`, not to slice its rows, which are time steps; shared so, it is not
+    reported).
     Noise of a GAN drawn in the training loop is seeded apart after the prepare call (see above);
     when a seed of the file may run after that point (in a loop, after the prepare call, or in a
     function not called only before it), which would seed the processes alike again, or a
