@@ -703,6 +703,41 @@ class Accelerator(ProcessView):
             positions = positions.repeat(repeats)[:total]
         return positions[self.process_index::processes]
 
+    def share_streams(self, batched: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """This process's share of the independent streams of a batchified sequence tensor (a
+        runtime extension: HF Accelerate has no equivalent).
+
+        ``batched`` holds one stream per index of ``dim`` (``ids`` of shape (batch_size,
+        num_tokens) for truncated backpropagation through time: ``dim=0``; the word language
+        model's (num_tokens, batch_size): ``dim=1``). On one process it is returned as it is. On N
+        processes, process r keeps streams r, r+N, ... whole and in order (the stream positions
+        padded by wrapping around to a multiple of N, as ``DistributedSampler`` pads), so every
+        process holds ``ceil(batch_size / N)`` streams and the same number of time steps: a mean
+        loss over them, averaged by the prepared model's gradient all-reduce, is the mean over all
+        streams (up to the repeated padding ones). Every process must hold a tensor of the same
+        shape: each call on N processes compares the shapes (one small ``all_gather_object``) and
+        raises ``ValueError`` on every process when they differ.
+        """
+        if not isinstance(batched, torch.Tensor) or batched.dim() < 2 or not -batched.dim() <= dim < batched.dim():
+            raise ValueError(
+                "share_streams takes a tensor of at least 2 dimensions and the dimension of its streams; got "
+                f"{type(batched).__name__}" + (f" of shape {tuple(batched.shape)}, dim={dim}"
+                                                if isinstance(batched, torch.Tensor) else "")
+            )
+        processes = self.num_processes
+        if processes == 1:
+            return batched
+        seen = ops.gather_object([tuple(batched.shape)], self.state)
+        if any(other != seen[0] for other in seen):
+            raise ValueError(
+                f"share_streams: the processes hold tensors of different shapes ({seen}); batchify the same "
+                "data alike on every process so that each can take its own share of the streams"
+            )
+        count = batched.size(dim)
+        total = -(-count // processes) * processes
+        positions = torch.arange(total, device=batched.device) % count
+        return batched.index_select(dim, positions[self.process_index::processes])
+
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:

@@ -19,6 +19,7 @@ import libcst as cst
 from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
 from migrate.roles.full_batch import full_batch_selection
+from migrate.roles.sequence_streams import sequence_streams
 from migrate.roles.model import PREPARE, Finding, InstanceFed, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
@@ -734,7 +735,37 @@ def report_unsharded_training(roles: Roles) -> None:
             "(each process keeps whole sequences, in order), and size what is built per batch row (initial "
             f"states) to this process's rows, `{tensor}.size(0)`, not the whole batch size"
         )
-        roles.findings.append(Finding(PREPARE, binding.where.stmt, message, unconverted=True))
+        finding = Finding(PREPARE, binding.where.stmt, message, unconverted=True)
+        shared_streams = sequence_streams(roles, scope, site, tensor, binding, carried, finding)
+        if shared_streams is not None:
+            roles.shared_streams = shared_streams  # AM004 shares the streams out, or reports `finding`
+            return
+        roles.findings.append(finding)
+        return
+    elif (time_first := _time_first_slices(roles, scope, site)) is not None:
+        tensor, shown, binding, carried, helper = time_first
+        if binding is None:
+            return  # its streams are shared by rank already: each process trains on its own
+        state = (
+            f" `{carried}` carries from one slice to the next (truncated backpropagation through time), so a "
+            "prepared DataLoader, which would hand each process every N-th slice, breaks that chain;"
+            if carried else ""
+        )
+        message = (
+            f"no DataLoader feeds this training step, so every process would train on the same data: its batches "
+            f"are consecutive slices of `{tensor}` along its first axis (`{shown}` in the training loop), whose "
+            f"columns are the independent streams of the batch (num_tokens, batch_size);{state} take this "
+            f"process's streams instead, right after this line: `{tensor} = accelerator.share_streams({tensor}, "
+            "dim=1)` (each process keeps whole streams, in order; not a slice of its rows, which are time steps), "
+            f"and size what is built per stream (the initial hidden state) to this process's streams, "
+            f"`{tensor}.size(1)`, not the whole batch size"
+        )
+        finding = Finding(PREPARE, binding.where.stmt, message, unconverted=True)
+        shared_streams = sequence_streams(roles, scope, site, tensor, binding, carried, finding, helper)
+        if shared_streams is not None:
+            roles.shared_streams = shared_streams  # AM004 shares the streams out, or reports `finding`
+            return
+        roles.findings.append(finding)
         return
     else:
         closure = _stepped_closure(scope)
@@ -1002,11 +1033,99 @@ def _sequence_slices(roles: Roles, scope: Scope, site: Site) -> tuple[str, str, 
 
 
 def _split_by_rank(value: cst.BaseExpression | None) -> bool:
-    """`ids[accelerator.process_index::accelerator.num_processes]`, `data[rank::world_size]`."""
+    """`ids[accelerator.process_index::accelerator.num_processes]`, `data[rank::world_size]`,
+    `accelerator.share_streams(ids)`."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "share_streams":
+        return True
     if not isinstance(value, cst.Subscript) or not isinstance(value.slice[0].slice, cst.Slice):
         return False
     code = cst.Module([]).code_for_node(value.slice[0].slice).lower()
     return "process_index" in code or "rank" in code
+
+
+def _time_first_slices(
+    roles: Roles, scope: Scope, site: Site,
+) -> tuple[str, str, Binding | None, str | None, Scope | None] | None:
+    """A training loop that takes its batch from a function of this module handed one tensor and the
+    loop's index (`data, targets = get_batch(train_data, i)`), the function slicing that tensor
+    along its first axis from the index (`source[i:i + seq_len]`): a batchified (num_tokens,
+    batch_size) corpus whose columns are the streams. With the tensor, the call as shown, the
+    tensor's binding (outside the loop, in the step's scope or the module's) and a name carried from
+    one step to the next, if there is one. The binding is None when the streams are shared by rank
+    already (`train_data = accelerator.share_streams(train_data, dim=1)`)."""
+    if not site.loops:
+        return None
+    loop = site.loops[-1]
+    indices = {n.value for n in _names_in(loop.node.target)}
+    functions = {s.name: s for s in roles.facts.scopes if s.is_function and s.parent is roles.facts.module_scope}
+    for call in scope.calls:
+        helper = functions.get(call.callee)
+        if helper is None or loop not in call.loops or isinstance(helper.node, cst.Lambda):
+            continue
+        args = call.call.args
+        if len(args) != 2 or any(a.keyword is not None or a.star for a in args) or len(helper.params) != 2:
+            continue
+        source, index = (a.value for a in args)
+        if not (isinstance(source, cst.Name) and isinstance(index, cst.Name) and index.value in indices):
+            continue
+        if not _slices_first_axis(helper, helper.params[0], helper.params[1]):
+            continue
+        tensor = source.value
+        origin = scope if tensor in scope.bindings else roles.facts.module_scope
+        bindings = [b for b in origin.bindings.get(tensor, []) if not _bound_in_loop(b, loop)]
+        if any(_split_by_rank(b.value) for b in bindings):
+            return tensor, "", None, None, None  # its streams are shared already (the advice applied)
+        if len(bindings) != 1:
+            return None
+        shown = " ".join(cst.Module([]).code_for_node(call.call).split())
+        return tensor, shown, bindings[0], _carried_nested(loop), helper
+    return None
+
+
+def _slices_first_axis(helper: Scope, source: str, index: str) -> bool:
+    """`source[index:index + n]` (one slice, its start reading `index`) in the function `helper`."""
+    found = False
+
+    class Slices(cst.CSTVisitor):
+        def visit_Subscript(self, node: cst.Subscript) -> None:
+            nonlocal found
+            if not (isinstance(node.value, cst.Name) and node.value.value == source and len(node.slice) == 1):
+                return
+            part = node.slice[0].slice
+            if isinstance(part, cst.Slice) and part.lower is not None and index in {
+                    n.value for n in _names_in(part.lower)}:
+                found = True
+
+    helper.node.visit(Slices())
+    return found
+
+
+def _carried_nested(loop: Loop) -> str | None:
+    """`_carried`, also in the blocks of an `if` in the loop's body (`if args.model == ...: ...
+    else: output, hidden = model(data, hidden)`)."""
+    carried = _carried(loop)
+    if carried is not None:
+        return carried
+    found: list[str] = []
+
+    class Assigns(cst.CSTVisitor):
+        def visit_Assign(self, small: cst.Assign) -> None:
+            if isinstance(small.value, cst.Call):
+                bound = {n.value for t in small.targets for n in _names_in(t.target)}
+                read = {n.value for a in small.value.args for n in _names_in(a.value)}
+                found.extend(sorted(bound & read))
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_For(self, node: cst.For) -> bool:
+            return node is loop.node
+
+        def visit_While(self, node: cst.While) -> bool:
+            return False
+
+    loop.node.visit(Assigns())
+    return found[0] if found else None
 
 
 def _carried(loop: Loop) -> str | None:

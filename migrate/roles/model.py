@@ -33,6 +33,7 @@ from migrate.roles.setup_device import binds_setup_device, initialises_group
 if TYPE_CHECKING:
     from migrate.roles.class_wrappers import ClassWrapper
     from migrate.roles.full_batch import SharedSelection
+    from migrate.roles.sequence_streams import SharedStreams
     from migrate.roles.spawn import SpawnLaunch
 
 
@@ -188,6 +189,10 @@ class Roles:
     # with a fixed index or mask (`output[idx_train]`, migrate/roles/full_batch.py); AM004 takes
     # this process's share of them (`accelerator.share_selection`)
     shared_selection: "SharedSelection | None" = None
+    # no DataLoader feeds the training step: truncated BPTT over the streams (rows) of one batchified
+    # tensor, the state carried across slices (migrate/roles/sequence_streams.py); AM004 takes this
+    # process's share of the streams (`accelerator.share_streams`) and sizes the state from it
+    shared_streams: "SharedStreams | None" = None
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole

@@ -75,6 +75,8 @@ def training_stream(roles: Roles, trainer: Scope) -> Stream | None:
         for method in scope.method_calls:
             if not (method.loops and isinstance(method.receiver, cst.Name) and _assigned(method)):
                 continue
+            if roles.models and roles.all_in(scope, method.receiver.value, roles.models):
+                continue  # the trained model's own method (`hidden = model.init_hidden(bsz)`), not a batch object
             for value in _values(roles, scope, method.receiver.value, _DEPTH):
                 stream = _batch_object(roles, scope, value, method)
                 if stream is not None:

@@ -243,11 +243,31 @@ Leaves alone:
     process_rank=ddp_rank, ...)`, already does, and is not reported; built with `LOCAL_RANK`,
     it is, since the local rank repeats on every node; when the batches are consecutive slices of
     one tensor along a later axis, `ids[:, i:i + seq_length]`, with state carried from one step to
-    the next, truncated backpropagation through time, the report is at the tensor's binding and
-    says to split its rows per process right after it,
+    the next, truncated backpropagation through time, a prepared loader would hand each process
+    every N-th chunk and break the carried state: the rows are the independent streams, and each
+    process takes its share of them, whole and in order, right after the prepare call (or after
+    the tensor's binding when that comes later), `ids = accelerator.share_streams(ids)` (a runtime
+    extension, docs/runtime.md: every N-th stream, padded by wrapping as `DistributedSampler`
+    pads), and the carried state's constructors read `ids.size(0)` where they read the batch size
+    (`torch.zeros(num_layers, batch_size, hidden)`, `model.init_hidden(bsz)`), as
+    `migrate/roles/sequence_streams.py` finds them: the tensor bound once where the model is
+    prepared and read only along its later axes, the state built after the share from the one
+    batch-size value the tensor's binding also reads, that value read nowhere else, the loss a
+    torch loss's mean, one training step. Otherwise (or under `--target accelerate`) the report
+    is at the tensor's binding and says to split its rows per process right after it,
     `ids = ids[accelerator.process_index::accelerator.num_processes]`, and to size the initial
-    states to `ids.size(0)`: a prepared loader would hand each process every N-th chunk and break
-    the carried state; rows split so by rank are not reported).
+    states to `ids.size(0)`; rows split so by rank, or shared so, are not reported. The word
+    language model's layout, a (num_tokens, batch_size) tensor sliced along time by a function of
+    the file handed it and the loop's index (`data, targets = get_batch(train_data, i)`, which takes
+    `source[i:i + seq_len]`), has its columns as the streams: it is shared with
+    `train_data = accelerator.share_streams(train_data, dim=1)` and the state sized from
+    `train_data.size(1)` on the same conditions (the tensor read otherwise only along time,
+    `len(t)`, `t.size(0)`, or handed to that function, which reads it so too; the training loop in
+    the module's scope or in a function only the module calls, after the prepare call:
+    `def train(): hidden = model.init_hidden(args.batch_size) ...`); otherwise the report, at the
+    tensor's binding, says to share its columns so, and to size the initial state to
+    `train_data.size(1)`, not to slice its rows, which are time steps; shared so, it is not
+    reported).
     Noise of a GAN drawn in the training loop is seeded apart after the prepare call (see above);
     when a seed of the file may run after that point (in a loop, after the prepare call, or in a
     function not called only before it), which would seed the processes alike again, or a
@@ -425,6 +445,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if not names or home.prepared:
         _batches_left_alike(roles, plan)
         _selection_left_whole(roles, plan)
+        _streams_left_whole(roles, plan)
         return
     if not roles.can_reach(home):
         # An Accelerator the script already creates elsewhere (`def main(): accelerator = ...`)
@@ -436,6 +457,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             "be seen, so they were not prepared: build them where the Accelerator is created, or pass it "
             "in, and add them to `accelerator.prepare(...)`"
         ), unconverted=True)
+        _streams_left_whole(roles, plan)
         return
     where = roles.prepare_after
     names = _prepare_early(roles, plan, home, names)
@@ -444,6 +466,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _prepare_received(roles, plan)
         _prepare_in_training_methods(roles, plan)
         _share_selection(roles, plan)
+        _streams_left_whole(roles, plan)
         return
     # a model a trainer trains through a hand-wrapped alias is prepared into the alias
     bound = {model: alias for alias, model in roles.model_aliases.items()}
@@ -463,6 +486,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if anchor is None:
             _batches_left_alike(roles, plan)
             _selection_left_whole(roles, plan)
+            _streams_left_whole(roles, plan)
             return
         plan.insert_before.setdefault(anchor, []).extend([*freed, stmt, *rebound])
     for name in names:
@@ -480,6 +504,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     _prepare_in_training_methods(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
     _share_selection(roles, plan)
+    _share_streams(roles, plan, where, stmt)
 
 
 def _batch_size_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
@@ -1008,6 +1033,70 @@ def _share_selection(roles: Roles, plan: EditPlan) -> None:
         "runtime extension): every process runs the model over all the samples and each takes the loss over "
         "every N-th selected one, so N processes share the step's samples as a prepared DataLoader shares a "
         "dataset"))
+
+
+def _share_streams(roles: Roles, plan: EditPlan, where: StmtRef | None, prepared: cst.BaseStatement) -> None:
+    """Truncated BPTT over the streams (rows) of one batchified tensor (`roles.shared_streams`,
+    `migrate.roles.sequence_streams`): this process's share of the streams is bound over the tensor
+    (`ids = accelerator.share_streams(ids)`) right after the prepare call (`prepared`, inserted after
+    `where`), or right after the tensor's binding when that comes later, and the carried state's
+    constructors read the shared row count (`torch.zeros(num_layers, ids.size(0), hidden_size)`)
+    where they read the batch size. A runtime extension: under `--target accelerate`, with no
+    prepare point, or with a state built before the share, the step is reported as before."""
+    shared = roles.shared_streams
+    if shared is None:
+        return
+    if plan.target == "accelerate" or where is None or not roles.can_reach(shared.scope):
+        _streams_left_whole(roles, plan)
+        return
+    after = max(where.order, shared.binding.where.order)
+    if any(run.order <= after for run in shared.runs) or (
+            not shared.runs and any(state.where.order <= after for state in shared.states)):
+        _streams_left_whole(roles, plan)  # the state would be sized (or the step run) before the share
+        return
+    tensor = shared.tensor
+    axis = ", dim=1" if shared.dim == 1 else ""
+    stmt = statement(f"{tensor} = accelerator.share_streams({tensor}{axis})\n")
+    if shared.binding.where.order > where.order:
+        plan.insert_after.setdefault(shared.binding.where.stmt, []).append(stmt)
+        anchor = shared.binding.where.stmt
+    else:
+        inserted = plan.insert_after.setdefault(where.stmt, [])
+        inserted.insert(inserted.index(prepared) + 1 if prepared in inserted else len(inserted), stmt)
+        anchor = where.stmt
+    rows = f"{tensor}.size({shared.dim})"
+    for call, positions in shared.calls:
+        previous = plan.calls.get(call)
+
+        def sized(node: cst.Call, positions: list[int] = positions, previous=previous) -> cst.BaseExpression:
+            # a node of its own at each place: one node object must not sit in two places of the output
+            args = [a.with_changes(value=cst.parse_expression(rows)) if k in positions else a
+                    for k, a in enumerate(node.args)]
+            node = node.with_changes(args=args)
+            return previous(node) if previous is not None else node
+
+        plan.calls[call] = sized
+    plan.use_accelerator(shared.scope)
+    plan.change(CODE, anchor, (
+        f"each process trains on its share of the streams (rows) of `{tensor}`, whole and in order "
+        f"(`accelerator.share_streams`, a runtime extension), and the state carried from one slice to the next "
+        f"is sized to them (`{tensor}.size({shared.dim})`, not `{shared.size}`): N processes share the streams as a "
+        "prepared DataLoader shares a dataset"))
+
+
+def _streams_left_whole(roles: Roles, plan: EditPlan) -> None:
+    """The report of a truncated-BPTT step no DataLoader feeds, for streams AM004 does not share."""
+    shared = roles.shared_streams
+    if shared is None:
+        return
+    finding = shared.finding
+    message = finding.message
+    if plan.target == "accelerate":
+        message += (
+            f". HF Accelerate has no call that shares `{shared.tensor}`'s streams out; `--target runtime` takes each "
+            f"process's share of them with `{shared.tensor} = accelerator.share_streams({shared.tensor}"
+            + (", dim=1" if shared.dim == 1 else "") + ")`")
+    plan.report(CODE, finding.node, message, unconverted=True)
 
 
 def _selection_left_whole(roles: Roles, plan: EditPlan) -> None:
