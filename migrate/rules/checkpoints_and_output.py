@@ -181,8 +181,12 @@ Leaves alone:
     such a path in the same function): each process writes its own file; so do writes whose path
     is chosen by `accelerator.is_main_process` (`open(path if accelerator.is_main_process else
     os.devnull, "w")`, the fix the report below advises: only the main process's file is kept). A status line written
-    where the accelerator cannot reach is left alone. Reported (with the line and the fix)
-    and left on every process, a write whose statement also calls the prepared model
+    where the accelerator cannot reach is left alone. A `with open(path, "w") as f:` (the builtin
+    `open` in a plain write mode, the file not read back in the function) around code every process
+    must run (sampling text from the prepared model after training) gets that path choice itself:
+    every process runs the block and only the main process writes the file (`os.devnull` spelled
+    through the module's `import os`, else `from os import devnull` is added). Reported (with the
+    line and the fix) and left on every process, any other write whose statement also calls the prepared model
     (DistributedDataParallel's forward broadcasts the model's buffers from the main process in the
     first forward after a training step, even under `torch.no_grad()`: sampling with the model on
     the main process alone would wait there for the others; the report advises computing on every

@@ -360,6 +360,8 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
         done.add(unit.stmt)
         if unit.stmt in plan.main_process_only or any(outer.stmt in plan.main_process_only for outer in unit.path):
             continue  # inside a statement already on the main process (`with open(p, "w") as f: yaml.dump(c, f)`)
+        if _written_to_devnull(roles, plan, scope, write, unit):
+            continue
         problem = _why_not_guarded(roles, scope, write, unit, reads=False)
         reader = _reads_back(roles, scope, unit, write.path) if problem is None and write.path is not None else None
         if reader is not None and not _barrier_fits(unit):
@@ -399,6 +401,49 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
             _report_share_written(roles, plan, scope, write)
     _barriers_after(plan, read_back, barriers)
     return guarded, barriers
+
+
+_WRITE_MODES = re.compile(r"^[wax][bt]?$|^[bt][wax]$")
+
+
+def _written_to_devnull(roles: Roles, plan: EditPlan, scope: Scope, write: _Write, unit: StmtRef) -> bool:
+    """`with open(path, "w") as f:` around code every process must run (the prepared model's
+    forward, sampling text after training; a collective): the block cannot go on the main process
+    only, so every process runs it and the processes other than the main one write to the null
+    device, `open(path if accelerator.is_main_process else os.devnull, "w")`. Only for the builtin
+    `open` in the `with` header, in a plain write mode, of a file nothing in the scope reads back."""
+    header, call = write.where.stmt, write.call  # the `with` whose header opens the file (in `unit`)
+    if type(header) is not cst.With or write.path is None or write.fetch or write.removal or write.console:
+        return False
+    if type(call.func) is not cst.Name or call.func.value != "open" or roles.facts.aliases.qualify(call.func) \
+            or not any(item.item is call for item in header.items):
+        return False
+    mode = call_argument(call, 1, "mode")
+    if not (isinstance(mode, cst.SimpleString) and _WRITE_MODES.match(mode.evaluated_value)):
+        return False
+    if len(call.args) < 1 or call.args[0].keyword is not None or call.args[0].value is not write.path:
+        return False
+    if _hazard(roles, scope, unit.stmt, set()) is None or _reads_back(roles, scope, unit, write.path) is not None:
+        return False
+    names = roles.facts.aliases.local_names_for("os")
+    if names:
+        devnull = f"{'os' if 'os' in names else names[0]}.devnull"
+    elif any("devnull" in each.bindings for each in roles.facts.scopes):
+        return False  # the script's own `devnull`: the import would shadow it or be shadowed
+    else:
+        devnull = "devnull"
+        plan.imports.add(("os", "devnull"))
+    path = cst.Module([]).code_for_node(write.path)
+    chosen = cst.parse_expression(f"({path}) if accelerator.is_main_process else {devnull}"
+                                  if isinstance(write.path, (cst.IfExp, cst.Lambda, cst.BooleanOperation))
+                                  else f"{path} if accelerator.is_main_process else {devnull}")
+    plan.calls[call] = lambda updated: updated.with_changes(
+        args=[updated.args[0].with_changes(value=chosen), *updated.args[1:]])
+    plan.use_accelerator(scope)
+    plan.change(CODE, call, (
+        f"{write.what} is written by the main process only: the block also runs the prepared model (or a "
+        "collective), which every process must run, so the others run it too and write to the null device"))
+    return True
 
 
 # The launcher's rank test, as `_launcher_rank_prints` of checkpoints_and_output.py writes it.
