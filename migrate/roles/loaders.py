@@ -18,7 +18,7 @@ import libcst as cst
 
 from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
-from migrate.roles.full_batch import full_batch_selection
+from migrate.roles.full_batch import full_batch_rows, full_batch_selection
 from migrate.roles.model import PREPARE, Finding, InstanceFed, Roles
 from migrate.roles.streams import yields, training_stream
 from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
@@ -679,6 +679,7 @@ def report_unsharded_training(roles: Roles) -> None:
     seeded = seeded_generators(roles.facts) & drawn if drawn else set()
     if drawn and not seeded:
         return  # each process draws batches of its own, as sharded ones would be
+    generic = False
     source = stream.function if stream is not None else _batch_function(roles, scope, site)
     random = random_batches(roles, scope, site) if stream is None else None
     if random is not None:
@@ -737,6 +738,7 @@ def report_unsharded_training(roles: Roles) -> None:
         roles.findings.append(Finding(PREPARE, binding.where.stmt, message, unconverted=True))
         return
     else:
+        generic = True
         closure = _stepped_closure(scope)
         message = (
             "no DataLoader feeds this training step, so every process would train on the same data (N times "
@@ -762,6 +764,13 @@ def report_unsharded_training(roles: Roles) -> None:
         shared = full_batch_selection(roles, scope, site, finding)
         if shared is not None:
             roles.shared_selection = shared
+            return
+    if source is None and generic:
+        # a full-batch step over every row of fixed tensors (`criterion(model(inputs), targets)`,
+        # also in an LBFGS closure): AM004 shares the rows out, or reports `finding`
+        rows = full_batch_rows(roles, scope, site, finding, _stepped_closure(scope))
+        if rows is not None:
+            roles.shared_rows = rows
             return
     roles.findings.append(finding)
 

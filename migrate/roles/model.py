@@ -32,7 +32,7 @@ from migrate.roles.setup_device import binds_setup_device, initialises_group
 
 if TYPE_CHECKING:
     from migrate.roles.class_wrappers import ClassWrapper
-    from migrate.roles.full_batch import SharedSelection
+    from migrate.roles.full_batch import SharedRows, SharedSelection
     from migrate.roles.spawn import SpawnLaunch
 
 
@@ -188,6 +188,10 @@ class Roles:
     # with a fixed index or mask (`output[idx_train]`, migrate/roles/full_batch.py); AM004 takes
     # this process's share of them (`accelerator.share_selection`)
     shared_selection: "SharedSelection | None" = None
+    # no DataLoader feeds the training step: it trains on every row of fixed tensors at once
+    # (`criterion(model(inputs), targets)`, migrate/roles/full_batch.py); AM004 takes this process's
+    # share of the rows (`accelerator.share_selection(len(inputs))`)
+    shared_rows: "SharedRows | None" = None
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole

@@ -425,6 +425,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     if not names or home.prepared:
         _batches_left_alike(roles, plan)
         _selection_left_whole(roles, plan)
+        _rows_left_whole(roles, plan)
         return
     if not roles.can_reach(home):
         # An Accelerator the script already creates elsewhere (`def main(): accelerator = ...`)
@@ -444,6 +445,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _prepare_received(roles, plan)
         _prepare_in_training_methods(roles, plan)
         _share_selection(roles, plan)
+        _share_rows(roles, plan)
         return
     # a model a trainer trains through a hand-wrapped alias is prepared into the alias
     bound = {model: alias for alias, model in roles.model_aliases.items()}
@@ -463,6 +465,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         if anchor is None:
             _batches_left_alike(roles, plan)
             _selection_left_whole(roles, plan)
+            _rows_left_whole(roles, plan)
             return
         plan.insert_before.setdefault(anchor, []).extend([*freed, stmt, *rebound])
     for name in names:
@@ -480,6 +483,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     _prepare_in_training_methods(roles, plan)
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
     _share_selection(roles, plan)
+    _share_rows(roles, plan)
 
 
 def _batch_size_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
@@ -1004,6 +1008,50 @@ def _selection_left_whole(roles: Roles, plan: EditPlan) -> None:
             f". HF Accelerate has no call that shares `{shared.shown}` out; `--target runtime` takes each "
             f"process's share of it with `accelerator.share_selection({shared.shown})`")
     plan.report(CODE, finding.node, message, unconverted=True)
+
+
+def _share_rows(roles: Roles, plan: EditPlan) -> None:
+    """A full-batch step over every row of fixed tensors (`roles.shared_rows`,
+    `migrate.roles.full_batch`): right before its training loop this process's rows are bound
+    (`input_rows = accelerator.share_selection(len(input))`) and the reads of the tensors in the
+    statements that feed the loss select them (`model(input[input_rows])`, `criterion(out,
+    target[input_rows])`); other uses (an evaluation) keep every row. A closure the optimizer steps
+    returns the loss averaged over the processes (`accelerator.reduce(loss.detach(), "mean")`), so
+    that LBFGS searches and stops alike on every process; its backward stays on the local loss."""
+    shared = roles.shared_rows
+    if shared is None:
+        return
+    if plan.target == "accelerate" or not roles.can_reach(shared.scope):
+        _rows_left_whole(roles, plan)
+        return
+    stmt = statement(f"{shared.name} = accelerator.share_selection(len({shared.data[0]}))\n")
+    plan.insert_before.setdefault(shared.before, []).append(stmt)
+    for read in shared.reads:
+        plan.row_reads[read] = shared.name
+    if shared.closure_return is not None:
+        plan.replace_small[shared.closure_return] = shared.closure_return.with_changes(
+            value=cst.parse_expression(f'accelerator.reduce({shared.loss}.detach(), "mean")'))
+    plan.use_accelerator(shared.scope)
+    shown = ", ".join(f"`{n}`" for n in shared.data)
+    plan.change(CODE, shared.before, (
+        f"the step trains on this process's share of the rows of {shown} (`accelerator.share_selection`, a "
+        "runtime extension): each process takes the mean loss over every N-th row, so N processes share the "
+        "step's rows as a prepared DataLoader shares a dataset"
+        + (f"; the closure returns the loss averaged over the processes, so the optimizer decides alike on "
+           "every process" if shared.closure_return is not None else "")))
+
+
+def _rows_left_whole(roles: Roles, plan: EditPlan) -> None:
+    """The report of a step no DataLoader feeds, for fixed rows AM004 does not share."""
+    shared = roles.shared_rows
+    if shared is None:
+        return
+    message = shared.finding.message
+    if plan.target == "accelerate":
+        message += (
+            f". HF Accelerate has no call that shares the rows out; `--target runtime` takes each process's "
+            f"share of them with `accelerator.share_selection(len({shared.data[0]}))`")
+    plan.report(CODE, shared.finding.node, message, unconverted=True)
 
 
 def _batches_left_alike(roles: Roles, plan: EditPlan) -> None:
