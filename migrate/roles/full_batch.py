@@ -667,9 +667,9 @@ def _tensor_value(roles: Roles, scope: Scope, value: cst.BaseExpression, depth: 
         qualified = roles.facts.aliases.qualify(value.func) or ""
         if qualified.startswith("torch.") and not qualified.startswith(_NOT_TENSORS):
             return True
-        if type(value.func) is cst.Attribute and value.func.attr.value in (
-                *_ROWWISE_METHODS, "requires_grad_", "clone", "detach", "cuda", "cpu", "long", "t"):
-            return _tensor_value(roles, scope, value.func.value, depth + 1)
+        if type(value.func) is cst.Attribute and value.func.attr.value not in (
+                "item", "tolist", "numpy", "size", "dim", "numel", "nelement", "split", "chunk", "unbind"):
+            return _tensor_value(roles, scope, value.func.value, depth + 1)  # a tensor method's result
         return False
     if type(value) is cst.Subscript:
         return _tensor_value(roles, scope, value.value, depth + 1)

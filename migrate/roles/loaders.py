@@ -693,6 +693,7 @@ def report_unsharded_training(roles: Roles) -> None:
         roles.random_batches = random  # seeded apart after the prepare call (AM004)
         return
     if seeded:
+        generic = True  # drawn once before the loop, alike on every process, its rows can be shared
         seed = {"torch": "torch.manual_seed", "numpy": "np.random.seed", "random": "random.seed"}[min(seeded)]
         message = (
             f"no DataLoader feeds this training step: the model's inputs are drawn from {min(seeded)}'s global "

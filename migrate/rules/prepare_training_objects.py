@@ -1048,9 +1048,16 @@ def _rows_left_whole(roles: Roles, plan: EditPlan) -> None:
         return
     message = shared.finding.message
     if plan.target == "accelerate":
-        message += (
-            f". HF Accelerate has no call that shares the rows out; `--target runtime` takes each process's "
-            f"share of them with `accelerator.share_selection(len({shared.data[0]}))`")
+        shown = ", ".join(f"`{n}`" for n in shared.data)
+        split = "; ".join(f"`{n} = {n}[accelerator.process_index::accelerator.num_processes]`" for n in shared.data)
+        message = (
+            f"no DataLoader feeds this training step: it trains on every row of {shown} at once, alike on every "
+            "process (N times the compute for one process's worth of data), and HF Accelerate has no call that "
+            f"shares the rows out. Split them per process before the training loop: {split} (a mean loss over "
+            "near-equal parts keeps the averaged gradient close to the whole data's)"
+            + (f"; the closure must then return `accelerator.reduce({shared.loss}.detach(), \"mean\")`, so that "
+               "the optimizer decides alike on every process" if shared.closure_return is not None else "")
+            + f"; or migrate with `--target runtime`, which shares them with `accelerator.share_selection(len({shared.data[0]}))`")
     plan.report(CODE, shared.finding.node, message, unconverted=True)
 
 
