@@ -21,6 +21,17 @@ must not be assigned in a loop of the file or in the step function), and must no
 computed from a draw of a global generator the file never seeds (`idx = torch.randperm(n)`: each
 process would draw a split of its own). The file must have one training step (a second one would
 stay whole) and a model to prepare (the averaged gradients make the shares one step).
+
+Found here too (`full_batch_rows`): a step over every row of fixed tensors, no selection at all
+(`loss = criterion(model(inputs), targets)` in the loop, or in a closure the optimizer steps).
+Its feeding statements hold one call of the model, with one tensor argument (a graph's features
+and edges are not independent rows), and a loss that is a mean over the output's rows: a torch
+criterion left to its mean reduction (no `weight=`), or `.mean()` / `torch.mean` of values
+computed row by row (elementwise operations, `out[:, :-1]`) from the output and plain names, the
+targets. The input and the targets are each read once there, bound once before the loop (never in
+it) to a tensor (a torch call, a tensor method's result, a subscript of one). A closure must return
+the loss it backpropagates. A model class holding an RNN/LSTM/GRU or attention module without
+`batch_first=True` keeps the report: its first axis is time, not the rows.
 """
 
 from __future__ import annotations
