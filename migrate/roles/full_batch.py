@@ -569,16 +569,24 @@ class _MeanLoss:
                 break
         return node
 
-    def mean(self, node: cst.BaseExpression) -> bool:
+    def mean(self, node: cst.BaseExpression, depth: int = 0) -> bool:
         node = self._resolve(node)
+        if type(node) is cst.BinaryOperation and depth < 4 and type(node.operator) in (
+                cst.Add, cst.Subtract, cst.Multiply):
+            # `criterion(out, y) + lam * penalty`: a term without the output is alike on every process
+            left, right = self._has_output(node.left), self._has_output(node.right)
+            if type(node.operator) is cst.Multiply and left and right:
+                return False
+            return (left or right) and all(self.mean(side, depth + 1) for side, has in (
+                (node.left, left), (node.right, right)) if has)
         if type(node) is not cst.Call:
             return False
         func = node.func
         if type(func) is cst.Attribute and func.attr.value == "mean" and not node.args:
-            return self.rowwise(func.value, True)
+            return self.rowwise(func.value, False) and self._has_output(func.value)
         qualified = self.roles.facts.aliases.qualify(func) or ""
         if qualified == "torch.mean" and len(node.args) == 1 and node.args[0].keyword is None:
-            return self.rowwise(node.args[0].value, True)
+            return self.rowwise(node.args[0].value, False) and self._has_output(node.args[0].value)
         if not self._mean_criterion(node):
             return False
         operands = [a.value for a in node.args if a.keyword is None and not a.star]
@@ -620,38 +628,45 @@ class _MeanLoss:
         return not any(a.keyword is not None and a.keyword.value in ("reduction", "weight", "size_average", "reduce")
                        or a.keyword is None for a in built.args)
 
-    def rowwise(self, node: cst.BaseExpression, top: bool) -> bool:
-        """`node` holds one value per row of the model's output (or is a data target read whole)."""
+    def rowwise(self, node: cst.BaseExpression, pair: bool) -> bool:
+        """`node` holds one value per row of the model's output. A plain name is a target read whole
+        only where it is paired with the output (`pair`: an operand of the criterion, or of a
+        subtraction, `out - y`); elsewhere (`w * err`, a per-row or per-feature weight) it is not."""
         if type(node) is cst.UnaryOperation:
-            return self.rowwise(node.expression, top)
+            return self.rowwise(node.expression, pair)
         if isinstance(node, (cst.Integer, cst.Float)):
             return True
         if type(node) is cst.Name:
             if node.value in self.values:
-                return self.rowwise(self.values[node.value], top)
+                return self.rowwise(self.values[node.value], pair)
+            if not pair or node.value in self.bound:
+                return False
             self.targets.append(node.value)
             self.target_reads.append(node)
             return True
         if node is self.call:
             return True
         if type(node) is cst.BinaryOperation:
-            return self.rowwise(node.left, top) and self.rowwise(node.right, top)
+            paired = type(node.operator) is cst.Subtract
+            if type(node.operator) is cst.Power and not isinstance(node.right, (cst.Integer, cst.Float)):
+                return False
+            return self.rowwise(node.left, paired) and self.rowwise(node.right, paired)
         if type(node) is cst.Subscript:
             first = node.slice[0].slice if node.slice else None
             whole = type(first) is cst.Slice and first.lower is None and first.upper is None and first.step is None
-            return whole and self.rowwise(node.value, top)  # `out[:, :-1]`: every row
+            return whole and self.rowwise(node.value, pair)  # `out[:, :-1]`: every row
         if type(node) is cst.Call:
             func = node.func
             literal = all(isinstance(a.value, (cst.Integer, cst.Float, cst.UnaryOperation, cst.Attribute))
                           or type(a.value) is cst.Name and a.value.value in ("True", "False", "None")
                           for a in node.args)
             if type(func) is cst.Attribute and func.attr.value in _ROWWISE_METHODS and literal:
-                return self.rowwise(func.value, top)
+                return self.rowwise(func.value, pair)
             qualified = self.roles.facts.aliases.qualify(func) or ""
             head, _, last = qualified.rpartition(".")
             if head == "torch" and last in _ROWWISE_FUNCTIONS and node.args and all(
                     isinstance(a.value, (cst.Integer, cst.Float)) for a in node.args[1:]):
-                return self.rowwise(node.args[0].value, top)
+                return self.rowwise(node.args[0].value, pair)
         return False
 
 
@@ -686,6 +701,10 @@ def _tensor_value(roles: Roles, scope: Scope, value: cst.BaseExpression, depth: 
         return _tensor_value(roles, scope, value.value, depth + 1)
     if type(value) is cst.BinaryOperation:
         return _tensor_value(roles, scope, value.left, depth + 1) or _tensor_value(roles, scope, value.right, depth + 1)
+    if type(value) is cst.Comparison:
+        return _tensor_value(roles, scope, value.left, depth + 1)  # `(x > 0)`: a mask of the rows
+    if type(value) is cst.UnaryOperation:
+        return _tensor_value(roles, scope, value.expression, depth + 1)
     if type(value) is cst.Name:
         owner = scope if value.value in scope.bindings else roles.facts.module_scope
         bindings = owner.bindings.get(value.value, [])
