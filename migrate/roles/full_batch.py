@@ -456,21 +456,29 @@ def full_batch_rows(roles: Roles, scope: Scope, site: Site, finding: Finding, cl
             return None
         holder = scope.node
         loops = [loop for loop in parent.loops if _inside(holder, loop.node)]
+        stepped = [s for s in parent.method_calls if type(s.call.func) is cst.Attribute
+                   and s.call.func.attr.value == "step" and any(
+            type(a.value) is cst.Name and a.value.value == scope.name for a in s.call.args)]
+        if not stepped:
+            return None  # the closure is stepped elsewhere (handed to another function)
+        if not loops:  # `def closure(): ...` once, stepped in a loop below (or once, LBFGS's max_iter)
+            loops = [loop for s in stepped for loop in s.loops]
         returns = _returns(scope)
         if len(returns) != 1 or type(returns[0].value) is not cst.Name or type(site.receiver) is not cst.Name:
             return None
         if returns[0].value.value != site.receiver.value:  # type: ignore[union-attr]
             return None  # the closure returns something else than the loss it backpropagates
         outer = parent
+        first = min(stepped, key=lambda s: s.where.order).where
     else:
         if not site.loops or scope.parent is not None and not scope.is_function:
             return None
         loops = list(site.loops)
         returns = [None]  # type: ignore[list-item]
         outer = scope
-    if not loops:
-        return None
-    loop = min(loops, key=lambda lp: lp.where.order)  # the outermost loop running the step
+        first = site.where
+    loop = min(loops, key=lambda lp: lp.where.order) if loops else None  # the outermost loop running the step
+    where = loop.where if loop is not None else first
     feeding = _feeding(scope, site)
     if not feeding:
         return None
@@ -501,7 +509,7 @@ def full_batch_rows(roles: Roles, scope: Scope, site: Site, finding: Finding, cl
             walk(value, uses)
         if uses.count != 1:
             return None  # read otherwise too (`torch.autograd.grad(u, x)`): all the rows are meant there
-        if not _fixed_tensor(roles, outer, name, loop):
+        if not _fixed_tensor(roles, outer, name, loop, where.order):
             return None
     if _sequence_first(roles, call):
         return None
@@ -509,7 +517,7 @@ def full_batch_rows(roles: Roles, scope: Scope, site: Site, finding: Finding, cl
     rows, n = f"{data[0]}_rows", 2
     while rows in taken:
         rows, n = f"{data[0]}_rows{n}", n + 1
-    return SharedRows(scope, data, reads, loop.node, rows, returns[0], site.receiver.value if closure else "",  # type: ignore[union-attr]
+    return SharedRows(scope, data, reads, where.stmt, rows, returns[0], site.receiver.value if closure else "",  # type: ignore[union-attr]
                       finding)
 
 
@@ -670,17 +678,19 @@ class _MeanLoss:
         return False
 
 
-def _fixed_tensor(roles: Roles, scope: Scope, name: str, loop: Loop) -> bool:
-    """`name`, read by a step run in `loop` of `scope`, is one tensor bound before that loop and
-    never again (in `scope`, or at the module level)."""
+def _fixed_tensor(roles: Roles, scope: Scope, name: str, loop: Loop | None, before: int) -> bool:
+    """`name`, read by a step run in `loop` of `scope` (or by a closure stepped at statement order
+    `before`), is one tensor bound before it and never again (in `scope`, or at the module level)."""
     owner = scope if name in scope.bindings else roles.facts.module_scope
     bindings = owner.bindings.get(name, [])
     if len(bindings) != 1 or name in scope.params:
         return False
     binding = bindings[0]
-    if binding.value is None or binding.where.in_loop and owner is not scope or _in_loop(binding, loop):
+    if binding.value is None or binding.where.in_loop and owner is not scope:
         return False
-    if owner is scope and binding.where.order > loop.where.order:
+    if loop is not None and _in_loop(binding, loop):
+        return False
+    if owner is scope and (binding.where.order > before or binding.where.in_loop and loop is None):
         return False
     return _tensor_value(roles, owner, binding.value, 0)
 
