@@ -692,7 +692,7 @@ def report_unsharded_training(roles: Roles) -> None:
             return
         roles.random_batches = random  # seeded apart after the prepare call (AM004)
         return
-    if seeded:
+    if seeded and not _drawn_once(roles, scope, site):
         generic = True  # drawn once before the loop, alike on every process, its rows can be shared
         seed = {"torch": "torch.manual_seed", "numpy": "np.random.seed", "random": "random.seed"}[min(seeded)]
         message = (
@@ -1056,6 +1056,29 @@ def _drawn_generators(roles: Roles, scope: Scope, site: Site) -> set[str] | None
                 return None
             drawn.add(generator)
     return drawn
+
+
+def _drawn_once(roles: Roles, scope: Scope, site: Site) -> bool:
+    """Every input of the model calls in the training step is a name bound once, outside the loop
+    that runs the step (or outside the step function): data drawn once before training (`xs =
+    torch.randn(30, 2)` under `torch.manual_seed(0)`), which seeding the processes apart afterwards
+    would not change."""
+    calls = [c for c in scope.calls if c.loops[:len(site.loops)] == site.loops
+             and roles.all_in(scope, c.callee, roles.models)]
+    if not calls:
+        return False
+    for call in calls:
+        for arg in call.call.args:
+            if type(arg.value) is not cst.Name or arg.keyword is not None:
+                return False
+            bindings = scope.bindings.get(arg.value.value, [])
+            if not site.loops and bindings:
+                return False  # bound by the step function itself, on every call
+            loop = site.loops[0] if site.loops else None
+            if loop is not None and any(b.where.stmt is loop.node or any(r.stmt is loop.node for r in b.where.path)
+                                        for b in bindings):
+                return False
+    return True
 
 
 def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:
