@@ -484,7 +484,7 @@ def full_batch_rows(roles: Roles, scope: Scope, site: Site, finding: Finding, cl
         return None
     bound = {name for _, _, name in feeding if name}
     values = {name: value for value, _, name in feeding if name}
-    calls = _ModelCalls(roles)
+    calls = _ModelCalls(roles, scope)
     for value, _, _ in feeding:
         walk(value, calls)
     if len(calls.found) != 1:
@@ -539,8 +539,9 @@ def _returns(scope: Scope) -> list[cst.Return]:
 class _ModelCalls(Visitor):
     """Calls of a prepared model (`seq(input)`, `model.forward(x)`)."""
 
-    def __init__(self, roles: Roles) -> None:
+    def __init__(self, roles: Roles, scope: Scope) -> None:
         self.roles = roles
+        self.scope = scope
         self.found: list[cst.Call] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -550,7 +551,8 @@ class _ModelCalls(Visitor):
             func = node.func
             if type(func) is cst.Attribute and func.attr.value == "forward":
                 func = func.value
-            if dotted_name(func) in self.roles.models:
+            name = dotted_name(func)
+            if name is not None and (name in self.roles.models or self.roles.all_in(self.scope, name, self.roles.models)):
                 self.found.append(node)
         return True
 
@@ -681,9 +683,12 @@ class _MeanLoss:
 def _fixed_tensor(roles: Roles, scope: Scope, name: str, loop: Loop | None, before: int) -> bool:
     """`name`, read by a step run in `loop` of `scope` (or by a closure stepped at statement order
     `before`), is one tensor bound before it and never again (in `scope`, or at the module level)."""
+    if name in scope.params:
+        # `def fit(model, inputs, targets): for ...`: a tensor every caller hands in, never rebound here
+        return name not in scope.bindings and _handed_tensor(roles, scope, name)
     owner = scope if name in scope.bindings else roles.facts.module_scope
     bindings = owner.bindings.get(name, [])
-    if len(bindings) != 1 or name in scope.params:
+    if len(bindings) != 1:
         return False
     binding = bindings[0]
     if binding.value is None or binding.where.in_loop and owner is not scope:
@@ -693,6 +698,31 @@ def _fixed_tensor(roles: Roles, scope: Scope, name: str, loop: Loop | None, befo
     if owner is scope and (binding.where.order > before or binding.where.in_loop and loop is None):
         return False
     return _tensor_value(roles, owner, binding.value, 0)
+
+
+def _handed_tensor(roles: Roles, scope: Scope, name: str) -> bool:
+    """The parameter `name` of the plain function `scope` is filled by every caller of this file
+    with a name bound once to a tensor."""
+    if scope.is_method or scope.parent is None or not isinstance(scope.node, cst.FunctionDef):
+        return False
+    params = scope.node.params
+    positional = [p.name.value for p in (*params.posonly_params, *params.params)]
+    position = positional.index(name) if name in positional else -1
+    if position < 0 and name not in [p.name.value for p in params.kwonly_params]:
+        return False
+    callers = [(caller, call) for caller in roles.facts.scopes for call in caller.calls
+               if call.callee == scope.name and roles.facts.resolve(call.callee, caller) is scope]
+    if not callers:
+        return False
+    for caller, call in callers:
+        arg = _argument(call.call, name, position)
+        if type(arg) is not cst.Name:
+            return False
+        owner = caller if arg.value in caller.bindings else roles.facts.module_scope
+        bindings = owner.bindings.get(arg.value, [])
+        if len(bindings) != 1 or bindings[0].value is None or not _tensor_value(roles, owner, bindings[0].value, 0):
+            return False
+    return True
 
 
 def _tensor_value(roles: Roles, scope: Scope, value: cst.BaseExpression, depth: int) -> bool:
