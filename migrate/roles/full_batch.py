@@ -513,12 +513,40 @@ def full_batch_rows(roles: Roles, scope: Scope, site: Site, finding: Finding, cl
             return None
     if _sequence_first(roles, call):
         return None
+    loss = site.receiver.value if type(site.receiver) is cst.Name else None
+    if _read_elsewhere(scope, {name for name in bound if name != loss}, [where.stmt for _, where, _ in feeding]):
+        return None  # `acc = (out.argmax(1) == y)...`: a share of the rows would meet all of them there
     taken = {n for s in roles.facts.scopes for n in (*s.bindings, *s.params)}
     rows, n = f"{data[0]}_rows", 2
     while rows in taken:
         rows, n = f"{data[0]}_rows{n}", n + 1
     return SharedRows(scope, data, reads, where.stmt, rows, returns[0], site.receiver.value if closure else "",  # type: ignore[union-attr]
                       finding)
+
+
+def _read_elsewhere(scope: Scope, names: set[str], feeding: list[cst.BaseStatement]) -> bool:
+    """One of `names` (values computed row by row in the step: `out = model(x)`) is read outside
+    the statements that feed the loss, other than for its shape (`out.shape[0]`, `out.size(0)`)."""
+    found = False
+    skipped = set(map(id, feeding))
+
+    class Reads(Visitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            if found or id(node) in skipped:
+                return False
+            if node is not scope.node and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return False
+            if type(node) is cst.Attribute and type(node.value) is cst.Name and node.value.value in names:
+                if node.attr.value not in ("shape", "size", "dtype", "device"):
+                    found = True
+                return False
+            if type(node) is cst.Name and node.value in names:
+                found = True
+            return True
+
+    walk(scope.node, Reads())
+    return found
 
 
 def _returns(scope: Scope) -> list[cst.Return]:
