@@ -499,15 +499,16 @@ def full_batch_rows(roles: Roles, scope: Scope, site: Site, finding: Finding, cl
     kind = _MeanLoss(roles, values, call, bound)
     if not kind.mean(root) or kind.refused:
         return None
-    data = [inputs[0].value, *kind.targets]  # type: ignore[attr-defined]
-    if len(set(data)) != len(data) or any(name in bound for name in data):
+    read = [inputs[0].value, *kind.targets]  # type: ignore[attr-defined]
+    data = list(dict.fromkeys(read))  # an autoencoder's `criterion(model(x), x)` reads `x` twice
+    if any(name in bound for name in data):
         return None
     reads = [inputs[0], *kind.target_reads]
     for name in data:
         uses = _Uses(name)
         for value, _, _ in feeding:
             walk(value, uses)
-        if uses.count != 1:
+        if uses.count != read.count(name):
             return None  # read otherwise too (`torch.autograd.grad(u, x)`): all the rows are meant there
         if not _fixed_tensor(roles, outer, name, loop, where.order):
             return None
