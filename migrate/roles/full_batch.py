@@ -28,10 +28,17 @@ Its feeding statements hold one call of the model, with one tensor argument (a g
 and edges are not independent rows), and a loss that is a mean over the output's rows: a torch
 criterion left to its mean reduction (no `weight=`), or `.mean()` / `torch.mean` of values
 computed row by row (elementwise operations, `out[:, :-1]`) from the output and plain names, the
-targets. The input and the targets are each read once there, bound once before the loop (never in
-it) to a tensor (a torch call, a tensor method's result, a subscript of one). A closure must return
-the loss it backpropagates. A model class holding an RNN/LSTM/GRU or attention module without
-`batch_first=True` keeps the report: its first axis is time, not the rows.
+targets, read where they pair with the output (a criterion's operand, `out - y`; `w * err` keeps
+the report), plus terms without the output (`+ 1e-3 * penalty`: alike on every process). The input
+and the targets are read only there (an autoencoder's `criterion(model(x), x)` twice), bound once
+before the loop (never in it) to a tensor (a torch call, a tensor method's result, a subscript of
+one), or parameters of the training function every caller fills with such a name. The values the
+step computes from the output are read nowhere else but for their shape (an accuracy over the
+output against every label would meet a share of the rows). A closure must return the loss it
+backpropagates and be stepped by its own scope; the share is bound before the outermost loop that
+runs the step, or before the statement stepping a closure outside any loop. A model class holding
+an RNN/LSTM/GRU or attention module without `batch_first=True` keeps the report: its first axis is
+time, not the rows.
 """
 
 from __future__ import annotations

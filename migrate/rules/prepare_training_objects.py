@@ -149,19 +149,25 @@ What it does:
     with a second training step, or under `--target accelerate` (HF Accelerate has no such call)
     is reported as a step no DataLoader feeds.
     A full-batch step over every row of fixed tensors (`loss = criterion(model(inputs), targets)`
-    in the training loop, or in a closure the optimizer steps, LBFGS's `optimizer.step(closure)`),
-    whose one model call takes one tensor and whose loss is a mean over the output's rows (a torch
-    criterion left to its mean reduction, without class weights, or `.mean()` of row-wise values)
-    gets this process's share of the rows: right before the training loop, `inputs_rows =
-    accelerator.share_selection(len(inputs))`, and the reads of `inputs` and `targets` in the
-    statements that feed the loss select them (`model(inputs[inputs_rows])`); evaluations keep
-    every row. A closure returns `accelerator.reduce(loss.detach(), "mean")` (its backward stays on
-    the local loss), so that LBFGS line-searches and stops alike on every process. The tensors must
-    be bound once, before the loop, from torch calls (or drawn alike on every process), each read
-    once in those statements. Rows cut in the loop (minibatches by hand, truncated BPTT), data
-    rebuilt per step, a summed or weighted loss, several inputs (a graph's features and edges, two
-    sets of points), a model with a sequence-first recurrent or attention module, or `--target
-    accelerate` (its report says how to split the rows by hand) are reported as before.
+    in the training loop, or in a closure the optimizer steps, LBFGS's `optimizer.step(closure)`,
+    defined in the loop or once above it), whose one model call takes one tensor and whose loss is a
+    mean over the output's rows (a torch criterion left to its mean reduction, without class
+    weights, or `.mean()` of row-wise values; a term without the output, a weight penalty, may be
+    added) gets this process's share of the rows: right before the training loop (or the
+    statement stepping the closure), `inputs_rows = accelerator.share_selection(len(inputs))`, and
+    the reads of `inputs` and `targets` in the statements that feed the loss select them
+    (`model(inputs[inputs_rows])`); evaluations keep every row. A closure returns
+    `accelerator.reduce(loss.detach(), "mean")` (its backward stays on the local loss), so that
+    LBFGS line-searches and stops alike on every process. The tensors must be bound once, before
+    the loop, to tensors (torch calls, drawn alike on every process, or handed to the training
+    function by every caller), and read only there; the output only there too (or for its shape).
+    Rows cut in the loop (minibatches by hand, truncated BPTT), data rebuilt per step, a summed or
+    per-row weighted loss, several inputs (a graph's features and edges, two sets of points), an
+    output also compared with all the targets (an accuracy in the step), a model with a
+    sequence-first recurrent or attention module, or `--target accelerate` (its report says how to
+    split the rows by hand) are reported as a step no DataLoader feeds. Data drawn once before
+    the loop under a fixed seed gets that report too, not the advice to seed the processes apart
+    (which would not change data already drawn).
     A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
     `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
     it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
