@@ -68,6 +68,9 @@ class EditPlan:
     # Reads of a name given another name (AM010: a metric reads the gathered values under new names
     # while the rest of the loop keeps this process's).
     renames: dict[cst.Name, str] = edits(dict)
+    # Reads of a name that select rows of it (AM004: a full-batch step's data tensors, `inputs` ->
+    # `inputs[inputs_rows]`): the name read -> the index name.
+    row_reads: dict[cst.Name, str] = edits(dict)
     create_at: cst.BaseStatement | None = None  # statement replaced by `accelerator = Accelerator()`
     create_at_order: int = 0
     # a module statement below the device choice that the Accelerator's arguments read (`accum = 4`

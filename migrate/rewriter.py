@@ -55,9 +55,14 @@ class Rewriter(Transformer):
         edit = self.plan.subscripts.get(original_node)
         return edit(updated_node) if edit is not None else updated_node
 
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         name = self.plan.renames.get(original_node)
-        return updated_node.with_changes(value=name) if name is not None else updated_node
+        if name is not None:
+            updated_node = updated_node.with_changes(value=name)
+        rows = self.plan.row_reads.get(original_node)
+        if rows is not None:
+            return cst.Subscript(value=updated_node, slice=[cst.SubscriptElement(slice=cst.Index(cst.Name(rows)))])
+        return updated_node
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         test = self.plan.if_tests.get(original_node)

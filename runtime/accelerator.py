@@ -657,12 +657,14 @@ class Accelerator(ProcessView):
         """
         return ops.reduce(tensor, self.state, reduction=reduction, scale=scale)
 
-    def share_selection(self, selection: torch.Tensor) -> torch.Tensor:
+    def share_selection(self, selection: torch.Tensor | int) -> torch.Tensor:
         """This process's share of the samples a full-batch step selects (a runtime extension: HF
         Accelerate has no equivalent).
 
         ``selection`` is a 1-D index tensor (``idx_train``) or a 1-D boolean mask (``train_mask``)
-        over the rows of an output computed for every sample at once (a graph network's nodes).
+        over the rows of an output computed for every sample at once (a graph network's nodes), or
+        an int ``n``: every row of a step over ``n`` fixed rows (``share_selection(len(inputs))``,
+        read as ``torch.arange(n)``; then ``inputs[rows]``, ``targets[rows]``).
         On one process it is returned as it is. On N processes the selected positions (a mask's
         ``True`` positions, in order) are padded by wrapping around to a multiple of N, as
         ``DistributedSampler`` pads, and process r keeps positions r, r+N, ...: an index tensor
@@ -673,9 +675,11 @@ class Accelerator(ProcessView):
         and raises ``ValueError`` on every process when they differ (a selection drawn from an
         RNG seeded apart, say); later calls communicate nothing.
         """
+        if isinstance(selection, int) and not isinstance(selection, bool) and selection >= 0:
+            selection = torch.arange(selection)
         if not isinstance(selection, torch.Tensor) or selection.dim() != 1:
             raise ValueError(
-                "share_selection takes a 1-D index tensor or boolean mask over the samples; got "
+                "share_selection takes a 1-D index tensor or boolean mask over the samples, or their count; got "
                 f"{type(selection).__name__}" + (f" of shape {tuple(selection.shape)}"
                                                   if isinstance(selection, torch.Tensor) else "")
             )

@@ -21,6 +21,24 @@ must not be assigned in a loop of the file or in the step function), and must no
 computed from a draw of a global generator the file never seeds (`idx = torch.randperm(n)`: each
 process would draw a split of its own). The file must have one training step (a second one would
 stay whole) and a model to prepare (the averaged gradients make the shares one step).
+
+Found here too (`full_batch_rows`): a step over every row of fixed tensors, no selection at all
+(`loss = criterion(model(inputs), targets)` in the loop, or in a closure the optimizer steps).
+Its feeding statements hold one call of the model, with one tensor argument (a graph's features
+and edges are not independent rows), and a loss that is a mean over the output's rows: a torch
+criterion left to its mean reduction (no `weight=`), or `.mean()` / `torch.mean` of values
+computed row by row (elementwise operations, `out[:, :-1]`) from the output and plain names, the
+targets, read where they pair with the output (a criterion's operand, `out - y`; `w * err` keeps
+the report), plus terms without the output (`+ 1e-3 * penalty`: alike on every process). The input
+and the targets are read only there (an autoencoder's `criterion(model(x), x)` twice), bound once
+before the loop (never in it) to a tensor (a torch call, a tensor method's result, a subscript of
+one), or parameters of the training function every caller fills with such a name. The values the
+step computes from the output are read nowhere else but for their shape (an accuracy over the
+output against every label would meet a share of the rows). A closure must return the loss it
+backpropagates and be stepped by its own scope; the share is bound before the outermost loop that
+runs the step, or before the statement stepping a closure outside any loop. A model class holding
+an RNN/LSTM/GRU or attention module without `batch_first=True` keeps the report: its first axis is
+time, not the rows.
 """
 
 from __future__ import annotations
@@ -393,3 +411,385 @@ def _fresh(roles: Roles, selection: str) -> str:
     while name in taken:
         name, n = f"{stem}{n}", n + 1
     return name
+
+
+# -- a full-batch step over every row of fixed tensors ---------------------------------------------
+
+_ROWWISE_METHODS = frozenset({
+    "squeeze", "unsqueeze", "view", "reshape", "flatten", "float", "double", "half", "contiguous", "abs",
+    "pow", "exp", "log", "sigmoid", "tanh", "relu", "sqrt", "square", "clamp", "neg", "to", "type",
+})
+_ROWWISE_FUNCTIONS = frozenset({"abs", "pow", "exp", "log", "sigmoid", "tanh", "sqrt", "square", "squeeze", "flatten"})
+# modules that take (sequence, batch, ...) inputs unless built with `batch_first=True`
+_SEQUENCE_FIRST = frozenset({"RNN", "LSTM", "GRU", "Transformer", "TransformerEncoder", "TransformerDecoder",
+                             "TransformerEncoderLayer", "TransformerDecoderLayer", "MultiheadAttention"})
+_NOT_TENSORS = ("torch.load", "torch.nn.", "torch.optim.", "torch.utils.", "torch.device", "torch.cuda.",
+                "torch.distributed.", "torch.manual_seed")
+
+
+@dataclass(eq=False)
+class SharedRows:
+    scope: Scope  # the step's scope, where the loss is taken
+    data: list[str]  # the fixed tensors the step's loss reads as data (`input`, `target`)
+    reads: list[cst.Name]  # their reads in the statements that feed the loss: each gets `[rows]`
+    before: cst.BaseStatement  # the training loop: the share is bound right before it
+    name: str  # the local the share is bound to (`input_rows`)
+    closure_return: cst.Return | None  # the returned loss of a closure stepped by the optimizer
+    loss: str  # the loss the closure returns
+    finding: Finding  # the report of a step no DataLoader feeds, when the share cannot be written
+
+
+def full_batch_rows(roles: Roles, scope: Scope, site: Site, finding: Finding, closure: str | None) -> SharedRows | None:
+    """A step that trains on every row of fixed tensors at once, with no DataLoader (`loss =
+    criterion(model(inputs), targets)` in a loop, or in a closure stepped by LBFGS), whose loss is a
+    mean over those rows: the tensors, the reads to select, and where to bind the share; or None."""
+    if scope.is_method or sum(len(s.backwards) for s in roles.facts.scopes) != 1 or not roles.models:
+        return None
+    if closure is not None:
+        parent = scope.parent
+        if parent is None or site.loops:
+            return None
+        holder = scope.node
+        loops = [loop for loop in parent.loops if contains(loop.node, holder)]
+        stepped = [s for s in parent.method_calls if type(s.call.func) is cst.Attribute
+                   and s.call.func.attr.value == "step" and any(
+            type(a.value) is cst.Name and a.value.value == scope.name for a in s.call.args)]
+        if not stepped:
+            return None  # the closure is stepped elsewhere (handed to another function)
+        if not loops:  # `def closure(): ...` once, stepped in a loop below (or once, LBFGS's max_iter)
+            loops = [loop for s in stepped for loop in s.loops]
+        returns = _returns(scope)
+        if len(returns) != 1 or type(returns[0].value) is not cst.Name or type(site.receiver) is not cst.Name:
+            return None
+        if returns[0].value.value != site.receiver.value:  # type: ignore[union-attr]
+            return None  # the closure returns something else than the loss it backpropagates
+        outer = parent
+        first = min(stepped, key=lambda s: s.where.order).where
+    else:
+        if not site.loops or scope.parent is not None and not scope.is_function:
+            return None
+        loops = list(site.loops)
+        returns = [None]  # type: ignore[list-item]
+        outer = scope
+        first = site.where
+    loop = min(loops, key=lambda lp: lp.where.order) if loops else None  # the outermost loop running the step
+    where = loop.where if loop is not None else first
+    feeding = _feeding(scope, site)
+    if not feeding:
+        return None
+    bound = {name for _, _, name in feeding if name}
+    values = {name: value for value, _, name in feeding if name}
+    calls = _ModelCalls(roles, scope)
+    for value, _, _ in feeding:
+        walk(value, calls)
+    if len(calls.found) != 1:
+        return None  # no model call, or several (inputs of different first axes, a second model)
+    call = calls.found[0]
+    inputs = [a.value for a in call.args]
+    if not inputs or any(a.star or a.keyword is not None for a in call.args) or any(type(v) is not cst.Name for v in inputs):
+        return None
+    if len(inputs) != 1:
+        return None  # a graph's features and edges: its rows are not independent samples
+    root = feeding[0][0]
+    kind = _MeanLoss(roles, values, call, bound)
+    if not kind.mean(root) or kind.refused:
+        return None
+    read = [inputs[0].value, *kind.targets]  # type: ignore[attr-defined]
+    data = list(dict.fromkeys(read))  # an autoencoder's `criterion(model(x), x)` reads `x` twice
+    if any(name in bound for name in data):
+        return None
+    reads = [inputs[0], *kind.target_reads]
+    for name in data:
+        uses = _Uses(name)
+        for value, _, _ in feeding:
+            walk(value, uses)
+        if uses.count != read.count(name):
+            return None  # read otherwise too (`torch.autograd.grad(u, x)`): all the rows are meant there
+        if not _fixed_tensor(roles, outer, name, loop, where.order):
+            return None
+    if _sequence_first(roles, call):
+        return None
+    loss = site.receiver.value if type(site.receiver) is cst.Name else None
+    if _read_elsewhere(scope, {name for name in bound if name != loss}, [where.stmt for _, where, _ in feeding]):
+        return None  # `acc = (out.argmax(1) == y)...`: a share of the rows would meet all of them there
+    taken = {n for s in roles.facts.scopes for n in (*s.bindings, *s.params)}
+    rows, n = f"{data[0]}_rows", 2
+    while rows in taken:
+        rows, n = f"{data[0]}_rows{n}", n + 1
+    return SharedRows(scope, data, reads, where.stmt, rows, returns[0], site.receiver.value if closure else "",  # type: ignore[union-attr]
+                      finding)
+
+
+def _read_elsewhere(scope: Scope, names: set[str], feeding: list[cst.BaseStatement]) -> bool:
+    """One of `names` (values computed row by row in the step: `out = model(x)`) is read outside
+    the statements that feed the loss, other than for its shape (`out.shape[0]`, `out.size(0)`)."""
+    found = False
+    skipped = set(map(id, feeding))
+
+    class Reads(Visitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal found
+            if found or id(node) in skipped:
+                return False
+            if node is not scope.node and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return False
+            if type(node) is cst.Attribute and type(node.value) is cst.Name and node.value.value in names:
+                if node.attr.value not in ("shape", "size", "dtype", "device"):
+                    found = True
+                return False
+            if type(node) is cst.Name and node.value in names:
+                found = True
+            return True
+
+    walk(scope.node, Reads())
+    return found
+
+
+def _returns(scope: Scope) -> list[cst.Return]:
+    found: list[cst.Return] = []
+
+    class Returns(Visitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if node is not scope.node and isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return False
+            if type(node) is cst.Return:
+                found.append(node)
+            return True
+
+    walk(scope.node, Returns())
+    return found
+
+
+class _ModelCalls(Visitor):
+    """Calls of a prepared model (`seq(input)`, `model.forward(x)`)."""
+
+    def __init__(self, roles: Roles, scope: Scope) -> None:
+        self.roles = roles
+        self.scope = scope
+        self.found: list[cst.Call] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Lambda):
+            return False
+        if type(node) is cst.Call:
+            func = node.func
+            if type(func) is cst.Attribute and func.attr.value == "forward":
+                func = func.value
+            name = dotted_name(func)
+            if name is not None and (name in self.roles.models or self.roles.all_in(self.scope, name, self.roles.models)):
+                self.found.append(node)
+        return True
+
+
+class _MeanLoss:
+    """Whether a loss is a mean over the rows of the model's output: a torch criterion left to its
+    mean reduction over the output (taken through row-wise operations) and data targets, or `.mean()`
+    / `torch.mean(...)` of row-wise values. The targets (plain names) are collected."""
+
+    def __init__(self, roles: Roles, values: dict[str, cst.BaseExpression], call: cst.Call, bound: set[str]) -> None:
+        self.roles = roles
+        self.values = values
+        self.call = call
+        self.bound = bound
+        self.targets: list[str] = []
+        self.target_reads: list[cst.Name] = []
+        self.refused = False
+
+    def _resolve(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        for _ in range(8):
+            if type(node) is cst.Name and node.value in self.values:
+                node = self.values[node.value]
+            else:
+                break
+        return node
+
+    def mean(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        node = self._resolve(node)
+        if type(node) is cst.BinaryOperation and depth < 4 and type(node.operator) in (
+                cst.Add, cst.Subtract, cst.Multiply):
+            # `criterion(out, y) + lam * penalty`: a term without the output is alike on every process
+            left, right = self._has_output(node.left), self._has_output(node.right)
+            if type(node.operator) is cst.Multiply and left and right:
+                return False
+            return (left or right) and all(self.mean(side, depth + 1) for side, has in (
+                (node.left, left), (node.right, right)) if has)
+        if type(node) is not cst.Call:
+            return False
+        func = node.func
+        if type(func) is cst.Attribute and func.attr.value == "mean" and not node.args:
+            return self.rowwise(func.value, False) and self._has_output(func.value)
+        qualified = self.roles.facts.aliases.qualify(func) or ""
+        if qualified == "torch.mean" and len(node.args) == 1 and node.args[0].keyword is None:
+            return self.rowwise(node.args[0].value, False) and self._has_output(node.args[0].value)
+        if not self._mean_criterion(node):
+            return False
+        operands = [a.value for a in node.args if a.keyword is None and not a.star]
+        if len(operands) != 2 or any(a.star for a in node.args):
+            return False
+        return all(self.rowwise(o, True) for o in operands) and self.targets_or_output(operands)
+
+    def targets_or_output(self, operands: list[cst.BaseExpression]) -> bool:
+        return self._has_output(operands[0]) or self._has_output(operands[1])
+
+    def _has_output(self, node: cst.BaseExpression) -> bool:
+        node = self._resolve(node)
+        return contains(node, self.call) or any(
+            type(n) is cst.Name and n.value in self.values and self._has_output(n) for n in _names(node))
+
+    def _mean_criterion(self, call: cst.Call) -> bool:
+        """`criterion(...)` bound to `nn.MSELoss()` or `F.mse_loss(...)`, reduced by its mean,
+        without per-class or per-row weights."""
+        if any(a.keyword is not None and a.keyword.value in ("reduction", "weight", "size_average", "reduce")
+               for a in call.args):
+            return False
+        qualified = self.roles.facts.aliases.qualify(call.func) or ""
+        head, _, last = qualified.rpartition(".")
+        if head == "torch.nn.functional":
+            return last.endswith("loss") or last in _LOSSES
+        if type(call.func) is not cst.Name:
+            return False
+        bindings = self.roles.facts.module_scope.bindings.get(call.func.value, [])
+        for scope in self.roles.facts.scopes:
+            if scope is not self.roles.facts.module_scope and call.func.value in scope.bindings:
+                bindings = bindings + scope.bindings[call.func.value]
+        if len(bindings) != 1 or type(bindings[0].value) is not cst.Call:
+            return False
+        built = bindings[0].value
+        qualified = self.roles.facts.aliases.qualify(built.func) or ""
+        head, _, last = qualified.rpartition(".")
+        if head not in ("torch.nn", "torch.nn.modules.loss") or not last.endswith("Loss"):
+            return False
+        return not any(a.keyword is not None and a.keyword.value in ("reduction", "weight", "size_average", "reduce")
+                       or a.keyword is None for a in built.args)
+
+    def rowwise(self, node: cst.BaseExpression, pair: bool) -> bool:
+        """`node` holds one value per row of the model's output. A plain name is a target read whole
+        only where it is paired with the output (`pair`: an operand of the criterion, or of a
+        subtraction, `out - y`); elsewhere (`w * err`, a per-row or per-feature weight) it is not."""
+        if type(node) is cst.UnaryOperation:
+            return self.rowwise(node.expression, pair)
+        if isinstance(node, (cst.Integer, cst.Float)):
+            return True
+        if type(node) is cst.Name:
+            if node.value in self.values:
+                return self.rowwise(self.values[node.value], pair)
+            if not pair or node.value in self.bound:
+                return False
+            self.targets.append(node.value)
+            self.target_reads.append(node)
+            return True
+        if node is self.call:
+            return True
+        if type(node) is cst.BinaryOperation:
+            paired = type(node.operator) is cst.Subtract
+            if type(node.operator) is cst.Power and not isinstance(node.right, (cst.Integer, cst.Float)):
+                return False
+            return self.rowwise(node.left, paired) and self.rowwise(node.right, paired)
+        if type(node) is cst.Subscript:
+            first = node.slice[0].slice if node.slice else None
+            whole = type(first) is cst.Slice and first.lower is None and first.upper is None and first.step is None
+            return whole and self.rowwise(node.value, pair)  # `out[:, :-1]`: every row
+        if type(node) is cst.Call:
+            func = node.func
+            literal = all(isinstance(a.value, (cst.Integer, cst.Float, cst.UnaryOperation, cst.Attribute))
+                          or type(a.value) is cst.Name and a.value.value in ("True", "False", "None")
+                          for a in node.args)
+            if type(func) is cst.Attribute and func.attr.value in _ROWWISE_METHODS and literal:
+                return self.rowwise(func.value, pair)
+            qualified = self.roles.facts.aliases.qualify(func) or ""
+            head, _, last = qualified.rpartition(".")
+            if head == "torch" and last in _ROWWISE_FUNCTIONS and node.args and all(
+                    isinstance(a.value, (cst.Integer, cst.Float)) for a in node.args[1:]):
+                return self.rowwise(node.args[0].value, pair)
+        return False
+
+
+def _fixed_tensor(roles: Roles, scope: Scope, name: str, loop: Loop | None, before: int) -> bool:
+    """`name`, read by a step run in `loop` of `scope` (or by a closure stepped at statement order
+    `before`), is one tensor bound before it and never again (in `scope`, or at the module level)."""
+    if name in scope.params:
+        # `def fit(model, inputs, targets): for ...`: a tensor every caller hands in, never rebound here
+        return name not in scope.bindings and _handed_tensor(roles, scope, name)
+    owner = scope if name in scope.bindings else roles.facts.module_scope
+    bindings = owner.bindings.get(name, [])
+    if len(bindings) != 1:
+        return False
+    binding = bindings[0]
+    if binding.value is None or binding.where.in_loop and owner is not scope:
+        return False
+    if loop is not None and _in_loop(binding, loop):
+        return False
+    if owner is scope and (binding.where.order > before or binding.where.in_loop and loop is None):
+        return False
+    return _tensor_value(roles, owner, binding.value, 0)
+
+
+def _handed_tensor(roles: Roles, scope: Scope, name: str) -> bool:
+    """The parameter `name` of the plain function `scope` is filled by every caller of this file
+    with a name bound once to a tensor."""
+    if scope.is_method or scope.parent is None or not isinstance(scope.node, cst.FunctionDef):
+        return False
+    params = scope.node.params
+    positional = [p.name.value for p in (*params.posonly_params, *params.params)]
+    position = positional.index(name) if name in positional else -1
+    if position < 0 and name not in [p.name.value for p in params.kwonly_params]:
+        return False
+    callers = [(caller, call) for caller in roles.facts.scopes for call in caller.calls
+               if call.callee == scope.name and roles.facts.resolve(call.callee, caller) is scope]
+    if not callers:
+        return False
+    for caller, call in callers:
+        arg = _argument(call.call, name, position)
+        if type(arg) is not cst.Name:
+            return False
+        owner = caller if arg.value in caller.bindings else roles.facts.module_scope
+        bindings = owner.bindings.get(arg.value, [])
+        if len(bindings) != 1 or bindings[0].value is None or not _tensor_value(roles, owner, bindings[0].value, 0):
+            return False
+    return True
+
+
+def _tensor_value(roles: Roles, scope: Scope, value: cst.BaseExpression, depth: int) -> bool:
+    """`value` is a tensor: a torch function's result, a tensor method's, a subscript of one."""
+    if depth > 6:
+        return False
+    if type(value) is cst.Call:
+        qualified = roles.facts.aliases.qualify(value.func) or ""
+        if qualified.startswith("torch.") and not qualified.startswith(_NOT_TENSORS):
+            return True
+        if type(value.func) is cst.Attribute and value.func.attr.value not in (
+                "item", "tolist", "numpy", "size", "dim", "numel", "nelement", "split", "chunk", "unbind"):
+            return _tensor_value(roles, scope, value.func.value, depth + 1)  # a tensor method's result
+        return False
+    if type(value) is cst.Subscript:
+        return _tensor_value(roles, scope, value.value, depth + 1)
+    if type(value) is cst.BinaryOperation:
+        return _tensor_value(roles, scope, value.left, depth + 1) or _tensor_value(roles, scope, value.right, depth + 1)
+    if type(value) is cst.Comparison:
+        return _tensor_value(roles, scope, value.left, depth + 1)  # `(x > 0)`: a mask of the rows
+    if type(value) is cst.UnaryOperation:
+        return _tensor_value(roles, scope, value.expression, depth + 1)
+    if type(value) is cst.Name:
+        owner = scope if value.value in scope.bindings else roles.facts.module_scope
+        bindings = owner.bindings.get(value.value, [])
+        return len(bindings) == 1 and bindings[0].value is not None and _tensor_value(
+            roles, owner, bindings[0].value, depth + 1)
+    return False
+
+
+def _sequence_first(roles: Roles, call: cst.Call) -> bool:
+    """The model called is built from a class of this file holding a recurrent or attention module
+    that takes the sequence first (no `batch_first=True`): the first axis is time, not the rows."""
+    found = False
+
+    class Modules(Visitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            qualified = roles.facts.aliases.qualify(node.func) or dotted_name(node.func) or ""
+            if qualified.rpartition(".")[2] in _SEQUENCE_FIRST and not any(
+                    a.keyword is not None and a.keyword.value == "batch_first"
+                    and type(a.value) is cst.Name and a.value.value == "True" for a in node.args):
+                found = True
+
+    walk(roles.facts.module, Modules())
+    return found

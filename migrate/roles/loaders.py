@@ -18,7 +18,7 @@ import libcst as cst
 
 from migrate.analysis import Binding, CallSite, Loop, Scope, Site
 from migrate.roles.calls import DATALOADER, DISTRIBUTED_SAMPLER, RNG_DRAWS, RNG_SEEDS, call_name, is_move_call
-from migrate.roles.full_batch import full_batch_selection
+from migrate.roles.full_batch import full_batch_rows, full_batch_selection
 from migrate.roles.sequence_streams import sequence_streams
 from migrate.roles.model import PREPARE, Finding, InstanceFed, Roles
 from migrate.roles.streams import yields, training_stream
@@ -680,6 +680,7 @@ def report_unsharded_training(roles: Roles) -> None:
     seeded = seeded_generators(roles.facts) & drawn if drawn else set()
     if drawn and not seeded:
         return  # each process draws batches of its own, as sharded ones would be
+    generic = False
     source = stream.function if stream is not None else _batch_function(roles, scope, site)
     random = random_batches(roles, scope, site) if stream is None else None
     if random is not None:
@@ -692,7 +693,8 @@ def report_unsharded_training(roles: Roles) -> None:
             return
         roles.random_batches = random  # seeded apart after the prepare call (AM004)
         return
-    if seeded:
+    if seeded and not _drawn_once(roles, scope, site):
+        generic = True  # drawn once before the loop, alike on every process, its rows can be shared
         seed = {"torch": "torch.manual_seed", "numpy": "np.random.seed", "random": "random.seed"}[min(seeded)]
         message = (
             f"no DataLoader feeds this training step: the model's inputs are drawn from {min(seeded)}'s global "
@@ -768,6 +770,7 @@ def report_unsharded_training(roles: Roles) -> None:
         roles.findings.append(finding)
         return
     else:
+        generic = True
         closure = _stepped_closure(scope)
         message = (
             "no DataLoader feeds this training step, so every process would train on the same data (N times "
@@ -793,6 +796,13 @@ def report_unsharded_training(roles: Roles) -> None:
         shared = full_batch_selection(roles, scope, site, finding)
         if shared is not None:
             roles.shared_selection = shared
+            return
+    if source is None and generic:
+        # a full-batch step over every row of fixed tensors (`criterion(model(inputs), targets)`,
+        # also in an LBFGS closure): AM004 shares the rows out, or reports `finding`
+        rows = full_batch_rows(roles, scope, site, finding, _stepped_closure(scope))
+        if rows is not None:
+            roles.shared_rows = rows
             return
     roles.findings.append(finding)
 
@@ -1165,6 +1175,29 @@ def _drawn_generators(roles: Roles, scope: Scope, site: Site) -> set[str] | None
                 return None
             drawn.add(generator)
     return drawn
+
+
+def _drawn_once(roles: Roles, scope: Scope, site: Site) -> bool:
+    """Every input of the model calls in the training step is a name bound once, outside the loop
+    that runs the step (or outside the step function): data drawn once before training (`xs =
+    torch.randn(30, 2)` under `torch.manual_seed(0)`), which seeding the processes apart afterwards
+    would not change."""
+    calls = [c for c in scope.calls if c.loops[:len(site.loops)] == site.loops
+             and roles.all_in(scope, c.callee, roles.models)]
+    if not calls:
+        return False
+    for call in calls:
+        for arg in call.call.args:
+            if type(arg.value) is not cst.Name or arg.keyword is not None:
+                return False
+            bindings = scope.bindings.get(arg.value.value, [])
+            if not site.loops and bindings:
+                return False  # bound by the step function itself, on every call
+            loop = site.loops[0] if site.loops else None
+            if loop is not None and any(b.where.stmt is loop.node or any(r.stmt is loop.node for r in b.where.path)
+                                        for b in bindings):
+                return False
+    return True
 
 
 def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:

@@ -32,7 +32,7 @@ from migrate.roles.setup_device import binds_setup_device, initialises_group
 
 if TYPE_CHECKING:
     from migrate.roles.class_wrappers import ClassWrapper
-    from migrate.roles.full_batch import SharedSelection
+    from migrate.roles.full_batch import SharedRows, SharedSelection
     from migrate.roles.sequence_streams import SharedStreams
     from migrate.roles.spawn import SpawnLaunch
 
@@ -193,6 +193,10 @@ class Roles:
     # tensor, the state carried across slices (migrate/roles/sequence_streams.py); AM004 takes this
     # process's share of the streams (`accelerator.share_streams`) and sizes the state from it
     shared_streams: "SharedStreams | None" = None
+    # no DataLoader feeds the training step: it trains on every row of fixed tensors at once
+    # (`criterion(model(inputs), targets)`, migrate/roles/full_batch.py); AM004 takes this process's
+    # share of the rows (`accelerator.share_selection(len(inputs))`)
+    shared_rows: "SharedRows | None" = None
     findings: list[Finding] = field(default_factory=list)
     refused: bool = False  # the file is reported, not rewritten
     # processes started by MPI (`migrate/roles/mpi_launch.py`): refused, and a unit is left whole

@@ -148,6 +148,26 @@ What it does:
     never seeds (`torch.randperm(n)` unseeded: each process would draw its own split), in a file
     with a second training step, or under `--target accelerate` (HF Accelerate has no such call)
     is reported as a step no DataLoader feeds.
+    A full-batch step over every row of fixed tensors (`loss = criterion(model(inputs), targets)`
+    in the training loop, or in a closure the optimizer steps, LBFGS's `optimizer.step(closure)`,
+    defined in the loop or once above it), whose one model call takes one tensor and whose loss is a
+    mean over the output's rows (a torch criterion left to its mean reduction, without class
+    weights, or `.mean()` of row-wise values; a term without the output, a weight penalty, may be
+    added) gets this process's share of the rows: right before the training loop (or the
+    statement stepping the closure), `inputs_rows = accelerator.share_selection(len(inputs))`, and
+    the reads of `inputs` and `targets` in the statements that feed the loss select them
+    (`model(inputs[inputs_rows])`); evaluations keep every row. A closure returns
+    `accelerator.reduce(loss.detach(), "mean")` (its backward stays on the local loss), so that
+    LBFGS line-searches and stops alike on every process. The tensors must be bound once, before
+    the loop, to tensors (torch calls, drawn alike on every process, or handed to the training
+    function by every caller), and read only there; the output only there too (or for its shape).
+    Rows cut in the loop (minibatches by hand, truncated BPTT), data rebuilt per step, a summed or
+    per-row weighted loss, several inputs (a graph's features and edges, two sets of points), an
+    output also compared with all the targets (an accuracy in the step), a model with a
+    sequence-first recurrent or attention module, or `--target accelerate` (its report says how to
+    split the rows by hand) are reported as a step no DataLoader feeds. Data drawn once before
+    the loop under a fixed seed gets that report too, not the advice to seed the processes apart
+    (which would not change data already drawn).
     A loader such a factory is told to shard by rank (`create_loader(..., distributed=args.distributed)`,
     `rank=`/`world_size=`, also through a `**kwargs` dict built in the same function) shards itself:
     it is kept as it is, not prepared (it would be sharded twice), with a note saying so.
@@ -446,6 +466,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _batches_left_alike(roles, plan)
         _selection_left_whole(roles, plan)
         _streams_left_whole(roles, plan)
+        _rows_left_whole(roles, plan)
         return
     if not roles.can_reach(home):
         # An Accelerator the script already creates elsewhere (`def main(): accelerator = ...`)
@@ -467,6 +488,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _prepare_in_training_methods(roles, plan)
         _share_selection(roles, plan)
         _streams_left_whole(roles, plan)
+        _share_rows(roles, plan)
         return
     # a model a trainer trains through a hand-wrapped alias is prepared into the alias
     bound = {model: alias for alias, model in roles.model_aliases.items()}
@@ -487,6 +509,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             _batches_left_alike(roles, plan)
             _selection_left_whole(roles, plan)
             _streams_left_whole(roles, plan)
+            _rows_left_whole(roles, plan)
             return
         plan.insert_before.setdefault(anchor, []).extend([*freed, stmt, *rebound])
     for name in names:
@@ -505,6 +528,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     _seed_draws_per_rank(roles, plan, where, anchor, after=where is not None)
     _share_selection(roles, plan)
     _share_streams(roles, plan, where, stmt)
+    _share_rows(roles, plan)
 
 
 def _batch_size_reads(roles: Roles, plan: EditPlan, home: Scope) -> None:
@@ -1111,6 +1135,57 @@ def _selection_left_whole(roles: Roles, plan: EditPlan) -> None:
             f". HF Accelerate has no call that shares `{shared.shown}` out; `--target runtime` takes each "
             f"process's share of it with `accelerator.share_selection({shared.shown})`")
     plan.report(CODE, finding.node, message, unconverted=True)
+
+
+def _share_rows(roles: Roles, plan: EditPlan) -> None:
+    """A full-batch step over every row of fixed tensors (`roles.shared_rows`,
+    `migrate.roles.full_batch`): right before its training loop this process's rows are bound
+    (`input_rows = accelerator.share_selection(len(input))`) and the reads of the tensors in the
+    statements that feed the loss select them (`model(input[input_rows])`, `criterion(out,
+    target[input_rows])`); other uses (an evaluation) keep every row. A closure the optimizer steps
+    returns the loss averaged over the processes (`accelerator.reduce(loss.detach(), "mean")`), so
+    that LBFGS searches and stops alike on every process; its backward stays on the local loss."""
+    shared = roles.shared_rows
+    if shared is None:
+        return
+    if plan.target == "accelerate" or not roles.can_reach(shared.scope):
+        _rows_left_whole(roles, plan)
+        return
+    stmt = statement(f"{shared.name} = accelerator.share_selection(len({shared.data[0]}))\n")
+    plan.insert_before.setdefault(shared.before, []).append(stmt)
+    for read in shared.reads:
+        plan.row_reads[read] = shared.name
+    if shared.closure_return is not None:
+        plan.replace_small[shared.closure_return] = shared.closure_return.with_changes(
+            value=cst.parse_expression(f'accelerator.reduce({shared.loss}.detach(), "mean")'))
+    plan.use_accelerator(shared.scope)
+    shown = ", ".join(f"`{n}`" for n in shared.data)
+    plan.change(CODE, shared.before, (
+        f"the step trains on this process's share of the rows of {shown} (`accelerator.share_selection`, a "
+        "runtime extension): each process takes the mean loss over every N-th row, so N processes share the "
+        "step's rows as a prepared DataLoader shares a dataset"
+        + (f"; the closure returns the loss averaged over the processes, so the optimizer decides alike on "
+           "every process" if shared.closure_return is not None else "")))
+
+
+def _rows_left_whole(roles: Roles, plan: EditPlan) -> None:
+    """The report of a step no DataLoader feeds, for fixed rows AM004 does not share."""
+    shared = roles.shared_rows
+    if shared is None:
+        return
+    message = shared.finding.message
+    if plan.target == "accelerate":
+        shown = ", ".join(f"`{n}`" for n in shared.data)
+        split = "; ".join(f"`{n} = {n}[accelerator.process_index::accelerator.num_processes]`" for n in shared.data)
+        message = (
+            f"no DataLoader feeds this training step: it trains on every row of {shown} at once, alike on every "
+            "process (N times the compute for one process's worth of data), and HF Accelerate has no call that "
+            f"shares the rows out. Split them per process before the training loop: {split} (a mean loss over "
+            "near-equal parts keeps the averaged gradient close to the whole data's)"
+            + (f"; the closure must then return `accelerator.reduce({shared.loss}.detach(), \"mean\")`, so that "
+               "the optimizer decides alike on every process" if shared.closure_return is not None else "")
+            + f"; or migrate with `--target runtime`, which shares them with `accelerator.share_selection(len({shared.data[0]}))`")
+    plan.report(CODE, shared.finding.node, message, unconverted=True)
 
 
 def _batches_left_alike(roles: Roles, plan: EditPlan) -> None:

@@ -45,3 +45,10 @@ def test_two_processes_share_an_index_and_a_mask(ranks) -> None:
 def test_two_processes_refuse_different_selections(ranks) -> None:
     for r in ranks:
         assert r["differing"] is not None and "different selections" in r["differing"], r
+
+
+def test_one_process_takes_every_row_of_a_count() -> None:
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.share_selection(5).tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="their count"):
+        accelerator.share_selection(True)  # type: ignore[arg-type]
