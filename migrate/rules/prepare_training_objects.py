@@ -464,9 +464,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     ]
     if not names or home.prepared:
         _batches_left_alike(roles, plan)
-        _selection_left_whole(roles, plan)
-        _streams_left_whole(roles, plan)
-        _rows_left_whole(roles, plan)
+        _full_batch_left_whole(roles, plan)
         return
     if not roles.can_reach(home):
         # An Accelerator the script already creates elsewhere (`def main(): accelerator = ...`)
@@ -478,7 +476,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             "be seen, so they were not prepared: build them where the Accelerator is created, or pass it "
             "in, and add them to `accelerator.prepare(...)`"
         ), unconverted=True)
-        _streams_left_whole(roles, plan)
+        _full_batch_left_whole(roles, plan)
         return
     where = roles.prepare_after
     names = _prepare_early(roles, plan, home, names)
@@ -507,9 +505,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         anchor = roles.create_before
         if anchor is None:
             _batches_left_alike(roles, plan)
-            _selection_left_whole(roles, plan)
-            _streams_left_whole(roles, plan)
-            _rows_left_whole(roles, plan)
+            _full_batch_left_whole(roles, plan)
             return
         plan.insert_before.setdefault(anchor, []).extend([*freed, stmt, *rebound])
     for name in names:
@@ -1106,6 +1102,14 @@ def _share_streams(roles: Roles, plan: EditPlan, where: StmtRef | None, prepared
         f"(`accelerator.share_streams`, a runtime extension), and the state carried from one slice to the next "
         f"is sized to them (`{tensor}.size({shared.dim})`, not `{shared.size}`): N processes share the streams as a "
         "prepared DataLoader shares a dataset"))
+
+
+def _full_batch_left_whole(roles: Roles, plan: EditPlan) -> None:
+    """The reports of every data share (a selection, rows, streams) a step no DataLoader feeds would
+    have taken, where no prepare call is inserted for AM004 to share them after."""
+    _selection_left_whole(roles, plan)
+    _rows_left_whole(roles, plan)
+    _streams_left_whole(roles, plan)
 
 
 def _streams_left_whole(roles: Roles, plan: EditPlan) -> None:
