@@ -300,19 +300,10 @@ def _fixed(
     if name in scope.params:
         if loops:
             return True  # fixed for the whole loop of this call
-        if scope.is_method or scope.parent is None or not isinstance(scope.node, cst.FunctionDef):
-            return False
-        params = scope.node.params
-        positional = [p.name.value for p in (*params.posonly_params, *params.params)]
-        position = positional.index(name) if name in positional else -1
-        if position < 0 and name not in [p.name.value for p in params.kwonly_params]:
-            return False  # `*args`, `**kwargs`
-        callers = [(caller, call) for caller in roles.facts.scopes for call in caller.calls
-                   if call.callee == scope.name and roles.facts.resolve(call.callee, caller) is scope]
+        callers = _handed_arguments(roles, scope, name)
         if not callers:
             return False
-        for caller, call in callers:
-            arg = _argument(call.call, name, position)
+        for caller, call, arg in callers:
             handed = dotted_name(arg) if arg is not None else None
             if handed is None or not _fixed(roles, caller, handed.split(".")[0], call.loops, depth + 1, origins):
                 return False
@@ -724,22 +715,29 @@ def _fixed_tensor(roles: Roles, scope: Scope, name: str, loop: Loop | None, befo
     return _tensor_value(roles, owner, binding.value, 0)
 
 
-def _handed_tensor(roles: Roles, scope: Scope, name: str) -> bool:
-    """The parameter `name` of the plain function `scope` is filled by every caller of this file
-    with a name bound once to a tensor."""
+def _handed_arguments(roles: Roles, scope: Scope, name: str) -> list:
+    """Every call of the plain function `scope` in this file, with what it passes for the
+    parameter `name` (None when it passes nothing for it); empty when `scope` is no plain function
+    or `name` is `*args`/`**kwargs`."""
     if scope.is_method or scope.parent is None or not isinstance(scope.node, cst.FunctionDef):
-        return False
+        return []
     params = scope.node.params
     positional = [p.name.value for p in (*params.posonly_params, *params.params)]
     position = positional.index(name) if name in positional else -1
     if position < 0 and name not in [p.name.value for p in params.kwonly_params]:
-        return False
-    callers = [(caller, call) for caller in roles.facts.scopes for call in caller.calls
-               if call.callee == scope.name and roles.facts.resolve(call.callee, caller) is scope]
+        return []
+    return [(caller, call, _argument(call.call, name, position)) for caller in roles.facts.scopes
+            for call in caller.calls
+            if call.callee == scope.name and roles.facts.resolve(call.callee, caller) is scope]
+
+
+def _handed_tensor(roles: Roles, scope: Scope, name: str) -> bool:
+    """The parameter `name` of the plain function `scope` is filled by every caller of this file
+    with a name bound once to a tensor."""
+    callers = _handed_arguments(roles, scope, name)
     if not callers:
         return False
-    for caller, call in callers:
-        arg = _argument(call.call, name, position)
+    for caller, call, arg in callers:
         if type(arg) is not cst.Name:
             return False
         owner = caller if arg.value in caller.bindings else roles.facts.module_scope
