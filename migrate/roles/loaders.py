@@ -597,7 +597,10 @@ def kept_as_attribute(home: Scope, name: str) -> str | None:
 
 def find_eval_loops(roles: Roles) -> None:
     """Loops without backward over DataLoaders built in home (evaluation loaders, or the training
-    loader itself): candidates for gather_for_metrics."""
+    loader itself): candidates for gather_for_metrics. Those over loaders that functions the
+    migration cannot read build (`roles.unread_eval_loops`) are kept apart: whether such a loader
+    gives each process a share is decided at run time, so nothing is gathered there (AM011 reduces
+    a mean over them where it decides)."""
     home = roles.home
     assert home is not None
     trained = _loader_makers(roles, home)
@@ -613,6 +616,18 @@ def find_eval_loops(roles: Roles) -> None:
             # training loader and a test loader): the loop is decided once, for all of them
             if all(_builds_loader(roles, home, n, trained) for n in names):
                 roles.eval_loops.extend((scope, loop, name) for name in names)
+            elif all(_built_unread(roles, home, n) for n in names):
+                roles.unread_eval_loops.extend((scope, loop, name) for name in names)
+
+
+def _built_unread(roles: Roles, home: Scope, name: str) -> bool:
+    """Every binding of home's `name` is made by a function the migration cannot read, and it is no
+    training loader (those are prepared)."""
+    bindings = home.bindings.get(name, [])
+    if not bindings or name in roles.loaders:
+        return False
+    sources = [_binding_source(roles, home, binding, _DEPTH) for binding in bindings]
+    return all(source is not None and source.kind == "unread" for source in sources)
 
 
 def _loader_makers(roles: Roles, home: Scope) -> set[str]:

@@ -133,6 +133,11 @@ class Roles:
     epoch_schedulers: list[str] = field(default_factory=list)  # stepped per epoch: not prepared
     rank_sampled: dict[str, cst.CSTNode] = field(default_factory=dict)  # loaders with a DistributedSampler
     eval_loops: list[tuple[Scope, Loop, str]] = field(default_factory=list)  # (scope, loop, home loader)
+    # (scope, loop, home loader): loops without backward over a loader of home that a function the
+    # migration cannot read builds and that is not prepared (`train_dl, valid_dl, ... = get_data(opts)`
+    # of a module not given): it may share out its samples by rank itself (a DistributedSampler inside,
+    # a DataLoader over a datapipe, which torch shards once a process group exists) or not (AM011)
+    unread_eval_loops: list[tuple[Scope, Loop, str]] = field(default_factory=list)
     accelerator_scope: Scope | None = None
     accelerator_exists: bool = False
     device_binding: DeviceBinding | None = None  # replaced by `accelerator.device` (AM001)

@@ -255,7 +255,7 @@ from migrate.rules.guard_file_operations import (
     _folders_made_once,
     _path_of,
     _per_process_path,
-    _rank_guarded,
+    rank_guarded,
     _removals,
     _unreachable_method,
     _unreadable_function,
@@ -408,7 +408,7 @@ def _launcher_rank_prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         return
     for site in sites:
         stmt = site.where.stmt
-        if _rank_guarded(site.where) or _says_its_rank(site.call) or _patched_print_call(site.call) \
+        if rank_guarded(site.where) or _says_its_rank(site.call) or _patched_print_call(site.call) \
                 or not is_expression_statement(stmt, site.call) or stmt in plan.replace_stmt \
                 or stmt in plan.main_process_only or stmt in plan.launcher_rank_only \
                 or any(outer.stmt in plan.launcher_rank_only for outer in site.where.path) \
@@ -737,7 +737,7 @@ def _prints(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         # Its methods cannot call `accelerator.print` (the safety check would refuse a
         # `self.accelerator` nobody sets): a print under the script's own rank check stays as it
         # is; any other is reported.
-        unguarded = [s for s in sites if not _rank_guarded(s.where)]
+        unguarded = [s for s in sites if not rank_guarded(s.where)]
         if unguarded:
             assert scope.parent is not None
             plan.report(CODE, unguarded[0].call, (

@@ -23,7 +23,7 @@ from migrate.rules.guard_file_operations import (
     _alone,
     _goes_first,
     _hazard,
-    _rank_guarded,
+    rank_guarded,
     _unreachable_method,
     _unreadable_function,
 )
@@ -38,7 +38,7 @@ def _implicit_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
     is missing): under `with accelerator.main_process_first():` where the accelerator is at hand,
     else reported."""
     for site in scope.library_calls:
-        if not _IMPLICIT_DOWNLOAD.match(site.qualified) or _rank_guarded(site.where) or _goes_first(site.where):
+        if not _IMPLICIT_DOWNLOAD.match(site.qualified) or rank_guarded(site.where) or _goes_first(site.where):
             continue
         what = f"`{cst.Module([]).code_for_node(site.call.func)}(...)` downloads the data set when it is missing"
         if roles.can_reach(scope) and not roles.needs_parameter(scope) and _unreachable_method(roles, scope) is None:
@@ -68,7 +68,7 @@ def _unreadable_downloads(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         if not _DOWNLOADS_BY_NAME.search(qualified.rsplit(".", 1)[-1]):
             continue
         name = _unreadable_function(roles, scope, call)
-        if name is None or not _DOWNLOADS_BY_NAME.search(name) or _rank_guarded(where) or _goes_first(where):
+        if name is None or not _DOWNLOADS_BY_NAME.search(name) or rank_guarded(where) or _goes_first(where):
             continue
         if _binds_loader(roles, where.stmt):
             continue  # `self.train_loader = fetch_loader(...)`: the training data, prepared, not a download
@@ -135,7 +135,7 @@ def _unread_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
         if type(stmt) is not cst.SimpleStatementLine or len(stmt.body) != 1 or type(stmt.body[0]) is not cst.Assign:
             continue
         value = stmt.body[0].value
-        if type(value) is not cst.Call or _rank_guarded(bindings[0].where) or _goes_first(bindings[0].where):
+        if type(value) is not cst.Call or rank_guarded(bindings[0].where) or _goes_first(bindings[0].where):
             continue
         root = (roles.facts.aliases.qualify(value.func) or "").split(".", 1)[0]
         if root in _IN_MEMORY:
@@ -187,7 +187,7 @@ def _downloading_datasets(roles: Roles, plan: EditPlan, scope: Scope) -> None:
             seen.add(call)
             found.append((call, where))
     for call, where in sorted(found, key=lambda f: f[1].order):
-        if _rank_guarded(where) or _goes_first(where):
+        if rank_guarded(where) or _goes_first(where):
             continue  # the script lets one process go first itself (or a second run)
         if not _first_where_called(roles, plan, scope, call, where, frozenset()):
             place = f"in `{scope.qualname}`, where the accelerator cannot reach"
@@ -244,7 +244,7 @@ def _first_where_called(
         site = next((s for s in (*caller.calls, *caller.library_calls, *caller.method_calls) if s.call is outer), None)
         if site is None:
             ok = False
-        elif not (_rank_guarded(site.where) or _goes_first(site.where)):
+        elif not (rank_guarded(site.where) or _goes_first(site.where)):
             ok = _first_where_called(roles, plan, caller, outer, site.where, seen | {id(scope)}) and ok
     return ok
 

@@ -114,7 +114,7 @@ def _run_whole(roles: Roles, plan: EditPlan, function: Scope, fetches: bool, who
         if site is None:
             return False
         where = site.where
-        if id(caller) in whole or _rank_guarded(where) or _goes_first(where):
+        if id(caller) in whole or rank_guarded(where) or _goes_first(where):
             continue  # on the main process already (a second run sees our own `if`)
         stmt = where.stmt
         if not (type(stmt) is cst.SimpleStatementLine and len(stmt.body) == 1 and type(stmt.body[0]) is cst.Expr
@@ -263,7 +263,7 @@ def _unreachable_method(roles: Roles, scope: Scope) -> str | None:
 _RANK_NAME = re.compile(r"(^|_)rank$|^process_index$|^get_rank$", re.IGNORECASE)
 
 
-def _rank_guarded(where: StmtRef) -> bool:
+def rank_guarded(where: StmtRef) -> bool:
     """Inside an `if` whose test is a rank check (`if master_process:`, `if rank == 0:`)."""
     empty = cst.Module([])
     return any(type(outer.stmt) is cst.If and _RANK_TEST.search(empty.code_for_node(outer.stmt.test))
@@ -330,7 +330,7 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
     # `open(f"rank{rank}.json", "w")`: each process writes its own file.
     writes = [
         w for w in _find_writes(roles, plan, scope, roles.facts.module_scope)
-        if not _rank_guarded(_fetch_unit(w.where) if w.fetch else _unit(w.where))
+        if not rank_guarded(_fetch_unit(w.where) if w.fetch else _unit(w.where))
         and not (w.path is not None and _per_process_path(scope, w.path))
     ]
     guarded: list[StmtRef] = []
@@ -724,7 +724,7 @@ def _folders_made_once(roles: Roles, plan: EditPlan, scope: Scope) -> None:
             continue  # `from os import mkdir`, or a mode given: left as it is
         outer = where.path[-1] if where.path else None
         if outer is None or type(outer.stmt) is not cst.If or where.block is not outer.stmt.body \
-                or _rank_guarded(where) or call in plan.calls:
+                or rank_guarded(where) or call in plan.calls:
             continue
         folder = empty.code_for_node(call.args[0].value)
         if not _tests_missing(roles, outer.stmt.test, folder):
@@ -810,7 +810,7 @@ def _removals(roles: Roles, plan: EditPlan, scope: Scope, saves: list[StmtRef], 
     for removal in removals:
         unit = _removal_unit(removal.where)
         path = removal.call.args[0].value
-        if _rank_guarded(unit) or _per_process_path(scope, path) or unit.stmt in plan.main_process_only:
+        if rank_guarded(unit) or _per_process_path(scope, path) or unit.stmt in plan.main_process_only:
             continue
         what = f"`{removal.qualified}(...)`"
         moves = removal.qualified in _MOVERS
@@ -919,7 +919,7 @@ def _cache_first(roles: Roles, plan: EditPlan, scope: Scope, unit: StmtRef, path
         node = outer.stmt
         if type(node) is not cst.If:
             continue
-        if outer.in_loop or _rank_guarded(outer) or _goes_first(outer) or type(node.orelse) is not cst.Else:
+        if outer.in_loop or rank_guarded(outer) or _goes_first(outer) or type(node.orelse) is not cst.Else:
             return
         test = node.test
         negated = type(test) is cst.UnaryOperation and type(test.operator) is cst.Not

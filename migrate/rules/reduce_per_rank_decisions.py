@@ -19,6 +19,13 @@ What it does:
     and then any use; also `len(train_set)` when every call building the loader wraps that same
     `train_set`: `loss_all / len(train_dataset)` in PyG's examples) is reduced with `"sum"` right after the loop, whatever it then feeds: the
     division already counts every process's samples.
+    A mean computed by an evaluation loop over a loader that a function the migration cannot read
+    builds and that is left unprepared (`train_dl, valid_dl = get_data(opts)` of a module not
+    given; `losses += loss.item()` in `validate`, which returns `losses / len(valid_dl)`) is reduced
+    with `"mean"` where it decides (`val_loss = validate(...)` before `if val_loss < best:`): such a
+    loader may give each process a share of its samples (a DistributedSampler inside the factory; a
+    DataLoader over a datapipe ending in a sharding filter, which torch shards by itself once a
+    process group exists) or all of them, and the mean over the processes is right either way.
 
 Why:
     Each process sees 1/N of the data, so each one's loss sum differs. A plateau scheduler fed
@@ -37,8 +44,12 @@ Example:
     if train_loss < best: ...
 
 Leaves alone:
-    Values from evaluation (gathered with `gather_for_metrics`, or over an unprepared loader: the
-    same on every process already), counters incremented by a number or by a name the loop never
+    Values from evaluation (gathered with `gather_for_metrics`, or over an unprepared loader built
+    in the file: the same on every process already), sums over an unread evaluation loader and what
+    is computed from them other than by a division (`correct`, not `correct / total`: its value
+    grows with the share each process sees, so no reduction is right both ways), evaluations run
+    under a rank check (`if rank == 0: acc = accuracy(...)`: a reduction there would wait for
+    processes that never come), counters incremented by a number or by a name the loop never
     binds (`iteration += 1`, `batches_done += opt.n_critic`: every process runs the same number of
     batches), values only printed or logged, and decisions on a per-rank
     value it cannot reduce where it is bound (bound inside a nested block, a tuple element, a
@@ -62,6 +73,10 @@ Fix safety:
     repeats to even out the last round (fewer than N batches' worth): reported with the reduction
     (the exact value needs per-sample values gathered with `gather_for_metrics`, which drops them),
     unless the loader drops its last partial batch (`drop_last=True`).
+    A mean over an unread evaluation loader reduced with `"mean"` returns, on N processes, the value
+    every process computed when each sees all of the loader (up to the rounding of N equal float64
+    numbers summed and divided by N); when each sees a share, it is the mean of the processes' means,
+    which equals the one-process mean when the shares hold equal numbers of full batches.
 """
 
 from __future__ import annotations
@@ -70,12 +85,13 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from migrate.analysis import Scope, Site
+from migrate.analysis import Loop, Scope, Site
 from migrate.edits import EditPlan
 from migrate.names import dotted_name, root_name, target_names
 from migrate.roles import Roles
 from migrate.roles.loaders import loader_calls
 from migrate.rules.base import names_read, prepared_loaders
+from migrate.rules.guard_file_operations import rank_guarded
 from migrate.walk import walk
 
 CODE = "AM011"
@@ -90,6 +106,11 @@ class _Value:
     after: cst.BaseStatement | None  # None: bound where a reduction cannot be inserted
     reduction: str
     carried: bool = False  # a running sum carried over from one pass of an enclosing loop to the next
+    # computed over a loader that may or may not give each process a share (`_unread_evaluations`)
+    unread: bool = False
+    # such a sum: its value grows with the share, so no reduction makes it right both ways (its ratio
+    # to a count, a mean, is the same either way)
+    extensive: bool = False
 
 
 def apply(roles: Roles, plan: EditPlan) -> None:
@@ -98,16 +119,19 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     torch_names = roles.facts.aliases.local_names_for("torch")
     _step_losses(roles, plan, torch_names)
     loaders = prepared_loaders(roles, plan)
-    if not loaders:
+    unread = _unread_evaluations(roles)
+    if not loaders and not unread:
         return
-    returning: set[str] = set()  # functions that return a per-rank value
+    # functions that return a per-rank value -> whether it is computed over unread loaders only
+    returning: dict[str, bool] = {}
     per_scope: dict[int, dict[str, _Value]] = {}
     for scope in roles.facts.scopes:
-        values = _accumulators(roles, scope, loaders, plan, torch_names)
+        values = _accumulators(roles, scope, loaders, plan, torch_names) if loaders else {}
+        values.update(_evaluation_means(scope, unread.get(id(scope), [])))
         if values:
             per_scope[id(scope)] = values
             if scope.is_function and not scope.is_method and _returns_any(scope, values):
-                returning.add(scope.name)
+                returning[scope.name] = all(v.unread for v in values.values())
     for scope in roles.facts.scopes:
         values = per_scope.setdefault(id(scope), {})
         _results_of_calls(scope, returning, values)
@@ -117,7 +141,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             continue
         done: set[str] = set()
         for stmt, block, name in _decisions(scope, values):
-            if name in done:
+            if name in done or values[name].extensive:
                 continue
             done.add(name)
             value = values[name]
@@ -147,6 +171,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                     unconverted=True,
                 )
                 continue
+            if not fixable and value.unread:
+                continue  # it may be the same on every process: nothing to report for sure
             if not fixable:
                 plan.report(
                     CODE,
@@ -159,7 +185,9 @@ def apply(roles: Roles, plan: EditPlan) -> None:
             assert value.after is not None
             plan.insert_after.setdefault(value.after, []).append(cst.parse_statement(line + "\n"))
             plan.use_accelerator(scope)
-            plan.change(CODE, value.after, f"`{name}` reduced across processes before it decides")
+            plan.change(CODE, value.after, f"`{name}` reduced across processes before it decides" + (
+                " (computed over a loader built by a function the migration cannot read, which may give each "
+                "process a share of it: the mean over the processes is right either way)" if value.unread else ""))
 
 
 def _step_losses(roles: Roles, plan: EditPlan, torch_names: list[str]) -> None:
@@ -667,6 +695,38 @@ def _code(node: cst.CSTNode) -> str:
     return " ".join(cst.Module([]).code_for_node(node).split())
 
 
+def _unread_evaluations(roles: Roles) -> dict[int, list[Loop]]:
+    """By scope, the loops without backward over loaders that functions the migration cannot read
+    build and that are not prepared (`roles.unread_eval_loops`), where every process runs them."""
+    found: dict[int, list[Loop]] = {}
+    for scope, loop, _ in roles.unread_eval_loops:
+        if rank_guarded(loop.where):
+            continue
+        loops = found.setdefault(id(scope), [])
+        if loop not in loops:
+            loops.append(loop)
+    return found
+
+
+def _evaluation_means(scope: Scope, loops: list[Loop]) -> dict[str, _Value]:
+    """The running sums of evaluation loops of `scope` over unread loaders (`losses += loss.item()`),
+    and what is computed from them after the loop: such a loader may give each process a share
+    of its samples (a DistributedSampler inside the factory; a DataLoader over a datapipe, which
+    torch shards itself once a process group exists), or all of them. A mean over it reduced with
+    `"mean"` is right either way: the same value on every process is returned as it is."""
+    body = _body(scope.node)
+    if body is None or not loops:
+        return {}
+    found: dict[str, _Value] = {}
+    for loop in loops:
+        for name in _summed_in(loop.node):
+            if scope.binds(name) and not name.startswith("self.") and not _carried_over(body, loop.node, name):
+                found[name] = _Value(name, loop.node, "mean", unread=True, extensive=True)
+    if found:
+        _derived(body, found)
+    return found
+
+
 def _derived(body: list[cst.BaseStatement], values: dict[str, _Value]) -> None:
     """`avg = total / len(loader)`: per-rank too (a mean of the rank's batches). In document order,
     in any block of the scope (not in nested functions)."""
@@ -679,8 +739,10 @@ def _derived(body: list[cst.BaseStatement], values: dict[str, _Value]) -> None:
             name = small.targets[0].target.value
             if name in values or isinstance(small.value, cst.Name):
                 continue  # `best = mean_loss` copies a value that is reduced where it decides
-            if any(n in values for n in names_read(small.value)):
-                values[name] = _Value(name, stmt, "mean")
+            read = [values[n] for n in names_read(small.value) if n in values]
+            if read:
+                values[name] = _Value(name, stmt, "mean", unread=all(v.unread for v in read),
+                                      extensive=not _per_rank(small.value, values))
                 candidates[name] = stmt
     for name, stmt in candidates.items():
         # Per-rank only when every binding of the name is computed from per-rank values.
@@ -730,23 +792,50 @@ def _already_reduced(scope: Scope, name: str) -> bool:
     return False
 
 
-def _results_of_calls(scope: Scope, returning: set[str], values: dict[str, _Value]) -> None:
-    """`train_loss = train_epoch(...)` where `train_epoch` returns a per-rank value."""
+def _results_of_calls(scope: Scope, returning: dict[str, bool], values: dict[str, _Value]) -> None:
+    """`train_loss = train_epoch(...)` where `train_epoch` returns a per-rank value. An evaluation's
+    over unread loaders that only some processes compute (`if rank == 0: val = validate(...)`) is
+    left alone: a reduction there would wait for processes that never come."""
     if not returning:
         return
     for name, bindings in scope.bindings.items():
         for binding in bindings:
             value = binding.value
             if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in returning:
+                unread = returning[value.func.value]
+                if unread and rank_guarded(binding.where):
+                    continue
                 stmt = binding.where.stmt
                 simple = isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(
                     stmt.body[0], cst.Assign
                 ) and isinstance(stmt.body[0].targets[0].target, cst.Name)
-                values[name] = _Value(name, stmt if simple else None, "mean")
+                values[name] = _Value(name, stmt if simple else None, "mean", unread=unread)
 
 
 def _returns_any(scope: Scope, values: dict[str, _Value]) -> bool:
-    return any(n in values for r in scope.returns for n in names_read(r))
+    return any(_per_rank(r, values) for r in scope.returns)
+
+
+def _per_rank(expr: cst.BaseExpression, values: dict[str, _Value]) -> bool:
+    """`expr` is computed from per-rank values and is a value a reduction with its kind makes right:
+    not a sum over a loader that may or may not be shared out (`losses`), but its mean is
+    (`losses / len(loader)`)."""
+    read = [values[n] for n in names_read(expr) if n in values]
+    if not read:
+        return False
+    if any(not v.extensive for v in read):
+        return True
+    return _mean_of(expr, values)
+
+
+def _mean_of(expr: cst.BaseExpression, values: dict[str, _Value]) -> bool:
+    """`total / count`: a sum divided by something; a ratio of a sum over a loader's batches stays
+    the same whether each process sees all of the loader or a share of it (up to how the batches fall)."""
+    return (
+        isinstance(expr, cst.BinaryOperation)
+        and isinstance(expr.operator, cst.Divide)
+        and any(n in values for n in names_read(expr.left))
+    )
 
 
 def _decisions(scope: Scope, values: dict[str, _Value]) -> list[tuple[cst.BaseStatement, object, str]]:

@@ -1,0 +1,150 @@
+"""End to end: the validation loader comes from another module the migration is not given
+(`train_dl, valid_dl = get_loaders(...)` of `shard_data`, written beside the script only after it
+is migrated), and the mean validation loss over it picks the best model. Such a loader may give
+each process a share of the validation set (a DistributedSampler inside the factory; torch shards
+a DataLoader over a datapipe by itself once a process group exists) or all of it; AM011 reduces
+the mean with "mean" right after it is computed, which is right either way.
+
+Checked, migrated with the CLI and run on 1 and 2 gloo processes, for both kinds of factory:
+- one process: the migrated script prints the original's lines;
+- two processes: every process ends with the same validation losses and the same best epoch, and
+  each loss is the loss of that epoch's model over the whole validation set (computed in the
+  script over all of it at once). Without the reduction, a sharding factory would give the main
+  process the mean over its own half only.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # the shared torchrun helpers
+from original_and_migrated import migrate_into, run_copy  # noqa: E402
+
+TIMEOUT = 180
+EPOCHS = 3
+LINE = re.compile(r"^epoch (\d+) val ([0-9.]+)$", re.M)
+
+SCRIPT = '''
+    """Keeps the model with the lowest validation loss."""
+    import os
+
+    import torch
+    import torch.nn.functional as F
+
+    from shard_data import get_loaders, whole_validation
+
+
+    def validate(model, valid_dl):
+        losses = 0.0
+        model.eval()
+        with torch.no_grad():
+            for x, y in valid_dl:
+                losses += F.cross_entropy(model(x), y).item()
+        return losses / len(valid_dl)
+
+
+    def main():
+        torch.manual_seed(0)
+        train_dl, valid_dl = get_loaders(batch_size=4)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
+        vx, vy = whole_validation()
+        best, best_epoch, seen = float("inf"), -1, []
+        for epoch in range(3):
+            model.train()
+            for x, y in train_dl:
+                loss = F.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            val_loss = validate(model, valid_dl)
+            if val_loss < best:
+                best, best_epoch = val_loss, epoch
+            with torch.no_grad():
+                whole = F.cross_entropy(model(vx), vy).item()
+            seen.append((val_loss, whole))
+            print(f"epoch {epoch} val {val_loss:.6f}")
+        with open(f"val-{os.environ.get('RANK', '0')}.txt", "w") as f:
+            f.write(repr((seen, best_epoch)))
+
+
+    if __name__ == "__main__":
+        main()
+'''
+
+_DATA = '''
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+
+    def _data(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, 6, generator=g)
+        return x, (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+
+
+    def whole_validation():
+        return _data(32, 2)
+
+
+    def get_loaders(batch_size):
+        train = DataLoader(TensorDataset(*_data(64, 1)), batch_size=batch_size, shuffle=True)
+        valid = TensorDataset(*whole_validation())
+        return train, DataLoader(valid, batch_size=batch_size{sampler})
+'''
+
+# the factory shares the validation set out by rank (each process 16 of the 32 samples, 4 full
+# batches), or hands every process all of it
+SHARDING = _DATA.replace("{sampler}", ''',
+                      sampler=DistributedSampler(valid, shuffle=False) if torch.distributed.is_initialized() else None''')
+WHOLE = _DATA.replace("{sampler}", "")
+
+
+def _prepare(root: Path, data_module: str) -> Path:
+    folder = migrate_into(root, "train.py", SCRIPT, TIMEOUT)
+    for which in ("original", "migrated"):  # beside each copy, after the migration: never read by it
+        (folder / which / "shard_data.py").write_text(textwrap.dedent(data_module).lstrip())
+    return folder
+
+
+@pytest.fixture(scope="module", params=["sharding", "whole"])
+def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _prepare(tmp_path_factory.mktemp(f"unread_eval_{request.param}"),
+                    SHARDING if request.param == "sharding" else WHOLE)
+
+
+def _seen(run_dir: Path, rank: int) -> tuple[list[tuple[float, float]], int]:
+    return ast.literal_eval((run_dir / f"val-{rank}.txt").read_text())
+
+
+def test_the_mean_is_reduced_before_it_picks_the_best(folder: Path) -> None:
+    migrated = (folder / "migrated" / "train.py").read_text()
+    code = " ".join(migrated.split())
+    assert ('val_loss = validate(model, valid_dl) val_loss = accelerator.reduce( '
+            'torch.tensor(val_loss, dtype=torch.float64, device=accelerator.device), "mean" ).item()') in code
+    assert "accelerator.prepare(model, optimizer, train_dl)" in migrated  # the validation loader is not prepared
+
+
+def test_one_process_prints_the_original_lines(folder: Path) -> None:
+    original, _ = run_copy(folder, "original", "train.py", 1, TIMEOUT)
+    migrated, _ = run_copy(folder, "migrated", "train.py", 1, TIMEOUT)
+    assert len(LINE.findall(original.stdout)) == EPOCHS
+    assert LINE.findall(migrated.stdout) == LINE.findall(original.stdout)
+
+
+def test_two_processes_agree_on_the_whole_validation_set(folder: Path) -> None:
+    proc, run_dir = run_copy(folder, "migrated", "train.py", 2, TIMEOUT)
+    assert [int(e) for e, _ in LINE.findall(proc.stdout)] == list(range(EPOCHS))  # the main process only
+    (seen0, best0), (seen1, best1) = _seen(run_dir, 0), _seen(run_dir, 1)
+    assert [v for v, _ in seen0] == [v for v, _ in seen1]
+    assert best0 == best1
+    for val_loss, whole in seen0:
+        assert val_loss == pytest.approx(whole, rel=1e-5)
