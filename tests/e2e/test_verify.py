@@ -318,12 +318,14 @@ def test_two_processes_hang_names_the_rank_and_line(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(FAULTY)
     result = _verify(
-        str(script), "--nproc-per-node", "2", "--timeout", "20", "--steps", "6", "--keep", str(keep), "--", "hang",
+        # 40 s: on a loaded machine rank 0 must reach the collective it then waits in before its own
+        # deadline, or it too reads as not waiting (it was still starting)
+        str(script), "--nproc-per-node", "2", "--timeout", "40", "--steps", "6", "--keep", str(keep), "--", "hang",
         cwd=tmp_path,
     )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "hang: rank 1 stopped making progress; the other ranks waited for it" in result.stderr
-    line = re.search(r"rank 1: hung: still running after 20 s, at train\.py:(\d+) in <module>", result.stderr)
+    line = re.search(r"rank 1: hung: still running after 40 s, at train\.py:(\d+) in <module>", result.stderr)
     assert line, result.stderr
     migrated = (keep / "migrated" / "train.py").read_text().splitlines()
     assert "time.sleep(3600)" in migrated[int(line.group(1)) - 1]
