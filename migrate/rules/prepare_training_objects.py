@@ -1052,7 +1052,12 @@ def _share_selection(roles: Roles, plan: EditPlan) -> None:
         f"the loss is taken over this process's share of `{shared.shown}` (`accelerator.share_selection`, a "
         "runtime extension): every process runs the model over all the samples and each takes the loss over "
         "every N-th selected one, so N processes share the step's samples as a prepared DataLoader shares a "
-        "dataset"))
+        "dataset" + _PADDED))
+
+
+# how a share of samples, rows or streams evens out (runtime/accelerator.py pads by wrapping around)
+_PADDED = ("; when their number does not divide by N, some processes' shares repeat the first ones to "
+           "even them out, as DistributedSampler pads (a few counted twice)")
 
 
 def _share_streams(roles: Roles, plan: EditPlan, where: StmtRef | None, prepared: cst.BaseStatement) -> None:
@@ -1101,7 +1106,7 @@ def _share_streams(roles: Roles, plan: EditPlan, where: StmtRef | None, prepared
         f"each process trains on its share of the streams (rows) of `{tensor}`, whole and in order "
         f"(`accelerator.share_streams`, a runtime extension), and the state carried from one slice to the next "
         f"is sized to them (`{tensor}.size({shared.dim})`, not `{shared.size}`): N processes share the streams as a "
-        "prepared DataLoader shares a dataset"))
+        "prepared DataLoader shares a dataset" + _PADDED))
 
 
 def _full_batch_left_whole(roles: Roles, plan: EditPlan) -> None:
@@ -1167,7 +1172,7 @@ def _share_rows(roles: Roles, plan: EditPlan) -> None:
     plan.change(CODE, shared.before, (
         f"the step trains on this process's share of the rows of {shown} (`accelerator.share_selection`, a "
         "runtime extension): each process takes the mean loss over every N-th row, so N processes share the "
-        "step's rows as a prepared DataLoader shares a dataset"
+        "step's rows as a prepared DataLoader shares a dataset" + _PADDED
         + (f"; the closure returns the loss averaged over the processes, so the optimizer decides alike on "
            "every process" if shared.closure_return is not None else "")))
 
