@@ -6,7 +6,11 @@ What it does:
     becomes `accelerator.save(accelerator.unwrap_model(model).state_dict(), path)`; the whole
     module, `torch.save(model, path)`, becomes `accelerator.save(accelerator.unwrap_model(model),
     path)` (the file still holds the user's module, as before: not the wrapper); a path naming the
-    process's rank keeps `torch.save` (with the unwrapped model): each process saves its own file.
+    process's rank keeps `torch.save` (with the unwrapped model): each process saves its own file;
+    so does a buffer in memory (`buffer = io.BytesIO()`; `torch.save(state, buffer)`, then an
+    upload or a hash of `buffer`), which the code after it reads back: written on the main process
+    only, the others would go on with an empty buffer (and upload it). The same holds for the
+    other writes the file guards (AM009's `torch.save` of something else, `np.save`, `savefig`).
     `print(...)` becomes `accelerator.print(...)`; a print of the script's own module where no
     Accelerator is in scope (at module level, `print(config)` under `if __name__ == "__main__":`,
     or in a function that runs before the one, or the other module's class, that creates it) goes
@@ -255,6 +259,7 @@ from migrate.rules.guard_file_operations import (
     _folders_made_once,
     _path_of,
     _per_process_path,
+    in_memory,
     rank_guarded,
     _removals,
     _unreachable_method,
@@ -485,7 +490,12 @@ def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> b
         return False
     saved = call.args[0].value
     path = _path_of(call, "torch.save")
-    per_process = path is not None and _per_process_path(scope, path)
+    # a path naming the process's rank, or a buffer in memory (`io.BytesIO()`, then uploaded):
+    # each process writes its own
+    buffered = in_memory(roles, scope, path)
+    per_process = path is not None and (buffered or _per_process_path(scope, path))
+    own = ("it is written to a buffer in memory, which the code after it reads, so each process still "
+           "writes its own" if buffered else "its path names the process's rank, so each process still saves its own file")
     if type(saved) is cst.Name and roles.all_in(scope, saved.value, roles.models):
         # The whole module, as the script saved it (its format kept), from inside the wrapper.
         model = saved.value
@@ -500,8 +510,7 @@ def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> b
         plan.calls[call] = unwrapped
         plan.use_accelerator(scope)
         if per_process:
-            plan.change(CODE, call, "the whole module saved from inside the wrapper; its path names the "
-                        "process's rank, so each process still saves its own file")
+            plan.change(CODE, call, f"the whole module saved from inside the wrapper; {own}")
             return False
         plan.change(CODE, call, "the whole module saved once, from the unwrapped model, by `accelerator.save`")
         return True
@@ -512,21 +521,20 @@ def _checkpoint(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call) -> b
         if any(_model_root(roles, scope, c) for v in bound for c in _state_dict_calls(v)):
             for value in bound:
                 _unwrap_state_dicts(roles, plan, scope, value)
-            return _saved_once(plan, scope, call, per_process)
+            return _saved_once(plan, scope, call, own if per_process else None)
         return False
     if not state_dicts:
         return False
     _unwrap_state_dicts(roles, plan, scope, saved)
-    return _saved_once(plan, scope, call, per_process)
+    return _saved_once(plan, scope, call, own if per_process else None)
 
 
-def _saved_once(plan: EditPlan, scope: Scope, call: cst.Call, per_process: bool) -> bool:
+def _saved_once(plan: EditPlan, scope: Scope, call: cst.Call, own: str | None) -> bool:
     """`torch.save` -> `accelerator.save` (the main process saves); a path naming the process's
-    rank keeps `torch.save`: each process saves its own file."""
+    rank, or a buffer in memory, keeps `torch.save` (`own` says which): each process writes its own."""
     plan.use_accelerator(scope)
-    if per_process:
-        plan.change(CODE, call, "checkpoint saved from the unwrapped model; its path names the process's "
-                    "rank, so each process still saves its own file")
+    if own is not None:
+        plan.change(CODE, call, f"checkpoint saved from the unwrapped model; {own}")
         return False
     plan.calls[call] = lambda updated: updated.with_changes(func=cst.Attribute(cst.Name("accelerator"), cst.Name("save")))
     plan.change(CODE, call, "checkpoint saved once, from the unwrapped model, by `accelerator.save`")

@@ -121,6 +121,16 @@ Leaves alone (each reported unless no metric is recognised):
     rewrite makes right on some processes only), in a script with mixed precision (`unwrap_model`
     would also drop the autocast the prepared model's forward runs under), or in a function that
     cannot reach the accelerator is reported, with the call to write instead.
+    An evaluation loop over a loader that a function the migration cannot read builds
+    (`train_dl, valid_dl = get_data(opts)` of a module not given) is not gathered (whether that
+    loader gives each process a share is decided at run time; AM011 reduces a mean computed over
+    it where it decides), and its forwards of the prepared model (`model(src, ...)` in
+    `validate(model, valid_dl)`) become `accelerator.unwrap_model(model)(src, ...)`: such a loader
+    may give the processes shares of different lengths (torch shards a DataLoader over a datapipe
+    by itself: 9 samples as 5 and 4), and DDP's forward broadcasts the model's buffers, a
+    collective each process must run as often as the others, so the process with more batches
+    would wait forever. Unwrapped, the module computes the same outputs with no collective; under
+    mixed precision, or where the accelerator cannot be reached, it is reported instead.
 
 Fix safety:
     Safe on one process: gathering one process's values returns them unchanged, and nothing that
@@ -143,7 +153,7 @@ from migrate.names import call_argument, root_name, target_names
 from migrate.roles import Roles
 from migrate.positions import start_lines
 from migrate.rules.base import accelerator_call, assignment, early_prepare, loader_calls, reference, runs_before_prepare
-from migrate.walk import walk
+from migrate.walk import contains, walk
 
 CODE = "AM010"
 NAME = "gather-eval-metrics"
@@ -186,6 +196,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         return
     reported = _iterators_evaluated(roles, plan)
     _main_process_forwards(roles, plan)
+    _unread_loader_forwards(roles, plan)
     # An evaluation function may be called with several loaders (`evaluate(model, train_loader)`
     # and `evaluate(model, val_loader)`): its loop is converted once, for all of them, or not at all.
     loops: dict[int, tuple[Scope, Loop, list[str]]] = {}
@@ -1370,9 +1381,7 @@ def _main_process_forwards(roles: Roles, plan: EditPlan) -> None:
     or aborts. Under `torch.no_grad()` the call goes through `accelerator.unwrap_model(model)`,
     the same module without DDP's forward (this process's own buffers: the same outputs);
     otherwise it is reported."""
-    mixed = "mixed_precision" in plan.accelerator_kwargs or any(
-        _AUTOCAST.search(call.qualified) for scope in roles.facts.scopes for call in scope.library_calls
-    )
+    mixed = _mixed_precision(roles, plan)
     for scope in roles.facts.scopes:
         if not scope.is_function and scope is not roles.facts.module_scope:
             continue
@@ -1407,6 +1416,52 @@ def _main_process_forwards(roles: Roles, plan: EditPlan) -> None:
                 assert arg is not None
                 _main_process_forward(plan, scope, call, arg, name, test, no_grad or decorated or callee_no_grad,
                                       mixed, reach, through=callee.qualname)
+
+
+def _unread_loader_forwards(roles: Roles, plan: EditPlan) -> None:
+    """`model(x)` of the prepared model in an evaluation loop over a loader that a function the
+    migration cannot read builds (`roles.unread_eval_loops`): such a loader may give each process
+    a share of its own length (torch shards a DataLoader over a datapipe by itself, 9 samples as 5
+    and 4), and DDP's forward broadcasts the model's buffers, a collective every process must run
+    as often as the others. The call goes through `accelerator.unwrap_model(model)`: the same
+    module and outputs, no collective. Under mixed precision (which `unwrap_model` would drop) or
+    where the accelerator cannot be reached, it is reported."""
+    if not roles.unread_eval_loops:
+        return
+    mixed = _mixed_precision(roles, plan)
+    done: set[int] = set()
+    for scope, loop, loader in roles.unread_eval_loops:
+        if id(loop) in done:
+            continue
+        done.add(id(loop))
+        before_prepare = _calls_before_prepare(roles, scope)
+        for site in scope.calls:
+            call = site.call
+            ref = reference(call.func)
+            if ref is None or call in plan.calls or call in before_prepare or not contains(loop.node, call):
+                continue
+            if not roles.all_in(scope, ref, roles.models):
+                continue
+            why = (f"`{_code(call)}` runs the prepared `{ref}`'s forward over `{loader}`, which a function the "
+                   "migration cannot read builds: if it gives each process a share of another length (a DataLoader "
+                   "over a datapipe, which torch shards by itself), the buffer broadcast of DDP's forward (a "
+                   "collective) would wait on the process that ran out, and the run would hang")
+            if mixed or not roles.can_reach(scope):
+                plan.report(CODE, call, f"{why}: call it as `accelerator.unwrap_model({ref})(...)`" + (
+                    " inside `with accelerator.autocast():` (unwrapped, it runs without the prepared model's mixed "
+                    "precision)" if mixed else f", with the accelerator handed to `{scope.qualname}`"))
+                continue
+            plan.calls[call] = lambda updated: updated.with_changes(
+                func=accelerator_call("unwrap_model", [cst.Arg(updated.func)]))
+            plan.use_accelerator(scope)
+            plan.change(CODE, call, f"{why}; `accelerator.unwrap_model({ref})` runs the same module without it")
+
+
+def _mixed_precision(roles: Roles, plan: EditPlan) -> bool:
+    """The prepared model's forward runs under autocast (the Accelerator's, or the script's own)."""
+    return "mixed_precision" in plan.accelerator_kwargs or any(
+        _AUTOCAST.search(call.qualified) for scope in roles.facts.scopes for call in scope.library_calls
+    )
 
 
 def _calls_before_prepare(roles: Roles, scope: Scope) -> set[cst.Call]:

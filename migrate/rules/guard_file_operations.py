@@ -1119,7 +1119,23 @@ def _find_writes(roles: Roles, plan: EditPlan, scope: Scope, module_scope: Scope
             if site.callee == "open" and _writes_mode(site.call):
                 mode = _mode(site.call)
                 found.append(_Write(f"`open(..., {mode})`", site.call, site.where, False, _path_of(site.call, "open")))
+    found = [w for w in found if not in_memory(roles, scope, w.path)]
     return sorted(found, key=lambda w: w.where.order)
+
+
+_BUFFERS = frozenset({"io.BytesIO", "io.StringIO"})
+
+
+def in_memory(roles: Roles, scope: Scope, target: cst.BaseExpression | None) -> bool:
+    """`target` is a buffer in this process's memory (`buffer = io.BytesIO()`, every binding of the
+    name in `scope`), not a file: what is written there is read back by the code after it (an
+    upload, a hash), so every process writes its own; guarded, the others would go on with an
+    empty buffer."""
+    if type(target) is not cst.Name:
+        return False
+    bindings = scope.bindings.get(target.value, [])
+    return bool(bindings) and all(
+        type(b.value) is cst.Call and roles.facts.aliases.qualify(b.value.func) in _BUFFERS for b in bindings)
 
 
 def _mode(call: cst.Call) -> str | None:

@@ -76,7 +76,9 @@ Fix safety:
     A mean over an unread evaluation loader reduced with `"mean"` returns, on N processes, the value
     every process computed when each sees all of the loader (up to the rounding of N equal float64
     numbers summed and divided by N); when each sees a share, it is the mean of the processes' means,
-    which equals the one-process mean when the shares hold equal numbers of full batches.
+    which equals the one-process mean when the shares hold equal numbers of full batches and each
+    batch's value is a plain mean over its samples; otherwise (a loss averaged over tokens, padding
+    ignored, over batches composed otherwise than on one process) it is close to it, not equal.
 """
 
 from __future__ import annotations
