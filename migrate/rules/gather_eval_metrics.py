@@ -108,8 +108,10 @@ Leaves alone (each reported unless no metric is recognised):
       `pred.eq(data.y)`: PyG's Batch, a collate function's own class): `gather_for_metrics`
       gathers tensors and tuples, lists and dicts of them, not such an object (the field itself,
       `accelerator.gather_for_metrics(data.y)`, can be);
-    - an evaluation under a rank-0 check (`if args.rank == 0:`): only the main process evaluates,
-      over the whole loader, as before (gathering there would wait for processes that never come).
+    - an evaluation under a rank-0 check (`if args.rank == 0:`), or in a function called under a
+      rank check (`if rank == 0: print(evaluate(model, test_loader))`): only the main process
+      evaluates, over the whole loader, as before (gathering there would wait for processes that
+      never come).
     Those loaders stay unprepared and keep their `.to(device)`: each process evaluates all of it
     (correct and the same on every process, only N times the work). The training loader cannot
     stay whole: a metric over it that is not gathered (any of the above, a loop over it outside
@@ -278,7 +280,7 @@ def _decide(roles: Roles, plan: EditPlan, scope: Scope, loop: Loop, loaders: lis
         for loader in sharded:
             _report_sharded(plan, loop.node, loader, "the accelerator cannot reach this function")
         return None
-    if _on_rank_zero(loop):
+    if _on_rank_zero(loop) or _called_under_rank_check(roles, scope):
         # one process evaluates all of an evaluation loader, as before: nothing to gather
         for loader in sharded:
             _report_sharded(plan, loop.node, loader, "it runs under a rank-0 check, where a gather would wait "
@@ -487,6 +489,20 @@ def _on_rank_zero(loop: Loop) -> bool:
             continue
         if target.comparator.value == "0" and re.search(r"(^|[._])rank\b", _code(test.left)):
             return True
+    return False
+
+
+def _called_under_rank_check(roles: Roles, function: Scope) -> bool:
+    """A call of `function` (`evaluate(model, test_loader)`) sits under an `if` on the rank (`if
+    rank == 0:`, `if accelerator.is_main_process:`, either branch): some processes evaluate and
+    the others do not, so a gather inside it would wait for processes that never join it."""
+    if not function.is_function:
+        return False
+    for scope in roles.facts.scopes:
+        for site in scope.calls:
+            if roles.runs(site.callee, scope) is function and any(
+                    isinstance(ref.stmt, cst.If) and _rank_test(ref.stmt.test) for ref in site.where.path):
+                return True
     return False
 
 
@@ -1412,7 +1428,7 @@ def _main_process_forwards(roles: Roles, plan: EditPlan) -> None:
                     continue
                 callee_no_grad = isinstance(callee.node, cst.FunctionDef) and any(
                     visitor._is_no_grad(d.decorator) for d in callee.node.decorators
-                )
+                ) or _forwards_without_grad(roles, callee, param)
                 assert arg is not None
                 _main_process_forward(plan, scope, call, arg, name, test, no_grad or decorated or callee_no_grad,
                                       mixed, reach, through=callee.qualname)
@@ -1471,6 +1487,37 @@ def _calls_before_prepare(roles: Roles, scope: Scope) -> set[cst.Call]:
         return set()
     order = roles.prepare_after.order
     return {site.call for site in (*scope.calls, *scope.method_calls) if site.where.order <= order}
+
+
+def _forwards_without_grad(roles: Roles, function: Scope, param: str) -> bool:
+    """Every call of its parameter `param` in `function` runs inside a `with torch.no_grad():` (or
+    `torch.inference_mode()`) block of its own body, and it calls no backward: `def evaluate(model,
+    loader): model.eval(); with torch.no_grad(): for x, y in loader: model(x)`."""
+    if function.backwards:
+        return False
+    depth, calls, outside = 0, 0, 0
+
+    def no_grad(node: cst.With) -> bool:
+        return any(roles.facts.aliases.qualify(
+            item.item.func if isinstance(item.item, cst.Call) else item.item) in _NO_GRAD for item in node.items)
+
+    class Visitor(cst.CSTVisitor):
+        def visit_With(self, node: cst.With) -> None:
+            nonlocal depth
+            depth += no_grad(node)
+
+        def leave_With(self, node: cst.With) -> None:
+            nonlocal depth
+            depth -= no_grad(node)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal calls, outside
+            if isinstance(node.func, cst.Name) and node.func.value == param:
+                calls += 1
+                outside += depth == 0
+
+    walk(function.node, Visitor())
+    return calls > 0 and outside == 0
 
 
 def _forwards(function: Scope, param: str) -> bool:

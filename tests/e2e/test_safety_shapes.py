@@ -17,6 +17,11 @@ training code:
   broadcasts its buffers, while the other process went on to the next epoch, whose prepared loader
   broadcasts its shuffle seed: gloo aborted with a collective mismatch. Now the main process calls
   `accelerator.unwrap_model(model)` (and prints the same validation loss as the original).
+- `rank_zero_eval_function`: the same evaluation in a function of the script (`evaluate(model,
+  val_loader)`, `torch.no_grad()` inside it) called under `if rank == 0:`. Before: the metric was
+  gathered inside `evaluate` and its loader prepared, so the main process waited in a gather the
+  other process never joined (and the forward was reported as running with autograd on). Now the
+  loader stays whole, nothing is gathered, and `evaluate` is handed the unwrapped model.
 
 For each: the CLI migrates it (exit 0); one process prints the same loss lines as the original
 (same seed, bit-identical); two gloo processes exit 0, the main process alone prints, and each
@@ -209,8 +214,29 @@ SCRIPTS = {
             main()
     ''',
 }
+SCRIPTS["rank_zero_eval_function"] = SCRIPTS["rank_zero_eval"].replace('''
+        def main():''', '''
+        def evaluate(model, loader, device):
+            total = 0.0
+            with torch.no_grad():
+                for x, y in loader:
+                    x, y = x.to(device), y.to(device)
+                    total += nn.functional.mse_loss(model(x), y, reduction="sum").item()
+            return total / len(loader.dataset)
+
+
+        def main():''').replace('''
+                if rank == 0:
+                    total = 0.0
+                    with torch.no_grad():
+                        for x, y in val_loader:
+                            x, y = x.to(device), y.to(device)
+                            total += nn.functional.mse_loss(model(x), y, reduction="sum").item()
+                    print(f"epoch {epoch} val {total / len(val_loader.dataset):.6f}")''', '''
+                if rank == 0:
+                    print(f"epoch {epoch} val {evaluate(model, val_loader, device):.6f}")''')
 STEPS_PER_EPOCH = 128 // 8
-EPOCHS = {"rank_zero_eval": 3}
+EPOCHS = {"rank_zero_eval": 3, "rank_zero_eval_function": 3}
 VAL = re.compile(r"^epoch (\d+) val ([0-9.]+)$", re.M)
 
 
@@ -270,6 +296,9 @@ def test_migration_creates_the_accelerator_where_every_path_sees_it(name: str, t
         # DDP's forward on the main process only would broadcast the BatchNorm buffers, a collective
         # the other process never joins (it is already in the next epoch's loader)
         assert "accelerator.unwrap_model(model)(x)" in migrated
+    if name == "rank_zero_eval_function":
+        assert "evaluate(accelerator.unwrap_model(model), val_loader, device)" in migrated
+        assert "gather_for_metrics" not in migrated and "val_loader = accelerator.prepare" not in migrated
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
@@ -290,7 +319,7 @@ def test_two_processes_train_their_share(name: str, tmp_root: str) -> None:
     proc, run_dir = _run(folder, "migrated", name, 2)
     printed = LOSS.findall(proc.stdout)
     assert len(printed) == EPOCHS.get(name, 2) * STEPS_PER_EPOCH // 2, "only the main process prints, and it runs half the batches"
-    if name == "rank_zero_eval":
+    if name.startswith("rank_zero_eval"):
         assert [int(e) for e, _ in VAL.findall(proc.stdout)] == [0, 1, 2], "the main process evaluates every epoch"
     assert _steps(run_dir) == {0: STEPS_PER_EPOCH // 2, 1: STEPS_PER_EPOCH // 2}
     assert all(math.isfinite(float(loss)) for _, _, loss in printed)
