@@ -9,7 +9,9 @@ gathers them again in backward; ``False`` (``"fsdp-zero2"``) keeps them until ba
 Default wrap policy (``wrap_policy=None``): the outermost submodules whose class occurs at least
 twice in the model and that contain other modules and parameters (transformer layers, residual
 blocks); if there are none, each direct child holding parameters (children that share a
-parameter with another child, e.g. tied embeddings, stay with the root). ``wrap_policy`` may be a
+parameter with another child, e.g. tied embeddings, stay with the root). A container without a
+``forward`` of its own (``nn.ModuleList``, ``nn.ModuleDict``: ``nn.Transformer``'s encoder and
+decoder layer lists) is never a block: its layers are looked at instead. ``wrap_policy`` may be a
 tuple of module classes or a ``callable(module) -> bool``; the root is always sharded last.
 
 The optimizer: ``fully_shard`` replaces the module's parameters with new DTensor parameters, so an
@@ -55,6 +57,12 @@ def _has_params(module: nn.Module) -> bool:
     return any(True for _ in module.parameters())
 
 
+def _runs_forward(module: nn.Module) -> bool:
+    """The module has a ``forward`` of its own: not a container (``nn.ModuleList``, ``nn.ModuleDict``)
+    that only holds modules, which ``fully_shard`` refuses (its hooks run around ``forward``)."""
+    return type(module).forward is not nn.Module.forward
+
+
 def default_blocks(model: nn.Module) -> list[nn.Module]:
     """The submodules the default policy shards separately (see the module docstring)."""
     counts = Counter(type(m) for m in model.modules() if m is not model)
@@ -62,7 +70,7 @@ def default_blocks(model: nn.Module) -> list[nn.Module]:
 
     def visit(module: nn.Module) -> None:
         for child in module.children():
-            repeated = counts[type(child)] >= 2 and any(True for _ in child.children())
+            repeated = counts[type(child)] >= 2 and any(True for _ in child.children()) and _runs_forward(child)
             if repeated and _has_params(child):
                 blocks.append(child)
             else:
@@ -71,7 +79,7 @@ def default_blocks(model: nn.Module) -> list[nn.Module]:
     visit(model)
     if blocks:
         return blocks
-    children = [child for child in model.children() if _has_params(child)]
+    children = [child for child in model.children() if _has_params(child) and _runs_forward(child)]
     owners = Counter(id(p) for child in children for p in set(child.parameters()))
     return [c for c in children if all(owners[id(p)] == 1 for p in c.parameters())]
 
