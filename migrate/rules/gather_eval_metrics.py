@@ -121,8 +121,10 @@ Leaves alone (each reported unless no metric is recognised):
     multiplied by the batch size.
     A prepared model called under a rank check with autograd on (a backward may follow, which no
     rewrite makes right on some processes only), in a script with mixed precision (`unwrap_model`
-    would also drop the autocast the prepared model's forward runs under), or in a function that
-    cannot reach the accelerator is reported, with the call to write instead.
+    would also drop the autocast the prepared model's forward runs under), under a sharding
+    strategy (`--strategy fsdp`: the unwrapped module is still sharded, and its forward gathers its
+    parameters from every process), or in a function that cannot reach the accelerator is
+    reported, with the call to write instead.
     An evaluation loop over a loader that a function the migration cannot read builds
     (`train_dl, valid_dl = get_data(opts)` of a module not given) is not gathered (whether that
     loader gives each process a share is decided at run time; AM011 reduces a mean computed over
@@ -132,7 +134,8 @@ Leaves alone (each reported unless no metric is recognised):
     by itself: 9 samples as 5 and 4), and DDP's forward broadcasts the model's buffers, a
     collective each process must run as often as the others, so the process with more batches
     would wait forever. Unwrapped, the module computes the same outputs with no collective; under
-    mixed precision, or where the accelerator cannot be reached, it is reported instead.
+    mixed precision or a sharding strategy, or where the accelerator cannot be reached, it is
+    reported instead.
 
 Fix safety:
     Safe on one process: gathering one process's values returns them unchanged, and nothing that
@@ -1462,6 +1465,11 @@ def _unread_loader_forwards(roles: Roles, plan: EditPlan) -> None:
                    "migration cannot read builds: if it gives each process a share of another length (a DataLoader "
                    "over a datapipe, which torch shards by itself), the buffer broadcast of DDP's forward (a "
                    "collective) would wait on the process that ran out, and the run would hang")
+            if _sharded(plan):
+                plan.report(CODE, call, f"{why}; under a sharding strategy the module itself gathers its parameters "
+                            "from every process in its forward, so no rewrite avoids it: build that loader so that "
+                            "it gives every process all of it, or the same number of batches")
+                continue
             if mixed or not roles.can_reach(scope):
                 plan.report(CODE, call, f"{why}: call it as `accelerator.unwrap_model({ref})(...)`" + (
                     " inside `with accelerator.autocast():` (unwrapped, it runs without the prepared model's mixed "
@@ -1471,6 +1479,12 @@ def _unread_loader_forwards(roles: Roles, plan: EditPlan) -> None:
                 func=accelerator_call("unwrap_model", [cst.Arg(updated.func)]))
             plan.use_accelerator(scope)
             plan.change(CODE, call, f"{why}; `accelerator.unwrap_model({ref})` runs the same module without it")
+
+
+def _sharded(plan: EditPlan) -> bool:
+    """The Accelerator shards the model's parameters (`strategy="fsdp"`, from `--strategy` or a
+    hand-written FSDP wrap): its forward gathers them from every process, unwrapped or not."""
+    return plan.accelerator_kwargs.get("strategy", "").strip('"').startswith("fsdp")
 
 
 def _mixed_precision(roles: Roles, plan: EditPlan) -> bool:
@@ -1545,6 +1559,11 @@ def _main_process_forward(
         plan.report(CODE, call, f"{hang}; it runs with autograd on, so it was left as it is: evaluate under "
                     f"`torch.no_grad()` through `accelerator.unwrap_model({ref})` (the module without DDP's forward), "
                     "or run it on every process", unconverted=True)
+        return
+    if _sharded(plan):
+        plan.report(CODE, call, f"{hang}; under a sharding strategy `accelerator.unwrap_model({ref})` is still the "
+                    "sharded module, whose forward gathers its parameters from every process: evaluate on every "
+                    "process, or save the model's state and evaluate a whole copy of it", unconverted=True)
         return
     if mixed:
         plan.report(CODE, call, f"{hang}; `accelerator.unwrap_model({ref})` would avoid it but also drops the mixed "
