@@ -139,7 +139,14 @@ What it does:
     `accelerator.wait_for_everyone()`; its result used (`settings, params =
     download_and_load_gpt2(model_size, models_dir="gpt2")`), under `with
     accelerator.main_process_first():` (the main process downloads, the others then run it over the
-    files already there and load them). A save or progress bar whose result is used, or where the
+    files already there and load them). One whose name says it makes a folder (`mkdir`,
+    `mkdir_if_missing`, `makedirs`, `make_dir`, `create_folder`, `ensure_dir`), most often `if not
+    os.path.exists(d): os.mkdir(d)` in a helper module (N processes may all find the folder
+    missing, and all but the first then fail with FileExistsError), called as a statement of its
+    own (in a `for` loop too, per epoch; not under an `if` or a `while`, whose test a process could
+    see otherwise, where a barrier could hang), runs on the main process followed by
+    `accelerator.wait_for_everyone()`, as a download does: the folder is there before any process
+    writes into it. A save or progress bar whose result is used, or where the
     accelerator cannot reach, is left alone (its name is all the migration knows of it); a download
     whose result is used where the accelerator cannot reach is reported.
 

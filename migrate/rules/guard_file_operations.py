@@ -1011,6 +1011,11 @@ _SAVES_BY_NAME = re.compile(r"^_*(save|write|dump)(_|$)", re.IGNORECASE)
 _UPLOADS_BY_NAME = re.compile(r"^_*(push|upload)(_|$)", re.IGNORECASE)  # `push_to_hub`, `upload_results`
 _DOWNLOADS_BY_NAME = re.compile(r"(^|_)(download|fetch)", re.IGNORECASE)
 _PROGRESS_BY_NAME = re.compile(r"(^|_)progress(_|$)", re.IGNORECASE)
+# `utils.mkdir(path)`, `mkdir_if_missing(d)`, `make_dir(d)`, `ensure_dir(d)`: a helper that makes a
+# folder, most often `if not os.path.exists(d): os.mkdir(d)`, where N processes may all find it
+# missing and all but the first fail with FileExistsError
+_MAKES_FOLDER_BY_NAME = re.compile(r"(^|_)(mkdirs?|makedirs?)(_|$)|^_*(make|create|ensure)_(dirs?|director(y|ies)|folders?)(_|$)",
+                                   re.IGNORECASE)
 
 
 def _unreadable_function(roles: Roles, scope: Scope, call: cst.Call) -> str | None:
@@ -1048,12 +1053,12 @@ def _unreadable_function(roles: Roles, scope: Scope, call: cst.Call) -> str | No
 
 def _helper_write(roles: Roles, scope: Scope, call: cst.Call, where: StmtRef) -> _Write | None:
     """A call of a function the migration cannot read whose name says it saves files, draws a
-    progress bar, or downloads, as a statement of its own (its result unused: the others lack
+    progress bar, downloads, or makes a folder, as a statement of its own (its result unused: the others lack
     nothing; a download whose result is used runs under `main_process_first()` instead, see
     download_main_process_first.py)."""
     last = (roles.facts.aliases.qualify(call.func) or dotted_name(call.func) or "").rsplit(".", 1)[-1]
     if not (_SAVES_BY_NAME.search(last) or _PROGRESS_BY_NAME.search(last) or _DOWNLOADS_BY_NAME.search(last)
-            or _UPLOADS_BY_NAME.search(last)):
+            or _UPLOADS_BY_NAME.search(last) or _MAKES_FOLDER_BY_NAME.search(last)):
         return None  # the cheap test first: most calls say nothing of files
     name = _unreadable_function(roles, scope, call)
     if name is None:
@@ -1070,6 +1075,11 @@ def _helper_write(roles: Roles, scope: Scope, call: cst.Call, where: StmtRef) ->
     if _DOWNLOADS_BY_NAME.search(name) and _alone(call, where) and not where.in_loop:
         return _Write(f"`{name}(...)` (which the migration cannot read; its name says it downloads)", call, where,
                       True, None, helper=True)
+    if _MAKES_FOLDER_BY_NAME.search(name) and _alone(call, where) and _barrier_fits(where):
+        # made once, by the main process, before any process writes into it; not under an `if` or
+        # `while` (every process must reach the barrier after it): left as it is there
+        return _Write(f"`{name}(...)` (which the migration cannot read; its name says it makes a folder)", call,
+                      where, True, None, helper=True)
     return None
 
 
