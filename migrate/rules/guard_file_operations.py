@@ -293,6 +293,7 @@ _PATH_ARG = {
     "to_csv": (0, "path_or_buf"),
     "to_json": (0, "path_or_buf"),
     "to_parquet": (0, "path"),
+    "PIL.Image.Image.save": (0, "fp"),
     "to_pickle": (0, "path"),
     "save_pretrained": (0, "save_directory"),
 }
@@ -690,6 +691,13 @@ def _report_share_written(roles: Roles, plan: EditPlan, scope: Scope, write: _Wr
             continue
         held = held_by_the_class(roles, scope, loop.source) if roles.home is not None else None
         sources = held if held else [loop.source]
+        if not held and loop.source in scope.params and roles.home is not None:
+            # a parameter (`def validate(model, loader)`): the loaders its callers pass, not a
+            # loader of home that has the parameter's name (`validate(model, val_loader)` while
+            # home trains on `loader`)
+            found = roles.origins(scope, loop.source)
+            if found is not None:
+                sources = [name for origin, name in found if origin is roles.home]
         # loaders prepared on entry to the training methods only: the instance keeps the user's
         prepared = [source for source in sources if source in roles.loaders and source not in roles.training_only_loaders]
         if not prepared:
@@ -1116,6 +1124,7 @@ def _find_writes(roles: Roles, plan: EditPlan, scope: Scope, module_scope: Scope
             found.append(_Write(f"`{short}(...)`", call.call, call.where, True, None))
         elif call.qualified in _CONSOLE:
             found.append(_Write(f"`{call.qualified}(...)`", call.call, call.where, False, None, console=True))
+    found.extend(_image_saves(scope))
     for site in scope.method_calls:
         func = site.call.func
         assert type(func) is cst.Attribute
@@ -1130,6 +1139,49 @@ def _find_writes(roles: Roles, plan: EditPlan, scope: Scope, module_scope: Scope
                 mode = _mode(site.call)
                 found.append(_Write(f"`open(..., {mode})`", site.call, site.where, False, _path_of(site.call, "open")))
     return sorted(found, key=lambda w: w.where.order)
+
+
+def _image_saves(scope: Scope) -> list[_Write]:
+    """`Image.fromarray(array).save(path)`, or `img = Image.open(p)` / `Image.fromarray(a)` and
+    then `img.save(path)` in the same scope: a PIL image written to a file (a sample, a predicted
+    mask), known from the PIL call that made the image, not from the method's name."""
+    made = {id(call.call): call for call in scope.library_calls if call.qualified.startswith("PIL.Image.")}
+    if not made:
+        return []
+    images: set[str] = set()  # names bound in this scope from a PIL.Image call, and only so
+    other: set[str] = set()
+    found: list[_Write] = []
+
+    class Saves(Visitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is scope.node  # a nested function is a scope of its own
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return node is scope.node
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                if type(target.target) is cst.Name:
+                    (images if id(node.value) in made else other).add(target.target.value)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if type(func) is cst.Attribute and func.attr.value == "save" and node.args and id(func.value) in made:
+                found.append(_Write("`Image.save(...)`", node, made[id(func.value)].where, False,
+                                    _path_of(node, "PIL.Image.Image.save")))
+
+    walk(scope.node, Saves())
+    images -= other
+    for site in scope.method_calls:
+        func = site.call.func
+        if type(func) is cst.Attribute and func.attr.value == "save" and site.call.args \
+                and type(site.receiver) is cst.Name and site.receiver.value in images:
+            found.append(_Write("`Image.save(...)`", site.call, site.where, False,
+                                _path_of(site.call, "PIL.Image.Image.save")))
+    return found
 
 
 def _mode(call: cst.Call) -> str | None:
