@@ -26,6 +26,7 @@ from migrate.roles import Roles
 from migrate.roles.loaders import held_by_the_class
 from migrate.roles.model import nested_in
 from migrate.rules.base import reference
+from migrate.rules.create_accelerator import _group_initialisers, _initialises_group
 from migrate.walk import Visitor, walk
 
 CODE = "AM009"  # its findings are checkpoints-and-output's
@@ -1059,7 +1060,7 @@ def _unreadable_function(roles: Roles, scope: Scope, call: cst.Call) -> str | No
     return name
 
 
-def _helper_write(roles: Roles, scope: Scope, call: cst.Call, where: StmtRef) -> _Write | None:
+def _helper_write(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call, where: StmtRef) -> _Write | None:
     """A call of a function the migration cannot read whose name says it saves files, draws a
     progress bar, downloads, or makes a folder, as a statement of its own (its result unused: the others lack
     nothing; a download whose result is used runs under `main_process_first()` instead, see
@@ -1083,12 +1084,34 @@ def _helper_write(roles: Roles, scope: Scope, call: cst.Call, where: StmtRef) ->
     if _DOWNLOADS_BY_NAME.search(name) and _alone(call, where) and not where.in_loop:
         return _Write(f"`{name}(...)` (which the migration cannot read; its name says it downloads)", call, where,
                       True, None, helper=True)
-    if _MAKES_FOLDER_BY_NAME.search(name) and _alone(call, where) and _barrier_fits(where):
+    if _MAKES_FOLDER_BY_NAME.search(name) and _alone(call, where) and _barrier_fits(where) \
+            and not _group_set_up_later(roles, plan, scope, where):
         # made once, by the main process, before any process writes into it; not under an `if` or
-        # `while` (every process must reach the barrier after it): left as it is there
+        # `while` (every process must reach the barrier after it), nor above the script's own
+        # process-group setup, below which the Accelerator is created (`utils.mkdir(args.output_dir)`
+        # before `utils.init_distributed_mode(args)`): left as it is there
         return _Write(f"`{name}(...)` (which the migration cannot read; its name says it makes a folder)", call,
                       where, True, None, helper=True)
     return None
+
+
+def _group_set_up_later(roles: Roles, plan: EditPlan, scope: Scope, where: StmtRef) -> bool:
+    """A statement of `scope` at or after `where` sets up the process group (`init_process_group`,
+    the script's `init_distributed_mode(args)`): the Accelerator is created after it (AM001), so
+    nothing above it can use `accelerator`."""
+    node = scope.node
+    if type(node) is cst.Module:
+        body = list(node.body)
+    elif type(node) is cst.FunctionDef and isinstance(node.body, cst.IndentedBlock):
+        body = list(node.body.body)
+    else:
+        return False
+    top = where.path[0].stmt if where.path else where.stmt
+    index = next((i for i, stmt in enumerate(body) if stmt is top), None)
+    if index is None:
+        return False
+    initialisers = _group_initialisers(roles)
+    return any(_initialises_group(roles, stmt, plan.create_at, initialisers) for stmt in body[index:])
 
 
 def _alone(call: cst.Call, where: StmtRef) -> bool:
@@ -1107,7 +1130,7 @@ def _find_writes(roles: Roles, plan: EditPlan, scope: Scope, module_scope: Scope
         seen.add(id(site.call))
         if site.call in plan.calls or (type(site) is LibraryCall and site.qualified in _KNOWN_WRITES):
             continue
-        helper = _helper_write(roles, scope, site.call, site.where)
+        helper = _helper_write(roles, plan, scope, site.call, site.where)
         if helper is not None:
             found.append(helper)
     for call in scope.library_calls:
