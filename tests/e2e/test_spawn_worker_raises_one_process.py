@@ -50,3 +50,27 @@ def test_worker_that_raises_without_a_group_is_reported_and_the_advice_trains(tm
     advice = run_cmd([accel_executable(), "launch", "--nproc-per-node", "1", str(followed)], tmp_path, TIMEOUT)
     assert advice.returncode == 0, advice.stdout + advice.stderr
     assert [(e, s) for e, s in STEP.findall(advice.stdout)] == [(str(e), str(s)) for e in range(2) for s in range(4)]
+
+
+def test_inline_flag_sampler_worker_migrates_whole_and_trains_on_one_and_two(tmp_path: Path) -> None:
+    """The same worker with `DistributedSampler(data) if args.distributed else None` and a
+    non-distributed branch that trains (fixtures/.../spawn_flag_sampler_inline): migrated whole (a
+    second run changes nothing: the batch moves of the loader the sampler keeps sharding stay), it
+    trains on one process (the whole data, 4 steps of 64) and on two (4 steps of 32 per rank)."""
+    fixture = FIXTURE.with_name("spawn_flag_sampler_inline.in.py")
+    text = fixture.read_text().replace(
+        "            optimizer.step()\n",
+        '            optimizer.step()\n            print(f"epoch {epoch} step {i} loss {loss.item():.6f}")\n')
+    original, migrated = migrated_script(tmp_path, text, TIMEOUT)
+    source = migrated.read_text()
+    assert "images = images.to(accelerator.device, non_blocking=True)" in source
+    again = run_cmd([sys.executable, "-m", "migrate", "--check", str(migrated)], ROOT, TIMEOUT)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+    steps = [(str(e), str(s)) for e in range(2) for s in range(4)]
+    one = run_cmd([sys.executable, str(migrated)], tmp_path, TIMEOUT)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert STEP.findall(one.stdout) == steps
+    two = run_cmd([accel_executable(), "launch", "--nproc-per-node", "2", str(migrated)], tmp_path, TIMEOUT)
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert STEP.findall(two.stdout) == steps
