@@ -1165,15 +1165,26 @@ def _find_writes(roles: Roles, plan: EditPlan, scope: Scope, module_scope: Scope
 
 
 def _image_saves(scope: Scope) -> list[_Write]:
-    """`Image.fromarray(array).save(path)`, or `img = Image.open(p)` / `Image.fromarray(a)` and
-    then `img.save(path)` in the same scope: a PIL image written to a file (a sample, a predicted
-    mask), known from the PIL call that made the image, not from the method's name."""
+    """`Image.fromarray(array).save(path)`, or `img = Image.open(p)` / `Image.fromarray(a)` (also
+    through a method chain, `.convert("RGB")`) and then `img.save(path)` in the same scope: a PIL
+    image written to a file (a sample, a predicted mask), known from the PIL call that made the
+    image, not from the method's name."""
     made = {id(call.call): call for call in scope.library_calls if call.qualified.startswith("PIL.Image.")}
     if not made:
         return []
     images: set[str] = set()  # names bound in this scope from a PIL.Image call, and only so
     other: set[str] = set()
     found: list[_Write] = []
+
+    def from_pil(expr: cst.BaseExpression) -> bool:
+        """`Image.fromarray(a)`, or a method chain on it (`Image.open(p).convert("RGB").resize(s)`)."""
+        while isinstance(expr, cst.Call):
+            if id(expr) in made:
+                return True
+            if not isinstance(expr.func, cst.Attribute):
+                return False
+            expr = expr.func.value
+        return False
 
     class Saves(Visitor):
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
@@ -1188,12 +1199,12 @@ def _image_saves(scope: Scope) -> list[_Write]:
         def visit_Assign(self, node: cst.Assign) -> None:
             for target in node.targets:
                 if type(target.target) is cst.Name:
-                    (images if id(node.value) in made else other).add(target.target.value)
+                    (images if from_pil(node.value) else other).add(target.target.value)
 
         def visit_Call(self, node: cst.Call) -> None:
             func = node.func
-            if type(func) is cst.Attribute and func.attr.value == "save" and node.args and id(func.value) in made:
-                found.append(_Write("`Image.save(...)`", node, made[id(func.value)].where, False,
+            if type(func) is cst.Attribute and func.attr.value == "save" and node.args and from_pil(func.value):
+                found.append(_Write("`Image.save(...)`", node, _made_in(made, func.value).where, False,
                                     _path_of(node, "PIL.Image.Image.save")))
 
     walk(scope.node, Saves())
@@ -1205,6 +1216,14 @@ def _image_saves(scope: Scope) -> list[_Write]:
             found.append(_Write("`Image.save(...)`", site.call, site.where, False,
                                 _path_of(site.call, "PIL.Image.Image.save")))
     return found
+
+
+def _made_in(made: dict[int, LibraryCall], expr: cst.BaseExpression) -> LibraryCall:
+    """The PIL call at the root of a method chain that `from_pil` accepted."""
+    while id(expr) not in made:
+        assert isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
+        expr = expr.func.value
+    return made[id(expr)]
 
 
 def _mode(call: cst.Call) -> str | None:
