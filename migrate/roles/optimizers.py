@@ -352,6 +352,17 @@ def optimizer_factories(roles: Roles, classes: set[str]) -> set[str]:
                 )
             if built:
                 found.add(scope.name)
+    # a function or method that returns what such a factory returns (`build_optimizer(cls, cfg,
+    # model): return make_sgd(cfg, model)`, the trainer's own hook around a solver module's
+    # factory) builds one too
+    grown = True
+    while grown:
+        grown = False
+        for scope in roles.facts.scopes:
+            if scope.is_function and scope.name not in found and any(
+                    builds_optimizer(roles, value, classes, found) for value in scope.returns):
+                found.add(scope.name)
+                grown = True
     called = {
         call.callee.removeprefix("self.") for s in roles.facts.scopes for call in s.calls
     } | {
@@ -426,7 +437,23 @@ def find_models(roles: Roles) -> None:
                     "model and the optimizer to `accelerator.prepare(...)` yourself",
                 )
             for model in owners:
-                if model == "self":
+                if model == "self" and _own_method_factory(roles, home, built) is not None:
+                    # `self.optimizer = self.build_optimizer(cfg, self.model)`: a method of the
+                    # trainer's own class, not a model's `configure_optimizers`
+                    assert type(built) is cst.Call
+                    code = cst.Module([]).code_for_node
+                    handed = [code(arg.value) for arg in built.args if code(arg.value).startswith("self.")]
+                    models = ", ".join(f"`{h}`" for h in handed) or "an attribute of `self`"
+                    roles.cannot_prepare(
+                        binding.where.stmt,
+                        f"`{name}` is built by `{code(built)}`, a method of this class that the migration does not "
+                        f"follow to the model it optimizes (one of {models}), so only the optimizer is prepared here "
+                        f"and each process would train its own copy: prepare that model, and the loader it trains on, "
+                        f"with it yourself, in one call where this migration prepares `{name}` "
+                        f"(`model, {name}, loader = self.accelerator.prepare(model, {name}, loader)` with the "
+                        "attributes of this class)",
+                    )
+                elif model == "self":
                     roles.cannot_prepare(
                         binding.where.stmt,
                         "model is an attribute (`self...`); prepare it yourself",
@@ -484,6 +511,15 @@ def _built_models(roles: Roles, binding: Binding) -> list[str]:
     return [n.value for n in names if isinstance(n, cst.Name)]
 
 
+def _own_method_factory(roles: Roles, home: Scope, built: cst.BaseExpression | None) -> Scope | None:
+    """`self.build_optimizer(...)` in a method of a class that defines `build_optimizer` itself."""
+    if not (type(built) is cst.Call and type(built.func) is cst.Attribute and type(built.func.value) is cst.Name
+            and built.func.value.value == "self"):
+        return None
+    methods = roles.methods_of(home) or []
+    return next((m for m in methods if m.name == built.func.attr.value), None)
+
+
 def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
     """The models an optimizer factory of this module is handed: the receiver of a method
     (`model.configure_optimizers(...)`, whose `self.parameters()` it optimizes), or the arguments
@@ -495,6 +531,19 @@ def _factory_owners(roles: Roles, call: cst.Call) -> list[str]:
         receiver = func.value.value
         home = roles.home
         assert home is not None
+        method = _own_method_factory(roles, home, call)
+        if method is not None and method.params:
+            # `self.build_optimizer(cfg, self.model)`: the trainer's own method, handed the model
+            owners: list[str] = []
+            for owner in _optimized_parameters(roles, method):
+                index = method.params.index(owner) - 1  # `self` / `cls` is not in the call
+                arg = call_argument(call, index, owner) if index >= 0 else None
+                text = cst.Module([]).code_for_node(arg) if arg is not None else ""
+                if (type(arg) is cst.Name or (type(arg) is cst.Attribute and text.startswith("self.")
+                                              and text.count(".") == 1)) and text not in owners:
+                    owners.append(text)
+            if owners:
+                return owners
         # `raw_model = model.module if ddp else model`: an alias of a model wrapped by hand is
         # the model (`wrapped_model`); another alias is not told apart here.
         if wrapped_model(home, receiver, roles.facts.aliases) == receiver and any(

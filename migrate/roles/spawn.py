@@ -482,7 +482,10 @@ def find_group_flag(roles: Roles) -> None:
     (`Roles.group_flag`), and the loaders whose sampler is a DistributedSampler only under the flag
     shard themselves."""
     scope = roles.accelerator_scope
-    if scope is None or roles.accelerator_exists:
+    if scope is not None and roles.accelerator_exists:
+        _flag_sampled_loaders(roles, _migrated_flags(roles))  # a second run over AM007's output
+        return
+    if scope is None:
         return
     inits = [c for c in scope.library_calls if c.qualified == _INIT_PROCESS_GROUP]
     if len(inits) != 1:
@@ -511,6 +514,29 @@ def find_group_flag(roles: Roles) -> None:
     roles.group_flag = (guard, test)
     if attribute is not None:
         _flag_sampled_loaders(roles, {attribute})
+
+
+def _migrated_flags(roles: Roles) -> set[str]:
+    """The flags AM007 set on a first run, `args.distributed = accelerator.num_processes > 1`: read on
+    a second run, a `DistributedSampler(d) if args.distributed else None` still shards its loader by
+    rank (as the `if`/`else` form of it is seen to), so it stays unprepared and its batch moves stay."""
+    flags: set[str] = set()
+
+    class Assigned(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            value = node.value
+            if not (isinstance(value, cst.Comparison) and len(value.comparisons) == 1
+                    and isinstance(value.comparisons[0].operator, cst.GreaterThan)
+                    and isinstance(value.comparisons[0].comparator, cst.Integer)
+                    and value.comparisons[0].comparator.value == "1"
+                    and isinstance(value.left, cst.Attribute) and value.left.attr.value == "num_processes"):
+                return
+            for target in node.targets:
+                if isinstance(target.target, cst.Attribute) and isinstance(target.target.value, cst.Name):
+                    flags.add(target.target.attr.value)
+
+    roles.facts.module.visit(Assigned())
+    return flags
 
 
 def _flag_sampled_loaders(roles: Roles, flags: set[str]) -> None:

@@ -71,7 +71,10 @@ What it does:
     `to_parquet`, `to_pickle`, on a plain name), `X.save_pretrained(path)` (a transformers model,
     tokenizer or config writing its folder; a prepared model saves unwrapped:
     `accelerator.unwrap_model(model).save_pretrained(path)`, the module the single-device script
-    saved, where HF Accelerate's DistributedDataParallel has no such method) and
+    saved, where HF Accelerate's DistributedDataParallel has no such method), a PIL image's
+    `.save(path)` (an image made by a `PIL.Image` call: `Image.fromarray(pred).save(path)`, or
+    `mask = Image.fromarray(pred)` bound only so in that function, then `mask.save(path)`; a
+    predicted mask, a sample) and
     `open(path, <literal mode with w, a or x>)` (the statement holding the call; for `with open(...)
     as f:` the whole block, and `with` blocks around it that hold nothing else); so does a status
     line written with `sys.stdout.write(...)`, as a print would. Where no Accelerator is in scope
@@ -96,8 +99,9 @@ What it does:
     `accelerator.wait_for_everyone()` (one after a run of neighbouring writes), so no process
     reads it before it is whole. A file written once per batch of a loop that does not train, over
     a loader prepared for training (`test()` iterating the loader the instance holds, when AM004
-    could not keep that loader unprepared for the methods that do not train), is guarded and
-    reported: the main process sees only its share of the batches, so the other shares' files would
+    could not keep that loader unprepared for the methods that do not train; a parameter,
+    `def dump(model, loader)`, by the loaders its callers pass, not by a training loader of the
+    same name), is guarded and reported: the main process sees only its share of the batches, so the other shares' files would
     never be written; the loop needs a loader of its own, left unprepared. Downloads and
     unpacking (`urllib.request.urlretrieve`, `shutil.unpack_archive`, `.extractall(...)` of a
     tarfile or zipfile) run on the main process only, with the `with` and `if` statements around
@@ -143,7 +147,14 @@ What it does:
     `accelerator.wait_for_everyone()`; its result used (`settings, params =
     download_and_load_gpt2(model_size, models_dir="gpt2")`), under `with
     accelerator.main_process_first():` (the main process downloads, the others then run it over the
-    files already there and load them). A save or progress bar whose result is used, or where the
+    files already there and load them). One whose name says it makes a folder (`mkdir`,
+    `mkdir_if_missing`, `makedirs`, `make_dir`, `create_folder`, `ensure_dir`), most often `if not
+    os.path.exists(d): os.mkdir(d)` in a helper module (N processes may all find the folder
+    missing, and all but the first then fail with FileExistsError), called as a statement of its
+    own (in a `for` loop too, per epoch; not under an `if` or a `while`, whose test a process could
+    see otherwise, where a barrier could hang), runs on the main process followed by
+    `accelerator.wait_for_everyone()`, as a download does: the folder is there before any process
+    writes into it. A save or progress bar whose result is used, or where the
     accelerator cannot reach, is left alone (its name is all the migration knows of it); a download
     whose result is used where the accelerator cannot reach is reported.
 

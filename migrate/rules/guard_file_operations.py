@@ -26,6 +26,7 @@ from migrate.roles import Roles
 from migrate.roles.loaders import held_by_the_class
 from migrate.roles.model import nested_in
 from migrate.rules.base import reference
+from migrate.rules.create_accelerator import _group_initialisers, _initialises_group
 from migrate.walk import Visitor, walk
 
 CODE = "AM009"  # its findings are checkpoints-and-output's
@@ -293,6 +294,7 @@ _PATH_ARG = {
     "to_csv": (0, "path_or_buf"),
     "to_json": (0, "path_or_buf"),
     "to_parquet": (0, "path"),
+    "PIL.Image.Image.save": (0, "fp"),
     "to_pickle": (0, "path"),
     "save_pretrained": (0, "save_directory"),
 }
@@ -690,6 +692,13 @@ def _report_share_written(roles: Roles, plan: EditPlan, scope: Scope, write: _Wr
             continue
         held = held_by_the_class(roles, scope, loop.source) if roles.home is not None else None
         sources = held if held else [loop.source]
+        if not held and loop.source in scope.params and roles.home is not None:
+            # a parameter (`def validate(model, loader)`): the loaders its callers pass, not a
+            # loader of home that has the parameter's name (`validate(model, val_loader)` while
+            # home trains on `loader`)
+            found = roles.origins(scope, loop.source)
+            if found is not None:
+                sources = [name for origin, name in found if origin is roles.home]
         # loaders prepared on entry to the training methods only: the instance keeps the user's
         prepared = [source for source in sources if source in roles.loaders and source not in roles.training_only_loaders]
         if not prepared:
@@ -1011,6 +1020,11 @@ _SAVES_BY_NAME = re.compile(r"^_*(save|write|dump)(_|$)", re.IGNORECASE)
 _UPLOADS_BY_NAME = re.compile(r"^_*(push|upload)(_|$)", re.IGNORECASE)  # `push_to_hub`, `upload_results`
 _DOWNLOADS_BY_NAME = re.compile(r"(^|_)(download|fetch)", re.IGNORECASE)
 _PROGRESS_BY_NAME = re.compile(r"(^|_)progress(_|$)", re.IGNORECASE)
+# `utils.mkdir(path)`, `mkdir_if_missing(d)`, `make_dir(d)`, `ensure_dir(d)`: a helper that makes a
+# folder, most often `if not os.path.exists(d): os.mkdir(d)`, where N processes may all find it
+# missing and all but the first fail with FileExistsError
+_MAKES_FOLDER_BY_NAME = re.compile(r"(^|_)(mkdirs?|makedirs?)(_|$)|^_*(make|create|ensure)_(dirs?|director(y|ies)|folders?)(_|$)",
+                                   re.IGNORECASE)
 
 
 def _unreadable_function(roles: Roles, scope: Scope, call: cst.Call) -> str | None:
@@ -1046,14 +1060,14 @@ def _unreadable_function(roles: Roles, scope: Scope, call: cst.Call) -> str | No
     return name
 
 
-def _helper_write(roles: Roles, scope: Scope, call: cst.Call, where: StmtRef) -> _Write | None:
+def _helper_write(roles: Roles, plan: EditPlan, scope: Scope, call: cst.Call, where: StmtRef) -> _Write | None:
     """A call of a function the migration cannot read whose name says it saves files, draws a
-    progress bar, or downloads, as a statement of its own (its result unused: the others lack
+    progress bar, downloads, or makes a folder, as a statement of its own (its result unused: the others lack
     nothing; a download whose result is used runs under `main_process_first()` instead, see
     download_main_process_first.py)."""
     last = (roles.facts.aliases.qualify(call.func) or dotted_name(call.func) or "").rsplit(".", 1)[-1]
     if not (_SAVES_BY_NAME.search(last) or _PROGRESS_BY_NAME.search(last) or _DOWNLOADS_BY_NAME.search(last)
-            or _UPLOADS_BY_NAME.search(last)):
+            or _UPLOADS_BY_NAME.search(last) or _MAKES_FOLDER_BY_NAME.search(last)):
         return None  # the cheap test first: most calls say nothing of files
     name = _unreadable_function(roles, scope, call)
     if name is None:
@@ -1070,7 +1084,34 @@ def _helper_write(roles: Roles, scope: Scope, call: cst.Call, where: StmtRef) ->
     if _DOWNLOADS_BY_NAME.search(name) and _alone(call, where) and not where.in_loop:
         return _Write(f"`{name}(...)` (which the migration cannot read; its name says it downloads)", call, where,
                       True, None, helper=True)
+    if _MAKES_FOLDER_BY_NAME.search(name) and _alone(call, where) and _barrier_fits(where) \
+            and not _group_set_up_later(roles, plan, scope, where):
+        # made once, by the main process, before any process writes into it; not under an `if` or
+        # `while` (every process must reach the barrier after it), nor above the script's own
+        # process-group setup, below which the Accelerator is created (`utils.mkdir(args.output_dir)`
+        # before `utils.init_distributed_mode(args)`): left as it is there
+        return _Write(f"`{name}(...)` (which the migration cannot read; its name says it makes a folder)", call,
+                      where, True, None, helper=True)
     return None
+
+
+def _group_set_up_later(roles: Roles, plan: EditPlan, scope: Scope, where: StmtRef) -> bool:
+    """A statement of `scope` at or after `where` sets up the process group (`init_process_group`,
+    the script's `init_distributed_mode(args)`): the Accelerator is created after it (AM001), so
+    nothing above it can use `accelerator`."""
+    node = scope.node
+    if type(node) is cst.Module:
+        body = list(node.body)
+    elif type(node) is cst.FunctionDef and isinstance(node.body, cst.IndentedBlock):
+        body = list(node.body.body)
+    else:
+        return False
+    top = where.path[0].stmt if where.path else where.stmt
+    index = next((i for i, stmt in enumerate(body) if stmt is top), None)
+    if index is None:
+        return False
+    initialisers = _group_initialisers(roles)
+    return any(_initialises_group(roles, stmt, plan.create_at, initialisers) for stmt in body[index:])
 
 
 def _alone(call: cst.Call, where: StmtRef) -> bool:
@@ -1089,7 +1130,7 @@ def _find_writes(roles: Roles, plan: EditPlan, scope: Scope, module_scope: Scope
         seen.add(id(site.call))
         if site.call in plan.calls or (type(site) is LibraryCall and site.qualified in _KNOWN_WRITES):
             continue
-        helper = _helper_write(roles, scope, site.call, site.where)
+        helper = _helper_write(roles, plan, scope, site.call, site.where)
         if helper is not None:
             found.append(helper)
     for call in scope.library_calls:
@@ -1106,6 +1147,7 @@ def _find_writes(roles: Roles, plan: EditPlan, scope: Scope, module_scope: Scope
             found.append(_Write(f"`{short}(...)`", call.call, call.where, True, None))
         elif call.qualified in _CONSOLE:
             found.append(_Write(f"`{call.qualified}(...)`", call.call, call.where, False, None, console=True))
+    found.extend(_image_saves(scope))
     for site in scope.method_calls:
         func = site.call.func
         assert type(func) is cst.Attribute
@@ -1136,6 +1178,68 @@ def in_memory(roles: Roles, scope: Scope, target: cst.BaseExpression | None) -> 
     bindings = scope.bindings.get(target.value, [])
     return bool(bindings) and all(
         type(b.value) is cst.Call and roles.facts.aliases.qualify(b.value.func) in _BUFFERS for b in bindings)
+
+
+def _image_saves(scope: Scope) -> list[_Write]:
+    """`Image.fromarray(array).save(path)`, or `img = Image.open(p)` / `Image.fromarray(a)` (also
+    through a method chain, `.convert("RGB")`) and then `img.save(path)` in the same scope: a PIL
+    image written to a file (a sample, a predicted mask), known from the PIL call that made the
+    image, not from the method's name."""
+    made = {id(call.call): call for call in scope.library_calls if call.qualified.startswith("PIL.Image.")}
+    if not made:
+        return []
+    images: set[str] = set()  # names bound in this scope from a PIL.Image call, and only so
+    other: set[str] = set()
+    found: list[_Write] = []
+
+    def from_pil(expr: cst.BaseExpression) -> bool:
+        """`Image.fromarray(a)`, or a method chain on it (`Image.open(p).convert("RGB").resize(s)`)."""
+        while isinstance(expr, cst.Call):
+            if id(expr) in made:
+                return True
+            if not isinstance(expr.func, cst.Attribute):
+                return False
+            expr = expr.func.value
+        return False
+
+    class Saves(Visitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is scope.node  # a nested function is a scope of its own
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return node is scope.node
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                if type(target.target) is cst.Name:
+                    (images if from_pil(node.value) else other).add(target.target.value)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if type(func) is cst.Attribute and func.attr.value == "save" and node.args and from_pil(func.value):
+                found.append(_Write("`Image.save(...)`", node, _made_in(made, func.value).where, False,
+                                    _path_of(node, "PIL.Image.Image.save")))
+
+    walk(scope.node, Saves())
+    images -= other
+    for site in scope.method_calls:
+        func = site.call.func
+        if type(func) is cst.Attribute and func.attr.value == "save" and site.call.args \
+                and type(site.receiver) is cst.Name and site.receiver.value in images:
+            found.append(_Write("`Image.save(...)`", site.call, site.where, False,
+                                _path_of(site.call, "PIL.Image.Image.save")))
+    return found
+
+
+def _made_in(made: dict[int, LibraryCall], expr: cst.BaseExpression) -> LibraryCall:
+    """The PIL call at the root of a method chain that `from_pil` accepted."""
+    while id(expr) not in made:
+        assert isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
+        expr = expr.func.value
+    return made[id(expr)]
 
 
 def _mode(call: cst.Call) -> str | None:

@@ -15,7 +15,11 @@ What it does:
     An optimizer may also be built indirectly: by a `torch.optim.Optimizer` subclass defined in
     this file (`LARS(model.parameters())`), or by a function or method of this file that returns
     one (`optimizer = model.configure_optimizers(...)`: the receiver is the model;
-    `optimizer = create_optimizer(args, model)`: the argument whose `.parameters()` it uses). The
+    `optimizer = create_optimizer(args, model)`: the argument whose `.parameters()` it uses), also
+    through a function or method that returns what such a factory returns; a trainer class's own
+    hook (`self.optimizer = self.build_optimizer(cfg, self.model)`, a method or classmethod of that
+    class, the detectron2 `DefaultTrainer` shape) is followed to the attribute it is handed
+    (`self.model`), not read as a model's `configure_optimizers`. The
     optimizer is then prepared where that call binds it, never inside the factory. A receiver or
     argument that names the hand-wrapped model's module (`raw_model = model.module if ddp else
     model`, nanoGPT; `model_without_ddp`, DeiT) stands for the model: `model` is prepared, once.

@@ -136,7 +136,13 @@ What it does:
       launcher's process count on the node, and a
       `DistributedSampler` built only `if args.distributed` (also `DistributedSampler(d) if
       args.distributed else None`) keeps sharding that loader, which is then not prepared (AM004
-      says so), with its `set_epoch`.
+      says so), with its `set_epoch`. Where every branch that flag leaves ends in a `raise`
+      (SimSiam, MoCo: `else: raise NotImplementedError("Only DistributedDataParallel is
+      supported.")`), the original also trained as a process group of one, which the runtime does
+      not start: one process now raises, and the first `raise` is reported (left training code
+      unconverted) with what makes one process train: those `raise` statements replaced by `pass`,
+      launched with `accel launch --nproc-per-node 1` (the worker then gets `LOCAL_RANK` 0 as its
+      GPU index and moves its batches as before).
     - Without a spawn, a process group joined only under a flag of the script's own options
       (`args.distributed = args.world_size > 1`, then `if args.distributed: init_process_group(...)`)
       that is also read elsewhere: the `init_process_group` becomes the Accelerator as above, and
@@ -683,10 +689,51 @@ def _convert_spawn(spawn: SpawnLaunch, plan: EditPlan) -> None:
             flags = ", ".join(f"`{namespace.namespace}.{flag}`" for flag in namespace.flags)
             plan.change(CODE, namespace.guard, f"{flags} now say whether the launcher started several processes "
                         "(`accelerator.num_processes > 1`)")
+            _report_one_process_raises(plan, spawn.worker, namespace)
         else:
             plan.insert_after[namespace.init] = [*namespace.assignments(), *plan.insert_after.get(namespace.init, [])]
         names = " and ".join(f"`{namespace.namespace}.{namespace.attributes[k]}`" for k in ("rank", "world_size"))
         plan.change(CODE, namespace.init, f"{names} from the accelerator, for the reads after it")
+
+
+def _report_one_process_raises(plan: EditPlan, worker: Scope, namespace) -> None:  # type: ignore[no-untyped-def]
+    """`if args.distributed: ... else: raise NotImplementedError("Only DistributedDataParallel is
+    supported.")` in the worker (SimSiam, MoCo): the original also ran as a process group of one
+   , but `args.distributed` is now
+    `accelerator.num_processes > 1`, and the runtime starts no group on one process: there every
+    branch the flag leaves raises. Reported at the first `raise`, with what makes one process train."""
+    flags = set(namespace.flags)
+    code = cst.Module([]).code_for_node
+
+    def raises(block: cst.BaseSuite) -> cst.Raise | None:
+        body = block.body if isinstance(block, cst.IndentedBlock) else []
+        last = body[-1] if body else None
+        if isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], cst.Raise):
+            return last.body[-1]
+        return None
+
+    for stmt in worker.node.body.body if isinstance(worker.node, cst.FunctionDef) else []:
+        if not (isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Attribute) and isinstance(stmt.test.value, cst.Name)
+                and stmt.test.value.value == namespace.namespace and stmt.test.attr.value in flags):
+            continue
+        found: list[cst.Raise] = []
+        branch = stmt.orelse
+        while isinstance(branch, cst.If):  # `elif args.gpu is not None: ... raise ...`
+            found.append(raises(branch.body))
+            branch = branch.orelse
+        found.append(raises(branch.body) if isinstance(branch, cst.Else) else None)
+        if any(r is None for r in found):
+            continue
+        flag = f"{namespace.namespace}.{stmt.test.attr.value}"
+        plan.report(CODE, found[0], (
+            f"on one process `{flag}` is now False (`accelerator.num_processes > 1`: the runtime starts no "
+            f"process group there), and every branch `if {flag}:` leaves ends in "
+            f"`{code(found[0]).strip()}`, so the migrated script cannot train on one process, where the original "
+            "ran as a process group of one: to train on one process, "
+            "replace those `raise` statements with `pass` (the prepared model needs no DistributedDataParallel "
+            "there) and launch with `accel launch --nproc-per-node 1`, which passes the worker its `LOCAL_RANK` "
+            "as the GPU index"), unconverted=True)
+        return
 
 
 def _keeps_group(plan: EditPlan, scope: Scope) -> bool:
