@@ -132,6 +132,8 @@ class Scope:
     calls: list[CallSite] = field(default_factory=list)
     library_calls: list[LibraryCall] = field(default_factory=list)
     method_calls: list[Site] = field(default_factory=list)  # `name.method(...)` on a plain name
+    # `name.member.method(...)` on a member of a plain name other than `self` (`run.config.update(...)`)
+    member_calls: list[Site] = field(default_factory=list)
     module_accesses: list[tuple[cst.Attribute, StmtRef]] = field(default_factory=list)  # `name.module`
     zero_comparisons: list[tuple[cst.Comparison, cst.BaseExpression, bool]] = field(default_factory=list)
     returns: list[cst.BaseExpression] = field(default_factory=list)  # values of `return` statements
@@ -567,6 +569,8 @@ class _Collector(Visitor):
                 loop.callees.add(callee)
         if type(receiver) is cst.Name:
             scope.method_calls.append(Site(node, receiver, self.here, loops))
+        elif type(receiver) is cst.Attribute and type(receiver.value) is cst.Name and receiver.value.value != "self":
+            scope.member_calls.append(Site(node, receiver, self.here, loops))
         if method == "backward" and self._is_tensor_backward(receiver):
             scope.backwards.append(Site(node, receiver, self.here, loops))
             self._mark_training_loops()

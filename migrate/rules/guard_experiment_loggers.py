@@ -33,7 +33,11 @@ What it does:
       reaches (elsewhere it is left alone); such a class usually opens an event file or a run when
       built, so it is built on the main process only, with its writes;
     - `wandb.init(...)`, `wandb.log(...)`, `wandb.finish()` (and `run = wandb.init(...)` with
-      `run.log(...)`), `mlflow.start_run()`, `mlflow.log_metric(...)`, `mlflow.log_params(...)`;
+      `run.log(...)` and the methods of its members, `run.config.update(...)`),
+      `mlflow.start_run()`, `mlflow.log_metric(...)`, `mlflow.log_params(...)`. wandb's media and
+      data types (`wandb.Image(x)`, `wandb.Histogram(t)`, `wandb.Table(...)`, `wandb.plot.*`) are
+      values to log, built in memory with no run: they stay where they are, on every process, and
+      only the statement that logs them is guarded;
     - `logging.basicConfig(...)`. The logger calls themselves stay as they are: on the other
       processes the root logger keeps Python's defaults, so `logger.info(...)` lines are written
       once, and warnings and errors of every process still reach stderr (a warning from rank 3 is
@@ -148,6 +152,12 @@ _WRITERS = frozenset({
     "mlflow.start_run",
 })
 _LOG_MODULES = ("wandb.", "mlflow.")
+# wandb's media and data types: objects built in memory, with no run (`wandb.Image(x)` in the dict
+# a guarded `run.log(...)` writes); built on every process, they are only logged by the main one
+_WANDB_DATA = frozenset({
+    "wandb.Image", "wandb.Histogram", "wandb.Table", "wandb.Video", "wandb.Audio", "wandb.Html",
+    "wandb.Object3D", "wandb.Molecule", "wandb.Plotly", "wandb.Graph",
+})
 _LOGGING_SETUP = frozenset({"logging.basicConfig"})
 # A logger class of the project that the migration cannot read (`from logger import Logger`, of a
 # module it does not have), known by its name: a CamelCase name ending in Logger or Writer.
@@ -721,6 +731,8 @@ class _WriterReads(cst.CSTVisitor):
 
 
 def _is_logging(qualified: str) -> bool:
+    if qualified in _WANDB_DATA or qualified.startswith(("wandb.plot.", "wandb.data_types.")):
+        return False  # a value to log, not a write
     return qualified in _WRITERS or qualified.startswith(_LOG_MODULES) or qualified in _LOGGING_SETUP
 
 
@@ -810,11 +822,13 @@ def _writer_uses(scope: Scope, name: str) -> tuple[list[Site], cst.CSTNode | Non
     """The statements `name.method(...)` of `scope`, and the first other read of `name` (None:
     every read is such a statement). A rebinding other than by the creating call counts too."""
     receivers: dict[int, Site] = {}
-    for site in scope.method_calls:
-        if isinstance(site.receiver, cst.Name) and site.receiver.value == name and _statement_kind(
+    for site in (*scope.method_calls, *scope.member_calls):
+        # `run.log(...)`, and a method of one of its members (`run.config.update(...)`)
+        root = site.receiver.value if isinstance(site.receiver, cst.Attribute) else site.receiver
+        if isinstance(root, cst.Name) and root.value == name and _statement_kind(
             site.where.stmt, site.call
         ) == "expression":
-            receivers[id(site.receiver)] = site
+            receivers[id(root)] = site
     for binding in scope.bindings.get(name, []):
         value = binding.value
         if not isinstance(value, cst.Call) or _statement_kind(binding.where.stmt, value) != name:
