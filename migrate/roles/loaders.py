@@ -1222,13 +1222,20 @@ def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:
         return None
     loop = site.loops[-1]
     functions = {s.name for s in roles.facts.scopes if s.is_function and s.parent is roles.facts.module_scope}
+    inputs = _step_inputs(roles, scope, site)
     for call in scope.calls:
         stmt = call.where.stmt
         if call.callee not in functions or loop not in call.loops:
             continue
-        if not (isinstance(stmt, cst.SimpleStatementLine) and any(
-            isinstance(small, cst.Assign) and small.value is call.call for small in stmt.body
-        )):
+        assign = next((small for small in stmt.body if isinstance(small, cst.Assign) and small.value is call.call),
+                      None) if isinstance(stmt, cst.SimpleStatementLine) else None
+        if assign is None:
+            continue
+        # A source of batches binds names the step's model reads (`X, Y = get_batch("train")`);
+        # `val_log[step] = evaluate(model, val_data)` in the same loop records a result, and an
+        # evaluation bound to a name the model never reads (`val_loss = evaluate(...)`) is no input.
+        bound = {name for target in assign.targets for name in _target_names(target.target)}
+        if not bound or (inputs is not None and not bound & inputs):
             continue
         # A source of batches is called with what stays the same across iterations
         # (`get_batch("train")`); `detach(states)` or `fast_adapt(batch, ...)` work on this
@@ -1237,6 +1244,41 @@ def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:
         if not any(_bound_in_loop(b, loop) for n in read for b in scope.bindings.get(n, [])):
             return call.callee
     return None
+
+
+def _target_names(target: cst.BaseExpression) -> list[str]:
+    """The names an assignment target binds: `x`, `x, (y, *z)`; none for `d[k]` or `obj.attr`."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _target_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []
+
+
+def _step_inputs(roles: Roles, scope: Scope, site: Site) -> set[str] | None:
+    """The names the model calls of the training step (`scope`, within the loops of its backward)
+    read, with the names bound in the step's loop that they are made from (`ids =
+    torch.stack(batch).to(device)` adds `batch`); None when the step calls no model by name (a
+    `compute_loss(model, x)` helper, `model.loss(x)`), where nothing can be told from them."""
+    calls = [c for c in scope.calls if c.loops[:len(site.loops)] == site.loops
+             and roles.all_in(scope, c.callee, roles.models)]
+    if not calls:
+        return None
+    loop = site.loops[-1]
+    todo = [n.value for c in calls for a in c.call.args for n in _names_in(a.value)]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for binding in scope.bindings.get(name, []):
+            stmt = binding.where.stmt
+            if _bound_in_loop(binding, loop) and isinstance(stmt, cst.SimpleStatementLine):
+                todo.extend(n.value for n in _names_in(stmt))
+    return seen
 
 
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:

@@ -246,7 +246,8 @@ Leaves alone:
     on a CUDA device or with a `generator=`, or fixed, it is reported; when the batches come from a function of
     this file, `X, Y = get_batch()`, or an object of a class of this file, `x, y =
     train_loader.next_batch()`, the report names it as the one that must draw this process's
-    share; when that function draws its batches from torch's global RNG, itself or through
+    share (a function called in the training loop whose result the model's inputs are not made
+    from is none: `history[step] = evaluate(model, val_data)`, `val_loss = evaluate(model)`); when that function draws its batches from torch's global RNG, itself or through
     functions of the file, `x = torch.randn(batch_size)` or random offsets `torch.randint(...)`,
     and the module-level draws it reads (a task, `W_target = torch.randn(4, 1) * 5`) are seeded
     alike before they are drawn, it is not reported: the processes other than the main one are
