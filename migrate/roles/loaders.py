@@ -22,7 +22,7 @@ from migrate.roles.full_batch import full_batch_rows, full_batch_selection
 from migrate.roles.sequence_streams import sequence_streams
 from migrate.roles.model import PREPARE, Finding, InstanceFed, Roles
 from migrate.roles.streams import yields, training_stream
-from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
+from migrate.roles.rng import TORCH, draw_generator, drawn_from, seeded_generators
 from migrate.names import call_argument, dotted_name, instance_attribute
 from migrate.walk import Visitor, walk
 
@@ -784,6 +784,18 @@ def report_unsharded_training(roles: Roles) -> None:
             return
         roles.findings.append(finding)
         return
+    elif _samples_from_model(roles) and TORCH in seeded_generators(roles.facts):
+        message = (
+            "no DataLoader feeds this training step: it trains on data generated as it runs, from actions "
+            "sampled from the model's outputs (`torch.distributions`: `.sample()`, `.log_prob(...)`), an episode "
+            "at a time, and the file seeds torch with the same value on every process, so every process would "
+            "sample the same actions, play the same episodes and train on them (N times the compute for one "
+            "process's worth of data); there are no rows to split. Seed each process apart right after the "
+            "prepare call, `torch.manual_seed(torch.initial_seed() + accelerator.process_index)`, and an "
+            "environment of the script with a seed of its own too (`env.reset(seed=seed + "
+            "accelerator.process_index)`), so that each process plays its own episodes and the averaged "
+            "gradient covers N of them"
+        )
     else:
         generic = True
         closure = _stepped_closure(scope)
@@ -1244,6 +1256,24 @@ def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:
         if not any(_bound_in_loop(b, loop) for n in read for b in scope.bindings.get(n, [])):
             return call.callee
     return None
+
+
+def _samples_from_model(roles: Roles) -> bool:
+    """The file builds a `torch.distributions` distribution, and a function of it samples from one
+    and scores what it sampled (`m = Categorical(probs); action = m.sample(); m.log_prob(action)`,
+    the same name): a policy-gradient step (REINFORCE, actor-critic), whose data are episodes
+    played with actions sampled from the model's outputs, not rows of a dataset. A reparameterised
+    draw (`q.rsample()`, a VAE's) is not such a sample."""
+    if not any(c.qualified.startswith("torch.distributions.") for s in roles.facts.scopes for c in s.library_calls):
+        return False
+    for scope in roles.facts.scopes:
+        by_method: dict[str, set[str]] = {}
+        for site in scope.method_calls:
+            if type(site.call.func) is cst.Attribute and type(site.receiver) is cst.Name:
+                by_method.setdefault(site.call.func.attr.value, set()).add(site.receiver.value)
+        if by_method.get("sample", set()) & by_method.get("log_prob", set()):
+            return True
+    return False
 
 
 def _target_names(target: cst.BaseExpression) -> list[str]:

@@ -247,7 +247,13 @@ Leaves alone:
     this file, `X, Y = get_batch()`, or an object of a class of this file, `x, y =
     train_loader.next_batch()`, the report names it as the one that must draw this process's
     share (a function called in the training loop whose result the model's inputs are not made
-    from is none: `history[step] = evaluate(model, val_data)`, `val_loss = evaluate(model)`); when that function draws its batches from torch's global RNG, itself or through
+    from is none: `history[step] = evaluate(model, val_data)`, `val_loss = evaluate(model)`); a
+    policy-gradient step (a `torch.distributions` distribution sampled and scored under one name,
+    `action = m.sample(); m.log_prob(action)`: REINFORCE, actor-critic) in a file that seeds torch
+    alike trains on episodes played with the model's sampled actions, which have no rows to split:
+    the report says to seed each process apart after the prepare call
+    (`torch.manual_seed(torch.initial_seed() + accelerator.process_index)`, and the environment's
+    seed with it); when that function draws its batches from torch's global RNG, itself or through
     functions of the file, `x = torch.randn(batch_size)` or random offsets `torch.randint(...)`,
     and the module-level draws it reads (a task, `W_target = torch.randn(4, 1) * 5`) are seeded
     alike before they are drawn, it is not reported: the processes other than the main one are
