@@ -94,6 +94,23 @@ def find_loaders(roles: Roles) -> None:
                                 "`DataLoader(...)`, and run again",
                         )
                         continue
+                    own = _own_optimizer(roles, scope)
+                    if own is not None and scope is not home:
+                        # a second training function (train a teacher, then distil a student): it
+                        # builds its own optimizer, so handing its loader to home changes nothing
+                        roles.cannot_prepare(
+                            bound[-1].where.stmt if bound else node,
+                            f"`{name}` ({where}) is the loader the training loop of `{scope.qualname}` iterates "
+                                f"(as `{source}`), and `{scope.qualname}` trains with an optimizer of its own "
+                                f"(`{own}`), while the Accelerator prepares the training objects of "
+                                f"`{home.qualname}` only: nothing `{scope.qualname}` trains is prepared, so every "
+                                "process would train it on all of the data, its gradients never averaged. Create "
+                                f"the Accelerator once where both functions reach it (at the module level, or passed "
+                                f"in) and, in `{scope.qualname}`, prepare the model it trains, `{own}` and "
+                                f"`{source}` together (`model, {own}, {source} = accelerator.prepare(model, {own}, "
+                                f"{source})`) and call `accelerator.backward`, as in `{home.qualname}`, then run again",
+                        )
+                        continue
                     roles.cannot_prepare(
                         bound[-1].where.stmt if bound else node,
                         f"`{name}` ({where}) is the loader the training loop of `{scope.qualname}` iterates "
@@ -1255,6 +1272,23 @@ def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:
         read = {n.value for a in call.call.args for n in _names_in(a.value)}
         if not any(_bound_in_loop(b, loop) for n in read for b in scope.bindings.get(n, [])):
             return call.callee
+    return None
+
+
+def _own_optimizer(roles: Roles, scope: Scope) -> str | None:
+    """The name `scope` binds to a `torch.optim` optimizer it builds itself (`optimizer =
+    optim.Adam(student.parameters(), ...)`), if it does and also calls `backward`: a training
+    function of its own."""
+    if not scope.backwards:
+        return None
+    for name, bindings in scope.bindings.items():
+        for binding in bindings:
+            value = binding.value
+            if type(value) is not cst.Call:
+                continue
+            qualified = roles.facts.aliases.qualify(value.func) or ""
+            if qualified.startswith("torch.optim.") and not qualified.startswith("torch.optim.lr_scheduler"):
+                return name
     return None
 
 

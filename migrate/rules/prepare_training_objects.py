@@ -86,7 +86,11 @@ What it does:
     Handed again on every call (`for epoch ...: trainer.train_epoch(loader)`: a fresh prepared
     loader each epoch would restart its shuffling), it is reported on the line that binds it,
     naming the loop it feeds and where the model is prepared, with the change that lets it be
-    prepared there (hand it to the constructor, kept as an attribute).
+    prepared there (hand it to the constructor, kept as an attribute). A loop of a second training
+    function that builds an optimizer of its own (a teacher trained by `train`, a student distilled
+    by `distill`) is reported as such: nothing it trains is prepared, and the report says to create
+    the Accelerator where both functions reach it and to prepare that function's model, optimizer
+    and loader together there.
     A loader whose loop hands each batch to a method of an instance of a class of this file
     (`model.set_input(data)`, which keeps it in attributes) and trains through a method of that
     instance (`model.optimize_parameters()`), the pix2pix/CycleGAN shape, does feed the training
