@@ -169,9 +169,6 @@ class AutocastModule(ForwardsToUserModule, nn.Module):
             return
         super().__setattr__(name, value)
 
-    def __getitem__(self, index: Any) -> Any:  # nn.Sequential / ModuleList / ModuleDict
-        return self.module[index]  # type: ignore[index]
-
 
 
 def unwrap(model: nn.Module) -> nn.Module:

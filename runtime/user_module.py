@@ -12,7 +12,14 @@ or a pickled model is interchangeable with the original script's on any number o
   ``named_children()`` give the user's names and objects;
 * ``torch.save(model)``, ``pickle`` and ``copy.deepcopy`` give (a copy of) the user's module,
   which loads in a process without a process group or this runtime;
-* ``.module`` of a wrapper is the user's module.
+* ``.module`` of a wrapper is the user's module;
+* a container model (``nn.Sequential``, or a class of the user's built on ``nn.ModuleList`` /
+  ``nn.ModuleDict``) is indexed, sliced, measured and iterated as the user's: ``model[0].weight``,
+  ``model[-1]``, ``len(model)``, ``for layer in model``; ``bool(model)`` is the module's (an
+  empty ``nn.Sequential`` stays falsy, any other module truthy). These are special methods,
+  which Python looks up on the class, never through ``__getattr__``: without them a DDP
+  wrapper answers ``model[0]`` with "'PreparedDDP' object is not subscriptable" on N processes
+  only. On a module that is no container they raise the TypeError the module itself raises.
 
 A state dict of a wrapper is a ``UserStateDict``: the user's keys, and a lookup of DDP's
 ``module.<key>`` still finds ``<key>``, because code written for a DDP model builds such keys
@@ -154,6 +161,21 @@ class ForwardsToUserModule:
 
     def children(self) -> Iterator[nn.Module]:
         return self.module.children()
+
+    # -- a container model: indexing, length, iteration (special methods skip __getattr__) --------
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.module[index]  # type: ignore[index]
+
+    def __len__(self) -> int:
+        return len(self.module)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.module)  # type: ignore[call-overload]
+
+    def __bool__(self) -> bool:
+        # Defined because __len__ is: truth must not call len() on a module that has none.
+        return bool(self.module)
 
     # -- nn.Module methods that walk children(): walk the real submodule instead ------------------
     # (nn.Module.train/_apply/apply iterate self.children(), which now skips the user's root.)

@@ -206,11 +206,12 @@ class _Selections(Visitor):
             self._pair([node.left, node.right])
         return True
 
-    def _operands(self, call: cst.Call) -> list[cst.BaseExpression]:
+    def _operands(self, call: cst.Call, depth: int = 0) -> list[cst.BaseExpression]:
         # keywords too (`target=y`, a per-sample `weight=w`); a method's receiver unless it is
-        # unrelated (`F.nll_loss`, `model.weight.pow(2)`)
+        # unrelated (`F.nll_loss`, `model.weight.pow(2)`). `depth` is the caller's, so that a name
+        # rebound from itself (`returns = (returns - returns.mean()) / returns.std()`) ends.
         operands = [a.value for a in call.args if not a.star]
-        if type(call.func) is cst.Attribute and self._kind(call.func.value) != "other":
+        if type(call.func) is cst.Attribute and self._kind(call.func.value, depth) != "other":
             operands.append(call.func.value)
         return operands
 
@@ -235,7 +236,7 @@ class _Selections(Visitor):
             value = self.values.get(operand.value)
             return self._kind(value, depth + 1) if value is not None else "other"
         if type(operand) is cst.Call:
-            inner = {self._kind(o, depth + 1) for o in self._operands(operand)}
+            inner = {self._kind(o, depth + 1) for o in self._operands(operand, depth + 1)}
             if not inner & {"selected", "per-sample"}:
                 return "reduced" if "reduced" in inner else "other"
             return "reduced" if self._reduces(operand) else "per-sample"

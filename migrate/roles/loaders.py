@@ -22,7 +22,7 @@ from migrate.roles.full_batch import full_batch_rows, full_batch_selection
 from migrate.roles.sequence_streams import sequence_streams
 from migrate.roles.model import PREPARE, Finding, InstanceFed, Roles
 from migrate.roles.streams import yields, training_stream
-from migrate.roles.rng import draw_generator, drawn_from, seeded_generators
+from migrate.roles.rng import TORCH, draw_generator, drawn_from, seeded_generators
 from migrate.names import call_argument, dotted_name, instance_attribute
 from migrate.walk import Visitor, walk
 
@@ -92,6 +92,23 @@ def find_loaders(roles: Roles) -> None:
                                 "is not prepared and every process would see all the data: build the loader in "
                                 f"`{home.qualname}`, or call it once, outside loops, with a name bound to a "
                                 "`DataLoader(...)`, and run again",
+                        )
+                        continue
+                    own = _own_optimizer(roles, scope)
+                    if own is not None and scope is not home:
+                        # a second training function (train a teacher, then distil a student): it
+                        # builds its own optimizer, so handing its loader to home changes nothing
+                        roles.cannot_prepare(
+                            bound[-1].where.stmt if bound else node,
+                            f"`{name}` ({where}) is the loader the training loop of `{scope.qualname}` iterates "
+                                f"(as `{source}`), and `{scope.qualname}` trains with an optimizer of its own "
+                                f"(`{own}`), while the Accelerator prepares the training objects of "
+                                f"`{home.qualname}` only: nothing `{scope.qualname}` trains is prepared, so every "
+                                "process would train it on all of the data, its gradients never averaged. Create "
+                                f"the Accelerator once where both functions reach it (at the module level, or passed "
+                                f"in) and, in `{scope.qualname}`, prepare the model it trains, `{own}` and "
+                                f"`{source}` together (`model, {own}, {source} = accelerator.prepare(model, {own}, "
+                                f"{source})`) and call `accelerator.backward`, as in `{home.qualname}`, then run again",
                         )
                         continue
                     roles.cannot_prepare(
@@ -784,6 +801,18 @@ def report_unsharded_training(roles: Roles) -> None:
             return
         roles.findings.append(finding)
         return
+    elif _samples_from_model(roles) and TORCH in seeded_generators(roles.facts):
+        message = (
+            "no DataLoader feeds this training step: it trains on data generated as it runs, from actions "
+            "sampled from the model's outputs (`torch.distributions`: `.sample()`, `.log_prob(...)`), an episode "
+            "at a time, and the file seeds torch with the same value on every process, so every process would "
+            "sample the same actions, play the same episodes and train on them (N times the compute for one "
+            "process's worth of data); there are no rows to split. Seed each process apart right after the "
+            "prepare call, `torch.manual_seed(torch.initial_seed() + accelerator.process_index)`, and an "
+            "environment of the script with a seed of its own too (`env.reset(seed=seed + "
+            "accelerator.process_index)`), so that each process plays its own episodes and the averaged "
+            "gradient covers N of them"
+        )
     else:
         generic = True
         closure = _stepped_closure(scope)
@@ -1222,13 +1251,20 @@ def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:
         return None
     loop = site.loops[-1]
     functions = {s.name for s in roles.facts.scopes if s.is_function and s.parent is roles.facts.module_scope}
+    inputs = _step_inputs(roles, scope, site)
     for call in scope.calls:
         stmt = call.where.stmt
         if call.callee not in functions or loop not in call.loops:
             continue
-        if not (isinstance(stmt, cst.SimpleStatementLine) and any(
-            isinstance(small, cst.Assign) and small.value is call.call for small in stmt.body
-        )):
+        assign = next((small for small in stmt.body if isinstance(small, cst.Assign) and small.value is call.call),
+                      None) if isinstance(stmt, cst.SimpleStatementLine) else None
+        if assign is None:
+            continue
+        # A source of batches binds names the step's model reads (`X, Y = get_batch("train")`);
+        # `val_log[step] = evaluate(model, val_data)` in the same loop records a result, and an
+        # evaluation bound to a name the model never reads (`val_loss = evaluate(...)`) is no input.
+        bound = {name for target in assign.targets for name in _target_names(target.target)}
+        if not bound or (inputs is not None and not bound & inputs):
             continue
         # A source of batches is called with what stays the same across iterations
         # (`get_batch("train")`); `detach(states)` or `fast_adapt(batch, ...)` work on this
@@ -1237,6 +1273,76 @@ def _batch_function(roles: Roles, scope: Scope, site: Site) -> str | None:
         if not any(_bound_in_loop(b, loop) for n in read for b in scope.bindings.get(n, [])):
             return call.callee
     return None
+
+
+def _own_optimizer(roles: Roles, scope: Scope) -> str | None:
+    """The name `scope` binds to a `torch.optim` optimizer it builds itself (`optimizer =
+    optim.Adam(student.parameters(), ...)`), if it does and also calls `backward`: a training
+    function of its own."""
+    if not scope.backwards:
+        return None
+    for name, bindings in scope.bindings.items():
+        for binding in bindings:
+            value = binding.value
+            if type(value) is not cst.Call:
+                continue
+            qualified = roles.facts.aliases.qualify(value.func) or ""
+            if qualified.startswith("torch.optim.") and not qualified.startswith("torch.optim.lr_scheduler"):
+                return name
+    return None
+
+
+def _samples_from_model(roles: Roles) -> bool:
+    """The file builds a `torch.distributions` distribution, and a function of it samples from one
+    and scores what it sampled (`m = Categorical(probs); action = m.sample(); m.log_prob(action)`,
+    the same name): a policy-gradient step (REINFORCE, actor-critic), whose data are episodes
+    played with actions sampled from the model's outputs, not rows of a dataset. A reparameterised
+    draw (`q.rsample()`, a VAE's) is not such a sample."""
+    if not any(c.qualified.startswith("torch.distributions.") for s in roles.facts.scopes for c in s.library_calls):
+        return False
+    for scope in roles.facts.scopes:
+        by_method: dict[str, set[str]] = {}
+        for site in scope.method_calls:
+            if type(site.call.func) is cst.Attribute and type(site.receiver) is cst.Name:
+                by_method.setdefault(site.call.func.attr.value, set()).add(site.receiver.value)
+        if by_method.get("sample", set()) & by_method.get("log_prob", set()):
+            return True
+    return False
+
+
+def _target_names(target: cst.BaseExpression) -> list[str]:
+    """The names an assignment target binds: `x`, `x, (y, *z)`; none for `d[k]` or `obj.attr`."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _target_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []
+
+
+def _step_inputs(roles: Roles, scope: Scope, site: Site) -> set[str] | None:
+    """The names the model calls of the training step (`scope`, within the loops of its backward)
+    read, with the names bound in the step's loop that they are made from (`ids =
+    torch.stack(batch).to(device)` adds `batch`); None when the step calls no model by name (a
+    `compute_loss(model, x)` helper, `model.loss(x)`), where nothing can be told from them."""
+    calls = [c for c in scope.calls if c.loops[:len(site.loops)] == site.loops
+             and roles.all_in(scope, c.callee, roles.models)]
+    if not calls:
+        return None
+    loop = site.loops[-1]
+    todo = [n.value for c in calls for a in c.call.args for n in _names_in(a.value)]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for binding in scope.bindings.get(name, []):
+            stmt = binding.where.stmt
+            if _bound_in_loop(binding, loop) and isinstance(stmt, cst.SimpleStatementLine):
+                todo.extend(n.value for n in _names_in(stmt))
+    return seen
 
 
 def _names_in(node: cst.CSTNode) -> list[cst.Name]:

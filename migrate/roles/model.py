@@ -353,9 +353,15 @@ class Roles:
             sites = [*sites, *self.instance_calls(scope)]
         for caller, call in sites:
             arg = call_argument(call, index, name)
-            if not isinstance(arg, cst.Name):
+            if (isinstance(arg, cst.Attribute) and type(arg.value) is cst.Name and arg.value.value == "self"
+                    and caller.is_method and not scope.is_method):
+                # a method handing its attribute to a plain function of the module: `_fit(self.model, ...)`
+                passed = f"self.{arg.attr.value}"
+            elif isinstance(arg, cst.Name):
+                passed = arg.value
+            else:
                 return None
-            sub = self.origins(caller, arg.value, seen)
+            sub = self.origins(caller, passed, seen)
             if sub is None:
                 return None
             found |= sub

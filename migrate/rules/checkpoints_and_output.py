@@ -62,7 +62,14 @@ What it does:
     A checkpoint saved and then loaded again in the same function (train, save, reload for
     testing) gets `accelerator.wait_for_everyone()` before the first `torch.load` after the save,
     or before the first call that hands its path (a name) to a function the migration cannot read
-    (`evaluate(model_path, ...)` of an evaluation module: it may load it).
+    (`evaluate(model_path, ...)` of an evaluation module: it may load it). So does a checkpoint
+    saved by a function of the script, or a method of an instance of a class of the script bound
+    in the caller, that the caller calls and then loads back (`keeper = BestKeeper("best.pt")`,
+    `keeper.update(val_loss, model)` in the epoch loop, `torch.load("best.pt")` after it): the
+    barrier goes before the caller's load. Where the saving method cannot reach the accelerator
+    (an early-stopping class whose `__call__` calls its own `save_checkpoint`), the report on its
+    `torch.save` names the load of another function that reads the path back and the barrier to
+    put before it.
     The script's other file writes, from a short explicit list, run under
     `if accelerator.is_main_process:` (neighbouring statements share one `if`):
     a `torch.save(...)` of something else than the model in the script's own module (a cache of
@@ -293,6 +300,7 @@ def apply(roles: Roles, plan: EditPlan) -> None:
     # Functions of the script that are one file operation (download, unpack, rename; save, copy):
     # their calls run on the main process only, so nothing inside them is guarded again.
     whole = _whole_file_operations(roles, plan)
+    saving: set[int] = set()  # scopes whose checkpoint now saves from the main process only
     for scope in roles.facts.scopes:
         can_reach = roles.can_reach(scope)
         saves: list[StmtRef] = []
@@ -302,6 +310,8 @@ def apply(roles: Roles, plan: EditPlan) -> None:
                     if _checkpoint(roles, plan, scope, call.call):
                         saves.append(call.where)
                         _report_data_parallel_keys(roles, plan, scope, call)
+        if saves:
+            saving.add(id(scope))
         if id(scope) in whole:
             # it runs on the main process only: its checkpoints still save the unwrapped model, but
             # nothing in it is guarded again, and no barrier goes inside it (the others never come)
@@ -322,6 +332,12 @@ def apply(roles: Roles, plan: EditPlan) -> None:
         _unwrapped_state_dicts(roles, plan, scope)
         _wait_before_reload(roles, plan, scope, saves)
         _removals(roles, plan, scope, saves, guarded, barriers)
+    # A checkpoint saved by a function or method of the script (an early-stopping or best-model
+    # keeper called in the epoch loop) and loaded back by its caller after the loop: the caller
+    # waits for the main process's save too.
+    for scope in reachable:
+        if id(scope) not in saving:
+            _wait_before_reload(roles, plan, scope, _saving_calls(roles, scope, saving))
     # Progress bars and prints last: a method whose class now holds `self.accelerator` for its
     # checkpoint or its backward (another method's) prints through it at no cost; a function of the
     # script that only prints or draws a progress bar (`eval_epoch` over `tqdm(loader)`) is handed
@@ -474,6 +490,28 @@ def _wait_before_reload(roles: Roles, plan: EditPlan, scope: Scope, saves: list[
             return  # only some processes get here: a barrier would hang
     plan.insert_before.setdefault(before.stmt, []).append(cst.parse_statement("accelerator.wait_for_everyone()\n"))
     plan.change(CODE, before.stmt, "every process waits for the main process to finish the checkpoint before loading it")
+
+
+def _saving_calls(roles: Roles, scope: Scope, saving: set[int]) -> list[StmtRef]:
+    """The statements of `scope` that call a function of the script, or a method of an instance of
+    a class of the script bound in `scope` (`keeper = BestKeeper(path)` ... `keeper.update(loss,
+    model)`), whose checkpoint now saves from the main process only (`saving`, by scope id)."""
+    found: list[StmtRef] = []
+    for site in scope.calls:
+        called = roles.facts.function_called(site.call)
+        if called is not None and id(called) in saving:
+            found.append(site.where)
+    for site in scope.method_calls:
+        assert isinstance(site.receiver, cst.Name) and isinstance(site.call.func, cst.Attribute)
+        bindings = scope.bindings.get(site.receiver.value, [])
+        if len(bindings) != 1 or type(bindings[0].value) is not cst.Call:
+            continue
+        func = bindings[0].value.func  # type: ignore[union-attr]
+        cls = roles.facts.classes.get(func.value) if type(func) is cst.Name else None
+        method = site.call.func.attr.value
+        if cls is not None and any(s.parent is cls and s.name == method and id(s) in saving for s in roles.facts.scopes):
+            found.append(site.where)
+    return found
 
 
 def _path_handed_on(roles: Roles, scope: Scope, saves: list[StmtRef]) -> list[StmtRef]:

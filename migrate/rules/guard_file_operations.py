@@ -351,7 +351,8 @@ def _file_writes(roles: Roles, plan: EditPlan, scope: Scope) -> tuple[list[StmtR
         plan.report(CODE, first.call, (
             f"{first.what} in `{scope.qualname}`{kind} which cannot reach the accelerator, runs on every process "
             "(each writes the same file at once): run it on the main process only "
-            "(`if accelerator.is_main_process:`, passing `accelerator` in)"), unconverted=True)
+            f"(`if accelerator.is_main_process:`, passing `accelerator` in){_read_elsewhere(roles, scope, first)}"),
+            unconverted=True)
         return guarded, barriers
     done: set[cst.BaseStatement] = set()
     read_back: list[StmtRef] = []
@@ -1512,6 +1513,25 @@ def _reads_back(roles: Roles, scope: Scope, unit: StmtRef, path: cst.BaseExpress
 
     walk(scope.node, Reads())
     return found[0] if found else None
+
+
+def _read_elsewhere(roles: Roles, scope: Scope, write: _Write) -> str:
+    """For the report of a write the accelerator cannot reach: where another function of the file
+    reads the same path back (an early-stopping class saving `checkpoint.pt`, the training function
+    loading it after its loop), the barrier that following the report also needs; else ""."""
+    if write.path is None or write.fetch:
+        return ""
+    unit = _unit(write.where)
+    module = roles.facts.module_scope
+    for other in [*(s for s in roles.facts.scopes if s is not module), module]:
+        if other is scope or type(other.node) is cst.ClassDef:
+            continue
+        reader = _reads_back(roles, other, unit, write.path)
+        if reader is not None:
+            return (f"; `{reader}` in `{other.qualname}` reads the file back on every process: call "
+                    "`accelerator.wait_for_everyone()` before it, where every process passes, so that no process "
+                    "reads the file while the main process writes it")
+    return ""
 
 
 def _script_code(roles: Roles, scope: Scope, call: cst.Call) -> bool:

@@ -90,7 +90,11 @@ What it does:
     Handed again on every call (`for epoch ...: trainer.train_epoch(loader)`: a fresh prepared
     loader each epoch would restart its shuffling), it is reported on the line that binds it,
     naming the loop it feeds and where the model is prepared, with the change that lets it be
-    prepared there (hand it to the constructor, kept as an attribute).
+    prepared there (hand it to the constructor, kept as an attribute). A loop of a second training
+    function that builds an optimizer of its own (a teacher trained by `train`, a student distilled
+    by `distill`) is reported as such: nothing it trains is prepared, and the report says to create
+    the Accelerator where both functions reach it and to prepare that function's model, optimizer
+    and loader together there.
     A loader whose loop hands each batch to a method of an instance of a class of this file
     (`model.set_input(data)`, which keeps it in attributes) and trains through a method of that
     instance (`model.optimize_parameters()`), the pix2pix/CycleGAN shape, does feed the training
@@ -250,7 +254,14 @@ Leaves alone:
     on a CUDA device or with a `generator=`, or fixed, it is reported; when the batches come from a function of
     this file, `X, Y = get_batch()`, or an object of a class of this file, `x, y =
     train_loader.next_batch()`, the report names it as the one that must draw this process's
-    share; when that function draws its batches from torch's global RNG, itself or through
+    share (a function called in the training loop whose result the model's inputs are not made
+    from is none: `history[step] = evaluate(model, val_data)`, `val_loss = evaluate(model)`); a
+    policy-gradient step (a `torch.distributions` distribution sampled and scored under one name,
+    `action = m.sample(); m.log_prob(action)`: REINFORCE, actor-critic) in a file that seeds torch
+    alike trains on episodes played with the model's sampled actions, which have no rows to split:
+    the report says to seed each process apart after the prepare call
+    (`torch.manual_seed(torch.initial_seed() + accelerator.process_index)`, and the environment's
+    seed with it); when that function draws its batches from torch's global RNG, itself or through
     functions of the file, `x = torch.randn(batch_size)` or random offsets `torch.randint(...)`,
     and the module-level draws it reads (a task, `W_target = torch.randn(4, 1) * 5`) are seeded
     alike before they are drawn, it is not reported: the processes other than the main one are
