@@ -22,7 +22,8 @@ What it does:
     A mean computed by an evaluation loop over a loader that a function the migration cannot read
     builds and that is left unprepared (`train_dl, valid_dl = get_data(opts)` of a module not
     given; `losses += loss.item()` in `validate`, which returns `losses / len(valid_dl)`) is reduced
-    with `"mean"` where it decides (`val_loss = validate(...)` before `if val_loss < best:`): such a
+    with `"mean"` where it decides (`val_loss = validate(...)` before `if val_loss < best:`; a sum
+    made a mean in place after its loop, `val_loss /= len(val_loader)`, after that line): such a
     loader may give each process a share of its samples (a DistributedSampler inside the factory; a
     DataLoader over a datapipe ending in a sharding filter, which torch shards by itself once a
     process group exists) or all of them, and the mean over the processes is right either way.
@@ -723,10 +724,25 @@ def _evaluation_means(scope: Scope, loops: list[Loop]) -> dict[str, _Value]:
     for loop in loops:
         for name in _summed_in(loop.node):
             if scope.binds(name) and not name.startswith("self.") and not _carried_over(body, loop.node, name):
-                found[name] = _Value(name, loop.node, "mean", unread=True, extensive=True)
+                divided = _divided_in_place(body, loop.node, name)
+                found[name] = _Value(name, divided or loop.node, "mean", unread=True, extensive=divided is None)
     if found:
         _derived(body, found)
     return found
+
+
+def _divided_in_place(body: list[cst.BaseStatement], loop: cst.For, name: str) -> cst.SimpleStatementLine | None:
+    """The one `name /= count` after `loop` (`val_loss /= len(val_loader)`): from there `name` is a
+    mean, which a reduction with "mean" makes right whether or not each process saw a share."""
+    found = [
+        stmt for stmt in _simple_statements(body)
+        if len(stmt.body) == 1 and isinstance(stmt.body[0], cst.AugAssign)
+        and isinstance(stmt.body[0].operator, cst.DivideAssign)
+        and isinstance(stmt.body[0].target, cst.Name) and stmt.body[0].target.value == name
+    ]
+    if len(found) != 1 or _inside(loop, found[0]):
+        return None
+    return found[0]
 
 
 def _derived(body: list[cst.BaseStatement], values: dict[str, _Value]) -> None:

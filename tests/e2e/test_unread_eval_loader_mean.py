@@ -18,7 +18,9 @@ samples by itself, 5 and 4):
   equal shares of full batches (or the whole set on each) each loss is the loss of that epoch's
   model over the whole validation set (computed in the script over all of it at once). Without the
   reduction, a sharding factory would give the main process the mean over its own half only;
-  without the unwrapped forward, the uneven shares hang the run.
+  without the unwrapped forward, the uneven shares hang the run;
+- the same evaluation written in the training function (`val_loss /= len(valid_dl)` after its
+  loop) is reduced after the division, with the same results at 1 and 2 processes.
 """
 
 from __future__ import annotations
@@ -145,8 +147,19 @@ UNEVEN = _DATA.replace("{valid}", "9").replace(
 FACTORIES = {"sharding": SHARDING, "whole": WHOLE, "uneven": UNEVEN}
 
 
-def _prepare(root: Path, data_module: str) -> Path:
-    folder = migrate_into(root, "train.py", SCRIPT, TIMEOUT)
+# the same evaluation written in the training function, the sum made a mean in place after its loop
+INLINE = SCRIPT.replace('''            val_loss = validate(model, valid_dl)
+''', '''            model.eval()
+            val_loss = 0.0
+            for x, y in valid_dl:
+                val_loss += F.cross_entropy(model(x), y).item()
+            val_loss /= len(valid_dl)
+''')
+assert INLINE != SCRIPT
+
+
+def _prepare(root: Path, data_module: str, script: str = SCRIPT) -> Path:
+    folder = migrate_into(root, "train.py", script, TIMEOUT)
     for which in ("original", "migrated"):  # beside each copy, after the migration: never read by it
         (folder / which / "shard_data.py").write_text(textwrap.dedent(data_module).lstrip())
     return folder
@@ -185,5 +198,24 @@ def test_two_processes_agree_on_the_whole_validation_set(folder: Path) -> None:
     assert best0 == best1
     if folder.name.startswith("unread_eval_uneven"):
         return  # 5 samples and 4: the mean of the two means is not the whole set's
+    for val_loss, whole in seen0:
+        assert val_loss == pytest.approx(whole, rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def inline_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _prepare(tmp_path_factory.mktemp("unread_eval_inline"), SHARDING, INLINE)
+
+
+def test_a_mean_made_in_place_is_reduced_after_the_division(inline_folder: Path) -> None:
+    code = " ".join((inline_folder / "migrated" / "train.py").read_text().split())
+    assert ('val_loss /= len(valid_dl) val_loss = accelerator.reduce( '
+            'torch.tensor(val_loss, dtype=torch.float64, device=accelerator.device), "mean" ).item()') in code
+    original, _ = run_copy(inline_folder, "original", "train.py", 1, TIMEOUT)
+    migrated, _ = run_copy(inline_folder, "migrated", "train.py", 1, TIMEOUT)
+    assert LINE.findall(migrated.stdout) == LINE.findall(original.stdout)
+    proc, run_dir = run_copy(inline_folder, "migrated", "train.py", 2, TIMEOUT)
+    (seen0, best0), (seen1, best1) = _seen(run_dir, 0), _seen(run_dir, 1)
+    assert [v for v, _ in seen0] == [v for v, _ in seen1] and best0 == best1
     for val_loss, whole in seen0:
         assert val_loss == pytest.approx(whole, rel=1e-5)
