@@ -520,23 +520,31 @@ def _migrated_flags(roles: Roles) -> set[str]:
     """The flags AM007 set on a first run, `args.distributed = accelerator.num_processes > 1`: read on
     a second run, a `DistributedSampler(d) if args.distributed else None` still shards its loader by
     rank (as the `if`/`else` form of it is seen to), so it stays unprepared and its batch moves stay."""
-    flags: set[str] = set()
+    text = roles.facts.text
+    if text is not None and "num_processes" not in text:
+        return set()  # every migrated file is run again: no walk where no flag can be
+    found = _FlagsSet()
+    walk(roles.facts.module, found)
+    return found.flags
 
-    class Assigned(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            value = node.value
-            if not (isinstance(value, cst.Comparison) and len(value.comparisons) == 1
-                    and isinstance(value.comparisons[0].operator, cst.GreaterThan)
-                    and isinstance(value.comparisons[0].comparator, cst.Integer)
-                    and value.comparisons[0].comparator.value == "1"
-                    and isinstance(value.left, cst.Attribute) and value.left.attr.value == "num_processes"):
-                return
-            for target in node.targets:
-                if isinstance(target.target, cst.Attribute) and isinstance(target.target.value, cst.Name):
-                    flags.add(target.target.attr.value)
 
-    roles.facts.module.visit(Assigned())
-    return flags
+class _FlagsSet(cst.CSTVisitor):
+    """`x.flag = accelerator.num_processes > 1` anywhere in the module: the `flag` names."""
+
+    def __init__(self) -> None:
+        self.flags: set[str] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        if not (isinstance(value, cst.Comparison) and len(value.comparisons) == 1
+                and isinstance(value.comparisons[0].operator, cst.GreaterThan)
+                and isinstance(value.comparisons[0].comparator, cst.Integer)
+                and value.comparisons[0].comparator.value == "1"
+                and isinstance(value.left, cst.Attribute) and value.left.attr.value == "num_processes"):
+            return
+        for target in node.targets:
+            if isinstance(target.target, cst.Attribute) and isinstance(target.target.value, cst.Name):
+                self.flags.add(target.target.attr.value)
 
 
 def _flag_sampled_loaders(roles: Roles, flags: set[str]) -> None:
