@@ -1427,11 +1427,16 @@ def _main_process_forwards(roles: Roles, plan: EditPlan) -> None:
             for index, param in enumerate(callee.params[1:] if callee.is_method else callee.params):
                 arg = call_argument(call, index, param)
                 name = reference(arg) if arg is not None else None
-                if name is None or not roles.all_in(scope, name, roles.models) or not _forwards(callee, param):
+                if name is None or not roles.all_in(scope, name, roles.models):
                     continue
+                forwards = _ParamForwards(roles, param)
+                walk(callee.node, forwards)
+                if not forwards.calls:
+                    continue
+                # decorated, or every forward in a no_grad block of its own body with no backward there
                 callee_no_grad = isinstance(callee.node, cst.FunctionDef) and any(
                     visitor._is_no_grad(d.decorator) for d in callee.node.decorators
-                ) or _forwards_without_grad(roles, callee, param)
+                ) or (not forwards.outside and not callee.backwards)
                 assert arg is not None
                 _main_process_forward(plan, scope, call, arg, name, test, no_grad or decorated or callee_no_grad,
                                       mixed, reach, through=callee.qualname)
@@ -1503,48 +1508,32 @@ def _calls_before_prepare(roles: Roles, scope: Scope) -> set[cst.Call]:
     return {site.call for site in (*scope.calls, *scope.method_calls) if site.where.order <= order}
 
 
-def _forwards_without_grad(roles: Roles, function: Scope, param: str) -> bool:
-    """Every call of its parameter `param` in `function` runs inside a `with torch.no_grad():` (or
-    `torch.inference_mode()`) block of its own body, and it calls no backward: `def evaluate(model,
-    loader): model.eval(); with torch.no_grad(): for x, y in loader: model(x)`."""
-    if function.backwards:
-        return False
-    depth, calls, outside = 0, 0, 0
+class _ParamForwards(cst.CSTVisitor):
+    """The calls of a function's parameter `param` (`param(x)`: a forward of whatever is passed),
+    and how many of them run outside a `with torch.no_grad():` (or `torch.inference_mode()`) block
+    of the function's own body."""
 
-    def no_grad(node: cst.With) -> bool:
-        return any(roles.facts.aliases.qualify(
+    def __init__(self, roles: Roles, param: str) -> None:
+        self.roles = roles
+        self.param = param
+        self.depth = 0
+        self.calls = 0
+        self.outside = 0
+
+    def _no_grad(self, node: cst.With) -> bool:
+        return any(self.roles.facts.aliases.qualify(
             item.item.func if isinstance(item.item, cst.Call) else item.item) in _NO_GRAD for item in node.items)
 
-    class Visitor(cst.CSTVisitor):
-        def visit_With(self, node: cst.With) -> None:
-            nonlocal depth
-            depth += no_grad(node)
+    def visit_With(self, node: cst.With) -> None:
+        self.depth += self._no_grad(node)
 
-        def leave_With(self, node: cst.With) -> None:
-            nonlocal depth
-            depth -= no_grad(node)
+    def leave_With(self, original_node: cst.With) -> None:
+        self.depth -= self._no_grad(original_node)
 
-        def visit_Call(self, node: cst.Call) -> None:
-            nonlocal calls, outside
-            if isinstance(node.func, cst.Name) and node.func.value == param:
-                calls += 1
-                outside += depth == 0
-
-    walk(function.node, Visitor())
-    return calls > 0 and outside == 0
-
-
-def _forwards(function: Scope, param: str) -> bool:
-    """`function` calls its parameter `param` (`param(x)`): a forward of whatever is passed."""
-    found = False
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            nonlocal found
-            found = found or (isinstance(node.func, cst.Name) and node.func.value == param)
-
-    walk(function.node, Visitor())
-    return found
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value == self.param:
+            self.calls += 1
+            self.outside += self.depth == 0
 
 
 def _main_process_forward(
